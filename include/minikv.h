@@ -1,0 +1,324 @@
+/*
+ * minikv.h — the public C API of libminikv.
+ *
+ * libminikv stores the KV cache of a transformer compressed with the MiniKV method
+ * (arXiv 2411.18077): at the end of each prompt's prefill it keeps, per layer and KV
+ * head, a recent window plus the "heavy hitter" tokens that received the most
+ * attention, quantizes what it keeps to 2 (or 4) bits KIVI-style, and computes decode
+ * attention directly over the compressed cache.
+ *
+ * Introduction / lifecycle
+ * ------------------------
+ *   minikv_config cfg;
+ *   minikv_config_default(&cfg);              // paper defaults + cfg.struct_size
+ *   cfg.num_layers = 32; cfg.num_heads = 32; cfg.num_kv_heads = 8; cfg.head_dim = 128;
+ *   cfg.max_sequences = 16; cfg.max_seq_len = 8192;
+ *   minikv_cache *cache;
+ *   if (minikv_cache_create(&cfg, &cache) != MINIKV_OK) puts(minikv_last_error_message());
+ *   for each layer: minikv_prefill(cache, layer, ...)    // prompt attention + compression
+ *   for each generated token, for each layer:
+ *       minikv_append(cache, layer, ...)                 // the token's K/V
+ *       minikv_decode(cache, layer, ...)                 // the token's attention output
+ *   minikv_sequence_release(cache, seq_id);              // the slot can take a new prompt
+ *   minikv_cache_destroy(cache);
+ *
+ * Memory spaces. Tensor arguments (q, k, v, out) live where the cache's backend computes:
+ * host memory for MINIKV_BACKEND_CPU, device memory of cfg.device_id for
+ * MINIKV_BACKEND_CUDA. Index arrays (seq_ids, cu_seqlens) are always host memory. All
+ * tensors are dense, row-major, "tokens-major":
+ *   prefill q, out : [total_tokens, num_heads,    head_dim]
+ *   prefill k, v   : [total_tokens, num_kv_heads, head_dim]
+ *   append  k, v   : [n_seqs,       num_kv_heads, head_dim]
+ *   decode  q, out : [n_seqs,       num_heads,    head_dim]
+ * in the element type cfg.dtype. Keys arrive with rotary embeddings already applied.
+ *
+ * Streams. `stream` is a cudaStream_t passed as void* (NULL = the legacy default stream)
+ * for the CUDA backend and must be NULL for the CPU backend. CUDA calls are asynchronous
+ * with respect to the host: they return once the work is queued, and borrowed device
+ * buffers must stay valid until that work has run. CPU calls are synchronous.
+ *
+ * Errors. Every fallible call returns a minikv_status. A call that fails leaves the cache
+ * exactly as it was: no partial prefill or append, no lost tokens, no leaked memory. The
+ * detail of the last failure is in minikv_last_error_message() (per thread) and
+ * minikv_cache_last_error() (per handle).
+ *
+ * Threading. A handle is not internally synchronized: use it from one thread at a time
+ * (any thread). Distinct handles are independent and may be used concurrently.
+ *
+ * ABI. Structs start with `struct_size`; the library reads only the fields the caller's
+ * size covers and evolves by appending fields. Status values are pinned and append-only.
+ * The SONAME carries the major version. Check at run time that the loaded library is the
+ * one you compiled against:  minikv_version_number() == MINIKV_VERSION_NUMBER.
+ */
+#ifndef MINIKV_H
+#define MINIKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- export and deprecation macros ------------------------------------------------ */
+#ifndef MINIKV_API
+#  if defined(_WIN32) && defined(MINIKV_SHARED)
+#    ifdef MINIKV_BUILD
+#      define MINIKV_API __declspec(dllexport)
+#    else
+#      define MINIKV_API __declspec(dllimport)
+#    endif
+#  elif defined(__GNUC__) && __GNUC__ >= 4
+#    define MINIKV_API __attribute__((visibility("default")))
+#  else
+#    define MINIKV_API
+#  endif
+#endif
+
+#ifndef MINIKV_DEPRECATED
+#  if defined(__cplusplus) && __cplusplus >= 201402L
+#    define MINIKV_DEPRECATED(msg) [[deprecated(msg)]]
+#  elif defined(__GNUC__) || defined(__clang__)
+#    define MINIKV_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#  elif defined(_MSC_VER)
+#    define MINIKV_DEPRECATED(msg) __declspec(deprecated(msg))
+#  else
+#    define MINIKV_DEPRECATED(msg)
+#  endif
+#endif
+
+/* ---- version ---------------------------------------------------------------------- */
+#define MINIKV_VERSION_MAJOR 0
+#define MINIKV_VERSION_MINOR 1
+#define MINIKV_VERSION_PATCH 0
+#define MINIKV_VERSION_NUMBER \
+  (MINIKV_VERSION_MAJOR * 10000 + MINIKV_VERSION_MINOR * 100 + MINIKV_VERSION_PATCH)
+
+/** CONSTRUCTOR-free query: `major*10000 + minor*100 + patch` of the loaded library.
+ *  Never fails; callable from any thread. */
+MINIKV_API uint32_t minikv_version_number(void);
+
+/** The loaded library's version as "MAJOR.MINOR.PATCH". Static storage owned by the
+ *  library; never NULL. */
+MINIKV_API const char *minikv_version_string(void);
+
+/* ---- status codes (values pinned, append-only) ------------------------------------ */
+typedef enum minikv_status {
+  MINIKV_OK = 0,
+  MINIKV_ERR_INVALID_ARGUMENT = 1, /**< a NULL pointer, an out-of-range id or size, a bad field */
+  MINIKV_ERR_OUT_OF_MEMORY = 2,    /**< a host or device allocation failed */
+  MINIKV_ERR_CAPACITY_EXCEEDED = 3,/**< the block pool is full, or a sequence reached
+                                        max_seq_len; nothing changed: release or preempt
+                                        sequences and retry */
+  MINIKV_ERR_BAD_STATE = 4,        /**< the call is valid but not now (decode before prefill,
+                                        prefill of a layer twice) */
+  MINIKV_ERR_UNSUPPORTED = 5,      /**< valid but not built/supported here (CUDA backend
+                                        absent, head_dim not compiled) */
+  MINIKV_ERR_DEVICE = 6,           /**< a CUDA runtime error; the message has CUDA's text */
+  MINIKV_ERR_VERSION_MISMATCH = 7, /**< a struct_size the library cannot read */
+  MINIKV_ERR_INTERNAL = 8          /**< a bug in libminikv; please report the message */
+} minikv_status;
+
+/** Static English text for a status ("MINIKV_ERR_BAD_STATE: ..."); never NULL, also for
+ *  values this version does not know. */
+MINIKV_API const char *minikv_status_string(minikv_status status);
+
+/** Detail of the last failed call made on this thread ("" if none), e.g.
+ *  "minikv_cache_create: num_heads (12) must be a multiple of num_kv_heads (8)".
+ *  Ownership: thread-local storage owned by the library, valid until the next minikv_*
+ *  call on this thread. Never NULL. A successful call does not clear it. */
+MINIKV_API const char *minikv_last_error_message(void);
+
+/* ---- configuration ---------------------------------------------------------------- */
+typedef enum minikv_backend {
+  MINIKV_BACKEND_AUTO = 0, /**< CUDA when built and a device is present, else CPU */
+  MINIKV_BACKEND_CPU = 1,  /**< host memory, multithreaded float32 arithmetic */
+  MINIKV_BACKEND_CUDA = 2  /**< device memory of device_id, kernels on the caller's stream */
+} minikv_backend;
+
+typedef enum minikv_dtype {
+  MINIKV_DTYPE_F16 = 0,  /**< IEEE binary16 */
+  MINIKV_DTYPE_BF16 = 1, /**< bfloat16 */
+  MINIKV_DTYPE_F32 = 2   /**< IEEE binary32 */
+} minikv_dtype;
+
+typedef enum minikv_budget_policy {
+  MINIKV_BUDGET_UNIFORM = 0, /**< every layer keeps heavy_ratio of its prompt as heavy hitters */
+  MINIKV_BUDGET_PYRAMID = 1  /**< lower layers keep more: h*(2-1/depth) at layer 0 down to
+                                  h/depth at the top, linear, mean h */
+} minikv_budget_policy;
+
+typedef enum minikv_score_mode {
+  MINIKV_SCORE_CUMULATIVE = 0, /**< H2O: attention each key receives, summed over all prompt queries */
+  MINIKV_SCORE_WINDOW = 1      /**< SnapKV: summed over the last window_size queries, max-pooled */
+} minikv_score_mode;
+
+/** Cache configuration. Always initialize with minikv_config_default() (which sets
+ *  struct_size), then set the model dimensions. */
+typedef struct minikv_config {
+  uint32_t struct_size;         /**< sizeof(minikv_config) of the caller's header */
+  minikv_backend backend;       /**< AUTO */
+  int32_t device_id;            /**< CUDA device ordinal; 0 */
+  minikv_dtype dtype;           /**< element type of q/k/v/out and of 16-bit storage; F16 */
+  uint32_t num_layers;          /**< required, >= 1 */
+  uint32_t num_heads;           /**< query heads, required, a multiple of num_kv_heads */
+  uint32_t num_kv_heads;        /**< required, >= 1 */
+  uint32_t head_dim;            /**< required: a multiple of 16, at most 256 (CPU); CUDA
+                                     builds compile 64 and 128 */
+  uint32_t max_sequences;       /**< sequence slots, seq_id in [0, max_sequences); 1 */
+  uint32_t max_seq_len;         /**< longest prompt + generation of one sequence; 4096 */
+  uint64_t max_tokens;          /**< pool capacity in cached tokens summed over sequences
+                                     and layers, rounded up to whole blocks of
+                                     residual_length tokens; 0 = enough for every slot at
+                                     max_seq_len */
+  float heavy_ratio;            /**< heavy-hitter budget h as a fraction of the prompt; 0.25 */
+  float recent_ratio;           /**< recent-window budget r as a fraction of the prompt; 0.25 */
+  minikv_budget_policy budget_policy; /**< UNIFORM */
+  float pyramid_depth;          /**< PYRAMID depth delta >= 1; 7 */
+  minikv_score_mode score_mode; /**< CUMULATIVE */
+  uint32_t window_size;         /**< WINDOW mode: scoring queries (always kept); 32 */
+  uint32_t pool_kernel;         /**< WINDOW mode: odd max-pool width, 1 = none; 7 */
+  uint32_t key_bits;            /**< 2, 4, or 16 (= unquantized, dtype); 2 */
+  uint32_t value_bits;          /**< 2, 4, or 16; 2 */
+  uint32_t group_size;          /**< quantization group G: 16, 32, 64 or 128; 16 */
+  uint32_t residual_length;     /**< R: tokens kept 16-bit before a flush, a multiple of
+                                     group_size; 128 */
+} minikv_config;
+
+/** METHOD: fills every field with its default (see the field comments; model dimensions
+ *  are 0 and must be set) and cfg->struct_size. NULL is ignored. */
+MINIKV_API void minikv_config_default(minikv_config *cfg);
+
+/* ---- the cache handle ------------------------------------------------------------- */
+/** Opaque handle: the compressed KV cache of up to max_sequences sequences, all layers. */
+typedef struct minikv_cache minikv_cache;
+
+/** CONSTRUCTOR: validates `cfg`, chooses the backend, and reserves the whole block pool
+ *  and every workspace (nothing is allocated by later calls).
+ *  @param[in]  cfg  configuration; read only during the call.
+ *  @param[out] out  receives the handle; set to NULL on failure.
+ *  Ownership: the caller owns the handle and frees it with minikv_cache_destroy().
+ *  @return MINIKV_OK;
+ *          MINIKV_ERR_INVALID_ARGUMENT (NULL cfg/out, or a bad field: the message names the
+ *            field and its allowed values);
+ *          MINIKV_ERR_VERSION_MISMATCH (cfg->struct_size below the first version's size, or
+ *            larger than this library's with non-zero bytes past its end);
+ *          MINIKV_ERR_UNSUPPORTED (CUDA requested but not built or no device, or a size
+ *            the backend does not compile);
+ *          MINIKV_ERR_OUT_OF_MEMORY; MINIKV_ERR_DEVICE. */
+MINIKV_API minikv_status minikv_cache_create(const minikv_config *cfg, minikv_cache **out);
+
+/** DESTRUCTOR: frees the pool, the workspaces and the handle. NULL is a no-op. For the CUDA
+ *  backend it first waits for work queued by this cache's calls. */
+MINIKV_API void minikv_cache_destroy(minikv_cache *cache);
+
+/** Detail of the last failure of a call on this handle ("" if none). Unlike
+ *  minikv_last_error_message() it does not depend on the calling thread (use it from Go,
+ *  whose goroutines move between threads). Owned by the handle, valid until the next
+ *  failing call on it. NULL handle → a static message saying so. */
+MINIKV_API const char *minikv_cache_last_error(const minikv_cache *cache);
+
+/* ---- the three compute calls ------------------------------------------------------ */
+
+/** METHOD: prefill of one layer for a batch of prompts.
+ *  For each sequence s (tokens [cu_seqlens[s], cu_seqlens[s+1]) of the packed inputs):
+ *  computes causal attention `out = softmax(q k^T / sqrt(head_dim)) v` (GQA: query head h
+ *  uses KV head h / (num_heads / num_kv_heads)), scores every prompt token per KV head
+ *  (score_mode), keeps the recent window and the heavy hitters of this layer's budget,
+ *  and stores them quantized (tail of < group_size tokens in the 16-bit residual).
+ *  The selection is final: later tokens are appended, never evicted.
+ *  @param layer      in [0, num_layers); each (sequence, layer) is prefilled once.
+ *  @param n_seqs     >= 1 sequences in the batch.
+ *  @param seq_ids    host [n_seqs], distinct slots in [0, max_sequences).
+ *  @param cu_seqlens host [n_seqs+1] prefix sums: cu_seqlens[0] = 0, each prompt length
+ *                    cu_seqlens[s+1]-cu_seqlens[s] in [1, max_seq_len].
+ *  @param q,k,v,out  backend memory, layouts in the introduction; out is written for every
+ *                    prompt token and may not alias the inputs.
+ *  @param stream     cudaStream_t or NULL (must be NULL for the CPU backend).
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL pointer, bad id/layer, repeated
+ *          seq_id, bad cu_seqlens); MINIKV_ERR_BAD_STATE (a (sequence, layer) already
+ *          prefilled); MINIKV_ERR_CAPACITY_EXCEEDED (not enough free blocks for the whole
+ *          batch); MINIKV_ERR_DEVICE. On failure no sequence of the batch changes. */
+MINIKV_API minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
+                                        const uint32_t *seq_ids, const int32_t *cu_seqlens,
+                                        const void *q, const void *k, const void *v, void *out,
+                                        void *stream);
+
+/** METHOD: appends one new token's K/V (for one layer) to each sequence of the batch. The
+ *  token goes to the 16-bit residual; when the residual holds residual_length tokens they
+ *  are quantized into the pool as one flush, before the token's decode (as the reference
+ *  implementation does).
+ *  @param k,v  backend memory [n_seqs, num_kv_heads, head_dim].
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not
+ *          prefilled for a sequence); MINIKV_ERR_CAPACITY_EXCEEDED (a flush needs a block
+ *          and the pool has none, or a sequence reached max_seq_len); MINIKV_ERR_DEVICE.
+ *          On failure no sequence changes. Allocates nothing. */
+MINIKV_API minikv_status minikv_append(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
+                                       const uint32_t *seq_ids, const void *k, const void *v,
+                                       void *stream);
+
+/** METHOD: attention of one query token per sequence over that sequence's whole cached
+ *  context for `layer` (quantized tokens dequantized inside the kernel, plus the residual),
+ *  one softmax over all of them, scale 1/sqrt(head_dim). Append the token first: it then
+ *  attends to itself. Reads the cache only.
+ *  @param q,out  backend memory [n_seqs, num_heads, head_dim].
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not
+ *          prefilled, or no token cached yet); MINIKV_ERR_DEVICE. Allocates nothing. */
+MINIKV_API minikv_status minikv_decode(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
+                                       const uint32_t *seq_ids, const void *q, void *out,
+                                       void *stream);
+
+/* ---- sequences -------------------------------------------------------------------- */
+
+/** METHOD: frees every block of sequence `seq_id` (all layers); the slot can then take a
+ *  new prompt. Releasing an empty slot is a no-op. For CUDA, queue the release after the
+ *  work that reads the sequence (same stream, or synchronize first).
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cache, seq_id >= max_sequences). */
+MINIKV_API minikv_status minikv_sequence_release(minikv_cache *cache, uint32_t seq_id);
+
+/** Positions seen (prompt + appended) and tokens kept in the cache for one sequence and
+ *  layer; both 0 for a layer not prefilled. Either output pointer may be NULL.
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cache, bad seq_id or layer). */
+MINIKV_API minikv_status minikv_sequence_length(const minikv_cache *cache, uint32_t seq_id,
+                                                uint32_t layer, uint64_t *tokens_seen,
+                                                uint64_t *tokens_cached);
+
+/** Which prompt positions (0-based, ascending) KV head `kv_head` of `layer` kept for
+ *  `seq_id`. Writes min(capacity, total) positions to host array `positions` (may be NULL
+ *  when capacity is 0) and always sets *count to the total, so capacity 0 asks for the
+ *  size. For CUDA this call synchronizes with the device (it is meant for tests,
+ *  debugging and research).
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not
+ *          prefilled); MINIKV_ERR_DEVICE. */
+MINIKV_API minikv_status minikv_kept_positions(const minikv_cache *cache, uint32_t seq_id,
+                                               uint32_t layer, uint32_t kv_head,
+                                               int32_t *positions, uint32_t capacity,
+                                               uint32_t *count);
+
+/* ---- memory statistics ------------------------------------------------------------ */
+typedef struct minikv_memory_stats {
+  uint32_t struct_size;           /**< set by the caller to sizeof(minikv_memory_stats) */
+  uint64_t pool_bytes;            /**< reserved for KV storage: blocks + residuals +
+                                       position index (device or host) */
+  uint64_t used_bytes;            /**< codes + scales/zero-points of quantized tokens +
+                                       16-bit tokens (residual, or bits=16 storage) */
+  uint64_t workspace_bytes;       /**< scratch reserved for prefill/decode */
+  uint64_t tokens_seen;           /**< prompt + appended positions, summed over sequences
+                                       and layers */
+  uint64_t tokens_cached;         /**< of those, kept in the cache */
+  uint64_t fp16_equivalent_bytes; /**< tokens_seen * num_kv_heads * head_dim * 2 (K,V) * 2 B */
+  double compression_ratio;       /**< 1 - used_bytes / fp16_equivalent_bytes; 0 when empty */
+} minikv_memory_stats;
+
+/** Fills `out` (which the caller prepares with out->struct_size = sizeof(*out); the library
+ *  writes only the fields that size covers). Exact, computed from host bookkeeping.
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL); MINIKV_ERR_VERSION_MISMATCH
+ *          (struct_size below the first version's size). */
+MINIKV_API minikv_status minikv_memory_stats_get(const minikv_cache *cache,
+                                                 minikv_memory_stats *out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MINIKV_H */

@@ -1,0 +1,165 @@
+// The C ABI: argument checks that need no state, exception → status translation, and the
+// last-error bookkeeping. No logic lives here.
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "cache.h"
+#include "config.h"
+#include "error.h"
+#include "minikv.h"
+
+struct minikv_cache {
+  explicit minikv_cache(const minikv_config &cfg) : impl(cfg) {}
+  minikv::Cache impl;
+};
+
+namespace {
+
+#define MINIKV_STR2(x) #x
+#define MINIKV_STR(x) MINIKV_STR2(x)
+constexpr const char kVersionString[] = MINIKV_STR(MINIKV_VERSION_MAJOR) "." MINIKV_STR(
+    MINIKV_VERSION_MINOR) "." MINIKV_STR(MINIKV_VERSION_PATCH);
+
+// Runs fn, mapping every exception to a status and recording the message on the thread
+// and, when given, on the handle.
+template <typename Fn>
+minikv_status guarded(const minikv_cache *handle, const char *call, Fn &&fn) noexcept {
+  minikv_status status = MINIKV_OK;
+  std::string message;
+  try {
+    fn();
+    return MINIKV_OK;
+  } catch (const minikv::Error &e) {
+    status = e.status();
+    message = e.what();
+  } catch (const std::bad_alloc &) {
+    status = MINIKV_ERR_OUT_OF_MEMORY;
+    message = std::string(call) + ": out of host memory";
+  } catch (const std::exception &e) {
+    status = MINIKV_ERR_INTERNAL;
+    message = std::string(call) + ": internal error: " + e.what();
+  } catch (...) {
+    status = MINIKV_ERR_INTERNAL;
+    message = std::string(call) + ": internal error (unknown exception)";
+  }
+  minikv::set_thread_error(message);
+  if (handle) const_cast<minikv_cache *>(handle)->impl.set_error(message);
+  return status;
+}
+
+minikv_status null_handle(const char *call) {
+  minikv::set_thread_error(std::string(call) + ": cache is NULL");
+  return MINIKV_ERR_INVALID_ARGUMENT;
+}
+
+}  // namespace
+
+extern "C" {
+
+uint32_t minikv_version_number(void) { return MINIKV_VERSION_NUMBER; }
+const char *minikv_version_string(void) { return kVersionString; }
+const char *minikv_last_error_message(void) { return minikv::thread_error(); }
+
+const char *minikv_status_string(minikv_status status) {
+  switch (status) {
+    case MINIKV_OK: return "MINIKV_OK: success";
+    case MINIKV_ERR_INVALID_ARGUMENT: return "MINIKV_ERR_INVALID_ARGUMENT: invalid argument";
+    case MINIKV_ERR_OUT_OF_MEMORY: return "MINIKV_ERR_OUT_OF_MEMORY: out of memory";
+    case MINIKV_ERR_CAPACITY_EXCEEDED:
+      return "MINIKV_ERR_CAPACITY_EXCEEDED: cache capacity exceeded (nothing changed)";
+    case MINIKV_ERR_BAD_STATE: return "MINIKV_ERR_BAD_STATE: call not valid in this state";
+    case MINIKV_ERR_UNSUPPORTED: return "MINIKV_ERR_UNSUPPORTED: not supported by this build";
+    case MINIKV_ERR_DEVICE: return "MINIKV_ERR_DEVICE: CUDA device error";
+    case MINIKV_ERR_VERSION_MISMATCH:
+      return "MINIKV_ERR_VERSION_MISMATCH: struct size not readable by this library";
+    case MINIKV_ERR_INTERNAL: return "MINIKV_ERR_INTERNAL: internal error";
+  }
+  return "unknown minikv_status";
+}
+
+void minikv_config_default(minikv_config *cfg) {
+  if (cfg) minikv::config_default(cfg);
+}
+
+minikv_status minikv_cache_create(const minikv_config *cfg, minikv_cache **out) {
+  if (out) *out = nullptr;
+  return guarded(nullptr, "minikv_cache_create", [&] {
+    MINIKV_REQUIRE(out != nullptr, "minikv_cache_create: out is NULL");
+    const minikv_config c = minikv::config_read(cfg);
+    *out = new minikv_cache(c);
+  });
+}
+
+void minikv_cache_destroy(minikv_cache *cache) { delete cache; }
+
+const char *minikv_cache_last_error(const minikv_cache *cache) {
+  return cache ? cache->impl.last_error() : "minikv_cache_last_error: cache is NULL";
+}
+
+minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
+                             const uint32_t *seq_ids, const int32_t *cu_seqlens, const void *q,
+                             const void *k, const void *v, void *out, void *stream) {
+  if (!cache) return null_handle("minikv_prefill");
+  return guarded(cache, "minikv_prefill", [&] {
+    cache->impl.prefill(layer, n_seqs, seq_ids, cu_seqlens, q, k, v, out, stream);
+  });
+}
+
+minikv_status minikv_append(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
+                            const uint32_t *seq_ids, const void *k, const void *v,
+                            void *stream) {
+  if (!cache) return null_handle("minikv_append");
+  return guarded(cache, "minikv_append",
+                 [&] { cache->impl.append(layer, n_seqs, seq_ids, k, v, stream); });
+}
+
+minikv_status minikv_decode(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
+                            const uint32_t *seq_ids, const void *q, void *out, void *stream) {
+  if (!cache) return null_handle("minikv_decode");
+  return guarded(cache, "minikv_decode",
+                 [&] { cache->impl.decode(layer, n_seqs, seq_ids, q, out, stream); });
+}
+
+minikv_status minikv_sequence_release(minikv_cache *cache, uint32_t seq_id) {
+  if (!cache) return null_handle("minikv_sequence_release");
+  return guarded(cache, "minikv_sequence_release", [&] { cache->impl.release(seq_id); });
+}
+
+minikv_status minikv_sequence_length(const minikv_cache *cache, uint32_t seq_id, uint32_t layer,
+                                     uint64_t *tokens_seen, uint64_t *tokens_cached) {
+  if (!cache) return null_handle("minikv_sequence_length");
+  return guarded(cache, "minikv_sequence_length", [&] {
+    cache->impl.sequence_length(seq_id, layer, tokens_seen, tokens_cached);
+  });
+}
+
+minikv_status minikv_kept_positions(const minikv_cache *cache, uint32_t seq_id, uint32_t layer,
+                                    uint32_t kv_head, int32_t *positions, uint32_t capacity,
+                                    uint32_t *count) {
+  if (!cache) return null_handle("minikv_kept_positions");
+  return guarded(cache, "minikv_kept_positions", [&] {
+    cache->impl.kept_positions(seq_id, layer, kv_head, positions, capacity, count);
+  });
+}
+
+minikv_status minikv_memory_stats_get(const minikv_cache *cache, minikv_memory_stats *out) {
+  if (!cache) return null_handle("minikv_memory_stats_get");
+  return guarded(cache, "minikv_memory_stats_get", [&] {
+    MINIKV_REQUIRE(out != nullptr, "minikv_memory_stats_get: out is NULL");
+    const uint32_t size = out->struct_size;
+    if (size < minikv::kStatsSizeV1) {
+      minikv::fail(MINIKV_ERR_VERSION_MISMATCH,
+                   "minikv_memory_stats_get: out->struct_size (%u) is smaller than the first "
+                   "version of minikv_memory_stats (%u); set it to sizeof(minikv_memory_stats)",
+                   size, minikv::kStatsSizeV1);
+    }
+    const minikv_memory_stats st = cache->impl.stats();
+    // Write only what the caller's struct has; keep its struct_size.
+    std::memcpy(reinterpret_cast<char *>(out) + sizeof(uint32_t),
+                reinterpret_cast<const char *>(&st) + sizeof(uint32_t),
+                sizeof(minikv_memory_stats) - sizeof(uint32_t));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,72 @@
+// The interface both backends implement. The cache (cache.cpp) does all bookkeeping —
+// validation, budgets, block allocation, lengths — on the host and hands a backend fully
+// planned work: which blocks to write, how many tokens each sequence keeps. A backend
+// owns the storage (pool blocks, residual slots, workspaces) and the arithmetic, and must
+// not fail after it has modified storage, except with MINIKV_ERR_DEVICE.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "layout.h"
+#include "minikv.h"
+#include "policy.h"
+
+namespace minikv {
+
+// Storage geometry every backend is created with.
+struct StorageSpec {
+  minikv_config cfg;
+  BlockLayout block;
+  ResidualLayout residual;
+  uint32_t num_blocks;       // pool blocks
+  uint32_t residual_slots;   // max_sequences * num_layers
+  uint32_t max_blocks_per_seq;  // blocks one (sequence, layer) can ever hold
+};
+
+// Where one (sequence, layer) keeps its tokens.
+struct CacheView {
+  const uint32_t *blocks = nullptr;  // block table (host array)
+  uint32_t num_blocks = 0;
+  uint32_t residual_slot = 0;
+  uint32_t quantized = 0;  // tokens in blocks (a multiple of group_size)
+  uint32_t residual = 0;   // tokens in the residual slot
+};
+
+struct PrefillItem {
+  int64_t token_begin = 0;  // first row of this sequence in the packed q/k/v/out
+  SelectionPlan plan;
+  CacheView dst;  // quantized = plan.n_keep rounded down to G; residual = the rest
+};
+
+struct AppendItem {
+  CacheView dst;        // state before the append; blocks already include a flush's new ones
+  int32_t position = 0; // the token's position in its sequence
+  bool flush = false;   // the residual reaches R with this token: quantize it into blocks
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual minikv_backend kind() const = 0;
+  virtual uint64_t pool_bytes() const = 0;
+  virtual uint64_t workspace_bytes() const = 0;
+
+  virtual void prefill(uint32_t layer, const std::vector<PrefillItem> &items, const void *q,
+                       const void *k, const void *v, void *out, void *stream) = 0;
+  virtual void append(uint32_t layer, const std::vector<AppendItem> &items, const void *k,
+                      const void *v, void *stream) = 0;
+  virtual void decode(uint32_t layer, const std::vector<CacheView> &items, const void *q,
+                      void *out, void *stream) = 0;
+  // Positions of cached tokens [0, count) of one KV head, into host memory.
+  virtual void read_positions(const CacheView &view, uint32_t kv_head, uint32_t count,
+                              int32_t *out) const = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const StorageSpec &spec);
+// Throws Error(UNSUPPORTED) when libminikv was built without CUDA or no device is present.
+std::unique_ptr<Backend> make_cuda_backend(const StorageSpec &spec);
+bool cuda_backend_available(int device_id);
+
+}  // namespace minikv

@@ -1,0 +1,334 @@
+#include "cache.h"
+
+#include <algorithm>
+
+#include "config.h"
+#include "error.h"
+
+namespace minikv {
+
+namespace {
+uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+Cache::Cache(const minikv_config &cfg) : cfg_(cfg) {
+  const uint32_t R = cfg.residual_length;
+  spec_.cfg = cfg;
+  spec_.block = make_block_layout(R, cfg.num_kv_heads, cfg.head_dim, cfg.group_size,
+                                  cfg.key_bits, cfg.value_bits,
+                                  static_cast<uint32_t>(dtype_bytes(cfg.dtype)));
+  spec_.residual = make_residual_layout(R, cfg.num_kv_heads, cfg.head_dim,
+                                        static_cast<uint32_t>(dtype_bytes(cfg.dtype)));
+  spec_.max_blocks_per_seq = static_cast<uint32_t>(ceil_div(cfg.max_seq_len, R));
+  const uint64_t slots = uint64_t(cfg.max_sequences) * cfg.num_layers;
+  const uint64_t blocks = cfg.max_tokens == 0 ? slots * spec_.max_blocks_per_seq
+                                              : ceil_div(cfg.max_tokens, R);
+  if (blocks > (1ull << 31) || slots > (1ull << 31)) {
+    fail(MINIKV_ERR_INVALID_ARGUMENT,
+         "the pool would need %llu blocks of %u tokens and %llu residual slots (max_tokens, "
+         "max_sequences * num_layers and max_seq_len are too large; at most 2^31 each)",
+         static_cast<unsigned long long>(blocks), R, static_cast<unsigned long long>(slots));
+  }
+  spec_.num_blocks = static_cast<uint32_t>(blocks);
+  spec_.residual_slots = static_cast<uint32_t>(slots);
+
+  heavy_ratios_ = layer_heavy_ratios(cfg);
+  states_.resize(slots);
+  free_blocks_.resize(spec_.num_blocks);
+  for (uint32_t i = 0; i < spec_.num_blocks; ++i) free_blocks_[i] = spec_.num_blocks - 1 - i;
+
+  switch (cfg.backend) {
+    case MINIKV_BACKEND_CPU: backend_ = make_cpu_backend(spec_); break;
+    case MINIKV_BACKEND_CUDA: backend_ = make_cuda_backend(spec_); break;
+    default:
+      backend_ = cuda_backend_available(cfg.device_id) ? make_cuda_backend(spec_)
+                                                       : make_cpu_backend(spec_);
+      break;
+  }
+  cfg_.backend = backend_->kind();
+}
+
+Cache::~Cache() = default;
+
+void Cache::set_error(const std::string &message) noexcept {
+  try {
+    last_error_ = message;
+  } catch (...) {
+    last_error_.clear();
+  }
+}
+
+uint32_t Cache::blocks_for(uint64_t quantized_tokens) const {
+  return static_cast<uint32_t>(ceil_div(quantized_tokens, cfg_.residual_length));
+}
+
+CacheView Cache::view(uint32_t seq, uint32_t layer) const {
+  const LayerState &s = state(seq, layer);
+  CacheView v;
+  v.blocks = s.blocks.data();
+  v.num_blocks = static_cast<uint32_t>(s.blocks.size());
+  v.residual_slot = seq * cfg_.num_layers + layer;
+  v.quantized = s.quantized;
+  v.residual = s.residual;
+  return v;
+}
+
+void Cache::take_blocks(std::vector<uint32_t> &into, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) {
+    into.push_back(free_blocks_.back());
+    free_blocks_.pop_back();
+  }
+}
+
+void Cache::check_common(const char *call, uint32_t layer, uint32_t n_seqs,
+                         const uint32_t *seq_ids, bool need_prefilled) const {
+  MINIKV_REQUIRE(layer < cfg_.num_layers, "%s: layer (%u) must be < num_layers (%u)", call,
+                 layer, cfg_.num_layers);
+  MINIKV_REQUIRE(n_seqs >= 1, "%s: n_seqs must be >= 1", call);
+  MINIKV_REQUIRE(n_seqs <= cfg_.max_sequences,
+                 "%s: n_seqs (%u) exceeds max_sequences (%u); seq_ids must be distinct", call,
+                 n_seqs, cfg_.max_sequences);
+  MINIKV_REQUIRE(seq_ids != nullptr, "%s: seq_ids is NULL", call);
+  std::vector<bool> seen(cfg_.max_sequences, false);
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    const uint32_t id = seq_ids[i];
+    MINIKV_REQUIRE(id < cfg_.max_sequences, "%s: seq_ids[%u] (%u) must be < max_sequences (%u)",
+                   call, i, id, cfg_.max_sequences);
+    MINIKV_REQUIRE(!seen[id], "%s: seq_ids[%u] (%u) appears twice in one call", call, i, id);
+    seen[id] = true;
+  }
+  if (need_prefilled) {
+    for (uint32_t i = 0; i < n_seqs; ++i) {
+      if (!state(seq_ids[i], layer).prefilled) {
+        fail(MINIKV_ERR_BAD_STATE, "%s: sequence %u has not been prefilled for layer %u", call,
+             seq_ids[i], layer);
+      }
+    }
+  }
+}
+
+static void check_stream(const char *call, minikv_backend kind, void *stream) {
+  MINIKV_REQUIRE(kind != MINIKV_BACKEND_CPU || stream == nullptr,
+                 "%s: stream must be NULL for the CPU backend", call);
+}
+
+void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
+                    const int32_t *cu_seqlens, const void *q, const void *k, const void *v,
+                    void *out, void *stream) {
+  constexpr const char *call = "minikv_prefill";
+  check_common(call, layer, n_seqs, seq_ids, false);
+  MINIKV_REQUIRE(cu_seqlens != nullptr, "%s: cu_seqlens is NULL", call);
+  MINIKV_REQUIRE(q && k && v && out, "%s: %s is NULL", call,
+                 !q ? "q" : !k ? "k" : !v ? "v" : "out");
+  check_stream(call, backend_->kind(), stream);
+  MINIKV_REQUIRE(cu_seqlens[0] == 0, "%s: cu_seqlens[0] (%d) must be 0", call, cu_seqlens[0]);
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    const int64_t len = int64_t(cu_seqlens[i + 1]) - cu_seqlens[i];
+    MINIKV_REQUIRE(len >= 1 && len <= cfg_.max_seq_len,
+                   "%s: sequence %u (seq_id %u) has length %lld = cu_seqlens[%u] - "
+                   "cu_seqlens[%u]; it must be in [1, max_seq_len = %u]",
+                   call, i, seq_ids[i], static_cast<long long>(len), i + 1, i, cfg_.max_seq_len);
+  }
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    if (state(seq_ids[i], layer).prefilled) {
+      fail(MINIKV_ERR_BAD_STATE,
+           "%s: sequence %u is already prefilled for layer %u (release it to start a new "
+           "prompt)",
+           call, seq_ids[i], layer);
+    }
+  }
+
+  std::vector<PrefillItem> items(n_seqs);
+  uint64_t need = 0;
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    PrefillItem &it = items[i];
+    it.token_begin = cu_seqlens[i];
+    it.plan = plan_selection(cfg_, heavy_ratios_[layer],
+                             static_cast<uint32_t>(cu_seqlens[i + 1] - cu_seqlens[i]));
+    it.dst.quantized = it.plan.n_keep - it.plan.n_keep % cfg_.group_size;
+    it.dst.residual = it.plan.n_keep - it.dst.quantized;
+    it.dst.residual_slot = seq_ids[i] * cfg_.num_layers + layer;
+    need += blocks_for(it.dst.quantized);
+  }
+  if (need > free_blocks_.size()) {
+    fail(MINIKV_ERR_CAPACITY_EXCEEDED,
+         "%s: the batch needs %llu free blocks of %u tokens, the pool has %zu free of %u; "
+         "release sequences or raise max_tokens",
+         call, static_cast<unsigned long long>(need), cfg_.residual_length, free_blocks_.size(),
+         spec_.num_blocks);
+  }
+
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    LayerState &s = state(seq_ids[i], layer);
+    take_blocks(s.blocks, blocks_for(items[i].dst.quantized));
+    items[i].dst.blocks = s.blocks.data();
+    items[i].dst.num_blocks = static_cast<uint32_t>(s.blocks.size());
+  }
+  try {
+    backend_->prefill(layer, items, q, k, v, out, stream);
+  } catch (...) {
+    for (uint32_t i = n_seqs; i-- > 0;) {
+      LayerState &s = state(seq_ids[i], layer);
+      for (size_t b = s.blocks.size(); b-- > 0;) free_blocks_.push_back(s.blocks[b]);
+      s.blocks.clear();
+    }
+    throw;
+  }
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    LayerState &s = state(seq_ids[i], layer);
+    s.prefilled = true;
+    s.prompt_len = items[i].plan.prompt_len;
+    s.kept_prompt = items[i].plan.n_keep;
+    s.generated = 0;
+    s.quantized = items[i].dst.quantized;
+    s.residual = items[i].dst.residual;
+  }
+}
+
+void Cache::append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *k,
+                   const void *v, void *stream) {
+  constexpr const char *call = "minikv_append";
+  check_common(call, layer, n_seqs, seq_ids, true);
+  MINIKV_REQUIRE(k && v, "%s: %s is NULL", call, !k ? "k" : "v");
+  check_stream(call, backend_->kind(), stream);
+
+  std::vector<AppendItem> items(n_seqs);
+  std::vector<uint32_t> extra(n_seqs, 0);
+  uint64_t need = 0;
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    const LayerState &s = state(seq_ids[i], layer);
+    const uint64_t seen = uint64_t(s.prompt_len) + s.generated;
+    if (seen >= cfg_.max_seq_len) {
+      fail(MINIKV_ERR_CAPACITY_EXCEEDED,
+           "%s: sequence %u has reached max_seq_len (%u positions) in layer %u", call,
+           seq_ids[i], cfg_.max_seq_len, layer);
+    }
+    items[i].position = static_cast<int32_t>(seen);
+    items[i].flush = s.residual + 1 == cfg_.residual_length;
+    if (items[i].flush) {
+      const uint32_t total = blocks_for(uint64_t(s.quantized) + cfg_.residual_length);
+      extra[i] = total - static_cast<uint32_t>(s.blocks.size());
+      need += extra[i];
+    }
+  }
+  if (need > free_blocks_.size()) {
+    fail(MINIKV_ERR_CAPACITY_EXCEEDED,
+         "%s: flushing the residual needs %llu free blocks, the pool has %zu free of %u; "
+         "release or preempt sequences and retry",
+         call, static_cast<unsigned long long>(need), free_blocks_.size(), spec_.num_blocks);
+  }
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    take_blocks(state(seq_ids[i], layer).blocks, extra[i]);
+    items[i].dst = view(seq_ids[i], layer);
+  }
+  try {
+    backend_->append(layer, items, k, v, stream);
+  } catch (...) {
+    for (uint32_t i = n_seqs; i-- > 0;) {
+      std::vector<uint32_t> &blocks = state(seq_ids[i], layer).blocks;
+      for (uint32_t b = 0; b < extra[i]; ++b) {
+        free_blocks_.push_back(blocks.back());
+        blocks.pop_back();
+      }
+    }
+    throw;
+  }
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    LayerState &s = state(seq_ids[i], layer);
+    s.generated += 1;
+    if (items[i].flush) {
+      s.quantized += cfg_.residual_length;
+      s.residual = 0;
+    } else {
+      s.residual += 1;
+    }
+  }
+}
+
+void Cache::decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *q,
+                   void *out, void *stream) {
+  constexpr const char *call = "minikv_decode";
+  check_common(call, layer, n_seqs, seq_ids, true);
+  MINIKV_REQUIRE(q && out, "%s: %s is NULL", call, !q ? "q" : "out");
+  check_stream(call, backend_->kind(), stream);
+  std::vector<CacheView> items(n_seqs);
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    items[i] = view(seq_ids[i], layer);
+    if (items[i].quantized + items[i].residual == 0) {
+      fail(MINIKV_ERR_BAD_STATE,
+           "%s: sequence %u has no cached token in layer %u (its prompt kept none): append "
+           "the token's K/V before decoding",
+           call, seq_ids[i], layer);
+    }
+  }
+  backend_->decode(layer, items, q, out, stream);
+}
+
+void Cache::release(uint32_t seq_id) {
+  MINIKV_REQUIRE(seq_id < cfg_.max_sequences,
+                 "minikv_sequence_release: seq_id (%u) must be < max_sequences (%u)", seq_id,
+                 cfg_.max_sequences);
+  for (uint32_t layer = cfg_.num_layers; layer-- > 0;) {
+    LayerState &s = state(seq_id, layer);
+    for (size_t b = s.blocks.size(); b-- > 0;) free_blocks_.push_back(s.blocks[b]);
+    s = LayerState();
+  }
+}
+
+void Cache::sequence_length(uint32_t seq_id, uint32_t layer, uint64_t *seen,
+                            uint64_t *cached) const {
+  MINIKV_REQUIRE(seq_id < cfg_.max_sequences,
+                 "minikv_sequence_length: seq_id (%u) must be < max_sequences (%u)", seq_id,
+                 cfg_.max_sequences);
+  MINIKV_REQUIRE(layer < cfg_.num_layers,
+                 "minikv_sequence_length: layer (%u) must be < num_layers (%u)", layer,
+                 cfg_.num_layers);
+  const LayerState &s = state(seq_id, layer);
+  if (seen) *seen = uint64_t(s.prompt_len) + s.generated;
+  if (cached) *cached = uint64_t(s.quantized) + s.residual;
+}
+
+void Cache::kept_positions(uint32_t seq_id, uint32_t layer, uint32_t kv_head,
+                           int32_t *positions, uint32_t capacity, uint32_t *count) const {
+  constexpr const char *call = "minikv_kept_positions";
+  MINIKV_REQUIRE(seq_id < cfg_.max_sequences, "%s: seq_id (%u) must be < max_sequences (%u)",
+                 call, seq_id, cfg_.max_sequences);
+  MINIKV_REQUIRE(layer < cfg_.num_layers, "%s: layer (%u) must be < num_layers (%u)", call,
+                 layer, cfg_.num_layers);
+  MINIKV_REQUIRE(kv_head < cfg_.num_kv_heads, "%s: kv_head (%u) must be < num_kv_heads (%u)",
+                 call, kv_head, cfg_.num_kv_heads);
+  MINIKV_REQUIRE(count != nullptr, "%s: count is NULL", call);
+  MINIKV_REQUIRE(capacity == 0 || positions != nullptr,
+                 "%s: positions is NULL but capacity is %u", call, capacity);
+  const LayerState &s = state(seq_id, layer);
+  if (!s.prefilled) {
+    fail(MINIKV_ERR_BAD_STATE, "%s: sequence %u has not been prefilled for layer %u", call,
+         seq_id, layer);
+  }
+  const uint32_t n = std::min(capacity, s.kept_prompt);
+  if (n > 0) backend_->read_positions(view(seq_id, layer), kv_head, n, positions);
+  *count = s.kept_prompt;
+}
+
+minikv_memory_stats Cache::stats() const {
+  minikv_memory_stats st{};
+  st.struct_size = sizeof(st);
+  st.pool_bytes = backend_->pool_bytes();
+  st.workspace_bytes = backend_->workspace_bytes();
+  const uint64_t residual_token_bytes =
+      2ull * cfg_.num_kv_heads * cfg_.head_dim * dtype_bytes(cfg_.dtype);
+  for (const LayerState &s : states_) {
+    if (!s.prefilled) continue;
+    st.tokens_seen += uint64_t(s.prompt_len) + s.generated;
+    st.tokens_cached += uint64_t(s.quantized) + s.residual;
+    st.used_bytes += quantized_bytes(spec_.block, s.quantized) + residual_token_bytes * s.residual;
+  }
+  st.fp16_equivalent_bytes = st.tokens_seen * cfg_.num_kv_heads * cfg_.head_dim * 2ull * 2ull;
+  st.compression_ratio =
+      st.fp16_equivalent_bytes == 0
+          ? 0.0
+          : 1.0 - static_cast<double>(st.used_bytes) / static_cast<double>(st.fp16_equivalent_bytes);
+  return st;
+}
+
+}  // namespace minikv

@@ -1,0 +1,72 @@
+// The object behind the opaque minikv_cache handle: configuration, per-layer budgets,
+// per-(sequence, layer) state, the block allocator, and exact memory statistics. Every
+// public operation validates completely and reserves every block it needs before it
+// touches the backend, so a failed call changes nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "minikv.h"
+
+namespace minikv {
+
+class Cache {
+ public:
+  explicit Cache(const minikv_config &cfg);  // throws Error
+  ~Cache();
+  Cache(const Cache &) = delete;
+  Cache &operator=(const Cache &) = delete;
+
+  const minikv_config &config() const { return cfg_; }
+
+  void prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
+               const int32_t *cu_seqlens, const void *q, const void *k, const void *v,
+               void *out, void *stream);
+  void append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *k,
+              const void *v, void *stream);
+  void decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *q,
+              void *out, void *stream);
+  void release(uint32_t seq_id);
+  void sequence_length(uint32_t seq_id, uint32_t layer, uint64_t *seen, uint64_t *cached) const;
+  void kept_positions(uint32_t seq_id, uint32_t layer, uint32_t kv_head, int32_t *positions,
+                      uint32_t capacity, uint32_t *count) const;
+  minikv_memory_stats stats() const;
+
+  // Per-handle last error (minikv_cache_last_error).
+  void set_error(const std::string &message) noexcept;
+  const char *last_error() const noexcept { return last_error_.c_str(); }
+
+ private:
+  struct LayerState {
+    bool prefilled = false;
+    uint32_t prompt_len = 0;
+    uint32_t kept_prompt = 0;  // n_keep
+    uint32_t generated = 0;
+    uint32_t quantized = 0;
+    uint32_t residual = 0;
+    std::vector<uint32_t> blocks;
+  };
+
+  LayerState &state(uint32_t seq, uint32_t layer) { return states_[size_t(seq) * cfg_.num_layers + layer]; }
+  const LayerState &state(uint32_t seq, uint32_t layer) const { return states_[size_t(seq) * cfg_.num_layers + layer]; }
+  uint32_t blocks_for(uint64_t quantized_tokens) const;
+  CacheView view(uint32_t seq, uint32_t layer) const;
+  void check_common(const char *call, uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
+                    bool need_prefilled) const;
+  // Takes n blocks off the free list (caller checked availability).
+  void take_blocks(std::vector<uint32_t> &into, uint32_t n);
+
+  minikv_config cfg_;
+  StorageSpec spec_;
+  std::vector<double> heavy_ratios_;
+  std::vector<LayerState> states_;  // [max_sequences][num_layers]
+  std::vector<uint32_t> free_blocks_;  // stack; back() is handed out next
+  std::unique_ptr<Backend> backend_;
+  std::string last_error_;
+};
+
+}  // namespace minikv

@@ -1,0 +1,141 @@
+#include "config.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "error.h"
+
+namespace minikv {
+
+void config_default(minikv_config *cfg) {
+  std::memset(cfg, 0, sizeof(*cfg));
+  cfg->struct_size = sizeof(minikv_config);
+  cfg->backend = MINIKV_BACKEND_AUTO;
+  cfg->device_id = 0;
+  cfg->dtype = MINIKV_DTYPE_F16;
+  cfg->max_sequences = 1;
+  cfg->max_seq_len = 4096;
+  cfg->max_tokens = 0;
+  cfg->heavy_ratio = 0.25f;
+  cfg->recent_ratio = 0.25f;
+  cfg->budget_policy = MINIKV_BUDGET_UNIFORM;
+  cfg->pyramid_depth = 7.0f;
+  cfg->score_mode = MINIKV_SCORE_CUMULATIVE;
+  cfg->window_size = 32;
+  cfg->pool_kernel = 7;
+  cfg->key_bits = 2;
+  cfg->value_bits = 2;
+  cfg->group_size = 16;
+  cfg->residual_length = 128;
+}
+
+size_t dtype_bytes(minikv_dtype dtype) { return dtype == MINIKV_DTYPE_F32 ? 4 : 2; }
+
+const char *dtype_name(minikv_dtype dtype) {
+  switch (dtype) {
+    case MINIKV_DTYPE_F16: return "F16";
+    case MINIKV_DTYPE_BF16: return "BF16";
+    case MINIKV_DTYPE_F32: return "F32";
+  }
+  return "unknown";
+}
+
+namespace {
+
+void check_bits(const char *field, uint32_t bits) {
+  MINIKV_REQUIRE(bits == 2 || bits == 4 || bits == 16,
+                 "%s (%u) must be 2, 4 or 16 (16 = unquantized)", field, bits);
+}
+
+void check_ratio(const char *field, float value) {
+  MINIKV_REQUIRE(std::isfinite(value) && value >= 0.0f && value <= 1.0f,
+                 "%s (%g) must be in [0, 1]", field, static_cast<double>(value));
+}
+
+void validate(const minikv_config &c) {
+  MINIKV_REQUIRE(c.backend == MINIKV_BACKEND_AUTO || c.backend == MINIKV_BACKEND_CPU ||
+                     c.backend == MINIKV_BACKEND_CUDA,
+                 "backend (%d) must be MINIKV_BACKEND_AUTO (0), _CPU (1) or _CUDA (2)",
+                 static_cast<int>(c.backend));
+  MINIKV_REQUIRE(c.device_id >= 0, "device_id (%d) must be >= 0", c.device_id);
+  MINIKV_REQUIRE(c.dtype == MINIKV_DTYPE_F16 || c.dtype == MINIKV_DTYPE_BF16 ||
+                     c.dtype == MINIKV_DTYPE_F32,
+                 "dtype (%d) must be MINIKV_DTYPE_F16 (0), _BF16 (1) or _F32 (2)",
+                 static_cast<int>(c.dtype));
+  MINIKV_REQUIRE(c.num_layers >= 1 && c.num_layers <= 4096,
+                 "num_layers (%u) must be in [1, 4096]", c.num_layers);
+  MINIKV_REQUIRE(c.num_kv_heads >= 1 && c.num_kv_heads <= 1024,
+                 "num_kv_heads (%u) must be in [1, 1024]", c.num_kv_heads);
+  MINIKV_REQUIRE(c.num_heads >= 1 && c.num_heads <= 4096, "num_heads (%u) must be in [1, 4096]",
+                 c.num_heads);
+  MINIKV_REQUIRE(c.num_heads % c.num_kv_heads == 0,
+                 "num_heads (%u) must be a multiple of num_kv_heads (%u)", c.num_heads,
+                 c.num_kv_heads);
+  MINIKV_REQUIRE(c.head_dim >= 16 && c.head_dim <= 256 && c.head_dim % 16 == 0,
+                 "head_dim (%u) must be a multiple of 16 in [16, 256]", c.head_dim);
+  MINIKV_REQUIRE(c.max_sequences >= 1 && c.max_sequences <= (1u << 20),
+                 "max_sequences (%u) must be in [1, 1048576]", c.max_sequences);
+  MINIKV_REQUIRE(c.max_seq_len >= 1 && c.max_seq_len <= (1u << 30),
+                 "max_seq_len (%u) must be in [1, 2^30]", c.max_seq_len);
+  check_ratio("heavy_ratio", c.heavy_ratio);
+  check_ratio("recent_ratio", c.recent_ratio);
+  MINIKV_REQUIRE(c.budget_policy == MINIKV_BUDGET_UNIFORM ||
+                     c.budget_policy == MINIKV_BUDGET_PYRAMID,
+                 "budget_policy (%d) must be MINIKV_BUDGET_UNIFORM (0) or _PYRAMID (1)",
+                 static_cast<int>(c.budget_policy));
+  MINIKV_REQUIRE(std::isfinite(c.pyramid_depth) && c.pyramid_depth >= 1.0f,
+                 "pyramid_depth (%g) must be a finite number >= 1",
+                 static_cast<double>(c.pyramid_depth));
+  MINIKV_REQUIRE(c.score_mode == MINIKV_SCORE_CUMULATIVE || c.score_mode == MINIKV_SCORE_WINDOW,
+                 "score_mode (%d) must be MINIKV_SCORE_CUMULATIVE (0) or _WINDOW (1)",
+                 static_cast<int>(c.score_mode));
+  MINIKV_REQUIRE(c.window_size >= 1, "window_size (%u) must be >= 1", c.window_size);
+  MINIKV_REQUIRE(c.pool_kernel >= 1 && c.pool_kernel % 2 == 1 && c.pool_kernel <= 1023,
+                 "pool_kernel (%u) must be odd, in [1, 1023]", c.pool_kernel);
+  check_bits("key_bits", c.key_bits);
+  check_bits("value_bits", c.value_bits);
+  MINIKV_REQUIRE(c.group_size == 16 || c.group_size == 32 || c.group_size == 64 ||
+                     c.group_size == 128,
+                 "group_size (%u) must be 16, 32, 64 or 128", c.group_size);
+  MINIKV_REQUIRE(c.value_bits == 16 || c.head_dim % c.group_size == 0,
+                 "head_dim (%u) must be a multiple of group_size (%u): values are quantized in "
+                 "groups of group_size channels",
+                 c.head_dim, c.group_size);
+  MINIKV_REQUIRE(c.residual_length >= c.group_size && c.residual_length % c.group_size == 0 &&
+                     c.residual_length <= 4096,
+                 "residual_length (%u) must be a multiple of group_size (%u), at most 4096",
+                 c.residual_length, c.group_size);
+}
+
+}  // namespace
+
+minikv_config config_read(const minikv_config *user) {
+  MINIKV_REQUIRE(user != nullptr, "config is NULL");
+  const uint32_t size = user->struct_size;
+  if (size < kConfigSizeV1) {
+    fail(MINIKV_ERR_VERSION_MISMATCH,
+         "config struct_size (%u) is smaller than the first version of minikv_config (%u): "
+         "initialize it with minikv_config_default()",
+         size, kConfigSizeV1);
+  }
+  if (size > sizeof(minikv_config)) {
+    // A newer caller: accept it only if every field we do not know is zero (unset).
+    const unsigned char *bytes = reinterpret_cast<const unsigned char *>(user);
+    for (size_t i = sizeof(minikv_config); i < size; ++i) {
+      if (bytes[i] != 0) {
+        fail(MINIKV_ERR_VERSION_MISMATCH,
+             "config struct_size (%u) is larger than this library's minikv_config (%zu) and "
+             "sets fields this library (version %s) does not know",
+             size, sizeof(minikv_config), minikv_version_string());
+      }
+    }
+  }
+  minikv_config cfg;
+  config_default(&cfg);
+  std::memcpy(&cfg, user, sizeof(minikv_config) < size ? sizeof(minikv_config) : size);
+  cfg.struct_size = sizeof(minikv_config);
+  validate(cfg);
+  return cfg;
+}
+
+}  // namespace minikv

@@ -1,0 +1,506 @@
+// The CPU backend: the reference every CUDA kernel is checked against, and the embedded
+// default on machines without a GPU. float32 arithmetic (scores accumulated in double),
+// exact softmax, O(L) extra memory per thread (no L×L buffer), all threads of the pool.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+
+#include "../backend.h"
+#include "../config.h"
+#include "../dtype.h"
+#include "../error.h"
+#include "../quant.h"
+#include "thread_pool.h"
+
+namespace minikv {
+namespace {
+
+// Query rows processed together in prefill: each key row is loaded once per block.
+constexpr uint32_t kQueryBlock = 16;
+
+struct FreeDeleter {
+  void operator()(void *p) const { std::free(p); }
+};
+using HostBuffer = std::unique_ptr<uint8_t, FreeDeleter>;
+
+HostBuffer host_alloc(uint64_t bytes, const char *what) {
+  // calloc: untouched pages stay unmapped, so resident memory follows real use.
+  void *p = std::calloc(1, bytes == 0 ? 1 : bytes);
+  if (!p) {
+    fail(MINIKV_ERR_OUT_OF_MEMORY, "minikv_cache_create: cannot allocate %llu bytes for the %s",
+         static_cast<unsigned long long>(bytes), what);
+  }
+  return HostBuffer(static_cast<uint8_t *>(p));
+}
+
+// Per-thread scratch, sized at create for the longest sequence.
+struct Scratch {
+  std::vector<float> k, v;       // [max(max_seq_len, R)][D] rows as float
+  std::vector<float> s;          // [kQueryBlock][max_seq_len] logits / probabilities
+  std::vector<float> q, o;       // [kQueryBlock][D]
+  std::vector<float> scores, pooled;  // [max_seq_len]
+  std::vector<int32_t> kept;          // [max_seq_len]
+  std::vector<uint32_t> order;        // [max_seq_len]
+};
+
+float dot(const float *a, const float *b, uint32_t n) {
+  float acc = 0.0f;
+  for (uint32_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+void axpy(float alpha, const float *x, float *y, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const StorageSpec &spec)
+      : spec_(spec), cfg_(spec.cfg), bl_(spec.block), rl_(spec.residual),
+        pool_threads_(cpu::default_thread_count()) {
+    pool_ = host_alloc(uint64_t(spec.num_blocks) * bl_.bytes, "block pool");
+    residual_ = host_alloc(uint64_t(spec.residual_slots) * rl_.bytes, "residual slots");
+    const uint64_t rows = std::max<uint64_t>(cfg_.max_seq_len, cfg_.residual_length);
+    const uint32_t D = cfg_.head_dim;
+    scratch_.resize(pool_threads_.size());
+    for (Scratch &s : scratch_) {
+      s.k.resize(rows * D);
+      s.v.resize(rows * D);
+      s.s.resize(uint64_t(kQueryBlock) * cfg_.max_seq_len);
+      s.q.resize(kQueryBlock * D);
+      s.o.resize(kQueryBlock * D);
+      s.scores.resize(cfg_.max_seq_len);
+      s.pooled.resize(cfg_.max_seq_len);
+      s.kept.resize(cfg_.max_seq_len);
+      s.order.resize(cfg_.max_seq_len);
+      workspace_bytes_ += (s.k.size() + s.v.size() + s.s.size() + s.q.size() + s.o.size() +
+                           s.scores.size() + s.pooled.size()) * sizeof(float) +
+                          (s.kept.size() + s.order.size()) * 4;
+    }
+    head_scores_.resize(uint64_t(cfg_.num_heads) * cfg_.max_seq_len);
+    workspace_bytes_ += head_scores_.size() * sizeof(double);
+  }
+
+  minikv_backend kind() const override { return MINIKV_BACKEND_CPU; }
+  uint64_t pool_bytes() const override {
+    return uint64_t(spec_.num_blocks) * bl_.bytes + uint64_t(spec_.residual_slots) * rl_.bytes;
+  }
+  uint64_t workspace_bytes() const override { return workspace_bytes_; }
+
+  void prefill(uint32_t layer, const std::vector<PrefillItem> &items, const void *q,
+               const void *k, const void *v, void *out, void *) override {
+    (void)layer;
+    dispatch_dtype(cfg_.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      for (const PrefillItem &it : items)
+        prefill_sequence<T>(it, static_cast<const T *>(q), static_cast<const T *>(k),
+                            static_cast<const T *>(v), static_cast<T *>(out));
+      return 0;
+    });
+  }
+
+  void append(uint32_t, const std::vector<AppendItem> &items, const void *k, const void *v,
+              void *) override {
+    dispatch_dtype(cfg_.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const uint32_t Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+      pool_threads_.parallel_for(uint64_t(items.size()) * Hkv, [&](uint64_t w, unsigned worker) {
+        const AppendItem &it = items[w / Hkv];
+        const uint32_t head = static_cast<uint32_t>(w % Hkv);
+        const uint64_t src = ((w / Hkv) * Hkv + head) * D;
+        uint8_t *slot = residual_slot(it.dst.residual_slot);
+        T *k_res = residual_row<T>(slot, rl_.k, head, it.dst.residual);
+        T *v_res = residual_row<T>(slot, rl_.v, head, it.dst.residual);
+        std::memcpy(k_res, static_cast<const T *>(k) + src, D * sizeof(T));
+        std::memcpy(v_res, static_cast<const T *>(v) + src, D * sizeof(T));
+        residual_positions(slot, head)[it.dst.residual] = it.position;
+        if (it.flush) flush_residual<T>(it.dst, head, scratch_[worker]);
+        return;
+      });
+      return 0;
+    });
+  }
+
+  void decode(uint32_t, const std::vector<CacheView> &items, const void *q, void *out,
+              void *) override {
+    dispatch_dtype(cfg_.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const uint32_t H = cfg_.num_heads;
+      pool_threads_.parallel_for(uint64_t(items.size()) * H, [&](uint64_t w, unsigned worker) {
+        const uint64_t row = w / H;
+        const uint32_t head = static_cast<uint32_t>(w % H);
+        decode_head<T>(items[row], head, static_cast<const T *>(q) + w * cfg_.head_dim,
+                       static_cast<T *>(out) + w * cfg_.head_dim, scratch_[worker]);
+      });
+      return 0;
+    });
+  }
+
+  void read_positions(const CacheView &view, uint32_t kv_head, uint32_t count,
+                      int32_t *out) const override {
+    for (uint32_t t = 0; t < count; ++t) {
+      if (t < view.quantized) {
+        const uint8_t *block = block_ptr(view.blocks[t / bl_.tokens]);
+        out[t] = reinterpret_cast<const int32_t *>(block + bl_.positions +
+                                                   kv_head * bl_.positions_head())[t % bl_.tokens];
+      } else {
+        uint8_t *slot = const_cast<CpuBackend *>(this)->residual_slot(view.residual_slot);
+        out[t] = residual_positions(slot, kv_head)[t - view.quantized];
+      }
+    }
+  }
+
+ private:
+  uint8_t *block_ptr(uint32_t block) const { return pool_.get() + uint64_t(block) * bl_.bytes; }
+  uint8_t *residual_slot(uint32_t slot) { return residual_.get() + uint64_t(slot) * rl_.bytes; }
+  template <typename T>
+  T *residual_row(uint8_t *slot, uint64_t region, uint32_t head, uint32_t row) const {
+    return reinterpret_cast<T *>(slot + region) + (uint64_t(head) * rl_.tokens + row) * rl_.head_dim;
+  }
+  int32_t *residual_positions(uint8_t *slot, uint32_t head) const {
+    return reinterpret_cast<int32_t *>(slot + rl_.positions) + uint64_t(head) * rl_.tokens;
+  }
+
+  // ---- prefill --------------------------------------------------------------------
+  template <typename T>
+  void prefill_sequence(const PrefillItem &it, const T *q, const T *k, const T *v, T *out) {
+    const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads;
+    const uint32_t L = it.plan.prompt_len;
+    const bool need_scores = !it.plan.keep_all && it.plan.n_heavy > 0;
+    // Rows whose attention counts towards the scores.
+    const uint32_t score_from = cfg_.score_mode == MINIKV_SCORE_WINDOW
+                                    ? L - std::min(cfg_.window_size, L)
+                                    : 0;
+    pool_threads_.parallel_for(H, [&](uint64_t h, unsigned worker) {
+      attention_head<T>(it, static_cast<uint32_t>(h), need_scores, score_from, q, k, v, out,
+                        scratch_[worker]);
+    });
+    pool_threads_.parallel_for(Hkv, [&](uint64_t kvh, unsigned worker) {
+      select_and_store<T>(it, static_cast<uint32_t>(kvh), need_scores, k, v, scratch_[worker]);
+    });
+  }
+
+  // Causal attention of one query head over its prompt, optionally accumulating the
+  // column sums of the probabilities (the importance scores) into head_scores_[h].
+  template <typename T>
+  void attention_head(const PrefillItem &it, uint32_t h, bool need_scores, uint32_t score_from,
+                      const T *q, const T *k, const T *v, T *out, Scratch &ws) {
+    const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+    const uint32_t kvh = h / (H / Hkv);
+    const uint32_t L = it.plan.prompt_len;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    for (uint32_t j = 0; j < L; ++j) {
+      const uint64_t src = (uint64_t(it.token_begin + j) * Hkv + kvh) * D;
+      for (uint32_t c = 0; c < D; ++c) {
+        ws.k[uint64_t(j) * D + c] = to_float(k[src + c]);
+        ws.v[uint64_t(j) * D + c] = to_float(v[src + c]);
+      }
+    }
+    double *col = head_scores_.data() + uint64_t(h) * cfg_.max_seq_len;
+    if (need_scores) std::fill(col, col + L, 0.0);
+
+    for (uint32_t i0 = 0; i0 < L; i0 += kQueryBlock) {
+      const uint32_t rows = std::min(kQueryBlock, L - i0);
+      const uint32_t n_keys = i0 + rows;
+      for (uint32_t r = 0; r < rows; ++r) {
+        const uint64_t src = (uint64_t(it.token_begin + i0 + r) * H + h) * D;
+        for (uint32_t c = 0; c < D; ++c) ws.q[r * D + c] = to_float(q[src + c]);
+      }
+      for (uint32_t j = 0; j < n_keys; ++j) {
+        const float *kj = ws.k.data() + uint64_t(j) * D;
+        for (uint32_t r = 0; r < rows; ++r)
+          ws.s[uint64_t(r) * L + j] = j <= i0 + r ? dot(ws.q.data() + r * D, kj, D) * scale : 0.0f;
+      }
+      std::fill(ws.o.begin(), ws.o.begin() + rows * D, 0.0f);
+      for (uint32_t r = 0; r < rows; ++r) {
+        float *s = ws.s.data() + uint64_t(r) * L;
+        const uint32_t n = i0 + r + 1;  // causal: keys [0, i]
+        const float m = *std::max_element(s, s + n);
+        float sum = 0.0f;
+        for (uint32_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
+        const float inv = 1.0f / sum;
+        for (uint32_t j = 0; j < n; ++j) s[j] *= inv;
+        for (uint32_t j = n; j < n_keys; ++j) s[j] = 0.0f;
+        if (need_scores && i0 + r >= score_from)
+          for (uint32_t j = 0; j < n; ++j) col[j] += s[j];
+      }
+      for (uint32_t j = 0; j < n_keys; ++j) {
+        const float *vj = ws.v.data() + uint64_t(j) * D;
+        for (uint32_t r = 0; r < rows; ++r) {
+          const float p = ws.s[uint64_t(r) * L + j];
+          if (p != 0.0f) axpy(p, vj, ws.o.data() + r * D, D);
+        }
+      }
+      for (uint32_t r = 0; r < rows; ++r) {
+        T *dst = out + (uint64_t(it.token_begin + i0 + r) * H + h) * D;
+        for (uint32_t c = 0; c < D; ++c) dst[c] = from_float<T>(ws.o[r * D + c]);
+      }
+    }
+  }
+
+  // Scores of one KV head (sum over its query heads), selection, and storage of the kept
+  // tokens: whole groups quantized into blocks, the tail into the residual.
+  template <typename T>
+  void select_and_store(const PrefillItem &it, uint32_t kvh, bool need_scores, const T *k,
+                        const T *v, Scratch &ws) {
+    const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+    const uint32_t n_rep = H / Hkv;
+    const SelectionPlan &plan = it.plan;
+    if (need_scores) {
+      const uint32_t n = plan.candidates;
+      for (uint32_t j = 0; j < n; ++j) {
+        double acc = 0.0;
+        for (uint32_t r = 0; r < n_rep; ++r)
+          acc += head_scores_[uint64_t(kvh * n_rep + r) * cfg_.max_seq_len + j];
+        ws.scores[j] = static_cast<float>(acc);
+      }
+      const float *scores = ws.scores.data();
+      if (cfg_.score_mode == MINIKV_SCORE_WINDOW && cfg_.pool_kernel > 1) {
+        // Pool over the scored prefix, then select among the candidates (a sub-range).
+        for (uint32_t j = n; j < plan.scored_prefix; ++j) {
+          double acc = 0.0;
+          for (uint32_t r = 0; r < n_rep; ++r)
+            acc += head_scores_[uint64_t(kvh * n_rep + r) * cfg_.max_seq_len + j];
+          ws.scores[j] = static_cast<float>(acc);
+        }
+        max_pool_1d(ws.scores.data(), ws.pooled.data(), plan.scored_prefix, cfg_.pool_kernel);
+        scores = ws.pooled.data();
+      }
+      select_kept(plan, scores, ws.kept.data(), ws.order.data());
+    } else {
+      select_kept(plan, nullptr, ws.kept.data(), ws.order.data());
+    }
+
+    // Gather the kept rows (ascending positions) as float.
+    const uint32_t n_keep = plan.n_keep;
+    for (uint32_t t = 0; t < n_keep; ++t) {
+      const uint64_t src = (uint64_t(it.token_begin + ws.kept[t]) * Hkv + kvh) * D;
+      for (uint32_t c = 0; c < D; ++c) {
+        ws.k[uint64_t(t) * D + c] = to_float(k[src + c]);
+        ws.v[uint64_t(t) * D + c] = to_float(v[src + c]);
+      }
+    }
+    store_tokens<T>(it.dst, kvh, 0, it.dst.quantized, ws.k.data(), ws.v.data(), ws.kept.data());
+    uint8_t *slot = residual_slot(it.dst.residual_slot);
+    for (uint32_t t = it.dst.quantized; t < n_keep; ++t) {
+      const uint32_t row = t - it.dst.quantized;
+      T *k_res = residual_row<T>(slot, rl_.k, kvh, row);
+      T *v_res = residual_row<T>(slot, rl_.v, kvh, row);
+      for (uint32_t c = 0; c < D; ++c) {
+        k_res[c] = from_float<T>(ws.k[uint64_t(t) * D + c]);
+        v_res[c] = from_float<T>(ws.v[uint64_t(t) * D + c]);
+      }
+      residual_positions(slot, kvh)[row] = ws.kept[t];
+    }
+  }
+
+  // ---- storage ----------------------------------------------------------------------
+  // Writes n tokens (n a multiple of G) of one KV head, float rows [n][D], as cached tokens
+  // [first, first + n) of `dst` (first a multiple of G): codes + scales, or 16-bit values.
+  template <typename T>
+  void store_tokens(const CacheView &dst, uint32_t head, uint32_t first, uint32_t n,
+                    const float *k_rows, const float *v_rows, const int32_t *positions) {
+    const uint32_t D = cfg_.head_dim, G = cfg_.group_size, R = bl_.tokens;
+    const uint32_t kb = cfg_.key_bits, vb = cfg_.value_bits;
+    for (uint32_t g0 = 0; g0 < n; g0 += G) {
+      const uint32_t t0 = first + g0;  // cached-token index of the group's first token
+      uint8_t *block = block_ptr(dst.blocks[t0 / R]);
+      const uint32_t row0 = t0 % R;
+      int32_t *pos = reinterpret_cast<int32_t *>(block + bl_.positions + head * bl_.positions_head());
+      for (uint32_t t = 0; t < G; ++t) pos[row0 + t] = positions[g0 + t];
+
+      uint8_t *k_codes = block + bl_.k_codes + head * bl_.k_codes_head();
+      if (kb == 16) {
+        for (uint32_t t = 0; t < G; ++t) {
+          T *row = reinterpret_cast<T *>(k_codes + (row0 + t) * bl_.k_row_bytes);
+          for (uint32_t c = 0; c < D; ++c) row[c] = from_float<T>(k_rows[uint64_t(g0 + t) * D + c]);
+        }
+      } else {
+        // Keys: per channel, over the G tokens of the group.
+        T *scale = reinterpret_cast<T *>(block + bl_.k_scale + head * bl_.k_scale_head()) + (row0 / G) * D;
+        T *minimum = reinterpret_cast<T *>(block + bl_.k_min + head * bl_.k_scale_head()) + (row0 / G) * D;
+        for (uint32_t t = 0; t < G; ++t) std::memset(k_codes + (row0 + t) * bl_.k_row_bytes, 0, bl_.k_row_bytes);
+        for (uint32_t c = 0; c < D; ++c) {
+          float mn = INFINITY, mx = -INFINITY;
+          for (uint32_t t = 0; t < G; ++t) {
+            const float x = k_rows[uint64_t(g0 + t) * D + c];
+            mn = std::min(mn, x);
+            mx = std::max(mx, x);
+          }
+          const T scale_t = from_float<T>((mx - mn) / static_cast<float>(quant_levels(kb)));
+          const T min_t = from_float<T>(mn);
+          scale[c] = scale_t;
+          minimum[c] = min_t;
+          for (uint32_t t = 0; t < G; ++t) {
+            const uint32_t code = quantize_code(k_rows[uint64_t(g0 + t) * D + c], to_float(min_t),
+                                                to_float(scale_t), quant_levels(kb));
+            pack_code(k_codes + (row0 + t) * bl_.k_row_bytes, c, code, kb);
+          }
+        }
+      }
+
+      uint8_t *v_codes = block + bl_.v_codes + head * bl_.v_codes_head();
+      for (uint32_t t = 0; t < G; ++t) {
+        const float *x = v_rows + uint64_t(g0 + t) * D;
+        uint8_t *row = v_codes + (row0 + t) * bl_.v_row_bytes;
+        if (vb == 16) {
+          for (uint32_t c = 0; c < D; ++c) reinterpret_cast<T *>(row)[c] = from_float<T>(x[c]);
+          continue;
+        }
+        // Values: per token, over G consecutive channels.
+        std::memset(row, 0, bl_.v_row_bytes);
+        const uint32_t groups = D / G;
+        T *scale = reinterpret_cast<T *>(block + bl_.v_scale + head * bl_.v_scale_head()) + (row0 + t) * groups;
+        T *minimum = reinterpret_cast<T *>(block + bl_.v_min + head * bl_.v_scale_head()) + (row0 + t) * groups;
+        for (uint32_t g = 0; g < groups; ++g) {
+          const float *xg = x + g * G;
+          const float mn = *std::min_element(xg, xg + G), mx = *std::max_element(xg, xg + G);
+          const T scale_t = from_float<T>((mx - mn) / static_cast<float>(quant_levels(vb)));
+          const T min_t = from_float<T>(mn);
+          scale[g] = scale_t;
+          minimum[g] = min_t;
+          for (uint32_t c = 0; c < G; ++c)
+            pack_code(row, g * G + c, quantize_code(xg[c], to_float(min_t), to_float(scale_t), quant_levels(vb)), vb);
+        }
+      }
+    }
+  }
+
+  static void pack_code(uint8_t *row, uint32_t i, uint32_t code, uint32_t bits) {
+    uint32_t *words = reinterpret_cast<uint32_t *>(row);
+    const uint32_t per_word = 32u / bits;
+    words[i / per_word] |= code << ((i % per_word) * bits);
+  }
+
+  // Quantizes the full residual (R tokens) of one head into the blocks after `quantized`.
+  template <typename T>
+  void flush_residual(const CacheView &dst, uint32_t head, Scratch &ws) {
+    const uint32_t R = rl_.tokens, D = cfg_.head_dim;
+    uint8_t *slot = residual_slot(dst.residual_slot);
+    const T *k_res = residual_row<T>(slot, rl_.k, head, 0);
+    const T *v_res = residual_row<T>(slot, rl_.v, head, 0);
+    for (uint64_t i = 0; i < uint64_t(R) * D; ++i) {
+      ws.k[i] = to_float(k_res[i]);
+      ws.v[i] = to_float(v_res[i]);
+    }
+    store_tokens<T>(dst, head, dst.quantized, R, ws.k.data(), ws.v.data(),
+                    residual_positions(slot, head));
+  }
+
+  // ---- decode -----------------------------------------------------------------------
+  // Online softmax over the quantized tokens (dequantized on the fly, one key group of G
+  // tokens at a time) and then the 16-bit residual.
+  template <typename T>
+  void decode_head(const CacheView &view, uint32_t h, const T *q_in, T *out, Scratch &ws) {
+    const uint32_t D = cfg_.head_dim, G = cfg_.group_size, R = bl_.tokens;
+    const uint32_t kb = cfg_.key_bits, vb = cfg_.value_bits;
+    const uint32_t kvh = h / (cfg_.num_heads / cfg_.num_kv_heads);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    float *q = ws.q.data();           // [D]
+    float *q_scaled = q + D;          // [D] q * key scale of the current group (kQueryBlock >= 2)
+    float *acc = ws.o.data();         // [D]
+    float *logits = ws.s.data();      // [max(G, residual)]
+    float *v_hat = ws.o.data() + D;   // [D]
+    for (uint32_t c = 0; c < D; ++c) q[c] = to_float(q_in[c]);
+    std::fill(acc, acc + D, 0.0f);
+    float m = -INFINITY, l = 0.0f;
+
+    auto accumulate = [&](uint32_t n, auto &&value_row) {
+      float m_new = m;
+      for (uint32_t t = 0; t < n; ++t) m_new = std::max(m_new, logits[t]);
+      const float correction = std::exp(m - m_new);  // exp(-inf) = 0 on the first group
+      l *= correction;
+      for (uint32_t c = 0; c < D; ++c) acc[c] *= correction;
+      for (uint32_t t = 0; t < n; ++t) {
+        const float p = std::exp(logits[t] - m_new);
+        l += p;
+        axpy(p, value_row(t), acc, D);
+      }
+      m = m_new;
+    };
+
+    for (uint32_t t0 = 0; t0 < view.quantized; t0 += G) {
+      const uint8_t *block = block_ptr(view.blocks[t0 / R]);
+      const uint32_t row0 = t0 % R;
+      const uint8_t *k_codes = block + bl_.k_codes + kvh * bl_.k_codes_head();
+      if (kb == 16) {
+        for (uint32_t t = 0; t < G; ++t) {
+          const T *row = reinterpret_cast<const T *>(k_codes + (row0 + t) * bl_.k_row_bytes);
+          float s = 0.0f;
+          for (uint32_t c = 0; c < D; ++c) s += q[c] * to_float(row[c]);
+          logits[t] = s * scale;
+        }
+      } else {
+        // q · (code * s + m) = (q * s) · code + q · m, with (s, m) shared by the group.
+        const T *ks = reinterpret_cast<const T *>(block + bl_.k_scale + kvh * bl_.k_scale_head()) + (row0 / G) * D;
+        const T *km = reinterpret_cast<const T *>(block + bl_.k_min + kvh * bl_.k_scale_head()) + (row0 / G) * D;
+        float bias = 0.0f;
+        for (uint32_t c = 0; c < D; ++c) {
+          q_scaled[c] = q[c] * to_float(ks[c]);
+          bias += q[c] * to_float(km[c]);
+        }
+        for (uint32_t t = 0; t < G; ++t) {
+          const uint32_t *words = reinterpret_cast<const uint32_t *>(k_codes + (row0 + t) * bl_.k_row_bytes);
+          float s = 0.0f;
+          for (uint32_t c = 0; c < D; ++c) s += q_scaled[c] * static_cast<float>(unpack_code(words, c, kb));
+          logits[t] = (s + bias) * scale;
+        }
+      }
+      const uint8_t *v_codes = block + bl_.v_codes + kvh * bl_.v_codes_head();
+      const T *vs = reinterpret_cast<const T *>(block + bl_.v_scale + kvh * bl_.v_scale_head());
+      const T *vm = reinterpret_cast<const T *>(block + bl_.v_min + kvh * bl_.v_scale_head());
+      accumulate(G, [&](uint32_t t) -> const float * {
+        const uint8_t *row = v_codes + (row0 + t) * bl_.v_row_bytes;
+        if (vb == 16) {
+          for (uint32_t c = 0; c < D; ++c) v_hat[c] = to_float(reinterpret_cast<const T *>(row)[c]);
+        } else {
+          const uint32_t groups = D / G;
+          const uint32_t *words = reinterpret_cast<const uint32_t *>(row);
+          for (uint32_t c = 0; c < D; ++c) {
+            const uint64_t g = uint64_t(row0 + t) * groups + c / G;
+            v_hat[c] = dequantize_code(unpack_code(words, c, vb), to_float(vm[g]), to_float(vs[g]));
+          }
+        }
+        return v_hat;
+      });
+    }
+
+    if (view.residual > 0) {
+      uint8_t *slot = residual_slot(view.residual_slot);
+      for (uint32_t t = 0; t < view.residual; ++t) {
+        const T *row = residual_row<T>(slot, rl_.k, kvh, t);
+        float s = 0.0f;
+        for (uint32_t c = 0; c < D; ++c) s += q[c] * to_float(row[c]);
+        logits[t] = s * scale;
+      }
+      accumulate(view.residual, [&](uint32_t t) -> const float * {
+        const T *row = residual_row<T>(slot, rl_.v, kvh, t);
+        for (uint32_t c = 0; c < D; ++c) v_hat[c] = to_float(row[c]);
+        return v_hat;
+      });
+    }
+    const float inv = 1.0f / l;
+    for (uint32_t c = 0; c < D; ++c) out[c] = from_float<T>(acc[c] * inv);
+  }
+
+  StorageSpec spec_;
+  minikv_config cfg_;
+  BlockLayout bl_;
+  ResidualLayout rl_;
+  HostBuffer pool_, residual_;
+  cpu::ThreadPool pool_threads_;
+  std::vector<Scratch> scratch_;
+  std::vector<double> head_scores_;  // [num_heads][max_seq_len] column sums of one sequence
+  uint64_t workspace_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const StorageSpec &spec) {
+  return std::make_unique<CpuBackend>(spec);
+}
+
+}  // namespace minikv

@@ -1,0 +1,86 @@
+#include "policy.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace minikv {
+
+namespace {
+// floor(ratio * L) robust to the ratio being a hair below an exact multiple.
+uint32_t budget_tokens(double ratio, uint32_t prompt_len) {
+  const double x = ratio * static_cast<double>(prompt_len);
+  return static_cast<uint32_t>(std::floor(x + 1e-9 * (1.0 + x)));
+}
+}  // namespace
+
+std::vector<double> layer_heavy_ratios(const minikv_config &cfg) {
+  const uint32_t m = cfg.num_layers;
+  const double h = cfg.heavy_ratio, r = cfg.recent_ratio;
+  std::vector<double> ratios(m, h);
+  if (cfg.budget_policy == MINIKV_BUDGET_PYRAMID && m > 1) {
+    const double delta = cfg.pyramid_depth;
+    const double bottom = h * (2.0 - 1.0 / delta), top = h / delta;
+    for (uint32_t l = 0; l < m; ++l)
+      ratios[l] = bottom + (top - bottom) * static_cast<double>(l) / static_cast<double>(m - 1);
+  }
+  for (double &x : ratios) x = std::max(0.0, std::min(x, 1.0 - r));
+  return ratios;
+}
+
+SelectionPlan plan_selection(const minikv_config &cfg, double heavy_ratio, uint32_t prompt_len) {
+  SelectionPlan p;
+  p.prompt_len = prompt_len;
+  const uint32_t n_heavy = budget_tokens(heavy_ratio, prompt_len);
+  uint32_t n_protected = budget_tokens(cfg.recent_ratio, prompt_len);
+  if (cfg.score_mode == MINIKV_SCORE_WINDOW) {
+    const uint32_t window = std::min(cfg.window_size, prompt_len);
+    n_protected = std::max(n_protected, window);
+    p.scored_prefix = prompt_len - window;
+  }
+  if (static_cast<uint64_t>(n_heavy) + n_protected >= prompt_len) {
+    p.keep_all = true;
+    p.n_keep = prompt_len;
+    return p;
+  }
+  p.n_heavy = n_heavy;
+  p.candidates = prompt_len - n_protected;
+  p.n_keep = n_heavy + n_protected;
+  return p;
+}
+
+void select_kept(const SelectionPlan &plan, const float *scores, int32_t *kept,
+                 uint32_t *scratch) {
+  uint32_t n = 0;
+  if (plan.keep_all) {
+    for (uint32_t j = 0; j < plan.prompt_len; ++j) kept[n++] = static_cast<int32_t>(j);
+    return;
+  }
+  if (plan.n_heavy > 0) {
+    for (uint32_t j = 0; j < plan.candidates; ++j) scratch[j] = j;
+    auto key = [&](uint32_t j) {
+      const float s = scores[j];
+      return std::isnan(s) ? -INFINITY : s;
+    };
+    auto better = [&](uint32_t a, uint32_t b) {
+      const float sa = key(a), sb = key(b);
+      return sa > sb || (sa == sb && a < b);
+    };
+    std::nth_element(scratch, scratch + (plan.n_heavy - 1), scratch + plan.candidates, better);
+    std::sort(scratch, scratch + plan.n_heavy);
+    for (uint32_t i = 0; i < plan.n_heavy; ++i) kept[n++] = static_cast<int32_t>(scratch[i]);
+  }
+  for (uint32_t j = plan.candidates; j < plan.prompt_len; ++j) kept[n++] = static_cast<int32_t>(j);
+}
+
+void max_pool_1d(const float *in, float *out, uint32_t n, uint32_t kernel) {
+  const int64_t half = kernel / 2;
+  for (int64_t j = 0; j < static_cast<int64_t>(n); ++j) {
+    const int64_t lo = std::max<int64_t>(0, j - half);
+    const int64_t hi = std::min<int64_t>(n - 1, j + half);
+    float m = in[lo];
+    for (int64_t i = lo + 1; i <= hi; ++i) m = std::max(m, in[i]);
+    out[j] = m;
+  }
+}
+
+}  // namespace minikv

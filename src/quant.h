@@ -1,0 +1,39 @@
+// KIVI-style asymmetric quantization, the arithmetic both backends share bit for bit.
+//
+// A group of values x is stored as b-bit codes plus (scale, min) in the caller's dtype.
+// The scale and min are rounded to the storage dtype *before* the codes are computed, so
+// that codes are optimal for the values dequantization will actually use:
+//   mn = min x, mx = max x            (exact)
+//   scale_s = dtype((mx - mn) / (2^b - 1)),  mn_s = dtype(mn)
+//   q = scale_s == 0 ? 0 : round_half_even(clamp((x - mn_s) / scale_s, 0, 2^b - 1))
+//   x^ = q * scale_s + mn_s
+// All of it in IEEE float32 (no fast-math: CUDA must be built without it).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "layout.h"
+
+namespace minikv {
+
+MINIKV_HD uint32_t quant_levels(uint32_t bits) { return (1u << bits) - 1u; }
+
+MINIKV_HD uint32_t quantize_code(float x, float mn_s, float scale_s, uint32_t levels) {
+  if (!(scale_s > 0.0f)) return 0;  // constant group (or an unusable scale)
+  float t = (x - mn_s) / scale_s;
+  t = fminf(fmaxf(t, 0.0f), static_cast<float>(levels));  // fmaxf maps NaN to 0
+  return static_cast<uint32_t>(rintf(t));
+}
+
+MINIKV_HD float dequantize_code(uint32_t q, float mn_s, float scale_s) {
+  return static_cast<float>(q) * scale_s + mn_s;
+}
+
+// Code of element i of a packed row (32/bits codes per uint32, element 0 lowest).
+MINIKV_HD uint32_t unpack_code(const uint32_t *row, uint32_t i, uint32_t bits) {
+  const uint32_t per_word = 32u / bits;
+  return (row[i / per_word] >> ((i % per_word) * bits)) & quant_levels(bits);
+}
+
+}  // namespace minikv
