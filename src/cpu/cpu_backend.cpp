@@ -39,6 +39,7 @@ HostBuffer host_alloc(uint64_t bytes, const char *what) {
 // Per-thread scratch, sized at create for the longest sequence.
 struct Scratch {
   std::vector<float> k, v;       // [max(max_seq_len, R)][D] rows as float
+  std::vector<float> kt;         // [D][max_seq_len rounded up to 16] keys transposed
   std::vector<float> s;          // [kQueryBlock][max_seq_len] logits / probabilities
   std::vector<float> q, o;       // [kQueryBlock][D]
   std::vector<float> scores, pooled;  // [max_seq_len]
@@ -46,14 +47,66 @@ struct Scratch {
   std::vector<uint32_t> order;        // [max_seq_len]
 };
 
-float dot(const float *a, const float *b, uint32_t n) {
-  float acc = 0.0f;
-  for (uint32_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
+// Hot loops. Eight independent partial sums let the compiler vectorize the reduction
+// without -ffast-math; target_clones adds an AVX2+FMA version picked at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define MINIKV_HOT __attribute__((target_clones("avx2,fma", "default")))
+#else
+#define MINIKV_HOT
+#endif
+
+inline float dot(const float *a, const float *b, uint32_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  uint32_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (uint32_t u = 0; u < 8; ++u) acc[u] += a[i + u] * b[i + u];
+  for (; i < n; ++i) acc[0] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-void axpy(float alpha, const float *x, float *y, uint32_t n) {
+inline void axpy(float alpha, const float *x, float *y, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// s[r * ld + j] = scale * q_r · k_j for the causal part j <= first_row + r (0 above it), for
+// `rows` (<= kQueryBlock) query rows q [rows][d] and keys [0, n_keys) given transposed,
+// kt [d][ldk] (ldk a multiple of 16, zero padded). A 4-row × 16-key register tile
+// vectorizes over keys, so no horizontal sums are needed.
+MINIKV_HOT void block_logits(const float *q, uint32_t rows, const float *kt, uint64_t ldk,
+                             uint32_t n_keys, uint32_t d, uint32_t first_row, float scale,
+                             float *s, uint64_t ld) {
+  constexpr uint32_t kRows = 4, kKeys = 16;
+  for (uint32_t r0 = 0; r0 < rows; r0 += kRows) {
+    const uint32_t last_row = first_row + std::min(r0 + kRows, rows) - 1;
+    for (uint32_t j0 = 0; j0 < n_keys && j0 <= last_row; j0 += kKeys) {
+      float acc[kRows][kKeys] = {};
+      for (uint32_t c = 0; c < d; ++c) {
+        const float *kc = kt + uint64_t(c) * ldk + j0;
+        for (uint32_t r = 0; r < kRows; ++r) {
+          const float qv = r0 + r < rows ? q[uint64_t(r0 + r) * d + c] : 0.0f;
+          for (uint32_t u = 0; u < kKeys; ++u) acc[r][u] += qv * kc[u];
+        }
+      }
+      for (uint32_t r = 0; r < kRows && r0 + r < rows; ++r)
+        for (uint32_t u = 0; u < kKeys && j0 + u < n_keys; ++u)
+          s[(r0 + r) * ld + j0 + u] = j0 + u <= first_row + r0 + r ? acc[r][u] * scale : 0.0f;
+    }
+    // Tiles entirely above the diagonal of this row group.
+    for (uint32_t r = r0; r < std::min(r0 + kRows, rows); ++r)
+      for (uint32_t j = (last_row / kKeys + 1) * kKeys; j < n_keys; ++j) s[r * ld + j] = 0.0f;
+  }
+}
+
+// o_r += sum_j p[r * ld + j] * v_j.
+MINIKV_HOT void block_pv(const float *p, uint32_t rows, const float *v, uint32_t n_keys,
+                         uint32_t d, uint64_t ld, float *o) {
+  for (uint32_t j = 0; j < n_keys; ++j) {
+    const float *vj = v + uint64_t(j) * d;
+    for (uint32_t r = 0; r < rows; ++r) {
+      const float pr = p[r * ld + j];
+      if (pr != 0.0f) axpy(pr, vj, o + uint64_t(r) * d, d);
+    }
+  }
 }
 
 class CpuBackend final : public Backend {
@@ -69,6 +122,7 @@ class CpuBackend final : public Backend {
     for (Scratch &s : scratch_) {
       s.k.resize(rows * D);
       s.v.resize(rows * D);
+      s.kt.resize(uint64_t(D) * key_stride());
       s.s.resize(uint64_t(kQueryBlock) * cfg_.max_seq_len);
       s.q.resize(kQueryBlock * D);
       s.o.resize(kQueryBlock * D);
@@ -76,7 +130,7 @@ class CpuBackend final : public Backend {
       s.pooled.resize(cfg_.max_seq_len);
       s.kept.resize(cfg_.max_seq_len);
       s.order.resize(cfg_.max_seq_len);
-      workspace_bytes_ += (s.k.size() + s.v.size() + s.s.size() + s.q.size() + s.o.size() +
+      workspace_bytes_ += (s.k.size() + s.v.size() + s.kt.size() + s.s.size() + s.q.size() + s.o.size() +
                            s.scores.size() + s.pooled.size()) * sizeof(float) +
                           (s.kept.size() + s.order.size()) * 4;
     }
@@ -154,6 +208,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  uint64_t key_stride() const { return align_up(cfg_.max_seq_len, 16); }
   uint8_t *block_ptr(uint32_t block) const { return pool_.get() + uint64_t(block) * bl_.bytes; }
   uint8_t *residual_slot(uint32_t slot) { return residual_.get() + uint64_t(slot) * rl_.bytes; }
   template <typename T>
@@ -195,10 +250,13 @@ class CpuBackend final : public Backend {
     for (uint32_t j = 0; j < L; ++j) {
       const uint64_t src = (uint64_t(it.token_begin + j) * Hkv + kvh) * D;
       for (uint32_t c = 0; c < D; ++c) {
-        ws.k[uint64_t(j) * D + c] = to_float(k[src + c]);
+        ws.kt[uint64_t(c) * key_stride() + j] = to_float(k[src + c]);
         ws.v[uint64_t(j) * D + c] = to_float(v[src + c]);
       }
     }
+    for (uint32_t c = 0; c < D; ++c)  // zero padding up to the 16-key tile
+      std::fill(ws.kt.begin() + uint64_t(c) * key_stride() + L,
+                ws.kt.begin() + uint64_t(c) * key_stride() + align_up(L, 16), 0.0f);
     double *col = head_scores_.data() + uint64_t(h) * cfg_.max_seq_len;
     if (need_scores) std::fill(col, col + L, 0.0);
 
@@ -209,11 +267,7 @@ class CpuBackend final : public Backend {
         const uint64_t src = (uint64_t(it.token_begin + i0 + r) * H + h) * D;
         for (uint32_t c = 0; c < D; ++c) ws.q[r * D + c] = to_float(q[src + c]);
       }
-      for (uint32_t j = 0; j < n_keys; ++j) {
-        const float *kj = ws.k.data() + uint64_t(j) * D;
-        for (uint32_t r = 0; r < rows; ++r)
-          ws.s[uint64_t(r) * L + j] = j <= i0 + r ? dot(ws.q.data() + r * D, kj, D) * scale : 0.0f;
-      }
+      block_logits(ws.q.data(), rows, ws.kt.data(), key_stride(), n_keys, D, i0, scale, ws.s.data(), L);
       std::fill(ws.o.begin(), ws.o.begin() + rows * D, 0.0f);
       for (uint32_t r = 0; r < rows; ++r) {
         float *s = ws.s.data() + uint64_t(r) * L;
@@ -227,13 +281,7 @@ class CpuBackend final : public Backend {
         if (need_scores && i0 + r >= score_from)
           for (uint32_t j = 0; j < n; ++j) col[j] += s[j];
       }
-      for (uint32_t j = 0; j < n_keys; ++j) {
-        const float *vj = ws.v.data() + uint64_t(j) * D;
-        for (uint32_t r = 0; r < rows; ++r) {
-          const float p = ws.s[uint64_t(r) * L + j];
-          if (p != 0.0f) axpy(p, vj, ws.o.data() + r * D, D);
-        }
-      }
+      block_pv(ws.s.data(), rows, ws.v.data(), n_keys, D, L, ws.o.data());
       for (uint32_t r = 0; r < rows; ++r) {
         T *dst = out + (uint64_t(it.token_begin + i0 + r) * H + h) * D;
         for (uint32_t c = 0; c < D; ++c) dst[c] = from_float<T>(ws.o[r * D + c]);
