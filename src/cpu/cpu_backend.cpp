@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 
+#include "../alloc.h"
 #include "../backend.h"
 #include "../config.h"
 #include "../dtype.h"
@@ -28,7 +29,7 @@ using HostBuffer = std::unique_ptr<uint8_t, FreeDeleter>;
 
 HostBuffer host_alloc(uint64_t bytes, const char *what) {
   // calloc: untouched pages stay unmapped, so resident memory follows real use.
-  void *p = std::calloc(1, bytes == 0 ? 1 : bytes);
+  void *p = host_calloc(bytes == 0 ? 1 : bytes);  // test seam: src/alloc.h
   if (!p) {
     fail(MINIKV_ERR_OUT_OF_MEMORY, "minikv_cache_create: cannot allocate %llu bytes for the %s",
          static_cast<unsigned long long>(bytes), what);
@@ -45,6 +46,7 @@ struct Scratch {
   std::vector<float> scores, pooled;  // [max_seq_len]
   std::vector<int32_t> kept;          // [max_seq_len]
   std::vector<uint32_t> order;        // [max_seq_len]
+  std::vector<float> dec;             // decode: [n_rep][3 D + R] + [D] + 3 [n_rep]
 };
 
 // Hot loops. Eight independent partial sums let the compiler vectorize the reduction
@@ -130,9 +132,11 @@ class CpuBackend final : public Backend {
       s.pooled.resize(cfg_.max_seq_len);
       s.kept.resize(cfg_.max_seq_len);
       s.order.resize(cfg_.max_seq_len);
+      const uint64_t n_rep = cfg_.num_heads / cfg_.num_kv_heads;
+      s.dec.resize(n_rep * (3ull * D + cfg_.residual_length) + D + 3 * n_rep);
       workspace_bytes_ += (s.k.size() + s.v.size() + s.kt.size() + s.s.size() + s.q.size() + s.o.size() +
                            s.scores.size() + s.pooled.size()) * sizeof(float) +
-                          (s.kept.size() + s.order.size()) * 4;
+                          (s.kept.size() + s.order.size()) * 4 + s.dec.size() * sizeof(float);
     }
     head_scores_.resize(uint64_t(cfg_.num_heads) * cfg_.max_seq_len);
     workspace_bytes_ += head_scores_.size() * sizeof(double);
@@ -182,12 +186,14 @@ class CpuBackend final : public Backend {
               void *) override {
     dispatch_dtype(cfg_.dtype, [&](auto tag) {
       using T = decltype(tag);
-      const uint32_t H = cfg_.num_heads;
-      pool_threads_.parallel_for(uint64_t(items.size()) * H, [&](uint64_t w, unsigned worker) {
-        const uint64_t row = w / H;
-        const uint32_t head = static_cast<uint32_t>(w % H);
-        decode_head<T>(items[row], head, static_cast<const T *>(q) + w * cfg_.head_dim,
-                       static_cast<T *>(out) + w * cfg_.head_dim, scratch_[worker]);
+      const uint32_t Hkv = cfg_.num_kv_heads, n_rep = cfg_.num_heads / Hkv;
+      // One work item per (sequence, KV head): each cached K/V row is decoded once and
+      // serves the n_rep query heads of the group.
+      pool_threads_.parallel_for(uint64_t(items.size()) * Hkv, [&](uint64_t w, unsigned worker) {
+        const uint64_t first = w * n_rep * cfg_.head_dim;  // rows of q/out of this group
+        decode_group<T>(items[w / Hkv], static_cast<uint32_t>(w % Hkv),
+                        static_cast<const T *>(q) + first, static_cast<T *>(out) + first,
+                        scratch_[worker]);
       });
       return 0;
     });
@@ -439,35 +445,46 @@ class CpuBackend final : public Backend {
   }
 
   // ---- decode -----------------------------------------------------------------------
-  // Online softmax over the quantized tokens (dequantized on the fly, one key group of G
-  // tokens at a time) and then the 16-bit residual.
+  // Online softmax of the n_rep query heads of KV head `kvh` over the quantized tokens
+  // (decoded on the fly, one key group of G tokens at a time: no dequantized copy of the
+  // cache) and then the 16-bit residual.
   template <typename T>
-  void decode_head(const CacheView &view, uint32_t h, const T *q_in, T *out, Scratch &ws) {
+  void decode_group(const CacheView &view, uint32_t kvh, const T *q_in, T *out, Scratch &ws) {
     const uint32_t D = cfg_.head_dim, G = cfg_.group_size, R = bl_.tokens;
     const uint32_t kb = cfg_.key_bits, vb = cfg_.value_bits;
-    const uint32_t kvh = h / (cfg_.num_heads / cfg_.num_kv_heads);
+    const uint32_t n_rep = cfg_.num_heads / cfg_.num_kv_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    float *q = ws.q.data();           // [D]
-    float *q_scaled = q + D;          // [D] q * key scale of the current group (kQueryBlock >= 2)
-    float *acc = ws.o.data();         // [D]
-    float *logits = ws.s.data();      // [max(G, residual)]
-    float *v_hat = ws.o.data() + D;   // [D]
-    for (uint32_t c = 0; c < D; ++c) q[c] = to_float(q_in[c]);
-    std::fill(acc, acc + D, 0.0f);
-    float m = -INFINITY, l = 0.0f;
+    float *q = ws.dec.data();              // [n_rep][D]
+    float *q_scaled = q + n_rep * D;       // [n_rep][D] q * key scale of the current group
+    float *acc = q_scaled + n_rep * D;     // [n_rep][D]
+    float *logits = acc + n_rep * D;       // [n_rep][R]
+    float *row = logits + n_rep * R;       // [D] one decoded key or value row
+    float *bias = row + D;                 // [n_rep] q · key min of the current group
+    float *m = bias + n_rep;               // [n_rep] running max
+    float *l = m + n_rep;                  // [n_rep] running sum
+    for (uint32_t i = 0; i < n_rep * D; ++i) q[i] = to_float(q_in[i]);
+    std::fill(acc, acc + n_rep * D, 0.0f);
+    std::fill(m, m + n_rep, -INFINITY);
+    std::fill(l, l + n_rep, 0.0f);
 
+    // logits[r][0, n) are ready: fold n tokens into each head's running softmax.
     auto accumulate = [&](uint32_t n, auto &&value_row) {
-      float m_new = m;
-      for (uint32_t t = 0; t < n; ++t) m_new = std::max(m_new, logits[t]);
-      const float correction = std::exp(m - m_new);  // exp(-inf) = 0 on the first group
-      l *= correction;
-      for (uint32_t c = 0; c < D; ++c) acc[c] *= correction;
-      for (uint32_t t = 0; t < n; ++t) {
-        const float p = std::exp(logits[t] - m_new);
-        l += p;
-        axpy(p, value_row(t), acc, D);
+      for (uint32_t r = 0; r < n_rep; ++r) {
+        const float *lg = logits + r * R;
+        const float m_new = std::max(m[r], *std::max_element(lg, lg + n));
+        const float correction = std::exp(m[r] - m_new);  // 0 on the first tokens
+        l[r] *= correction;
+        for (uint32_t c = 0; c < D; ++c) acc[r * D + c] *= correction;
+        m[r] = m_new;
       }
-      m = m_new;
+      for (uint32_t t = 0; t < n; ++t) {
+        const float *v = value_row(t);
+        for (uint32_t r = 0; r < n_rep; ++r) {
+          const float p = std::exp(logits[r * R + t] - m[r]);
+          l[r] += p;
+          axpy(p, v, acc + r * D, D);
+        }
+      }
     };
 
     for (uint32_t t0 = 0; t0 < view.quantized; t0 += G) {
@@ -476,62 +493,74 @@ class CpuBackend final : public Backend {
       const uint8_t *k_codes = block + bl_.k_codes + kvh * bl_.k_codes_head();
       if (kb == 16) {
         for (uint32_t t = 0; t < G; ++t) {
-          const T *row = reinterpret_cast<const T *>(k_codes + (row0 + t) * bl_.k_row_bytes);
-          float s = 0.0f;
-          for (uint32_t c = 0; c < D; ++c) s += q[c] * to_float(row[c]);
-          logits[t] = s * scale;
+          convert_row(reinterpret_cast<const T *>(k_codes + (row0 + t) * bl_.k_row_bytes), D, row);
+          for (uint32_t r = 0; r < n_rep; ++r) logits[r * R + t] = dot(q + r * D, row, D) * scale;
         }
       } else {
         // q · (code * s + m) = (q * s) · code + q · m, with (s, m) shared by the group.
         const T *ks = reinterpret_cast<const T *>(block + bl_.k_scale + kvh * bl_.k_scale_head()) + (row0 / G) * D;
         const T *km = reinterpret_cast<const T *>(block + bl_.k_min + kvh * bl_.k_scale_head()) + (row0 / G) * D;
-        float bias = 0.0f;
-        for (uint32_t c = 0; c < D; ++c) {
-          q_scaled[c] = q[c] * to_float(ks[c]);
-          bias += q[c] * to_float(km[c]);
-        }
+        convert_row(km, D, row);
+        for (uint32_t r = 0; r < n_rep; ++r) bias[r] = dot(q + r * D, row, D);
+        convert_row(ks, D, row);
+        for (uint32_t r = 0; r < n_rep; ++r)
+          for (uint32_t c = 0; c < D; ++c) q_scaled[r * D + c] = q[r * D + c] * row[c];
         for (uint32_t t = 0; t < G; ++t) {
-          const uint32_t *words = reinterpret_cast<const uint32_t *>(k_codes + (row0 + t) * bl_.k_row_bytes);
-          float s = 0.0f;
-          for (uint32_t c = 0; c < D; ++c) s += q_scaled[c] * static_cast<float>(unpack_code(words, c, kb));
-          logits[t] = (s + bias) * scale;
+          unpack_row(reinterpret_cast<const uint32_t *>(k_codes + (row0 + t) * bl_.k_row_bytes), kb, D, row);
+          for (uint32_t r = 0; r < n_rep; ++r)
+            logits[r * R + t] = (dot(q_scaled + r * D, row, D) + bias[r]) * scale;
         }
       }
       const uint8_t *v_codes = block + bl_.v_codes + kvh * bl_.v_codes_head();
       const T *vs = reinterpret_cast<const T *>(block + bl_.v_scale + kvh * bl_.v_scale_head());
       const T *vm = reinterpret_cast<const T *>(block + bl_.v_min + kvh * bl_.v_scale_head());
       accumulate(G, [&](uint32_t t) -> const float * {
-        const uint8_t *row = v_codes + (row0 + t) * bl_.v_row_bytes;
+        const uint8_t *codes = v_codes + (row0 + t) * bl_.v_row_bytes;
         if (vb == 16) {
-          for (uint32_t c = 0; c < D; ++c) v_hat[c] = to_float(reinterpret_cast<const T *>(row)[c]);
+          convert_row(reinterpret_cast<const T *>(codes), D, row);
         } else {
-          const uint32_t groups = D / G;
-          const uint32_t *words = reinterpret_cast<const uint32_t *>(row);
-          for (uint32_t c = 0; c < D; ++c) {
-            const uint64_t g = uint64_t(row0 + t) * groups + c / G;
-            v_hat[c] = dequantize_code(unpack_code(words, c, vb), to_float(vm[g]), to_float(vs[g]));
+          unpack_row(reinterpret_cast<const uint32_t *>(codes), vb, D, row);
+          const uint64_t g0 = uint64_t(row0 + t) * (D / G);
+          for (uint32_t g = 0; g < D / G; ++g) {
+            const float s = to_float(vs[g0 + g]), mn = to_float(vm[g0 + g]);
+            for (uint32_t c = g * G; c < (g + 1) * G; ++c) row[c] = row[c] * s + mn;
           }
         }
-        return v_hat;
+        return row;
       });
     }
 
     if (view.residual > 0) {
       uint8_t *slot = residual_slot(view.residual_slot);
       for (uint32_t t = 0; t < view.residual; ++t) {
-        const T *row = residual_row<T>(slot, rl_.k, kvh, t);
-        float s = 0.0f;
-        for (uint32_t c = 0; c < D; ++c) s += q[c] * to_float(row[c]);
-        logits[t] = s * scale;
+        convert_row(residual_row<T>(slot, rl_.k, kvh, t), D, row);
+        for (uint32_t r = 0; r < n_rep; ++r) logits[r * R + t] = dot(q + r * D, row, D) * scale;
       }
       accumulate(view.residual, [&](uint32_t t) -> const float * {
-        const T *row = residual_row<T>(slot, rl_.v, kvh, t);
-        for (uint32_t c = 0; c < D; ++c) v_hat[c] = to_float(row[c]);
-        return v_hat;
+        convert_row(residual_row<T>(slot, rl_.v, kvh, t), D, row);
+        return row;
       });
     }
-    const float inv = 1.0f / l;
-    for (uint32_t c = 0; c < D; ++c) out[c] = from_float<T>(acc[c] * inv);
+    for (uint32_t r = 0; r < n_rep; ++r) {
+      const float inv = 1.0f / l[r];
+      for (uint32_t c = 0; c < D; ++c) out[r * D + c] = from_float<T>(acc[r * D + c] * inv);
+    }
+  }
+
+  template <typename T>
+  static void convert_row(const T *in, uint32_t n, float *out) {
+    for (uint32_t i = 0; i < n; ++i) out[i] = to_float(in[i]);
+  }
+
+  // Codes of a packed row as floats (exact small integers).
+  static void unpack_row(const uint32_t *words, uint32_t bits, uint32_t n, float *out) {
+    if (bits == 2) {
+      for (uint32_t w = 0; w < n / 16; ++w)
+        for (uint32_t i = 0; i < 16; ++i) out[w * 16 + i] = static_cast<float>((words[w] >> (2 * i)) & 3u);
+    } else {
+      for (uint32_t w = 0; w < n / 8; ++w)
+        for (uint32_t i = 0; i < 8; ++i) out[w * 8 + i] = static_cast<float>((words[w] >> (4 * i)) & 15u);
+    }
   }
 
   StorageSpec spec_;
