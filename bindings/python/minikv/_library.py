@@ -1,0 +1,145 @@
+"""Finding, loading and declaring libminikv (ctypes, no compile step).
+
+Discovery order (the first that exists wins):
+  1. the MINIKV_LIBRARY environment variable: a path to libminikv.so (an error if it
+     does not load: an explicit choice must not silently fall back);
+  2. a libminikv shared library next to this package (a wheel that bundles it);
+  3. the build directories of the source tree this package sits in (<repo>/build*/), the
+     most recently built first;
+  4. ctypes.util.find_library("minikv") (the system's library path, e.g. /usr/local/lib).
+The loaded library's major version must equal the binding's (MINIKV_VERSION_MAJOR).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import threading
+from pathlib import Path
+from typing import List, Optional
+
+from ._types import MemoryStatsStruct, MinikvConfigStruct, MinikvError, Status
+
+#: The ABI major version this binding was written against (include/minikv.h).
+BINDING_VERSION_MAJOR = 0
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+
+
+def _library_names() -> List[str]:
+    return ["libminikv.so", "libminikv.dylib", "minikv.dll"]
+
+
+def _next_to_package() -> List[str]:
+    found = []
+    for name in _library_names():
+        exact = _PACKAGE_DIR / name
+        if exact.exists():
+            found.append(str(exact))
+        # Versioned files (libminikv.so.0, libminikv.so.0.1.0): the shortest name first.
+        found += sorted(glob.glob(str(_PACKAGE_DIR / (name + ".*"))), key=len)
+    return found
+
+
+def _repo_build_dirs() -> List[str]:
+    # bindings/python/minikv -> the repository root holds include/minikv.h.
+    root = _PACKAGE_DIR.parents[2] if len(_PACKAGE_DIR.parents) > 2 else None
+    if root is None or not (root / "include" / "minikv.h").exists():
+        return []
+    found = []
+    for name in _library_names():
+        found += glob.glob(str(root / "build*" / name))
+    # The most recently built library first (several build trees may coexist).
+    found.sort(key=lambda p: os.path.getmtime(os.path.realpath(p)), reverse=True)
+    return found
+
+
+def candidate_paths() -> List[str]:
+    """The paths tried, in order (without the MINIKV_LIBRARY override)."""
+    paths = _next_to_package() + _repo_build_dirs()
+    system = ctypes.util.find_library("minikv")
+    if system:
+        paths.append(system)
+    return paths
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    c_void_p, c_u32, c_i32, c_u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
+    P = ctypes.POINTER
+    status = ctypes.c_int  # minikv_status is a C enum (int-sized)
+    protos = {
+        "minikv_version_number": (c_u32, []),
+        "minikv_version_string": (ctypes.c_char_p, []),
+        "minikv_status_string": (ctypes.c_char_p, [ctypes.c_int]),
+        "minikv_last_error_message": (ctypes.c_char_p, []),
+        "minikv_config_default": (None, [P(MinikvConfigStruct)]),
+        "minikv_cache_create": (status, [P(MinikvConfigStruct), P(c_void_p)]),
+        "minikv_cache_destroy": (None, [c_void_p]),
+        "minikv_cache_last_error": (ctypes.c_char_p, [c_void_p]),
+        "minikv_prefill": (status, [c_void_p, c_u32, c_u32, P(c_u32), P(c_i32), c_void_p,
+                                    c_void_p, c_void_p, c_void_p, c_void_p]),
+        "minikv_append": (status, [c_void_p, c_u32, c_u32, P(c_u32), c_void_p, c_void_p,
+                                   c_void_p]),
+        "minikv_decode": (status, [c_void_p, c_u32, c_u32, P(c_u32), c_void_p, c_void_p,
+                                   c_void_p]),
+        "minikv_sequence_release": (status, [c_void_p, c_u32]),
+        "minikv_sequence_length": (status, [c_void_p, c_u32, c_u32, P(c_u64), P(c_u64)]),
+        "minikv_kept_positions": (status, [c_void_p, c_u32, c_u32, c_u32, P(c_i32), c_u32,
+                                           P(c_u32)]),
+        "minikv_memory_stats_get": (status, [c_void_p, P(MemoryStatsStruct)]),
+    }
+    for name, (restype, argtypes) in protos.items():
+        fn = getattr(lib, name)  # AttributeError names a symbol an old library lacks
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def _open(path: str) -> ctypes.CDLL:
+    lib = ctypes.CDLL(path)
+    _declare(lib)
+    number = lib.minikv_version_number()
+    if number // 10000 != BINDING_VERSION_MAJOR:
+        raise MinikvError(
+            Status.VERSION_MISMATCH,
+            f"{path} is libminikv {lib.minikv_version_string().decode()} (major "
+            f"{number // 10000}); this Python binding needs major {BINDING_VERSION_MAJOR}")
+    return lib
+
+
+def load(path: Optional[str] = None) -> ctypes.CDLL:
+    """Loads (once) and returns the library. `path` overrides the discovery order; it must
+    be given before the first use of the binding."""
+    global _lib, _lib_path
+    with _lock:
+        if _lib is not None:
+            if path is not None and os.path.realpath(path) != os.path.realpath(_lib_path):
+                raise RuntimeError(f"minikv: {_lib_path} is already loaded; cannot switch to {path}")
+            return _lib
+        explicit = path or os.environ.get("MINIKV_LIBRARY")
+        if explicit:
+            if not os.path.exists(explicit):
+                raise OSError(f"minikv: MINIKV_LIBRARY / path {explicit!r} does not exist")
+            _lib, _lib_path = _open(explicit), explicit
+            return _lib
+        errors = []
+        for candidate in candidate_paths():
+            try:
+                _lib, _lib_path = _open(candidate), candidate
+                return _lib
+            except (OSError, AttributeError, MinikvError) as e:
+                errors.append(f"  {candidate}: {e}")
+        tried = "\n".join(errors) if errors else "  (no candidate found)"
+        raise OSError(
+            "minikv: cannot find libminikv. Set MINIKV_LIBRARY=/path/to/libminikv.so, or build "
+            "it (cmake -S . -B build && cmake --build build), or install it.\nTried:\n" + tried)
+
+
+def library_path() -> str:
+    """The file the binding loaded (loading it if needed)."""
+    load()
+    assert _lib_path is not None
+    return _lib_path
