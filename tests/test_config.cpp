@@ -1,0 +1,301 @@
+// minikv_config: the paper's defaults, validation of every field (status + a message that
+// names the field), struct_size versioning.
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "support.hpp"
+
+namespace {
+
+minikv_config valid() { return test::cpu_config(2, 8, 2, 64); }
+
+// Creates with cfg and returns the status; on failure checks the thread-local message
+// names `field` (and the call), and that *out was reset to NULL.
+minikv_status create_status(const minikv_config &cfg, const char *field) {
+  minikv_cache *c = reinterpret_cast<minikv_cache *>(0x1);  // must be overwritten
+  const minikv_status st = minikv_cache_create(&cfg, &c);
+  if (st == MINIKV_OK) {
+    minikv_cache_destroy(c);
+    return st;
+  }
+  CHECK(c == nullptr);
+  const std::string msg = minikv_last_error_message();
+  INFO("message: ", msg);
+  CHECK(msg.find(field) != std::string::npos);
+  return st;
+}
+
+}  // namespace
+
+TEST_SUITE("cpu") {
+
+TEST_CASE("config: defaults are the paper's") {
+  minikv_config c;
+  std::memset(&c, 0xab, sizeof(c));
+  minikv_config_default(&c);
+  CHECK(c.struct_size == sizeof(minikv_config));
+  CHECK(c.backend == MINIKV_BACKEND_AUTO);
+  CHECK(c.device_id == 0);
+  CHECK(c.dtype == MINIKV_DTYPE_F16);
+  CHECK(c.num_layers == 0);  // model dimensions must be set by the caller
+  CHECK(c.num_heads == 0);
+  CHECK(c.num_kv_heads == 0);
+  CHECK(c.head_dim == 0);
+  CHECK(c.max_sequences == 1);
+  CHECK(c.max_seq_len == 4096);
+  CHECK(c.max_tokens == 0);
+  CHECK(c.heavy_ratio == 0.25f);
+  CHECK(c.recent_ratio == 0.25f);
+  CHECK(c.budget_policy == MINIKV_BUDGET_UNIFORM);
+  CHECK(c.pyramid_depth == 7.0f);
+  CHECK(c.score_mode == MINIKV_SCORE_CUMULATIVE);
+  CHECK(c.window_size == 32);
+  CHECK(c.pool_kernel == 7);
+  CHECK(c.key_bits == 2);
+  CHECK(c.value_bits == 2);
+  CHECK(c.group_size == 16);
+  CHECK(c.residual_length == 128);
+  minikv_config_default(nullptr);  // ignored, must not crash
+}
+
+TEST_CASE("config: unset model dimensions are rejected by name") {
+  minikv_config c;
+  minikv_config_default(&c);
+  c.backend = MINIKV_BACKEND_CPU;
+  CHECK(create_status(c, "num_layers") == MINIKV_ERR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("config: a valid config creates a CPU cache") {
+  minikv_config c = valid();
+  minikv_cache *cache = nullptr;
+  MKV_REQUIRE_OK(minikv_cache_create(&c, &cache));
+  REQUIRE(cache != nullptr);
+  CHECK(std::string(minikv_cache_last_error(cache)).empty());
+  minikv_cache_destroy(cache);
+  minikv_cache_destroy(nullptr);  // no-op
+}
+
+TEST_CASE("config: every bad field gives INVALID_ARGUMENT naming it") {
+  struct Bad {
+    const char *field;
+    std::function<void(minikv_config &)> set;
+  };
+  const std::vector<Bad> bad = {
+      {"backend", [](minikv_config &c) { c.backend = static_cast<minikv_backend>(3); }},
+      {"backend", [](minikv_config &c) { c.backend = static_cast<minikv_backend>(-1); }},
+      {"device_id", [](minikv_config &c) { c.device_id = -1; }},
+      {"dtype", [](minikv_config &c) { c.dtype = static_cast<minikv_dtype>(3); }},
+      {"dtype", [](minikv_config &c) { c.dtype = static_cast<minikv_dtype>(-7); }},
+      {"num_layers", [](minikv_config &c) { c.num_layers = 0; }},
+      {"num_heads", [](minikv_config &c) { c.num_heads = 0; }},
+      {"num_kv_heads", [](minikv_config &c) { c.num_kv_heads = 0; }},
+      {"head_dim", [](minikv_config &c) { c.head_dim = 0; }},
+      {"head_dim", [](minikv_config &c) { c.head_dim = 24; }},   // not a multiple of 16
+      {"head_dim", [](minikv_config &c) { c.head_dim = 272; }},  // above 256
+      {"max_sequences", [](minikv_config &c) { c.max_sequences = 0; }},
+      {"max_seq_len", [](minikv_config &c) { c.max_seq_len = 0; }},
+      {"heavy_ratio", [](minikv_config &c) { c.heavy_ratio = -0.1f; }},
+      {"heavy_ratio", [](minikv_config &c) { c.heavy_ratio = 1.5f; }},
+      {"heavy_ratio", [](minikv_config &c) { c.heavy_ratio = NAN; }},
+      {"recent_ratio", [](minikv_config &c) { c.recent_ratio = -1.0f; }},
+      {"recent_ratio", [](minikv_config &c) { c.recent_ratio = INFINITY; }},
+      {"budget_policy",
+       [](minikv_config &c) { c.budget_policy = static_cast<minikv_budget_policy>(2); }},
+      {"pyramid_depth", [](minikv_config &c) { c.pyramid_depth = 0.5f; }},
+      {"pyramid_depth", [](minikv_config &c) { c.pyramid_depth = NAN; }},
+      {"score_mode", [](minikv_config &c) { c.score_mode = static_cast<minikv_score_mode>(2); }},
+      {"window_size", [](minikv_config &c) { c.window_size = 0; }},
+      {"pool_kernel", [](minikv_config &c) { c.pool_kernel = 0; }},
+      {"pool_kernel", [](minikv_config &c) { c.pool_kernel = 4; }},  // must be odd
+      {"key_bits", [](minikv_config &c) { c.key_bits = 3; }},
+      {"key_bits", [](minikv_config &c) { c.key_bits = 8; }},
+      {"value_bits", [](minikv_config &c) { c.value_bits = 1; }},
+      {"value_bits", [](minikv_config &c) { c.value_bits = 0; }},
+      {"group_size", [](minikv_config &c) { c.group_size = 8; }},
+      {"group_size", [](minikv_config &c) { c.group_size = 48; }},
+      {"residual_length", [](minikv_config &c) { c.residual_length = 24; }},  // not k*G
+      {"residual_length", [](minikv_config &c) { c.residual_length = 0; }},
+      {"residual_length", [](minikv_config &c) { c.residual_length = 8; }},  // < G
+  };
+  for (const Bad &b : bad) {
+    minikv_config c = valid();
+    b.set(c);
+    CAPTURE(b.field);
+    CHECK(create_status(c, b.field) == MINIKV_ERR_INVALID_ARGUMENT);
+  }
+}
+
+TEST_CASE("config: the message lists the allowed values") {
+  minikv_config c = valid();
+  c.group_size = 8;
+  CHECK(create_status(c, "group_size") == MINIKV_ERR_INVALID_ARGUMENT);
+  const std::string msg = minikv_last_error_message();
+  CHECK(msg.find("16") != std::string::npos);
+  CHECK(msg.find("128") != std::string::npos);
+}
+
+TEST_CASE("config: num_heads must be a multiple of num_kv_heads") {
+  minikv_config c = valid();
+  c.num_heads = 12;
+  c.num_kv_heads = 8;
+  CHECK(create_status(c, "num_kv_heads") == MINIKV_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(minikv_last_error_message()).find("num_heads") != std::string::npos);
+  c.num_heads = 16;  // 2 per group: fine
+  CHECK(create_status(c, "") == MINIKV_OK);
+}
+
+TEST_CASE("config: head_dim must be a multiple of group_size (quantized values)") {
+  minikv_config c = valid();
+  c.head_dim = 48;
+  c.group_size = 32;
+  c.residual_length = 128;
+  CHECK(create_status(c, "group_size") == MINIKV_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(minikv_last_error_message()).find("head_dim") != std::string::npos);
+  c.value_bits = 16;  // values unquantized: no channel groups needed
+  CHECK(create_status(c, "") == MINIKV_OK);
+}
+
+TEST_CASE("config: accepted edge values") {
+  minikv_config c = valid();
+  SUBCASE("bits 4 and 16, mixed") {
+    c.key_bits = 4;
+    c.value_bits = 16;
+  }
+  SUBCASE("group 128 with head_dim 128") {
+    c.head_dim = 128;
+    c.group_size = 128;
+    c.residual_length = 256;
+  }
+  SUBCASE("ratios 0 and 1") {
+    c.heavy_ratio = 0.0f;
+    c.recent_ratio = 1.0f;
+  }
+  SUBCASE("pyramid depth 1, window mode, pool kernel 1") {
+    c.budget_policy = MINIKV_BUDGET_PYRAMID;
+    c.pyramid_depth = 1.0f;
+    c.score_mode = MINIKV_SCORE_WINDOW;
+    c.pool_kernel = 1;
+  }
+  SUBCASE("head_dim 16 and 256") {
+    c.head_dim = 256;
+    minikv_config d = valid();
+    d.head_dim = 16;
+    CHECK(create_status(d, "") == MINIKV_OK);
+  }
+  CHECK(create_status(c, "") == MINIKV_OK);
+}
+
+TEST_CASE("config: NULL arguments") {
+  minikv_config c = valid();
+  minikv_cache *cache = reinterpret_cast<minikv_cache *>(0x1);
+  CHECK(minikv_cache_create(nullptr, &cache) == MINIKV_ERR_INVALID_ARGUMENT);
+  CHECK(cache == nullptr);
+  CHECK(std::string(minikv_last_error_message()).find("config") != std::string::npos);
+  CHECK(minikv_cache_create(&c, nullptr) == MINIKV_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(minikv_last_error_message()).find("out") != std::string::npos);
+}
+
+TEST_CASE("config: struct_size versioning") {
+  // A caller with a newer header: the struct is larger than ours.
+  struct Bigger {
+    minikv_config cfg;
+    uint64_t future_fields[4];
+  };
+  Bigger big;
+  std::memset(&big, 0, sizeof(big));
+  big.cfg = valid();
+
+  SUBCASE("too small is VERSION_MISMATCH") {
+    minikv_config c = valid();
+    for (uint32_t size : {0u, 4u, uint32_t(sizeof(minikv_config) - 4)}) {
+      c.struct_size = size;
+      CAPTURE(size);
+      CHECK(create_status(c, "struct_size") == MINIKV_ERR_VERSION_MISMATCH);
+    }
+  }
+  SUBCASE("larger with a zero tail is accepted") {
+    big.cfg.struct_size = sizeof(Bigger);
+    minikv_cache *cache = nullptr;
+    MKV_REQUIRE_OK(minikv_cache_create(&big.cfg, &cache));
+    minikv_cache_destroy(cache);
+  }
+  SUBCASE("larger with a non-zero tail is VERSION_MISMATCH") {
+    big.cfg.struct_size = sizeof(Bigger);
+    big.future_fields[3] = 1;
+    CHECK(create_status(big.cfg, "struct_size") == MINIKV_ERR_VERSION_MISMATCH);
+  }
+  SUBCASE("a tail byte just past our struct counts") {
+    big.cfg.struct_size = sizeof(minikv_config) + 1;
+    reinterpret_cast<unsigned char *>(&big)[sizeof(minikv_config)] = 7;
+    CHECK(create_status(big.cfg, "struct_size") == MINIKV_ERR_VERSION_MISMATCH);
+    // ... but bytes beyond the caller's struct_size are not read.
+    reinterpret_cast<unsigned char *>(&big)[sizeof(minikv_config)] = 0;
+    big.future_fields[3] = 9;
+    minikv_cache *cache = nullptr;
+    MKV_REQUIRE_OK(minikv_cache_create(&big.cfg, &cache));
+    minikv_cache_destroy(cache);
+  }
+}
+
+TEST_CASE("config: a pool that cannot be addressed is rejected, not allocated") {
+  minikv_config c = valid();
+  c.max_tokens = uint64_t(1) << 62;
+  minikv_cache *cache = nullptr;
+  const minikv_status st = minikv_cache_create(&c, &cache);
+  CHECK((st == MINIKV_ERR_INVALID_ARGUMENT || st == MINIKV_ERR_OUT_OF_MEMORY));
+  CHECK(cache == nullptr);
+  CHECK(std::string(minikv_last_error_message()).find("max_tokens") != std::string::npos);
+}
+
+TEST_CASE("config: CUDA backend absent is UNSUPPORTED on a CPU-only build") {
+  minikv_config c = valid();
+  c.backend = MINIKV_BACKEND_CUDA;
+  minikv_cache *cache = nullptr;
+  const minikv_status st = minikv_cache_create(&c, &cache);
+  if (st == MINIKV_OK) {
+    minikv_cache_destroy(cache);  // a CUDA build with a device: fine
+  } else {
+    CHECK((st == MINIKV_ERR_UNSUPPORTED || st == MINIKV_ERR_DEVICE));
+    CHECK(cache == nullptr);
+    CHECK(std::string(minikv_last_error_message()).find("CUDA") != std::string::npos);
+  }
+}
+
+TEST_CASE("config: AUTO falls back to a working cache") {
+  minikv_config c = valid();
+  c.backend = MINIKV_BACKEND_AUTO;
+  test::CachePtr cache = test::make_cache(c);
+  CHECK(cache != nullptr);
+}
+
+TEST_CASE("status strings and version") {
+  for (int s = 0; s <= 8; ++s) {
+    const char *text = minikv_status_string(static_cast<minikv_status>(s));
+    REQUIRE(text != nullptr);
+    CHECK(std::strlen(text) > 0);
+  }
+  CHECK(std::string(minikv_status_string(MINIKV_ERR_BAD_STATE)).find("BAD_STATE") !=
+        std::string::npos);
+  CHECK(std::string(minikv_status_string(MINIKV_ERR_CAPACITY_EXCEEDED)).find("CAPACITY") !=
+        std::string::npos);
+  CHECK(minikv_status_string(static_cast<minikv_status>(9999)) != nullptr);
+  CHECK(minikv_status_string(static_cast<minikv_status>(-1)) != nullptr);
+  CHECK(minikv_version_number() == MINIKV_VERSION_NUMBER);
+  const std::string v = std::to_string(MINIKV_VERSION_MAJOR) + "." +
+                        std::to_string(MINIKV_VERSION_MINOR) + "." +
+                        std::to_string(MINIKV_VERSION_PATCH);
+  CHECK(std::string(minikv_version_string()) == v);
+  CHECK(MINIKV_OK == 0);
+  CHECK(MINIKV_ERR_INVALID_ARGUMENT == 1);
+  CHECK(MINIKV_ERR_OUT_OF_MEMORY == 2);
+  CHECK(MINIKV_ERR_CAPACITY_EXCEEDED == 3);
+  CHECK(MINIKV_ERR_BAD_STATE == 4);
+  CHECK(MINIKV_ERR_UNSUPPORTED == 5);
+  CHECK(MINIKV_ERR_DEVICE == 6);
+  CHECK(MINIKV_ERR_VERSION_MISMATCH == 7);
+  CHECK(MINIKV_ERR_INTERNAL == 8);
+}
+
+}  // TEST_SUITE
