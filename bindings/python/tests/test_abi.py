@@ -1,0 +1,121 @@
+"""The ctypes mirrors and enums against include/minikv.h, and library discovery."""
+import ctypes
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import minikv
+from minikv._types import MemoryStatsStruct, MinikvConfigStruct
+
+REPO = Path(__file__).resolve().parents[3]
+HEADER = REPO / "include" / "minikv.h"
+PKG_PARENT = Path(minikv.__file__).resolve().parents[1]
+
+
+def test_struct_layout_matches_the_c_compiler(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler")
+    lines = []
+    for ctype, struct in (("minikv_config", MinikvConfigStruct),
+                          ("minikv_memory_stats", MemoryStatsStruct)):
+        lines.append(f'printf("{ctype} sizeof %zu\\n", sizeof({ctype}));')
+        for name, _ in struct._fields_:
+            lines.append(f'printf("{ctype} {name} %zu %zu\\n", offsetof({ctype}, {name}), '
+                         f'sizeof((({ctype} *)0)->{name}));')
+    src = tmp_path / "layout.c"
+    src.write_text("#include <stdio.h>\n#include <stddef.h>\n#include \"minikv.h\"\n"
+                   "int main(void) {\n" + "\n".join(lines) + "\nreturn 0;\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-std=c99", f"-I{HEADER.parent}", str(src), "-o", str(exe)], check=True)
+    c_side = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
+    py_side = []
+    for ctype, struct in (("minikv_config", MinikvConfigStruct),
+                          ("minikv_memory_stats", MemoryStatsStruct)):
+        py_side.append(f"{ctype} sizeof {ctypes.sizeof(struct)}")
+        for name, _ in struct._fields_:
+            field = getattr(struct, name)
+            py_side.append(f"{ctype} {name} {field.offset} {field.size}")
+    assert [l for l in c_side if l] == py_side
+
+
+def test_every_struct_field_is_mirrored():
+    text = HEADER.read_text()
+    for ctype, struct in (("minikv_config", MinikvConfigStruct),
+                          ("minikv_memory_stats", MemoryStatsStruct)):
+        body = re.search(r"typedef struct %s \{(.*?)\} %s;" % (ctype, ctype), text, re.S).group(1)
+        body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+        names = re.findall(r"(\w+)\s*;", body)
+        assert names == [n for n, _ in struct._fields_], ctype
+
+
+@pytest.mark.parametrize("enum_cls,ctype,prefix", [
+    (minikv.Status, "minikv_status", "MINIKV_(?:ERR_)?"),
+    (minikv.Backend, "minikv_backend", "MINIKV_BACKEND_"),
+    (minikv.DType, "minikv_dtype", "MINIKV_DTYPE_"),
+    (minikv.BudgetPolicy, "minikv_budget_policy", "MINIKV_BUDGET_"),
+    (minikv.ScoreMode, "minikv_score_mode", "MINIKV_SCORE_")])
+def test_enum_values_match_the_header(enum_cls, ctype, prefix):
+    body = re.search(r"typedef enum %s \{(.*?)\} %s;" % (ctype, ctype), HEADER.read_text(), re.S).group(1)
+    pinned = {m.group(1): int(m.group(2))
+              for m in re.finditer(r"\b%s([A-Z0-9_]+)\s*=\s*(\d+)" % prefix, body)}
+    assert pinned and {m.name: int(m) for m in enum_cls} == pinned
+
+
+def test_versions_agree():
+    text = HEADER.read_text()
+    major = int(re.search(r"#define MINIKV_VERSION_MAJOR (\d+)", text).group(1))
+    assert minikv.BINDING_VERSION_MAJOR == major
+    lib = minikv.load()
+    assert lib.minikv_version_number() // 10000 == major
+    assert minikv.library_version().split(".")[0] == str(major)
+
+
+def test_config_defaults_come_from_the_library():
+    raw = MinikvConfigStruct()
+    minikv.load().minikv_config_default(ctypes.byref(raw))
+    assert raw.struct_size == ctypes.sizeof(MinikvConfigStruct)
+    cfg = minikv.Config()
+    for f in dataclasses.fields(cfg):
+        assert getattr(cfg, f.name) == pytest.approx(getattr(raw, f.name)), f.name
+    # The paper's defaults, as documented in the header.
+    assert (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.residual_length) == (2, 2, 16, 128)
+    assert cfg.heavy_ratio == 0.25 and cfg.recent_ratio == 0.25
+    assert cfg.backend is minikv.Backend.AUTO and cfg.dtype is minikv.DType.F16
+    # Round trip, with enums given by name.
+    cfg = minikv.Config(backend="cpu", dtype="bfloat16", budget_policy="PYRAMID",
+                        score_mode=1, num_layers=3, max_tokens=2 ** 40, heavy_ratio=0.1)
+    back = minikv.Config.from_struct(cfg.to_struct())
+    assert back.backend is minikv.Backend.CPU and back.dtype is minikv.DType.BF16
+    assert back.budget_policy is minikv.BudgetPolicy.PYRAMID and back.score_mode is minikv.ScoreMode.WINDOW
+    assert back.max_tokens == 2 ** 40 and back.num_layers == 3
+    assert back.heavy_ratio == pytest.approx(0.1)
+
+
+def _probe(env_lib):
+    env = dict(os.environ, PYTHONPATH=str(PKG_PARENT))
+    env.pop("MINIKV_LIBRARY", None)
+    if env_lib is not None:
+        env["MINIKV_LIBRARY"] = env_lib
+    return subprocess.run([sys.executable, "-c", "import minikv; print(minikv.library_path())"],
+                          env=env, capture_output=True, text=True)
+
+
+def test_library_discovery():
+    here = minikv.library_path()
+    r = _probe(here)
+    assert r.returncode == 0 and r.stdout.strip() == here
+    r = _probe("/nonexistent/libminikv.so")
+    assert r.returncode != 0 and "does not exist" in r.stderr
+    # Without the variable: next to the package, the source tree's build dirs, the system.
+    r = _probe(None)
+    if minikv.candidate_paths():
+        assert r.returncode == 0 and r.stdout.strip() == minikv.candidate_paths()[0]
+    else:
+        assert "cannot find libminikv" in r.stderr
