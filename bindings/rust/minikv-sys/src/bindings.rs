@@ -196,12 +196,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
             },
             0usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(struct_size)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(struct_size))
         );
     }
     test_field_struct_size();
@@ -213,12 +208,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).backend) as usize - ptr as usize
             },
             4usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(backend)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(backend))
         );
     }
     test_field_backend();
@@ -230,12 +220,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).device_id) as usize - ptr as usize
             },
             8usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(device_id)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(device_id))
         );
     }
     test_field_device_id();
@@ -247,12 +232,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).dtype) as usize - ptr as usize
             },
             12usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(dtype)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(dtype))
         );
     }
     test_field_dtype();
@@ -264,12 +244,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).num_layers) as usize - ptr as usize
             },
             16usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(num_layers)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(num_layers))
         );
     }
     test_field_num_layers();
@@ -281,12 +256,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).num_heads) as usize - ptr as usize
             },
             20usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(num_heads)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(num_heads))
         );
     }
     test_field_num_heads();
@@ -298,12 +268,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).num_kv_heads) as usize - ptr as usize
             },
             24usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(num_kv_heads)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(num_kv_heads))
         );
     }
     test_field_num_kv_heads();
@@ -315,12 +280,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).head_dim) as usize - ptr as usize
             },
             28usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(head_dim)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(head_dim))
         );
     }
     test_field_head_dim();
@@ -349,12 +309,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).max_seq_len) as usize - ptr as usize
             },
             36usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(max_seq_len)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(max_seq_len))
         );
     }
     test_field_max_seq_len();
@@ -366,12 +321,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).max_tokens) as usize - ptr as usize
             },
             40usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(max_tokens)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(max_tokens))
         );
     }
     test_field_max_tokens();
@@ -383,12 +333,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).heavy_ratio) as usize - ptr as usize
             },
             48usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(heavy_ratio)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(heavy_ratio))
         );
     }
     test_field_heavy_ratio();
@@ -400,12 +345,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).recent_ratio) as usize - ptr as usize
             },
             52usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(recent_ratio)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(recent_ratio))
         );
     }
     test_field_recent_ratio();
@@ -451,12 +391,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).score_mode) as usize - ptr as usize
             },
             64usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(score_mode)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(score_mode))
         );
     }
     test_field_score_mode();
@@ -468,12 +403,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).window_size) as usize - ptr as usize
             },
             68usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(window_size)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(window_size))
         );
     }
     test_field_window_size();
@@ -485,12 +415,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).pool_kernel) as usize - ptr as usize
             },
             72usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(pool_kernel)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(pool_kernel))
         );
     }
     test_field_pool_kernel();
@@ -502,12 +427,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).key_bits) as usize - ptr as usize
             },
             76usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(key_bits)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(key_bits))
         );
     }
     test_field_key_bits();
@@ -519,12 +439,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).value_bits) as usize - ptr as usize
             },
             80usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(value_bits)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(value_bits))
         );
     }
     test_field_value_bits();
@@ -536,12 +451,7 @@ fn bindgen_test_layout_minikv_config() {
                 ::core::ptr::addr_of!((*ptr).group_size) as usize - ptr as usize
             },
             84usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(minikv_config),
-                "::",
-                stringify!(group_size)
-            )
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(group_size))
         );
     }
     test_field_group_size();
