@@ -1,0 +1,240 @@
+// minikv-test: white-box (links minikv_core: src/policy.h)
+// Budget policies, selection plans, top-k selection and max-pooling, against the
+// reference oracles of tests/reference/attention_ref.hpp.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "policy.h"
+#include "reference/attention_ref.hpp"
+#include "support.hpp"
+
+namespace {
+
+minikv_config cfg_with(uint32_t layers, float h, float r, minikv_budget_policy p, float depth) {
+  minikv_config c = test::cpu_config(layers, 4, 4, 64);
+  c.heavy_ratio = h;
+  c.recent_ratio = r;
+  c.budget_policy = p;
+  c.pyramid_depth = depth;
+  return c;
+}
+
+std::vector<int32_t> run_select(const minikv::SelectionPlan &plan, const std::vector<float> &s) {
+  std::vector<int32_t> kept(plan.n_keep + 1, -7);
+  std::vector<uint32_t> scratch(std::max<uint32_t>(plan.candidates, 1));
+  minikv::select_kept(plan, s.empty() ? nullptr : s.data(), kept.data(), scratch.data());
+  CHECK(kept[plan.n_keep] == -7);  // wrote exactly n_keep entries
+  kept.resize(plan.n_keep);
+  return kept;
+}
+
+}  // namespace
+
+TEST_SUITE("cpu") {
+
+TEST_CASE("policy: UNIFORM gives h to every layer") {
+  const minikv_config c = cfg_with(5, 0.3f, 0.2f, MINIKV_BUDGET_UNIFORM, 7.0f);
+  const std::vector<double> r = minikv::layer_heavy_ratios(c);
+  REQUIRE(r.size() == 5);
+  for (double x : r) CHECK(x == doctest::Approx(0.3).epsilon(1e-7));
+}
+
+TEST_CASE("policy: PYRAMID ratios: bottom h(2-1/d), top h/d, linear, mean h") {
+  for (uint32_t layers : {2u, 3u, 8u, 32u, 80u}) {
+    for (float depth : {1.0f, 2.0f, 7.0f, 20.0f}) {
+      for (float h : {0.05f, 0.125f, 0.25f}) {
+        CAPTURE(layers);
+        CAPTURE(depth);
+        CAPTURE(h);
+        const minikv_config c = cfg_with(layers, h, 0.25f, MINIKV_BUDGET_PYRAMID, depth);
+        const std::vector<double> r = minikv::layer_heavy_ratios(c);
+        const std::vector<double> want =
+            ref::layer_ratios(true, layers, h, 0.25, depth);
+        REQUIRE(r.size() == layers);
+        const double hd = h, dd = depth;
+        CHECK(r.front() == doctest::Approx(hd * (2.0 - 1.0 / dd)).epsilon(1e-9));
+        CHECK(r.back() == doctest::Approx(hd / dd).epsilon(1e-9));
+        double mean = 0.0;
+        for (uint32_t l = 0; l < layers; ++l) {
+          CHECK(r[l] == doctest::Approx(want[l]).epsilon(1e-9));
+          if (l > 0) CHECK(r[l] <= r[l - 1] + 1e-12);  // more budget in lower layers
+          mean += r[l] / layers;
+        }
+        CHECK(mean == doctest::Approx(hd).epsilon(1e-9));
+      }
+    }
+  }
+}
+
+TEST_CASE("policy: PYRAMID with one layer is uniform") {
+  const minikv_config c = cfg_with(1, 0.25f, 0.25f, MINIKV_BUDGET_PYRAMID, 7.0f);
+  const std::vector<double> r = minikv::layer_heavy_ratios(c);
+  REQUIRE(r.size() == 1);
+  CHECK(r[0] == doctest::Approx(0.25));
+}
+
+TEST_CASE("policy: PYRAMID is clipped so h_l + r <= 1") {
+  // h = 0.6, depth 7: bottom = 0.6 * (2 - 1/7) = 1.114 > 1 - r = 0.7.
+  const minikv_config c = cfg_with(4, 0.6f, 0.3f, MINIKV_BUDGET_PYRAMID, 7.0f);
+  const std::vector<double> r = minikv::layer_heavy_ratios(c);
+  const std::vector<double> want = ref::layer_ratios(true, 4, 0.6f, 0.3f, 7.0);
+  for (uint32_t l = 0; l < 4; ++l) {
+    CHECK(r[l] <= 1.0 - double(0.3f) + 1e-12);
+    CHECK(r[l] == doctest::Approx(want[l]).epsilon(1e-9));
+  }
+  CHECK(r[0] == doctest::Approx(1.0 - double(0.3f)));
+  CHECK(r[3] == doctest::Approx(double(0.6f) / 7.0));
+  // UNIFORM is clipped too.
+  const minikv_config u = cfg_with(2, 0.9f, 0.3f, MINIKV_BUDGET_UNIFORM, 7.0f);
+  for (double x : minikv::layer_heavy_ratios(u)) CHECK(x == doctest::Approx(1.0 - double(0.3f)));
+}
+
+TEST_CASE("policy: plan_selection sizes (CUMULATIVE)") {
+  minikv_config c = cfg_with(1, 0.25f, 0.25f, MINIKV_BUDGET_UNIFORM, 7.0f);
+  for (uint32_t L : {1u, 2u, 3u, 4u, 5u, 7u, 8u, 15u, 16u, 17u, 100u, 127u, 128u, 129u, 1000u,
+                     4096u, 4099u}) {
+    CAPTURE(L);
+    const minikv::SelectionPlan p = minikv::plan_selection(c, 0.25, L);
+    const ref::Budget b = ref::budget(0.25, 0.25, L, false, 0);
+    const uint32_t n_hh = L / 4, n_rw = L / 4;  // floor(0.25 L)
+    CHECK(p.prompt_len == L);
+    if (n_hh + n_rw >= L) {  // only L = 1 here... and never for L >= 2? floor(L/4)*2 < L
+      CHECK(p.keep_all);
+      CHECK(p.n_keep == L);
+    } else {
+      CHECK_FALSE(p.keep_all);
+      CHECK(p.n_heavy == n_hh);
+      CHECK(p.candidates == L - n_rw);
+      CHECK(p.n_keep == n_hh + n_rw);
+    }
+    CHECK(p.keep_all == b.keep_all);
+    CHECK(p.n_keep == (b.keep_all ? L : b.n_heavy + b.n_protected));
+  }
+}
+
+TEST_CASE("policy: keep-all boundary n_hh + n_rw >= L") {
+  minikv_config c = cfg_with(1, 0.5f, 0.5f, MINIKV_BUDGET_UNIFORM, 7.0f);
+  // 0.5 L + 0.5 L = L for even L: keep all; for odd L floor() loses one: 2 * (L/2) < L.
+  const minikv::SelectionPlan even = minikv::plan_selection(c, 0.5, 10);
+  CHECK(even.keep_all);
+  CHECK(even.n_keep == 10);
+  const minikv::SelectionPlan odd = minikv::plan_selection(c, 0.5, 11);
+  CHECK_FALSE(odd.keep_all);
+  CHECK(odd.n_heavy == 5);
+  CHECK(odd.candidates == 6);
+  CHECK(odd.n_keep == 10);
+  // heavy_ratio 1 always keeps everything.
+  for (uint32_t L : {1u, 17u, 1000u}) CHECK(minikv::plan_selection(c, 1.0, L).keep_all);
+  // Nothing kept at all: h = r = 0.
+  c.recent_ratio = 0.0f;
+  const minikv::SelectionPlan none = minikv::plan_selection(c, 0.0, 50);
+  CHECK_FALSE(none.keep_all);
+  CHECK(none.n_keep == 0);
+  CHECK(none.n_heavy == 0);
+}
+
+TEST_CASE("policy: WINDOW mode protects the last window_size tokens") {
+  minikv_config c = cfg_with(1, 0.25f, 0.25f, MINIKV_BUDGET_UNIFORM, 7.0f);
+  c.score_mode = MINIKV_SCORE_WINDOW;
+  c.window_size = 32;
+  for (uint32_t L : {1u, 16u, 32u, 33u, 63u, 64u, 65u, 100u, 127u, 128u, 129u, 1000u}) {
+    CAPTURE(L);
+    const minikv::SelectionPlan p = minikv::plan_selection(c, 0.25, L);
+    const ref::Budget b = ref::budget(0.25, 0.25, L, true, 32);
+    const uint32_t protect = std::max(L / 4, std::min(32u, L));
+    CHECK(p.keep_all == (L / 4 + protect >= L));
+    CHECK(p.keep_all == b.keep_all);
+    CHECK(p.scored_prefix == L - std::min(32u, L));
+    if (!p.keep_all) {
+      CHECK(p.candidates == L - protect);
+      CHECK(p.n_heavy == L / 4);
+      CHECK(p.n_keep == L / 4 + protect);
+      CHECK(p.candidates <= p.scored_prefix);
+    }
+  }
+}
+
+TEST_CASE("policy: select_kept matches the oracle on random scores") {
+  test::Rng rng(7);
+  minikv_config c = cfg_with(1, 0.25f, 0.25f, MINIKV_BUDGET_UNIFORM, 7.0f);
+  for (uint32_t L : {3u, 8u, 17u, 64u, 129u, 1000u}) {
+    for (int trial = 0; trial < 5; ++trial) {
+      CAPTURE(L);
+      const minikv::SelectionPlan p = minikv::plan_selection(c, 0.25, L);
+      std::vector<float> s(L);
+      std::vector<double> sd(L);
+      for (uint32_t j = 0; j < L; ++j) {
+        // Few distinct values at trial 0 to force many ties.
+        s[j] = trial == 0 ? static_cast<float>(rng.below(4)) : static_cast<float>(rng.normal());
+        sd[j] = s[j];
+      }
+      const std::vector<int32_t> got = run_select(p, s);
+      const std::vector<int32_t> want = ref::select(sd, L, ref::budget(0.25, 0.25, L, false, 0));
+      CHECK(got == want);
+      CHECK(std::is_sorted(got.begin(), got.end()));
+    }
+  }
+}
+
+TEST_CASE("policy: ties go to the higher score, then the lower position") {
+  minikv_config c = cfg_with(1, 0.25f, 0.25f, MINIKV_BUDGET_UNIFORM, 7.0f);
+  // L = 12: n_hh = 3, recent = [9, 12), candidates [0, 9).
+  const minikv::SelectionPlan p = minikv::plan_selection(c, 0.25, 12);
+  REQUIRE(p.n_heavy == 3);
+  REQUIRE(p.candidates == 9);
+  const std::vector<float> s = {1, 5, 2, 5, 5, 2, 0, 5, 9, 100, 100, 100};
+  // 8 (9.0) first, then the 5.0s at the lowest positions: 1, 3.
+  CHECK(run_select(p, s) == std::vector<int32_t>{1, 3, 8, 9, 10, 11});
+  const std::vector<float> flat(12, 0.5f);  // all equal: the first positions win
+  CHECK(run_select(p, flat) == std::vector<int32_t>{0, 1, 2, 9, 10, 11});
+}
+
+TEST_CASE("policy: NaN scores rank lowest") {
+  minikv_config c = cfg_with(1, 0.25f, 0.25f, MINIKV_BUDGET_UNIFORM, 7.0f);
+  const minikv::SelectionPlan p = minikv::plan_selection(c, 0.25, 12);
+  const float nan = std::nanf("");
+  std::vector<float> s = {nan, nan, -1e30f, nan, -INFINITY, 3, nan, nan, 2, 0, 0, 0};
+  CHECK(run_select(p, s) == std::vector<int32_t>{2, 5, 8, 9, 10, 11});
+  // All NaN: deterministic, the lowest positions.
+  std::vector<float> all(12, nan);
+  CHECK(run_select(p, all) == std::vector<int32_t>{0, 1, 2, 9, 10, 11});
+  // NaN and -inf tie with each other (both "lowest"): lower position first.
+  std::vector<float> mixed = {nan, -INFINITY, nan, -INFINITY, nan, 1, nan, nan, nan, 0, 0, 0};
+  CHECK(run_select(p, mixed) == std::vector<int32_t>{0, 1, 5, 9, 10, 11});
+}
+
+TEST_CASE("policy: keep-all and no-heavy selections") {
+  minikv_config c = cfg_with(1, 1.0f, 0.25f, MINIKV_BUDGET_UNIFORM, 7.0f);
+  const minikv::SelectionPlan all = minikv::plan_selection(c, 1.0, 9);
+  std::vector<int32_t> want(9);
+  std::iota(want.begin(), want.end(), 0);
+  CHECK(run_select(all, {}) == want);
+  c.heavy_ratio = 0.0f;
+  const minikv::SelectionPlan recent = minikv::plan_selection(c, 0.0, 9);  // n_rw = 2
+  CHECK(run_select(recent, std::vector<float>(9, 1.0f)) == std::vector<int32_t>{7, 8});
+}
+
+TEST_CASE("policy: max_pool_1d against brute force") {
+  test::Rng rng(11);
+  for (uint32_t n : {1u, 2u, 3u, 6u, 7u, 8u, 50u, 333u}) {
+    for (uint32_t k : {1u, 3u, 5u, 7u, 9u, 15u, 101u}) {
+      CAPTURE(n);
+      CAPTURE(k);
+      std::vector<float> x(n), y(n, -123.0f);
+      std::vector<double> xd(n);
+      for (uint32_t i = 0; i < n; ++i) xd[i] = x[i] = static_cast<float>(rng.normal());
+      minikv::max_pool_1d(x.data(), y.data(), n, k);
+      const std::vector<double> want = ref::max_pool(xd, k);
+      for (uint32_t i = 0; i < n; ++i) CHECK(y[i] == static_cast<float>(want[i]));
+    }
+  }
+  // A spike spreads k/2 to each side, clipped at the edges.
+  std::vector<float> x(10, 0.0f), y(10);
+  x[1] = 5.0f;
+  minikv::max_pool_1d(x.data(), y.data(), 10, 7);
+  CHECK(y == std::vector<float>{5, 5, 5, 5, 5, 0, 0, 0, 0, 0});
+}
+
+}  // TEST_SUITE
