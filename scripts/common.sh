@@ -1,0 +1,106 @@
+# shellcheck shell=bash
+# Shared helpers of scripts/demo.sh, scripts/test.sh and .ci/run. Source it; not a program.
+# Everything here is idempotent: a second run installs nothing and reuses the build.
+
+MINIKV_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+step() { printf '\n==> %s\n' "$*"; }
+note() { printf '    %s\n' "$*"; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# Installs the Debian packages among "$@" that are not installed yet (nothing when all are).
+# Root runs apt-get itself; others go through sudo.
+install_packages() {
+  local missing=() p
+  for p in "$@"; do
+    if [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" != installed ]; then
+      missing+=("$p")
+    fi
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  command -v apt-get >/dev/null || die "missing packages (${missing[*]}) and no apt-get: install them by hand"
+  local sudo=()
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || die "missing packages (${missing[*]}): run as root or install sudo"
+    sudo=(sudo)
+  fi
+  note "installing Debian packages: ${missing[*]}"
+  # Wait for a lock held by another apt instead of failing at once.
+  local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -q)
+  "${apt[@]}" update -qq || die "apt-get update failed"
+  "${apt[@]}" install -y --no-install-recommends "${missing[@]}" ||
+    die "apt-get install ${missing[*]} failed"
+}
+
+# Path of nvcc (CUDACXX, /usr/local/cuda/bin/nvcc, or PATH), or nothing.
+find_nvcc() {
+  if [ -n "${CUDACXX:-}" ] && [ -x "${CUDACXX}" ]; then echo "$CUDACXX"
+  elif [ -x /usr/local/cuda/bin/nvcc ]; then echo /usr/local/cuda/bin/nvcc
+  else command -v nvcc 2>/dev/null || true
+  fi
+}
+
+# Fills the array CUDA_ARGS with the CMake flags that choose the CUDA backend.
+#   $1: the request, AUTO | ON | OFF (MINIKV_CUDA)
+#   $2: "compile" to build CUDA whenever nvcc exists (CI: it must compile, it cannot run),
+#       "run" to build it only when a GPU is visible too (the demo: no long kernel build
+#       on a machine that could not use it).
+# Sets CUDA_STATE (read by the scripts) to ON or OFF.
+# shellcheck disable=SC2034
+choose_cuda() {
+  local request=${1:-AUTO} purpose=${2:-compile} nvcc
+  request=$(printf '%s' "$request" | tr '[:lower:]' '[:upper:]')
+  CUDA_ARGS=()
+  CUDA_STATE=OFF
+  case "$request" in AUTO|ON|OFF) ;; *) die "MINIKV_CUDA must be AUTO, ON or OFF (got '$1')" ;; esac
+  if [ "$request" = OFF ]; then
+    CUDA_ARGS=(-DMINIKV_CUDA=OFF); return 0
+  fi
+  if [ ! -f "$MINIKV_ROOT/kernels/CMakeLists.txt" ]; then
+    [ "$request" = ON ] && die "MINIKV_CUDA=ON but kernels/CMakeLists.txt does not exist yet"
+    note "CUDA backend: off (kernels/CMakeLists.txt does not exist yet)"
+    CUDA_ARGS=(-DMINIKV_CUDA=OFF); return 0
+  fi
+  nvcc=$(find_nvcc)
+  if [ -z "$nvcc" ]; then
+    [ "$request" = ON ] && die "MINIKV_CUDA=ON but nvcc was not found (set CUDACXX)"
+    note "CUDA backend: off (no nvcc)"
+    CUDA_ARGS=(-DMINIKV_CUDA=OFF); return 0
+  fi
+  if [ "$request" = AUTO ] && [ "$purpose" = run ] && ! gpu_visible; then
+    note "CUDA backend: off (nvcc found but no GPU visible; MINIKV_CUDA=ON builds it anyway)"
+    CUDA_ARGS=(-DMINIKV_CUDA=OFF); return 0
+  fi
+  note "CUDA backend: on ($nvcc)"
+  CUDA_STATE=ON
+  CUDA_ARGS=(-DMINIKV_CUDA=ON "-DCMAKE_CUDA_COMPILER=$nvcc")
+  if [ -n "${MINIKV_CUDA_ARCHITECTURES:-}" ]; then
+    CUDA_ARGS+=("-DCMAKE_CUDA_ARCHITECTURES=$MINIKV_CUDA_ARCHITECTURES")
+  fi
+}
+
+# True when an NVIDIA GPU can be used here.
+gpu_visible() {
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+}
+
+# Configures (first run) or re-configures (later runs, cheap) a Ninja build.
+#   $1: build dir; then extra CMake arguments.
+configure() {
+  local build=$1; shift
+  if [ -f "$build/CMakeCache.txt" ] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$build/CMakeCache.txt"; then
+    die "$build was configured with another CMake generator: remove it or set MINIKV_BUILD_DIR"
+  fi
+  cmake -S "$MINIKV_ROOT" -B "$build" -G Ninja \
+    -DCMAKE_BUILD_TYPE="${MINIKV_BUILD_TYPE:-Release}" "$@"
+}
+
+# A Python 3 with numpy and pytest (the current python3, else Debian's), or nothing.
+pick_python() {
+  local py
+  for py in python3 /usr/bin/python3; do
+    if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import numpy, pytest' >/dev/null 2>&1; then
+      command -v "$py"; return 0
+    fi
+  done
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# scripts/test.sh — installs what is missing, builds libminikv with its tests and examples,
+# and runs the whole test suite that this machine can run:
+#   1. ctest, labels cpu (CPU backend + contract tests) and install (install tree consumed
+#      through CMake's find_package and pkg-config); label gpu too when a GPU is visible;
+#   2. the Python binding's tests (bindings/python/tests) against the built library;
+#   3. each binding's own test script, bindings/<lang>/test.sh, where one exists;
+#   4. the C demo with small flags (it checks its exact reference against float64).
+# The CUDA backend is compiled whenever nvcc exists (CI has nvcc but no GPU: it must
+# compile even though it cannot run there).
+#
+# Environment (all optional):
+#   MINIKV_BUILD_DIR   build directory                (build-test in the repository)
+#   MINIKV_CUDA        AUTO | ON | OFF                (AUTO: ON when nvcc is found)
+#   MINIKV_CUDA_ARCHITECTURES  CMAKE_CUDA_ARCHITECTURES for the CUDA build
+#   MINIKV_BUILD_TYPE  CMake build type               (Release)
+#   MINIKV_JOBS        parallel build / test jobs     (nproc)
+# Works on a fresh Debian 12 as root (CI) or as a user with sudo; safe to run again.
+set -euo pipefail
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$MINIKV_ROOT"
+
+BUILD=${MINIKV_BUILD_DIR:-$MINIKV_ROOT/build-test}
+JOBS=${MINIKV_JOBS:-$(nproc)}
+start=$SECONDS
+
+step "dependencies"
+install_packages build-essential cmake ninja-build pkg-config doctest-dev
+PY=""
+if [ -d bindings/python/tests ]; then
+  PY=$(pick_python)
+  if [ -z "$PY" ]; then
+    install_packages python3-numpy python3-pytest
+    PY=$(pick_python)
+    [ -n "$PY" ] || die "no python3 with numpy and pytest, even after installing python3-numpy python3-pytest"
+  fi
+  note "python: $PY"
+fi
+
+step "configure ($BUILD)"
+choose_cuda "${MINIKV_CUDA:-AUTO}" compile
+configure "$BUILD" -DMINIKV_TESTS=ON -DMINIKV_EXAMPLES=ON "${CUDA_ARGS[@]}"
+
+step "build (-j$JOBS)"
+cmake --build "$BUILD" -j "$JOBS"
+
+step "ctest: labels cpu and install"
+ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j "$JOBS" -L 'cpu|install'
+if [ "$CUDA_STATE" = ON ]; then
+  if gpu_visible; then
+    step "ctest: label gpu"
+    ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -L gpu
+  else
+    note "CUDA backend compiled; no GPU visible, so the gpu-labelled tests are not run here"
+  fi
+fi
+
+LIB="$BUILD/libminikv.so"
+[ -f "$LIB" ] || die "the build did not produce $LIB"
+if [ -n "$PY" ]; then
+  step "python binding tests"
+  rc=0
+  MINIKV_LIBRARY="$LIB" "$PY" -m pytest bindings/python/tests -q || rc=$?
+  if [ "$rc" = 5 ]; then
+    note "pytest collected no test in bindings/python/tests"
+  elif [ "$rc" != 0 ]; then
+    die "python binding tests failed (pytest exit $rc)"
+  fi
+fi
+
+# Bindings with their own toolchains (Go, Java, Rust) ship bindings/<lang>/test.sh; each gets
+# the built library through these variables and must exit non-zero on failure.
+for t in bindings/*/test.sh; do
+  [ -f "$t" ] || continue
+  step "$t"
+  MINIKV_BUILD_DIR="$BUILD" MINIKV_LIBRARY="$LIB" MINIKV_LIB_DIR="$BUILD" \
+    MINIKV_INCLUDE_DIR="$MINIKV_ROOT/include" bash "$t"
+done
+
+step "demo (small run)"
+backend=cpu
+[ "$CUDA_STATE" = ON ] && backend=auto  # the CUDA build's demo picks the GPU when there is one
+"$BUILD/examples/minikv_demo" --backend "$backend" --layers 3 --prompt 600 --gen 40 --every 10
+"$BUILD/examples/minikv_demo" --backend "$backend" --layers 2 --heads 4 --kv-heads 4 --prompt 300 \
+  --gen 140 --batch 2 --dtype bf16 --mode window --policy uniform --group 32 --residual 64 --every 35
+
+step "scripts/test.sh: all passed in $((SECONDS - start)) s"
