@@ -10,5 +10,7 @@
 #![cfg_attr(not(test), no_std)]
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 #![allow(clippy::all)]
+// The doc comments are the C header's Doxygen text: `[n_seqs]` is a shape, not a link.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags, rustdoc::bare_urls)]
 
 include!("bindings.rs");

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Builds and checks the Rust bindings against a CPU build of libminikv (what CI runs):
+#   1. installs Debian's bindgen and pkg-config when missing;
+#   2. builds libminikv (CPU only) into $BUILD (default build-rust) and installs it into
+#      $BUILD/install (for the pkg-config route);
+#   3. regenerates bindings/rust/minikv-sys/src/bindings.rs and fails if it differs from
+#      the committed file;
+#   4. with MINIKV_LIB_DIR and LD_LIBRARY_PATH set: cargo test, clippy (-D warnings),
+#      fmt --check and rustdoc (-D warnings) for both crates, then runs examples/rust;
+#   5. builds the example again finding the library through the pkg-config program only,
+#      and checks that the build fails with a clear message when neither route finds it.
+# Cargo output goes to $BUILD/cargo (CARGO_TARGET_DIR), nothing into the source tree.
+#
+#   scripts/bindings-rust.sh            # BUILD=build-rust JOBS=2 by default
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BUILD:-$root/build-rust}"
+jobs="${JOBS:-2}"
+sys="$root/bindings/rust/minikv-sys"
+safe="$root/bindings/rust/minikv"
+example="$root/examples/rust"
+step() { printf '\n== %s\n' "$*"; }
+
+step "tools"
+missing=()
+command -v bindgen >/dev/null 2>&1 || missing+=(bindgen)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+if ((${#missing[@]})); then
+  sudo_=""; [[ $(id -u) -eq 0 ]] || sudo_="sudo"
+  $sudo_ apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+command -v cargo >/dev/null 2>&1 || { echo "cargo is missing (install a Rust toolchain)" >&2; exit 1; }
+cargo --version; bindgen --version; pkg-config --version
+
+step "libminikv (CPU) -> $build"
+cmake -S "$root" -B "$build" -G Ninja -DMINIKV_CUDA=OFF -DMINIKV_TESTS=OFF \
+  -DMINIKV_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX="$build/install" >/dev/null
+ninja -C "$build" -j "$jobs" minikv
+cmake --install "$build" >/dev/null
+pc_dir="$(dirname "$(find "$build/install" -name minikv.pc -print -quit)")"
+lib_dir_installed="$(pkg-config --variable=libdir "$pc_dir/minikv.pc")"
+
+step "bindgen output is up to date"
+fresh="$build/bindings.rs"
+"$sys/update_bindings.sh" "$fresh"
+if ! diff -u "$sys/src/bindings.rs" "$fresh"; then
+  echo "bindings/rust/minikv-sys/src/bindings.rs is stale: run bindings/rust/minikv-sys/update_bindings.sh and commit it" >&2
+  exit 1
+fi
+echo "bindings.rs matches include/minikv.h"
+
+export CARGO_TARGET_DIR="$build/cargo"
+export CARGO_TERM_COLOR=never
+# The build-tree route: MINIKV_LIB_DIR (pkg-config is skipped so an installed libminikv
+# elsewhere on the machine cannot be picked instead).
+export MINIKV_LIB_DIR="$build" MINIKV_NO_PKG_CONFIG=1
+export LD_LIBRARY_PATH="$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+have_clippy=1; cargo clippy --version >/dev/null 2>&1 || have_clippy=0
+have_fmt=1; cargo fmt --version >/dev/null 2>&1 || have_fmt=0
+for crate in "$sys" "$safe" "$example"; do
+  step "cargo checks: ${crate#"$root"/}"
+  (
+    cd "$crate"
+    if [[ "$crate" != "$example" ]]; then
+      cargo test --offline
+      RUSTDOCFLAGS="-D warnings" cargo doc --offline --no-deps --quiet
+    fi
+    if ((have_clippy)); then cargo clippy --offline --all-targets --quiet -- -D warnings
+    else echo "clippy not installed: skipped"; fi
+    if ((have_fmt)); then cargo fmt --check
+    else echo "rustfmt not installed: skipped"; fi
+  )
+done
+
+step "example (MINIKV_LIB_DIR route)"
+(cd "$example" && cargo run --offline --release --quiet)
+
+step "example (pkg-config route: $pc_dir)"
+(
+  cd "$example"
+  unset MINIKV_LIB_DIR MINIKV_NO_PKG_CONFIG
+  export PKG_CONFIG_PATH="$pc_dir" LD_LIBRARY_PATH="$lib_dir_installed"
+  cargo run --offline --release --quiet | tail -n 2
+)
+
+step "no library found: a clear build error"
+(
+  cd "$sys"
+  unset MINIKV_LIB_DIR
+  export MINIKV_NO_PKG_CONFIG=1
+  if log="$(cargo build --offline 2>&1)"; then
+    echo "minikv-sys built without any way to find libminikv" >&2; exit 1
+  fi
+  grep -q "cannot find libminikv" <<<"$log" || { echo "$log" >&2; exit 1; }
+  echo "ok: $(grep -m1 'cannot find libminikv' <<<"$log" | sed 's/^ *//')"
+)
+
+step "Rust bindings: all checks passed"
