@@ -125,7 +125,7 @@ static void usage(FILE *f) {
           "  --recent X        recent-window ratio r                    (0.25)\n"
           "run\n"
           "  --backend B       cpu | cuda | auto                        (cpu)\n"
-          "  --every N         print every Nth decode step (0 = about 32 lines) (0)\n"
+          "  --every N         print every Nth decode step (0 = about 16 lines) (0)\n"
           "  --ablation 0|1    also run eviction-only (16-bit) and quantization-only\n"
           "                    (keep all) caches, to split MiniKV's error  (0)\n"
           "  --help            this text\n"
@@ -767,7 +767,15 @@ int main(int argc, char **argv) {
     vars[V_QUANT].cfg.recent_ratio = 1.0f;
     vars[V_QUANT].cfg.budget_policy = MINIKV_BUDGET_UNIFORM;
   }
-  for (int i = 0; i < n_vars; ++i) CHECK(minikv_cache_create(&vars[i].cfg, &vars[i].cache));
+  for (int i = 0; i < n_vars; ++i) {
+    const minikv_status st = minikv_cache_create(&vars[i].cfg, &vars[i].cache);
+    if (st != MINIKV_OK) {
+      fprintf(stderr, "minikv_demo: minikv_cache_create of the %s cache failed\n  status: %s\n"
+                      "  detail: %s\n", vars[i].name, minikv_status_string(st),
+              minikv_last_error_message());
+      return 1;
+    }
+  }
 
   printf("libminikv %s demo: synthetic LLaMA-shaped workload, seed %llu\n",
          minikv_version_string(), (unsigned long long)o.seed);
@@ -953,7 +961,7 @@ int main(int argc, char **argv) {
   /* ---- decode ---------------------------------------------------------------------- */
   const size_t dq_elems = (size_t)B * H * D, dkv_elems = (size_t)B * Hkv * D;
   uint32_t every = o.every;
-  if (every == 0) every = G <= 64 ? 1 : (G + 31) / 32;
+  if (every == 0) every = G <= 16 ? 1 : (G + 15) / 16; /* about 16 lines */
   if (G > 0) {
     printf("\nDecode: append + decode of one token per sequence in every layer; error of MiniKV's\n"
            "attention output vs the full cache, over all layers, sequences and heads\n");
@@ -1074,6 +1082,21 @@ int main(int argc, char **argv) {
          "  max abs err %.3e (tolerance %.3e) -> %s\n",
          G > 0 ? "6 prompt rows + every decode step" : "6 prompt rows", ref_max_err, ref_max_tol,
          ref_fail ? "FAIL" : "ok");
+
+  {
+    minikv_memory_stats st;
+    memset(&st, 0, sizeof(st));
+    st.struct_size = sizeof(st);
+    CHECK(minikv_memory_stats_get(vars[V_MINIKV].cache, &st));
+    printf("\nSummary: MiniKV kept %llu of %llu tokens in %.1f%% less memory than fp16; sink kept "
+           "%llu/%llu, heavy %llu/%llu",
+           (unsigned long long)st.tokens_cached, (unsigned long long)st.tokens_seen,
+           100.0 * st.compression_ratio, (unsigned long long)sink_kept,
+           (unsigned long long)sink_total, (unsigned long long)heavy_kept,
+           (unsigned long long)heavy_total);
+    if (G > 0) printf("; decode rel L2 err mean %.3f", vars[V_MINIKV].rel_sum / G);
+    printf("; reference %s\n", ref_fail ? "FAIL" : "ok");
+  }
 
   /* ---- cleanup --------------------------------------------------------------------- */
   for (int i = 0; i < n_vars; ++i) {
