@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "error.h"
 #include "layout.h"
 #include "minikv.h"
 #include "policy.h"
@@ -62,6 +63,13 @@ class Backend {
   // Positions of cached tokens [0, count) of one KV head, into host memory.
   virtual void read_positions(const CacheView &view, uint32_t kv_head, uint32_t count,
                               int32_t *out) const = 0;
+  // White-box tests: copies the whole block pool and every residual slot into host memory
+  // (CUDA: synchronizes the device). Identical calls leave identical bytes in both backends.
+  virtual void read_storage(std::vector<uint8_t> &pool, std::vector<uint8_t> &residual) const {
+    (void)pool;
+    (void)residual;
+    fail(MINIKV_ERR_UNSUPPORTED, "read_storage: not implemented by this backend");
+  }
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const StorageSpec &spec);

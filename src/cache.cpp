@@ -41,8 +41,15 @@ Cache::Cache(const minikv_config &cfg) : cfg_(cfg) {
     case MINIKV_BACKEND_CPU: backend_ = make_cpu_backend(spec_); break;
     case MINIKV_BACKEND_CUDA: backend_ = make_cuda_backend(spec_); break;
     default:
-      backend_ = cuda_backend_available(cfg.device_id) ? make_cuda_backend(spec_)
-                                                       : make_cpu_backend(spec_);
+      if (cuda_backend_available(cfg.device_id)) {
+        try {
+          backend_ = make_cuda_backend(spec_);
+        } catch (const Error &e) {
+          // A size or dtype the CUDA kernels do not compile: AUTO falls back to the CPU.
+          if (e.status() != MINIKV_ERR_UNSUPPORTED) throw;
+        }
+      }
+      if (!backend_) backend_ = make_cpu_backend(spec_);
       break;
   }
   cfg_.backend = backend_->kind();

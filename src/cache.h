@@ -22,6 +22,8 @@ class Cache {
   Cache &operator=(const Cache &) = delete;
 
   const minikv_config &config() const { return cfg_; }
+  // White-box tests (tests/gpu): the backend, e.g. to read its storage.
+  const Backend &backend() const { return *backend_; }
 
   void prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
                const int32_t *cu_seqlens, const void *q, const void *k, const void *v,

@@ -199,6 +199,11 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void read_storage(std::vector<uint8_t> &pool, std::vector<uint8_t> &residual) const override {
+    pool.assign(pool_.get(), pool_.get() + uint64_t(spec_.num_blocks) * bl_.bytes);
+    residual.assign(residual_.get(), residual_.get() + uint64_t(spec_.residual_slots) * rl_.bytes);
+  }
+
   void read_positions(const CacheView &view, uint32_t kv_head, uint32_t count,
                       int32_t *out) const override {
     for (uint32_t t = 0; t < count; ++t) {

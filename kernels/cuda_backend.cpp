@@ -1,0 +1,455 @@
+// The CUDA backend: owns the device storage (pool blocks and residual slots in the layout of
+// src/layout.h, byte-identical to the CPU backend's), the device mirror of the block tables
+// and every workspace, all allocated in the constructor. prefill / append / decode only
+// launch kernels on the caller's stream: no allocation, no host synchronization, per-call
+// sizes and block ids travel as kernel parameters (so append + decode can be captured in
+// a CUDA graph). read_positions and read_storage synchronize the device.
+//
+// Streams: the workspaces belong to the handle, so calls on one handle that use different
+// streams must be ordered by the caller (as with any handle: it is not internally
+// synchronized).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "../src/backend.h"
+#include "../src/config.h"
+#include "../src/error.h"
+#include "cuda_check.h"
+#include "launchers.h"
+
+namespace minikv {
+
+void throw_cuda_error(cudaError_t err, const char *call) {
+  (void)cudaGetLastError();  // clear a non-sticky error so the handle stays usable
+  fail(err == cudaErrorMemoryAllocation ? MINIKV_ERR_OUT_OF_MEMORY : MINIKV_ERR_DEVICE, "%s: %s",
+       call, cudaGetErrorString(err));
+}
+
+void check_launch_error(const char *kernel_name) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw_cuda_error(err, kernel_name);
+}
+
+namespace {
+
+using namespace kernels;
+
+// Makes `device` current for the scope (the caller's thread may use another device).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    MINIKV_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) MINIKV_CUDA_CHECK(cudaSetDevice(device));
+    changed_ = previous_ != device;
+  }
+  ~DeviceGuard() {
+    if (changed_) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard &) = delete;
+  DeviceGuard &operator=(const DeviceGuard &) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+// Move-only cudaMalloc RAII.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(uint64_t bytes, const char *what) : bytes_(bytes) {
+    if (bytes == 0) return;
+    const cudaError_t err = cudaMalloc(&ptr_, bytes);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail(err == cudaErrorMemoryAllocation ? MINIKV_ERR_OUT_OF_MEMORY : MINIKV_ERR_DEVICE,
+           "minikv_cache_create: cudaMalloc of %llu bytes for the %s: %s",
+           static_cast<unsigned long long>(bytes), what, cudaGetErrorString(err));
+    }
+  }
+  ~DeviceBuffer() {
+    if (ptr_) (void)cudaFree(ptr_);
+  }
+  DeviceBuffer(DeviceBuffer &&o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  DeviceBuffer &operator=(DeviceBuffer &&o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  template <typename T> T *as() const { return static_cast<T *>(ptr_); }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  void *ptr_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+uint32_t ceil_div(uint64_t a, uint64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
+
+void check_aligned(const char *call, const char *name, const void *p) {
+  MINIKV_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0,
+                 "%s: %s (%p) must be 16-byte aligned for the CUDA backend", call, name, p);
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const StorageSpec &spec)
+      : spec_(spec), cfg_(spec.cfg), device_(spec.cfg.device_id) {
+    DeviceGuard guard(device_);
+    cudaDeviceProp prop{};
+    MINIKV_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    num_sms_ = static_cast<uint32_t>(prop.multiProcessorCount);
+    configure_prefill_kernels(cfg_.dtype, cfg_.head_dim);
+
+    const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+    pool_ = DeviceBuffer(uint64_t(spec.num_blocks) * spec.block.bytes, "block pool");
+    residual_ = DeviceBuffer(uint64_t(spec.residual_slots) * spec.residual.bytes, "residual slots");
+    table_ = DeviceBuffer(uint64_t(spec.residual_slots) * spec.max_blocks_per_seq * 4, "block tables");
+    // Zeroed so that bytes never written are identical to the CPU backend's calloc'ed pool.
+    MINIKV_CUDA_CHECK(cudaMemset(pool_.as<void>(), 0, pool_.bytes()));
+    MINIKV_CUDA_CHECK(cudaMemset(residual_.as<void>(), 0, residual_.bytes()));
+    MINIKV_CUDA_CHECK(cudaMemset(table_.as<void>(), 0, table_.bytes()));
+
+    // Prefill workspaces: one batch of prompts up to ws_tokens_ rows in total (a longer
+    // batch runs in several launches).
+    ws_tokens_ = std::max<uint32_t>(cfg_.max_seq_len, 1);
+    lse_ = DeviceBuffer(uint64_t(H) * ws_tokens_ * 4, "prefill LSE workspace");
+    scores_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill score workspace");
+    kept_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill selection workspace");
+
+    // Decode split-K partials: enough rows for every head of a full decode launch plus the
+    // extra splits that fill the GPU when the batch is small.
+    const uint32_t n_rep = H / Hkv;
+    heads_per_cta_ = n_rep % 8 == 0 ? 8 : n_rep % 4 == 0 ? 4 : n_rep % 2 == 0 ? 2 : 1;
+    part_rows_ = uint64_t(std::min(cfg_.max_sequences, kMaxDecodeSeqs)) * H +
+                 uint64_t(kSplitTargetPerSm) * num_sms_ * heads_per_cta_;
+    part_o_ = DeviceBuffer(part_rows_ * D * 4, "decode workspace");
+    part_ml_ = DeviceBuffer(part_rows_ * 2 * 4, "decode workspace");
+    MINIKV_CUDA_CHECK(cudaDeviceSynchronize());  // memsets done before any stream uses them
+
+    st_.pool = pool_.as<uint8_t>();
+    st_.residual = residual_.as<uint8_t>();
+    st_.block_table = table_.as<int32_t>();
+    st_.block = spec.block;
+    st_.res = spec.residual;
+    st_.max_blocks_per_seq = spec.max_blocks_per_seq;
+  }
+
+  ~CudaBackend() override {
+    // Destroy waits for the work queued by this cache's calls, then frees (DeviceBuffer).
+    if (cudaSetDevice(device_) == cudaSuccess) (void)cudaDeviceSynchronize();
+  }
+
+  minikv_backend kind() const override { return MINIKV_BACKEND_CUDA; }
+  uint64_t pool_bytes() const override { return pool_.bytes() + residual_.bytes(); }
+  uint64_t workspace_bytes() const override {
+    return table_.bytes() + lse_.bytes() + scores_.bytes() + kept_.bytes() + part_o_.bytes() +
+           part_ml_.bytes();
+  }
+
+  // ---- prefill ----------------------------------------------------------------------
+  void prefill(uint32_t layer, const std::vector<PrefillItem> &items, const void *q,
+               const void *k, const void *v, void *out, void *stream) override {
+    constexpr const char *call = "minikv_prefill";
+    check_aligned(call, "q", q);
+    check_aligned(call, "k", k);
+    check_aligned(call, "v", v);
+    check_aligned(call, "out", out);
+    DeviceGuard guard(device_);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    for (const PrefillItem &it : items) set_table(it.dst.residual_slot, 0, it.dst.blocks, it.dst.num_blocks, s);
+    size_t i = 0;
+    while (i < items.size()) {
+      size_t j = i;
+      uint64_t rows = 0;
+      while (j < items.size() && j - i < kMaxPrefillSeqs &&
+             rows + items[j].plan.prompt_len <= ws_tokens_) {
+        rows += items[j].plan.prompt_len;
+        ++j;
+      }
+      prefill_launch(items, i, j, q, k, v, out, s);
+      i = j;
+    }
+  }
+
+  // ---- append -------------------------------------------------------------------------
+  void append(uint32_t, const std::vector<AppendItem> &items, const void *k, const void *v,
+              void *stream) override {
+    check_aligned("minikv_append", "k", k);
+    check_aligned("minikv_append", "v", v);
+    DeviceGuard guard(device_);
+    const uint32_t R = cfg_.residual_length;
+    const uint64_t row = uint64_t(cfg_.num_kv_heads) * cfg_.head_dim * dtype_bytes(cfg_.dtype);
+    for (size_t i = 0; i < items.size(); i += kMaxAppendSeqs) {
+      AppendParams p{};
+      p.k = static_cast<const uint8_t *>(k) + i * row;
+      p.v = static_cast<const uint8_t *>(v) + i * row;
+      p.st = st_;
+      p.n = static_cast<uint32_t>(std::min<size_t>(kMaxAppendSeqs, items.size() - i));
+      for (uint32_t b = 0; b < p.n; ++b) {
+        const AppendItem &it = items[i + b];
+        AppendItemParams &ip = p.items[b];
+        ip.slot = it.dst.residual_slot;
+        ip.row = it.dst.residual;
+        ip.quantized = it.dst.quantized;
+        ip.position = it.position;
+        ip.flush = it.flush ? 1u : 0u;
+        if (it.flush) {
+          const uint32_t lo = it.dst.quantized / R, hi = (it.dst.quantized + R - 1) / R;
+          if (hi >= it.dst.num_blocks)
+            fail(MINIKV_ERR_INTERNAL, "minikv_append: flush needs block %u of %u", hi, it.dst.num_blocks);
+          ip.block_lo = static_cast<int32_t>(it.dst.blocks[lo]);
+          ip.block_hi = static_cast<int32_t>(it.dst.blocks[hi]);
+        }
+      }
+      launch_append(cfg_.dtype, p, static_cast<cudaStream_t>(stream));
+    }
+  }
+
+  // ---- decode -------------------------------------------------------------------------
+  void decode(uint32_t, const std::vector<CacheView> &items, const void *q, void *out,
+              void *stream) override {
+    check_aligned("minikv_decode", "q", q);
+    check_aligned("minikv_decode", "out", out);
+    DeviceGuard guard(device_);
+    const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+    const uint64_t row = uint64_t(H) * D * dtype_bytes(cfg_.dtype);
+    for (size_t i = 0; i < items.size(); i += kMaxDecodeSeqs) {
+      DecodeParams p{};
+      p.q = static_cast<const uint8_t *>(q) + i * row;
+      p.out = static_cast<uint8_t *>(out) + i * row;
+      p.part_o = part_o_.as<float>();
+      p.part_ml = part_ml_.as<float>();
+      p.st = st_;
+      p.num_heads = H;
+      p.num_kv_heads = Hkv;
+      p.heads_per_cta = heads_per_cta_;
+      p.scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
+      p.n = static_cast<uint32_t>(std::min<size_t>(kMaxDecodeSeqs, items.size() - i));
+      uint32_t longest = 1;
+      for (uint32_t b = 0; b < p.n; ++b) {
+        const CacheView &view = items[i + b];
+        p.slot[b] = view.residual_slot;
+        p.quantized[b] = view.quantized;
+        p.residual[b] = view.residual;
+        longest = std::max(longest, view.quantized + view.residual);
+      }
+      // Splits: enough CTAs to fill the GPU, at least one tile per split, within the
+      // workspace. Depends on sizes only (deterministic, graph-capture friendly).
+      const uint64_t ctas = uint64_t(p.n) * Hkv * (H / Hkv / heads_per_cta_);
+      uint64_t splits = (uint64_t(kSplitTargetPerSm) * num_sms_ + ctas - 1) / ctas;
+      splits = std::min<uint64_t>(splits, ceil_div(longest, kDecodeTile));
+      splits = std::min<uint64_t>(splits, kMaxSplits);
+      splits = std::min<uint64_t>(splits, part_rows_ / (uint64_t(p.n) * H));
+      p.splits = static_cast<uint32_t>(std::max<uint64_t>(splits, 1));
+      launch_decode(cfg_.dtype, D, p, static_cast<cudaStream_t>(stream));
+    }
+  }
+
+  // ---- inspection (synchronous) -----------------------------------------------------------
+  void read_positions(const CacheView &view, uint32_t kv_head, uint32_t count,
+                      int32_t *out) const override {
+    DeviceGuard guard(device_);
+    MINIKV_CUDA_CHECK(cudaDeviceSynchronize());
+    const BlockLayout &bl = spec_.block;
+    const uint32_t R = bl.tokens;
+    uint32_t t = 0;
+    while (t < count && t < view.quantized) {
+      const uint32_t n = std::min({count - t, view.quantized - t, R - t % R});
+      const uint8_t *src = pool_.as<uint8_t>() + uint64_t(view.blocks[t / R]) * bl.bytes +
+                           bl.positions + kv_head * bl.positions_head() + (t % R) * 4;
+      MINIKV_CUDA_CHECK(cudaMemcpy(out + t, src, n * 4, cudaMemcpyDeviceToHost));
+      t += n;
+    }
+    if (t < count) {
+      const ResidualLayout &rl = spec_.residual;
+      const uint8_t *src = residual_.as<uint8_t>() + uint64_t(view.residual_slot) * rl.bytes +
+                           rl.positions + (uint64_t(kv_head) * R + (t - view.quantized)) * 4;
+      MINIKV_CUDA_CHECK(cudaMemcpy(out + t, src, (count - t) * 4, cudaMemcpyDeviceToHost));
+    }
+  }
+
+  void read_storage(std::vector<uint8_t> &pool, std::vector<uint8_t> &residual) const override {
+    DeviceGuard guard(device_);
+    MINIKV_CUDA_CHECK(cudaDeviceSynchronize());
+    pool.resize(pool_.bytes());
+    residual.resize(residual_.bytes());
+    MINIKV_CUDA_CHECK(cudaMemcpy(pool.data(), pool_.as<void>(), pool.size(), cudaMemcpyDeviceToHost));
+    MINIKV_CUDA_CHECK(cudaMemcpy(residual.data(), residual_.as<void>(), residual.size(), cudaMemcpyDeviceToHost));
+  }
+
+ private:
+  static constexpr uint32_t kSplitTargetPerSm = 2;  // decode CTAs per SM aimed at
+  static constexpr uint32_t kMaxSplits = 64;
+
+  // block_table[slot][first + i] = blocks[i], by table-update launches.
+  void set_table(uint32_t slot, uint32_t first, const uint32_t *blocks, uint32_t count,
+                 cudaStream_t s) {
+    for (uint32_t i = 0; i < count; i += kMaxTableIds) {
+      TableParams p{};
+      p.block_table = st_.block_table;
+      p.max_blocks_per_seq = spec_.max_blocks_per_seq;
+      p.slot = slot;
+      p.first = first + i;
+      p.count = std::min(kMaxTableIds, count - i);
+      for (uint32_t b = 0; b < p.count; ++b) p.ids[b] = static_cast<int32_t>(blocks[i + b]);
+      launch_set_block_table(p, s);
+    }
+  }
+
+  // Attention, scores, selection and store of items [begin, end), whose prompts fit the
+  // workspaces together.
+  void prefill_launch(const std::vector<PrefillItem> &items, size_t begin, size_t end,
+                      const void *q, const void *k, const void *v, void *out, cudaStream_t s) {
+    const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+    const uint32_t G = cfg_.group_size;
+    const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
+    const bool window = cfg_.score_mode == MINIKV_SCORE_WINDOW;
+
+    PrefillAttnParams attn{};
+    attn.q = q;
+    attn.k = k;
+    attn.v = v;
+    attn.out = out;
+    attn.lse = lse_.as<float>();
+    attn.num_heads = H;
+    attn.num_kv_heads = Hkv;
+    attn.ws_tokens = ws_tokens_;
+    attn.scale_log2 = scale_log2;
+
+    PrefillScoreParams sc{};
+    sc.q = q;
+    sc.k = k;
+    sc.lse = lse_.as<float>();
+    sc.scores = scores_.as<float>();
+    sc.num_heads = H;
+    sc.num_kv_heads = Hkv;
+    sc.ws_tokens = ws_tokens_;
+    sc.scale_log2 = scale_log2;
+
+    SelectParams sel{};
+    sel.scores = scores_.as<float>();
+    sel.kept = kept_.as<int32_t>();
+    sel.ws_tokens = ws_tokens_;
+    sel.pool_kernel = window ? cfg_.pool_kernel : 1;
+
+    StoreParams store{};
+    store.k = k;
+    store.v = v;
+    store.kept = kept_.as<int32_t>();
+    store.st = st_;
+    store.ws_tokens = ws_tokens_;
+
+    uint32_t ws_off = 0, max_tasks = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const PrefillItem &it = items[i];
+      const SelectionPlan &plan = it.plan;
+      const uint32_t L = plan.prompt_len;
+      const uint32_t b = static_cast<uint32_t>(i - begin);
+      auto add_seq = [&](PrefillSeqs &seqs, uint32_t tiles) {
+        const uint32_t n = seqs.n++;
+        seqs.token_begin[n] = it.token_begin;
+        seqs.len[n] = L;
+        seqs.ws_offset[n] = ws_off;
+        seqs.tile_begin[n + 1] = seqs.tile_begin[n] + tiles;
+        return n;
+      };
+      add_seq(attn.seqs, ceil_div(L, kPrefillTile));
+
+      const bool scored = !plan.keep_all && plan.n_heavy > 0;
+      if (scored) {
+        const bool pooled = window && cfg_.pool_kernel > 1;
+        const uint32_t col_end = pooled ? plan.scored_prefix : plan.candidates;
+        const uint32_t n = add_seq(sc.seqs, ceil_div(col_end, kPrefillTile));
+        sc.row_begin[n] = window ? plan.scored_prefix : 0;
+        sc.col_end[n] = col_end;
+        sel.scored_prefix[b] = pooled ? plan.scored_prefix : 0;
+      }
+      add_seq(sel.seqs, 0);
+      sel.mode[b] = plan.keep_all ? 0 : scored ? 2 : 1;
+      sel.candidates[b] = plan.keep_all ? L : plan.candidates;
+      sel.n_heavy[b] = plan.keep_all ? 0 : plan.n_heavy;
+      sel.n_keep[b] = plan.n_keep;
+
+      add_seq(store.seqs, 0);
+      store.quantized[b] = it.dst.quantized;
+      store.n_keep[b] = plan.n_keep;
+      store.slot[b] = it.dst.residual_slot;
+      max_tasks = std::max(max_tasks, it.dst.quantized / G + (plan.n_keep > it.dst.quantized ? 1u : 0u));
+      ws_off += L;
+    }
+    launch_prefill_attention(cfg_.dtype, D, attn, s);
+    if (sc.seqs.n > 0) launch_prefill_scores(cfg_.dtype, D, sc, s);
+    launch_select(sel, Hkv, s);
+    launch_store_kept(cfg_.dtype, store, max_tasks, s);
+  }
+
+  StorageSpec spec_;
+  minikv_config cfg_;
+  int device_;
+  uint32_t num_sms_ = 0;
+  uint32_t ws_tokens_ = 0;
+  uint32_t heads_per_cta_ = 1;
+  uint64_t part_rows_ = 0;
+  DeviceBuffer pool_, residual_, table_;
+  DeviceBuffer lse_, scores_, kept_;
+  DeviceBuffer part_o_, part_ml_;
+  DeviceStorage st_{};
+};
+
+}  // namespace
+
+bool cuda_backend_available(int device_id) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (device_id < 0 || device_id >= count) return false;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return major >= 8;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const StorageSpec &spec) {
+  const minikv_config &cfg = spec.cfg;
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(MINIKV_ERR_UNSUPPORTED, "minikv_cache_create: no usable CUDA device (%s)",
+         cudaGetErrorString(err));
+  }
+  if (cfg.device_id < 0 || cfg.device_id >= count) {
+    fail(MINIKV_ERR_UNSUPPORTED, "minikv_cache_create: device_id %d, but %d CUDA device(s) present",
+         cfg.device_id, count);
+  }
+  if (!cuda_backend_available(cfg.device_id)) {
+    fail(MINIKV_ERR_UNSUPPORTED,
+         "minikv_cache_create: CUDA device %d has compute capability below 8.0 (the kernels "
+         "need sm_80 tensor cores)",
+         cfg.device_id);
+  }
+  if (cfg.dtype == MINIKV_DTYPE_F32) {
+    fail(MINIKV_ERR_UNSUPPORTED,
+         "minikv_cache_create: dtype F32 is not supported by the CUDA backend (use F16 or "
+         "BF16, or the CPU backend)");
+  }
+  if (!kernels::head_dim_supported(cfg.head_dim)) {
+    fail(MINIKV_ERR_UNSUPPORTED,
+         "minikv_cache_create: head_dim %u is not compiled into the CUDA backend (supported: "
+         "64, 128)",
+         cfg.head_dim);
+  }
+  return std::make_unique<CudaBackend>(spec);
+}
+
+}  // namespace minikv

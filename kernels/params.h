@@ -1,0 +1,138 @@
+// Flat POD parameter structs shared by the host launchers and the kernels. Everything a
+// launch needs per sequence travels in the kernel parameters (at most kMax* sequences per
+// launch, larger batches are split into several launches): the launch snapshots them, so
+// nothing is staged in host memory that a later call could overwrite before the GPU reads
+// it, and a CUDA graph capture records exactly the values of the captured call.
+#pragma once
+
+#include <cstdint>
+
+#include "../src/layout.h"
+
+namespace minikv {
+namespace kernels {
+
+constexpr uint32_t kMaxPrefillSeqs = 64;   // sequences per prefill launch
+constexpr uint32_t kMaxAppendSeqs = 64;    // sequences per append launch
+constexpr uint32_t kMaxDecodeSeqs = 128;   // sequences per decode launch
+constexpr uint32_t kMaxTableIds = 900;     // block-table entries per table-update launch
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The device storage of the cache, exactly in the layout of src/layout.h.
+//   pool         [num_blocks][block.bytes]
+//   residual     [residual_slots][res.bytes]
+//   block_table  [residual_slots][max_blocks_per_seq] int32: pool block of logical block b
+//                of (sequence, layer) slot s (the device mirror of the host block lists)
+struct DeviceStorage {
+  uint8_t *pool;
+  uint8_t *residual;
+  int32_t *block_table;
+  BlockLayout block;
+  ResidualLayout res;
+  uint32_t max_blocks_per_seq;
+  uint32_t pad_;
+};
+
+// ---- prefill ----------------------------------------------------------------------------
+// Sequences of one prefill launch. Per-sequence workspace rows start at ws_offset (the
+// workspaces hold ws_tokens rows: the launch's sequences are packed there back to back).
+struct PrefillSeqs {
+  uint32_t n;
+  int64_t token_begin[kMaxPrefillSeqs];  // first row in the caller's packed q/k/v/out
+  uint32_t len[kMaxPrefillSeqs];         // prompt length L
+  uint32_t ws_offset[kMaxPrefillSeqs];   // first row of this sequence in the workspaces
+  uint32_t tile_begin[kMaxPrefillSeqs + 1];  // prefix sums of this launch's tiles per sequence
+};
+
+struct PrefillAttnParams {
+  const void *q, *k, *v;
+  void *out;
+  float *lse;  // [num_heads][ws_tokens] row log-sum-exp in log2 units (of logits * log2 e)
+  uint32_t num_heads, num_kv_heads, ws_tokens;
+  float scale_log2;  // log2(e) / sqrt(head_dim)
+  PrefillSeqs seqs;  // tiles: ceil(L / 64) query tiles
+};
+
+// Column sums of exp(s - LSE) over query rows [row_begin, L) for key columns
+// [0, col_end), summed over the query heads of each KV head.
+struct PrefillScoreParams {
+  const void *q, *k;
+  const float *lse;
+  float *scores;  // [num_kv_heads][ws_tokens]
+  uint32_t num_heads, num_kv_heads, ws_tokens;
+  float scale_log2;
+  PrefillSeqs seqs;  // tiles: ceil(col_end / 64) key tiles
+  uint32_t row_begin[kMaxPrefillSeqs];
+  uint32_t col_end[kMaxPrefillSeqs];
+};
+
+// Selection of the kept positions per (sequence, KV head), ascending, into kept.
+struct SelectParams {
+  const float *scores;  // [num_kv_heads][ws_tokens]
+  int32_t *kept;        // [num_kv_heads][ws_tokens]
+  uint32_t ws_tokens;
+  uint32_t pool_kernel;  // WINDOW max-pool width (1 = none)
+  PrefillSeqs seqs;
+  uint32_t candidates[kMaxPrefillSeqs];
+  uint32_t n_heavy[kMaxPrefillSeqs];
+  uint32_t n_keep[kMaxPrefillSeqs];
+  uint32_t scored_prefix[kMaxPrefillSeqs];  // pooled range (WINDOW with pool_kernel > 1), else 0
+  uint8_t mode[kMaxPrefillSeqs];            // 0 keep all, 1 recent only, 2 scored
+};
+
+// Quantize + store of the kept tokens: whole groups into blocks, the tail into the residual.
+struct StoreParams {
+  const void *k, *v;
+  const int32_t *kept;  // [num_kv_heads][ws_tokens]
+  DeviceStorage st;
+  uint32_t ws_tokens;
+  PrefillSeqs seqs;
+  uint32_t quantized[kMaxPrefillSeqs];  // tokens that go to blocks (multiple of G)
+  uint32_t n_keep[kMaxPrefillSeqs];
+  uint32_t slot[kMaxPrefillSeqs];       // residual slot = block-table row
+};
+
+// Writes ids into block_table[slot][first + i], i < count.
+struct TableParams {
+  int32_t *block_table;
+  uint32_t max_blocks_per_seq;
+  uint32_t slot, first, count;
+  int32_t ids[kMaxTableIds];
+};
+
+// ---- append -----------------------------------------------------------------------------
+struct AppendItemParams {
+  uint32_t slot;       // residual slot = block-table row
+  uint32_t row;        // residual row the token goes to
+  uint32_t quantized;  // tokens in blocks before this append
+  int32_t position;
+  int32_t block_lo, block_hi;  // flush: pool blocks of logical blocks quantized/R and
+                               // (quantized+R-1)/R (the mirror is updated with them)
+  uint32_t flush;
+};
+struct AppendParams {
+  const void *k, *v;  // [n][num_kv_heads][head_dim]
+  DeviceStorage st;
+  uint32_t n;
+  AppendItemParams items[kMaxAppendSeqs];
+};
+
+// ---- decode -----------------------------------------------------------------------------
+struct DecodeParams {
+  const void *q;  // [n][num_heads][head_dim]
+  void *out;
+  float *part_o;   // [n][num_heads][splits][head_dim] unnormalized partial outputs
+  float *part_ml;  // [n][num_heads][splits][2] partial (max, sum), log2 units
+  DeviceStorage st;
+  uint32_t num_heads, num_kv_heads;
+  uint32_t heads_per_cta;  // query heads of one GQA group handled by one CTA
+  uint32_t splits;
+  float scale_log2;
+  uint32_t n;
+  uint32_t slot[kMaxDecodeSeqs];
+  uint32_t quantized[kMaxDecodeSeqs];
+  uint32_t residual[kMaxDecodeSeqs];
+};
+
+}  // namespace kernels
+}  // namespace minikv
