@@ -37,7 +37,11 @@ SelectionPlan plan_selection(const minikv_config &cfg, double heavy_ratio, uint3
     n_protected = std::max(n_protected, window);
     p.scored_prefix = prompt_len - window;
   }
-  if (static_cast<uint64_t>(n_heavy) + n_protected >= prompt_len) {
+  // A budget of the whole prompt (h_l + r >= 1, e.g. heavy_ratio = 1, which the clip
+  // h_l <= 1 - r turns into 1 - r) keeps everything, even where floor(h_l L) + floor(r L)
+  // rounds down to L - 1.
+  const bool whole = heavy_ratio + static_cast<double>(cfg.recent_ratio) >= 1.0 - 1e-12;
+  if (whole || static_cast<uint64_t>(n_heavy) + n_protected >= prompt_len) {
     p.keep_all = true;
     p.n_keep = prompt_len;
     return p;

@@ -127,6 +127,22 @@ TEST_CASE("policy: keep-all boundary n_hh + n_rw >= L") {
   CHECK(odd.n_keep == 10);
   // heavy_ratio 1 always keeps everything.
   for (uint32_t L : {1u, 17u, 1000u}) CHECK(minikv::plan_selection(c, 1.0, L).keep_all);
+  // heavy_ratio 1 with the default r = 0.25: clipped to h_l = 0.75, yet still the whole
+  // prompt although floor(0.75 L) + floor(0.25 L) = L - 1 when L % 4 != 0.
+  minikv_config d = cfg_with(1, 1.0f, 0.25f, MINIKV_BUDGET_UNIFORM, 7.0f);
+  const double h_l = minikv::layer_heavy_ratios(d)[0];
+  CHECK(h_l == doctest::Approx(0.75));
+  for (uint32_t L : {5u, 37u, 1001u}) {
+    CAPTURE(L);
+    CHECK(minikv::plan_selection(d, h_l, L).keep_all);
+    CHECK(minikv::plan_selection(d, h_l, L).n_keep == L);
+  }
+  // PYRAMID layers clipped to 1 - r keep everything too.
+  d.budget_policy = MINIKV_BUDGET_PYRAMID;
+  d.heavy_ratio = 0.7f;
+  const std::vector<double> pyr = minikv::layer_heavy_ratios(d);
+  CHECK(minikv::plan_selection(d, pyr.front(), 37).keep_all);
+  CHECK_FALSE(minikv::plan_selection(d, pyr.back(), 37).keep_all);
   // Nothing kept at all: h = r = 0.
   c.recent_ratio = 0.0f;
   const minikv::SelectionPlan none = minikv::plan_selection(c, 0.0, 50);

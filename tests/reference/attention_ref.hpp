@@ -101,7 +101,9 @@ inline Budget budget(double heavy_ratio, double recent_ratio, uint32_t L, bool w
   b.n_heavy = fl(heavy_ratio * L);
   b.n_protected = fl(recent_ratio * L);
   if (window_mode) b.n_protected = std::max(b.n_protected, std::min(window_size, L));
-  if (uint64_t(b.n_heavy) + b.n_protected >= L) {
+  // heavy_ratio + recent_ratio >= 1 is a budget of the whole prompt (floor() must not lose
+  // a token of it).
+  if (heavy_ratio + recent_ratio >= 1.0 - 1e-12 || uint64_t(b.n_heavy) + b.n_protected >= L) {
     b.keep_all = true;
     b.n_heavy = 0;
     b.n_protected = L;
