@@ -115,16 +115,26 @@ TEST_CASE("policy: plan_selection sizes (CUMULATIVE)") {
 }
 
 TEST_CASE("policy: keep-all boundary n_hh + n_rw >= L") {
+  // h + r = 1 is the whole prompt, also for odd L where floor(0.5 L) * 2 = L - 1.
   minikv_config c = cfg_with(1, 0.5f, 0.5f, MINIKV_BUDGET_UNIFORM, 7.0f);
-  // 0.5 L + 0.5 L = L for even L: keep all; for odd L floor() loses one: 2 * (L/2) < L.
-  const minikv::SelectionPlan even = minikv::plan_selection(c, 0.5, 10);
-  CHECK(even.keep_all);
-  CHECK(even.n_keep == 10);
-  const minikv::SelectionPlan odd = minikv::plan_selection(c, 0.5, 11);
-  CHECK_FALSE(odd.keep_all);
-  CHECK(odd.n_heavy == 5);
-  CHECK(odd.candidates == 6);
-  CHECK(odd.n_keep == 10);
+  for (uint32_t L : {10u, 11u}) {
+    const minikv::SelectionPlan p = minikv::plan_selection(c, 0.5, L);
+    CHECK(p.keep_all);
+    CHECK(p.n_keep == L);
+  }
+  // Just below the whole prompt: h = 0.49, r = 0.5, L = 100 keeps 49 + 50.
+  const minikv::SelectionPlan below = minikv::plan_selection(c, 0.49, 100);
+  CHECK_FALSE(below.keep_all);
+  CHECK(below.n_heavy == 49);
+  CHECK(below.candidates == 50);
+  CHECK(below.n_keep == 99);
+  // WINDOW mode: the protected window can cover the rest (10 + 32 >= 40, not 43).
+  minikv_config w = cfg_with(1, 0.25f, 0.25f, MINIKV_BUDGET_UNIFORM, 7.0f);
+  w.score_mode = MINIKV_SCORE_WINDOW;
+  CHECK(minikv::plan_selection(w, 0.25, 40).keep_all);
+  CHECK(minikv::plan_selection(w, 0.25, 42).keep_all);
+  CHECK_FALSE(minikv::plan_selection(w, 0.25, 43).keep_all);
+  CHECK(minikv::plan_selection(w, 0.25, 43).n_keep == 42);
   // heavy_ratio 1 always keeps everything.
   for (uint32_t L : {1u, 17u, 1000u}) CHECK(minikv::plan_selection(c, 1.0, L).keep_all);
   // heavy_ratio 1 with the default r = 0.25: clipped to h_l = 0.75, yet still the whole
@@ -139,6 +149,7 @@ TEST_CASE("policy: keep-all boundary n_hh + n_rw >= L") {
   }
   // PYRAMID layers clipped to 1 - r keep everything too.
   d.budget_policy = MINIKV_BUDGET_PYRAMID;
+  d.num_layers = 4;
   d.heavy_ratio = 0.7f;
   const std::vector<double> pyr = minikv::layer_heavy_ratios(d);
   CHECK(minikv::plan_selection(d, pyr.front(), 37).keep_all);
