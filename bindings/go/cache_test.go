@@ -1,0 +1,728 @@
+package minikv_test
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand"
+	"strings"
+	"sync"
+	"testing"
+
+	"minikv.dev/minikv"
+)
+
+// ---- float64 reference attention -----------------------------------------------------
+
+// attend returns softmax(q K^T / sqrt(D)) V for one token's query q [H*D] over rows of
+// keys/values [Hkv*D] (GQA: query head h reads KV head h / (H/Hkv)).
+func attend(q []float64, keys, vals [][]float64, H, Hkv, D int) []float64 {
+	out := make([]float64, H*D)
+	group := H / Hkv
+	scale := 1 / math.Sqrt(float64(D))
+	logits := make([]float64, len(keys))
+	for h := 0; h < H; h++ {
+		kh := h / group
+		qh := q[h*D : (h+1)*D]
+		maxLogit := math.Inf(-1)
+		for t, k := range keys {
+			dot := 0.0
+			for d := 0; d < D; d++ {
+				dot += qh[d] * k[kh*D+d]
+			}
+			logits[t] = dot * scale
+			maxLogit = math.Max(maxLogit, logits[t])
+		}
+		sum := 0.0
+		for t := range keys {
+			logits[t] = math.Exp(logits[t] - maxLogit)
+			sum += logits[t]
+		}
+		for t, v := range vals {
+			p := logits[t] / sum
+			for d := 0; d < D; d++ {
+				out[h*D+d] += p * v[kh*D+d]
+			}
+		}
+	}
+	return out
+}
+
+// maxAbsDiff fails on NaN/Inf and returns max |got - want|.
+func maxAbsDiff(t *testing.T, what string, got []float32, want []float64) float64 {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	worst := 0.0
+	for i := range got {
+		g := float64(got[i])
+		if math.IsNaN(g) || math.IsInf(g, 0) {
+			t.Fatalf("%s: element %d is %v", what, i, g)
+		}
+		worst = math.Max(worst, math.Abs(g-want[i]))
+	}
+	return worst
+}
+
+// tensor draws n values uniform in [-1, 1), passed through round (identity for F32,
+// F16 rounding for the 16-bit tests) so the reference sees exactly what the cache sees.
+func tensor(rng *rand.Rand, n int, round func(float32) float32) ([]float32, []float64) {
+	f := make([]float32, n)
+	d := make([]float64, n)
+	for i := range f {
+		f[i] = round(float32(rng.Float64()*2 - 1))
+		d[i] = float64(f[i])
+	}
+	return f, d
+}
+
+func identity(x float32) float32 { return x }
+
+// ---- configs ---------------------------------------------------------------------------
+
+const (
+	tH, tHkv, tD = 4, 2, 32 // GQA group of 2
+	tLayers      = 2
+)
+
+// exactConfig keeps every prompt token (heavy_ratio 1, recent 0) unquantized (bits 16)
+// with a small residual so decoding crosses many flushes.
+func exactConfig(dtype minikv.Dtype) minikv.Config {
+	cfg := minikv.DefaultConfig()
+	cfg.Backend = minikv.BackendCPU
+	cfg.Dtype = dtype
+	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = tLayers, tH, tHkv, tD
+	cfg.MaxSequences, cfg.MaxSeqLen = 4, 256
+	cfg.HeavyRatio, cfg.RecentRatio = 1, 0
+	cfg.KeyBits, cfg.ValueBits = 16, 16
+	cfg.GroupSize, cfg.ResidualLength = 16, 16
+	return cfg
+}
+
+func mustNew(t *testing.T, cfg minikv.Config) *minikv.Cache {
+	t.Helper()
+	c, err := minikv.New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return c
+}
+
+// history is the float64 K/V rows one (sequence, layer) has seen, for the reference.
+type history struct{ keys, vals [][]float64 }
+
+// model drives a cache with the F32 slice methods and checks every output against attend.
+type model struct {
+	t    *testing.T
+	c    *minikv.Cache
+	rng  *rand.Rand
+	hist map[[2]int]*history // (seq, layer)
+	tol  float64
+	max  float64 // worst error seen
+}
+
+func (m *model) prefill(seqIDs []uint32, lens []int) {
+	m.t.Helper()
+	cu := []int32{0}
+	for _, l := range lens {
+		cu = append(cu, cu[len(cu)-1]+int32(l))
+	}
+	total := int(cu[len(cu)-1])
+	for layer := 0; layer < tLayers; layer++ {
+		q, qd := tensor(m.rng, total*tH*tD, identity)
+		k, kd := tensor(m.rng, total*tHkv*tD, identity)
+		v, vd := tensor(m.rng, total*tHkv*tD, identity)
+		out := make([]float32, total*tH*tD)
+		if err := m.c.Prefill(layer, seqIDs, cu, q, k, v, out); err != nil {
+			m.t.Fatalf("Prefill(layer %d): %v", layer, err)
+		}
+		for s, id := range seqIDs {
+			h := &history{}
+			m.hist[[2]int{int(id), layer}] = h
+			for tok := int(cu[s]); tok < int(cu[s+1]); tok++ {
+				h.keys = append(h.keys, kd[tok*tHkv*tD:(tok+1)*tHkv*tD])
+				h.vals = append(h.vals, vd[tok*tHkv*tD:(tok+1)*tHkv*tD])
+				want := attend(qd[tok*tH*tD:(tok+1)*tH*tD], h.keys, h.vals, tH, tHkv, tD)
+				m.checkRow(fmt.Sprintf("prefill seq %d layer %d token %d", id, layer, tok),
+					out[tok*tH*tD:(tok+1)*tH*tD], want)
+			}
+		}
+	}
+}
+
+func (m *model) step(seqIDs []uint32) {
+	m.t.Helper()
+	n := len(seqIDs)
+	for layer := 0; layer < tLayers; layer++ {
+		k, kd := tensor(m.rng, n*tHkv*tD, identity)
+		v, vd := tensor(m.rng, n*tHkv*tD, identity)
+		if err := m.c.Append(layer, seqIDs, k, v); err != nil {
+			m.t.Fatalf("Append(layer %d): %v", layer, err)
+		}
+		q, qd := tensor(m.rng, n*tH*tD, identity)
+		out := make([]float32, n*tH*tD)
+		if err := m.c.Decode(layer, seqIDs, q, out); err != nil {
+			m.t.Fatalf("Decode(layer %d): %v", layer, err)
+		}
+		for s, id := range seqIDs {
+			h := m.hist[[2]int{int(id), layer}]
+			h.keys = append(h.keys, kd[s*tHkv*tD:(s+1)*tHkv*tD])
+			h.vals = append(h.vals, vd[s*tHkv*tD:(s+1)*tHkv*tD])
+			want := attend(qd[s*tH*tD:(s+1)*tH*tD], h.keys, h.vals, tH, tHkv, tD)
+			m.checkRow(fmt.Sprintf("decode seq %d layer %d position %d", id, layer, len(h.keys)-1),
+				out[s*tH*tD:(s+1)*tH*tD], want)
+		}
+	}
+}
+
+func (m *model) checkRow(what string, got []float32, want []float64) {
+	m.t.Helper()
+	d := maxAbsDiff(m.t, what, got, want)
+	m.max = math.Max(m.max, d)
+	if d > m.tol {
+		m.t.Fatalf("%s: max |out - reference| = %g > %g", what, d, m.tol)
+	}
+}
+
+// ---- the lifecycle ---------------------------------------------------------------------
+
+func TestLifecycleExactAttention(t *testing.T) {
+	cfg := exactConfig(minikv.DtypeF32)
+	c := mustNew(t, cfg)
+	defer c.Close()
+	m := &model{t: t, c: c, rng: rand.New(rand.NewSource(1)), hist: map[[2]int]*history{}, tol: 2e-5}
+
+	// A ragged batch in non-contiguous slots.
+	seqs, lens := []uint32{0, 2, 3}, []int{37, 50, 21}
+	m.prefill(seqs, lens)
+	for s, id := range seqs {
+		for layer := 0; layer < tLayers; layer++ {
+			for kv := 0; kv < tHkv; kv++ {
+				pos, err := c.KeptPositions(id, layer, kv)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(pos) != lens[s] {
+					t.Fatalf("seq %d layer %d head %d kept %d positions, want all %d", id, layer, kv, len(pos), lens[s])
+				}
+				for i, p := range pos {
+					if p != int32(i) {
+						t.Fatalf("seq %d kept position[%d] = %d", id, i, p)
+					}
+				}
+			}
+		}
+	}
+
+	// 40 steps with residual_length 16: every sequence flushes two or three times.
+	const steps = 40
+	for i := 0; i < steps; i++ {
+		m.step(seqs)
+	}
+	for s, id := range seqs {
+		seen, cached, err := c.SequenceLength(id, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := uint64(lens[s] + steps); seen != want || cached != want {
+			t.Fatalf("SequenceLength(%d) = (%d, %d), want (%d, %d)", id, seen, cached, want, want)
+		}
+	}
+
+	// Stats: 16-bit F32 storage keeps 4 bytes per element, twice the FP16 reference, so
+	// the "compression" is exactly -1.
+	checkStats := func(tokens uint64) {
+		t.Helper()
+		st, err := c.MemoryStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		perToken := uint64(2 * tHkv * tD)
+		if st.TokensSeen != tokens || st.TokensCached != tokens ||
+			st.UsedBytes != tokens*perToken*4 || st.FP16EquivalentBytes != tokens*perToken*2 {
+			t.Fatalf("stats %+v, want %d tokens seen and cached, %d used bytes", st, tokens, tokens*perToken*4)
+		}
+		if tokens > 0 && st.CompressionRatio != -1 {
+			t.Fatalf("compression ratio %v, want -1", st.CompressionRatio)
+		}
+		if st.PoolBytes == 0 || st.PoolBytes < st.UsedBytes {
+			t.Fatalf("pool bytes %d, used %d", st.PoolBytes, st.UsedBytes)
+		}
+	}
+	total := uint64(0)
+	for _, l := range lens {
+		total += uint64(l+steps) * tLayers
+	}
+	checkStats(total)
+
+	// Release a sequence: its tokens leave the stats, and it cannot be decoded.
+	if err := c.Release(2); err != nil {
+		t.Fatal(err)
+	}
+	total -= uint64(50+steps) * tLayers
+	checkStats(total)
+	if seen, cached, err := c.SequenceLength(2, 0); err != nil || seen != 0 || cached != 0 {
+		t.Fatalf("released SequenceLength = (%d, %d, %v)", seen, cached, err)
+	}
+	q := make([]float32, tH*tD)
+	out := make([]float32, tH*tD)
+	if err := c.Decode(0, []uint32{2}, q, out); !errors.Is(err, minikv.ErrBadState) {
+		t.Fatalf("Decode of a released sequence: %v, want ErrBadState", err)
+	}
+	if err := c.Release(2); err != nil { // releasing an empty slot is a no-op
+		t.Fatal(err)
+	}
+
+	// Reuse the slot with a new prompt and keep decoding the whole batch.
+	m.prefill([]uint32{2}, []int{29})
+	for i := 0; i < 20; i++ {
+		m.step([]uint32{3, 0, 2})
+	}
+	total += 2*20*tLayers + uint64(29+20)*tLayers // seqs 0 and 3 grew by 20; seq 2 is new
+	checkStats(total)
+	t.Logf("worst |decode - float64 attention| over the lifecycle: %.3g", m.max)
+
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// F16 storage: the reference uses the same fp16-rounded inputs; the output is rounded to
+// fp16 once (relative 2^-11).
+func TestLifecycleExactAttentionF16(t *testing.T) {
+	cfg := exactConfig(minikv.DtypeF16)
+	c := mustNew(t, cfg)
+	defer c.Close()
+	rng := rand.New(rand.NewSource(2))
+	round := func(x float32) float32 { return minikv.F16Float(minikv.F16Bits(x)) }
+	bits := func(f []float32) []uint16 {
+		b := make([]uint16, len(f))
+		for i, x := range f {
+			b[i] = minikv.F16Bits(x)
+		}
+		return b
+	}
+	floats := func(b []uint16) []float32 {
+		f := make([]float32, len(b))
+		for i, x := range b {
+			f[i] = minikv.F16Float(x)
+		}
+		return f
+	}
+	const L, layer = 45, 1
+	q, qd := tensor(rng, L*tH*tD, round)
+	k, kd := tensor(rng, L*tHkv*tD, round)
+	v, vd := tensor(rng, L*tHkv*tD, round)
+	out := make([]uint16, L*tH*tD)
+	if err := c.Prefill16(layer, []uint32{1}, []int32{0, L}, bits(q), bits(k), bits(v), out); err != nil {
+		t.Fatal(err)
+	}
+	var keys, vals [][]float64
+	worst := 0.0
+	for tok := 0; tok < L; tok++ {
+		keys = append(keys, kd[tok*tHkv*tD:(tok+1)*tHkv*tD])
+		vals = append(vals, vd[tok*tHkv*tD:(tok+1)*tHkv*tD])
+		want := attend(qd[tok*tH*tD:(tok+1)*tH*tD], keys, vals, tH, tHkv, tD)
+		worst = math.Max(worst, maxAbsDiff(t, "prefill f16", floats(out[tok*tH*tD:(tok+1)*tH*tD]), want))
+	}
+	for step := 0; step < 35; step++ {
+		k, kd := tensor(rng, tHkv*tD, round)
+		v, vd := tensor(rng, tHkv*tD, round)
+		if err := c.Append16(layer, []uint32{1}, bits(k), bits(v)); err != nil {
+			t.Fatal(err)
+		}
+		keys, vals = append(keys, kd), append(vals, vd)
+		q, qd := tensor(rng, tH*tD, round)
+		out := make([]uint16, tH*tD)
+		if err := c.Decode16(layer, []uint32{1}, bits(q), out); err != nil {
+			t.Fatal(err)
+		}
+		worst = math.Max(worst, maxAbsDiff(t, "decode f16", floats(out), attend(qd, keys, vals, tH, tHkv, tD)))
+	}
+	if worst > 1e-3 {
+		t.Fatalf("F16: max |out - reference| = %g > 1e-3", worst)
+	}
+	t.Logf("F16 worst error %.3g", worst)
+}
+
+// ---- compression -----------------------------------------------------------------------
+
+// quantizedBytes mirrors src/layout.h: n quantized tokens (a multiple of G) of all KV
+// heads in codes and scale/min pairs.
+func quantizedBytes(cfg minikv.Config, n uint64) uint64 {
+	elem := uint64(2)
+	if cfg.Dtype == minikv.DtypeF32 {
+		elem = 4
+	}
+	D, G := uint64(cfg.HeadDim), uint64(cfg.GroupSize)
+	row := func(bits uint32) uint64 {
+		if bits == 16 {
+			return D * elem
+		}
+		return D * uint64(bits) / 8
+	}
+	perGroup := G * (row(cfg.KeyBits) + row(cfg.ValueBits))
+	if cfg.KeyBits != 16 {
+		perGroup += 2 * D * elem // per-channel scale and min for G tokens
+	}
+	if cfg.ValueBits != 16 {
+		perGroup += 2 * G * (D / G) * elem // per-token scale and min per G channels
+	}
+	return n / G * perGroup * uint64(cfg.NumKVHeads)
+}
+
+// expectedUsed simulates the uniform-policy bookkeeping: the kept prompt tokens
+// (floor(h*L) + floor(r*L), or all), the first multiple of G quantized and the rest in
+// the 16-bit residual, then `steps` appends flushing R tokens when the residual fills.
+func expectedUsed(cfg minikv.Config, prompt, steps int) (used, cached uint64) {
+	elem := uint64(2)
+	if cfg.Dtype == minikv.DtypeF32 {
+		elem = 4
+	}
+	budget := func(ratio float32) uint64 {
+		x := float64(ratio) * float64(prompt)
+		return uint64(math.Floor(x + 1e-9*(1+x)))
+	}
+	h := math.Min(float64(cfg.HeavyRatio), 1-float64(cfg.RecentRatio))
+	keep := budget(float32(h)) + budget(cfg.RecentRatio)
+	if keep >= uint64(prompt) {
+		keep = uint64(prompt)
+	}
+	G, R := uint64(cfg.GroupSize), uint64(cfg.ResidualLength)
+	quantized, residual := keep-keep%G, keep%G
+	for i := 0; i < steps; i++ {
+		if residual+1 == R {
+			quantized, residual = quantized+R, 0
+		} else {
+			residual++
+		}
+	}
+	residualBytes := residual * 2 * uint64(cfg.NumKVHeads) * uint64(cfg.HeadDim) * elem
+	return quantizedBytes(cfg, quantized) + residualBytes, quantized + residual
+}
+
+func u16tensor(rng *rand.Rand, n int) []uint16 {
+	b := make([]uint16, n)
+	for i := range b {
+		b[i] = minikv.F16Bits(float32(rng.NormFloat64()))
+	}
+	return b
+}
+
+// The paper's setting: MHA, head_dim 128, a 4096-token prompt, 512 generated tokens,
+// 2-bit keys and values, G = 16, FP16 — MiniKV's ≈ 86% compression.
+func TestCompressionPaperSetting(t *testing.T) {
+	if testing.Short() {
+		t.Skip("4096-token prefill")
+	}
+	cfg := minikv.DefaultConfig()
+	cfg.Backend = minikv.BackendCPU
+	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = 1, 1, 1, 128
+	cfg.MaxSeqLen = 4096 + 512
+	c := mustNew(t, cfg)
+	defer c.Close()
+	rng := rand.New(rand.NewSource(3))
+	const L, gen = 4096, 512
+	out := make([]uint16, L*128)
+	if err := c.Prefill16(0, []uint32{0}, []int32{0, L}, u16tensor(rng, L*128), u16tensor(rng, L*128),
+		u16tensor(rng, L*128), out); err != nil {
+		t.Fatal(err)
+	}
+	dec := make([]uint16, 128)
+	for i := 0; i < gen; i++ {
+		if err := c.Append16(0, []uint32{0}, u16tensor(rng, 128), u16tensor(rng, 128)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Decode16(0, []uint32{0}, u16tensor(rng, 128), dec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := c.MemoryStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	used, cached := expectedUsed(cfg, L, gen)
+	fp16 := uint64(L+gen) * 128 * 2 * 2
+	want := 1 - float64(used)/float64(fp16)
+	if st.UsedBytes != used || st.TokensCached != cached || st.TokensSeen != L+gen || st.FP16EquivalentBytes != fp16 {
+		t.Fatalf("stats %+v, want used %d, cached %d, seen %d, fp16 %d", st, used, cached, L+gen, fp16)
+	}
+	if math.Abs(st.CompressionRatio-want) > 1e-12 || math.Abs(want-0.8611) > 5e-4 {
+		t.Fatalf("compression %.6f, layout says %.6f, paper ≈ 0.861", st.CompressionRatio, want)
+	}
+	t.Logf("compression %.4f (used %d of %d fp16 bytes)", st.CompressionRatio, st.UsedBytes, fp16)
+}
+
+// Defaults (2-bit, budget 50%) on a ragged batch with residual_length 16: the byte count
+// follows the layout through many flushes, per sequence and layer.
+func TestCompressionRaggedDefaults(t *testing.T) {
+	cfg := minikv.DefaultConfig()
+	cfg.Backend = minikv.BackendCPU
+	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = tLayers, tH, tHkv, 64
+	cfg.MaxSequences, cfg.MaxSeqLen, cfg.ResidualLength = 3, 512, 16
+	c := mustNew(t, cfg)
+	defer c.Close()
+	rng := rand.New(rand.NewSource(4))
+	seqs, lens := []uint32{2, 0, 1}, []int{100, 37, 258}
+	cu := []int32{0}
+	for _, l := range lens {
+		cu = append(cu, cu[len(cu)-1]+int32(l))
+	}
+	total := int(cu[3])
+	const steps = 45
+	for layer := 0; layer < tLayers; layer++ {
+		out := make([]uint16, total*tH*64)
+		if err := c.Prefill16(layer, seqs, cu, u16tensor(rng, total*tH*64), u16tensor(rng, total*tHkv*64),
+			u16tensor(rng, total*tHkv*64), out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < steps; i++ {
+		for layer := 0; layer < tLayers; layer++ {
+			if err := c.Append16(layer, seqs, u16tensor(rng, 3*tHkv*64), u16tensor(rng, 3*tHkv*64)); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Decode16(layer, seqs, u16tensor(rng, 3*tH*64), make([]uint16, 3*tH*64)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var used, cached, seen uint64
+	for s, l := range lens {
+		u, k := expectedUsed(cfg, l, steps)
+		used, cached, seen = used+u*tLayers, cached+k*tLayers, seen+uint64(l+steps)*tLayers
+		if _, got, err := c.SequenceLength(seqs[s], 1); err != nil || got != k {
+			t.Fatalf("seq %d cached %d (%v), want %d", seqs[s], got, err, k)
+		}
+	}
+	st, err := c.MemoryStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp16 := seen * tHkv * 64 * 4
+	if st.UsedBytes != used || st.TokensCached != cached || st.TokensSeen != seen || st.FP16EquivalentBytes != fp16 {
+		t.Fatalf("stats %+v, want used %d cached %d seen %d", st, used, cached, seen)
+	}
+	if want := 1 - float64(used)/float64(fp16); math.Abs(st.CompressionRatio-want) > 1e-12 {
+		t.Fatalf("compression %v, want %v", st.CompressionRatio, want)
+	}
+}
+
+// ---- errors ----------------------------------------------------------------------------
+
+func TestBadConfigNamesTheField(t *testing.T) {
+	base := exactConfig(minikv.DtypeF32)
+	cases := []struct {
+		field string
+		edit  func(*minikv.Config)
+	}{
+		{"num_heads (12) must be a multiple of num_kv_heads (8)", func(c *minikv.Config) { c.NumHeads, c.NumKVHeads = 12, 8 }},
+		{"head_dim (20)", func(c *minikv.Config) { c.HeadDim = 20 }},
+		{"key_bits (3)", func(c *minikv.Config) { c.KeyBits = 3 }},
+		{"group_size (24)", func(c *minikv.Config) { c.GroupSize = 24 }},
+		{"heavy_ratio", func(c *minikv.Config) { c.HeavyRatio = 1.5 }},
+		{"num_layers (0)", func(c *minikv.Config) { c.NumLayers = 0 }},
+	}
+	for _, tc := range cases {
+		cfg := base
+		tc.edit(&cfg)
+		c, err := minikv.New(cfg)
+		if err == nil {
+			c.Close()
+			t.Fatalf("%s: New succeeded", tc.field)
+		}
+		if c != nil {
+			t.Fatalf("%s: New returned a cache with its error", tc.field)
+		}
+		var me *minikv.Error
+		if !errors.As(err, &me) || me.Status != minikv.StatusInvalidArgument || !errors.Is(err, minikv.ErrInvalidArgument) {
+			t.Fatalf("%s: error %#v, want *Error with StatusInvalidArgument", tc.field, err)
+		}
+		if errors.Is(err, minikv.ErrBadState) {
+			t.Fatalf("%s: matches the wrong sentinel", tc.field)
+		}
+		if !strings.Contains(me.Message, tc.field) {
+			t.Fatalf("message %q does not name %q", me.Message, tc.field)
+		}
+	}
+}
+
+func TestLibraryErrors(t *testing.T) {
+	cfg := exactConfig(minikv.DtypeF32)
+	cfg.MaxTokens = 32 // two blocks of 16 tokens
+	c := mustNew(t, cfg)
+	defer c.Close()
+	n := tH * tD
+	q, out := make([]float32, n), make([]float32, n)
+
+	err := c.Decode(0, []uint32{0}, q, out)
+	if !errors.Is(err, minikv.ErrBadState) || !strings.Contains(err.Error(), "minikv_decode") {
+		t.Fatalf("decode before prefill: %v", err)
+	}
+
+	// 100 kept tokens need 6 blocks: CAPACITY_EXCEEDED, and nothing changes.
+	const L = 100
+	big := func(heads int) []float32 { return make([]float32, L*heads*tD) }
+	err = c.Prefill(0, []uint32{1}, []int32{0, L}, big(tH), big(tHkv), big(tHkv), big(tH))
+	if !errors.Is(err, minikv.ErrCapacityExceeded) {
+		t.Fatalf("prefill past capacity: %v", err)
+	}
+	if st, _ := c.MemoryStats(); st.TokensSeen != 0 || st.UsedBytes != 0 {
+		t.Fatalf("failed prefill changed the stats: %+v", st)
+	}
+	if seen, _, _ := c.SequenceLength(1, 0); seen != 0 {
+		t.Fatalf("failed prefill left %d tokens", seen)
+	}
+	// A prompt that fits still works, and a second prefill of the same layer is BAD_STATE.
+	small := func(heads int) []float32 { return make([]float32, 20*heads*tD) }
+	if err := c.Prefill(0, []uint32{1}, []int32{0, 20}, small(tH), small(tHkv), small(tHkv), small(tH)); err != nil {
+		t.Fatal(err)
+	}
+	err = c.Prefill(0, []uint32{1}, []int32{0, 20}, small(tH), small(tHkv), small(tHkv), small(tH))
+	if !errors.Is(err, minikv.ErrBadState) || !strings.Contains(err.Error(), "already prefilled") {
+		t.Fatalf("second prefill: %v", err)
+	}
+	if err := c.Release(99); !errors.Is(err, minikv.ErrInvalidArgument) || !strings.Contains(err.Error(), "seq_id (99)") {
+		t.Fatalf("Release(99): %v", err)
+	}
+}
+
+// The binding's own checks: lengths, dtype and backend of the slice methods.
+func TestSliceChecks(t *testing.T) {
+	c := mustNew(t, exactConfig(minikv.DtypeF32))
+	defer c.Close()
+	n := tH * tD
+	cases := []struct {
+		want string
+		err  error
+	}{
+		{"len(q) is 3", c.Decode(0, []uint32{0}, make([]float32, 3), make([]float32, n))},
+		{"len(out)", c.Decode(0, []uint32{0}, make([]float32, n), nil)},
+		{"cuSeqlens has 1 entries", c.Prefill(0, []uint32{0}, []int32{0}, nil, nil, nil, nil)},
+		{"len(k)", c.Append(0, []uint32{0, 1}, make([]float32, tHkv*tD), make([]float32, 2*tHkv*tD))},
+		{"Dtype is DtypeF32", c.Decode16(0, []uint32{0}, make([]uint16, n), make([]uint16, n))},
+		{"layer (-1)", c.Decode(-1, []uint32{0}, make([]float32, n), make([]float32, n))},
+	}
+	for _, tc := range cases {
+		if !errors.Is(tc.err, minikv.ErrInvalidArgument) || !strings.Contains(tc.err.Error(), tc.want) {
+			t.Errorf("want INVALID_ARGUMENT naming %q, got %v", tc.want, tc.err)
+		}
+	}
+	cfg := exactConfig(minikv.DtypeF32)
+	cfg.Backend = minikv.BackendAuto
+	auto := mustNew(t, cfg)
+	defer auto.Close()
+	err := auto.Decode(0, []uint32{0}, make([]float32, n), make([]float32, n))
+	if !errors.Is(err, minikv.ErrInvalidArgument) || !strings.Contains(err.Error(), "BackendCPU") {
+		t.Fatalf("slices with BackendAuto: %v", err)
+	}
+}
+
+func TestUseAfterClose(t *testing.T) {
+	c := mustNew(t, exactConfig(minikv.DtypeF32))
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n := tH * tD
+	errs := []error{
+		c.Decode(0, []uint32{0}, make([]float32, n), make([]float32, n)),
+		c.Prefill(0, []uint32{0}, []int32{0, 1}, nil, nil, nil, nil),
+		c.AppendDevice(0, []uint32{0}, 0, 0, 0),
+		c.Release(0),
+	}
+	_, err := c.MemoryStats()
+	errs = append(errs, err)
+	_, err = c.KeptPositions(0, 0, 0)
+	errs = append(errs, err)
+	_, _, err = c.SequenceLength(0, 0)
+	errs = append(errs, err)
+	for i, err := range errs {
+		if !errors.Is(err, minikv.ErrClosed) || !errors.Is(err, minikv.ErrBadState) {
+			t.Fatalf("call %d after Close: %v, want ErrClosed / ErrBadState", i, err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close after Close: %v", err)
+	}
+}
+
+// Each failing call's message belongs to that call although goroutines hop between OS
+// threads (the message is read inside the same cgo call as the failure).
+func TestErrorMessagesPerCall(t *testing.T) {
+	cfg := exactConfig(minikv.DtypeF32)
+	var wg sync.WaitGroup
+	failures := make(chan string, 64)
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			c, err := minikv.New(cfg)
+			if err != nil {
+				failures <- err.Error()
+				return
+			}
+			defer c.Close()
+			for i := 0; i < 200; i++ {
+				id := uint32(1000 + 16*i + g)
+				err := c.Release(id)
+				if want := fmt.Sprintf("seq_id (%d)", id); err == nil || !strings.Contains(err.Error(), want) {
+					failures <- fmt.Sprintf("goroutine %d: %v, want a message naming %s", g, err, want)
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(failures)
+	for f := range failures {
+		t.Error(f)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	v := minikv.Version()
+	n := minikv.VersionNumber()
+	if want := fmt.Sprintf("%d.%d.%d", n/10000, n/100%100, n%100); v != want {
+		t.Fatalf("Version() = %q, VersionNumber() = %d", v, n)
+	}
+}
+
+func TestHalfConversions(t *testing.T) {
+	for _, tc := range []struct {
+		f    float32
+		bits uint16
+	}{
+		{1, 0x3c00}, {-2, 0xc000}, {65504, 0x7bff}, {65520, 0x7c00}, {0.1, 0x2e66},
+		{5.960464477539063e-08, 0x0001}, {2.9e-08, 0x0000}, {3.0e-08, 0x0001},
+		{float32(math.Inf(-1)), 0xfc00}, {6.103515625e-05, 0x0400}, {6.1e-05, 0x03ff},
+	} {
+		if got := minikv.F16Bits(tc.f); got != tc.bits {
+			t.Errorf("F16Bits(%g) = %#04x, want %#04x", tc.f, got, tc.bits)
+		}
+	}
+	for h := 0; h < 1<<16; h++ {
+		f := minikv.F16Float(uint16(h))
+		if f != f {
+			if g := minikv.F16Bits(f); g&0x7c00 != 0x7c00 || g&0x3ff == 0 {
+				t.Fatalf("F16 NaN %#04x came back as %#04x", h, g)
+			}
+			continue
+		}
+		if g := minikv.F16Bits(f); g != uint16(h) {
+			t.Fatalf("F16 round trip %#04x -> %g -> %#04x", h, f, g)
+		}
+		if g := minikv.BF16Bits(minikv.BF16Float(uint16(h))); g != uint16(h) && uint16(h)&0x7f80 != 0x7f80 {
+			t.Fatalf("BF16 round trip %#04x -> %#04x", h, g)
+		}
+	}
+	if got := minikv.BF16Bits(1.00390625); got != 0x3f80 { // halfway: rounds to even
+		t.Errorf("BF16Bits(1+2^-8) = %#04x, want 0x3f80", got)
+	}
+	if got := minikv.BF16Bits(1.01171875); got != 0x3f82 { // 1 + 3*2^-8: halfway, rounds up to even
+		t.Errorf("BF16Bits(1+3*2^-8) = %#04x, want 0x3f82", got)
+	}
+}

@@ -1,0 +1,134 @@
+package minikv
+
+import "minikv.dev/minikv/internal/capi"
+
+// Backend selects where the cache lives and computes (minikv_backend).
+type Backend int32
+
+const (
+	// BackendAuto: CUDA when built and a device is present, else CPU. The slice methods
+	// (Prefill, Append, Decode, ...) need an explicit BackendCPU, since with Auto the
+	// binding cannot know whether host memory is acceptable.
+	BackendAuto Backend = 0
+	// BackendCPU: host memory, synchronous calls; use the slice methods.
+	BackendCPU Backend = 1
+	// BackendCUDA: device memory of DeviceID; use the *Device methods.
+	BackendCUDA Backend = 2
+)
+
+// Dtype is the element type of q/k/v/out and of the 16-bit storage (minikv_dtype).
+type Dtype int32
+
+const (
+	DtypeF16  Dtype = 0 // IEEE binary16, as raw bits in []uint16
+	DtypeBF16 Dtype = 1 // bfloat16, as raw bits in []uint16
+	DtypeF32  Dtype = 2 // IEEE binary32, []float32
+)
+
+// BudgetPolicy distributes the heavy-hitter budget over layers (minikv_budget_policy).
+type BudgetPolicy int32
+
+const (
+	BudgetUniform BudgetPolicy = 0 // every layer keeps HeavyRatio of its prompt
+	BudgetPyramid BudgetPolicy = 1 // lower layers keep more, mean HeavyRatio
+)
+
+// ScoreMode chooses how prompt tokens are scored for eviction (minikv_score_mode).
+type ScoreMode int32
+
+const (
+	ScoreCumulative ScoreMode = 0 // H2O: attention summed over all prompt queries
+	ScoreWindow     ScoreMode = 1 // SnapKV: last WindowSize queries, max-pooled
+)
+
+// Config mirrors minikv_config. Start from DefaultConfig (the paper's defaults), then set
+// the model dimensions; a zero Config is not valid.
+type Config struct {
+	Backend        Backend
+	DeviceID       int32
+	Dtype          Dtype
+	NumLayers      uint32 // required
+	NumHeads       uint32 // query heads, a multiple of NumKVHeads
+	NumKVHeads     uint32 // required
+	HeadDim        uint32 // a multiple of 16, at most 256
+	MaxSequences   uint32 // sequence slots: seq ids in [0, MaxSequences)
+	MaxSeqLen      uint32 // longest prompt + generation of one sequence
+	MaxTokens      uint64 // pool capacity in cached tokens; 0 = every slot at MaxSeqLen
+	HeavyRatio     float32
+	RecentRatio    float32
+	BudgetPolicy   BudgetPolicy
+	PyramidDepth   float32
+	ScoreMode      ScoreMode
+	WindowSize     uint32
+	PoolKernel     uint32
+	KeyBits        uint32 // 2, 4 or 16 (unquantized)
+	ValueBits      uint32 // 2, 4 or 16
+	GroupSize      uint32 // 16, 32, 64 or 128
+	ResidualLength uint32 // a multiple of GroupSize
+}
+
+// DefaultConfig returns the library's defaults (minikv_config_default): F16, 2-bit keys and
+// values, group 16, residual 128, heavy and recent ratios 0.25, Backend Auto. Model
+// dimensions are zero and must be set.
+func DefaultConfig() Config {
+	c := capi.NewConfigStruct()
+	defer capi.DeleteConfigStruct(c)
+	return Config{
+		Backend:        Backend(c.GetBackend()),
+		DeviceID:       int32(c.GetDevice_id()),
+		Dtype:          Dtype(c.GetDtype()),
+		NumLayers:      uint32(c.GetNum_layers()),
+		NumHeads:       uint32(c.GetNum_heads()),
+		NumKVHeads:     uint32(c.GetNum_kv_heads()),
+		HeadDim:        uint32(c.GetHead_dim()),
+		MaxSequences:   uint32(c.GetMax_sequences()),
+		MaxSeqLen:      uint32(c.GetMax_seq_len()),
+		MaxTokens:      c.GetMax_tokens(),
+		HeavyRatio:     c.GetHeavy_ratio(),
+		RecentRatio:    c.GetRecent_ratio(),
+		BudgetPolicy:   BudgetPolicy(c.GetBudget_policy()),
+		PyramidDepth:   c.GetPyramid_depth(),
+		ScoreMode:      ScoreMode(c.GetScore_mode()),
+		WindowSize:     uint32(c.GetWindow_size()),
+		PoolKernel:     uint32(c.GetPool_kernel()),
+		KeyBits:        uint32(c.GetKey_bits()),
+		ValueBits:      uint32(c.GetValue_bits()),
+		GroupSize:      uint32(c.GetGroup_size()),
+		ResidualLength: uint32(c.GetResidual_length()),
+	}
+}
+
+// toC fills a new C config (struct_size set by its constructor); the caller deletes it.
+func (cfg *Config) toC() capi.ConfigStruct {
+	c := capi.NewConfigStruct()
+	c.SetBackend(capi.Enum_SS_minikv_backend(cfg.Backend))
+	c.SetDevice_id(int(cfg.DeviceID))
+	c.SetDtype(capi.Enum_SS_minikv_dtype(cfg.Dtype))
+	c.SetNum_layers(uint(cfg.NumLayers))
+	c.SetNum_heads(uint(cfg.NumHeads))
+	c.SetNum_kv_heads(uint(cfg.NumKVHeads))
+	c.SetHead_dim(uint(cfg.HeadDim))
+	c.SetMax_sequences(uint(cfg.MaxSequences))
+	c.SetMax_seq_len(uint(cfg.MaxSeqLen))
+	c.SetMax_tokens(cfg.MaxTokens)
+	c.SetHeavy_ratio(cfg.HeavyRatio)
+	c.SetRecent_ratio(cfg.RecentRatio)
+	c.SetBudget_policy(capi.Enum_SS_minikv_budget_policy(cfg.BudgetPolicy))
+	c.SetPyramid_depth(cfg.PyramidDepth)
+	c.SetScore_mode(capi.Enum_SS_minikv_score_mode(cfg.ScoreMode))
+	c.SetWindow_size(uint(cfg.WindowSize))
+	c.SetPool_kernel(uint(cfg.PoolKernel))
+	c.SetKey_bits(uint(cfg.KeyBits))
+	c.SetValue_bits(uint(cfg.ValueBits))
+	c.SetGroup_size(uint(cfg.GroupSize))
+	c.SetResidual_length(uint(cfg.ResidualLength))
+	return c
+}
+
+// elemBytes is the size of one q/k/v/out element.
+func (cfg *Config) elemBytes() int {
+	if cfg.Dtype == DtypeF32 {
+		return 4
+	}
+	return 2
+}

@@ -1,0 +1,3 @@
+module minikv.dev/minikv
+
+go 1.19
