@@ -29,7 +29,9 @@ fn quantized_bytes(cfg: &Config, n: u64) -> u64 {
 fn expected_used_bytes(cfg: &Config, prompt: u64, generated: u64) -> u64 {
     let keep = ((cfg.heavy_ratio as f64 * prompt as f64).floor()
         + (cfg.recent_ratio as f64 * prompt as f64).floor()) as u64;
-    let keep = keep.min(prompt);
+    // A budget of the whole prompt (h + r >= 1) keeps every token.
+    let whole = cfg.heavy_ratio as f64 + cfg.recent_ratio as f64 >= 1.0;
+    let keep = if whole { prompt } else { keep.min(prompt) };
     let g = cfg.group_size as u64;
     let mut quantized = keep - keep % g;
     let mut residual = keep % g;
