@@ -218,6 +218,11 @@ MINIKV_API void minikv_cache_destroy(minikv_cache *cache);
  *  failing call on it. NULL handle → a static message saying so. */
 MINIKV_API const char *minikv_cache_last_error(const minikv_cache *cache);
 
+/** Which backend the cache computes with (AUTO resolved to CPU or CUDA at create), so a
+ *  caller knows whether tensors must be host or device memory.
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cache or backend). */
+MINIKV_API minikv_status minikv_cache_backend(const minikv_cache *cache, minikv_backend *backend);
+
 /* ---- the three compute calls ------------------------------------------------------ */
 
 /** METHOD: prefill of one layer for a batch of prompts.

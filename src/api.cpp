@@ -97,6 +97,14 @@ const char *minikv_cache_last_error(const minikv_cache *cache) {
   return cache ? cache->impl.last_error() : "minikv_cache_last_error: cache is NULL";
 }
 
+minikv_status minikv_cache_backend(const minikv_cache *cache, minikv_backend *backend) {
+  if (!cache) return null_handle("minikv_cache_backend");
+  return guarded(cache, "minikv_cache_backend", [&] {
+    MINIKV_REQUIRE(backend != nullptr, "minikv_cache_backend: backend is NULL");
+    *backend = cache->impl.config().backend;
+  });
+}
+
 minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
                              const uint32_t *seq_ids, const int32_t *cu_seqlens, const void *q,
                              const void *k, const void *v, void *out, void *stream) {

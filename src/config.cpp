@@ -52,16 +52,27 @@ void check_ratio(const char *field, float value) {
                  "%s (%g) must be in [0, 1]", field, static_cast<double>(value));
 }
 
+// The value a C caller stored in an enum field, read without an enum-typed load: any int
+// may arrive there, and loading one outside the enum's range is undefined behaviour in C++
+// (UBSan -fsanitize=enum, found by tests/fuzz/fuzz_config).
+template <typename E>
+int32_t raw_enum(const E &field) {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums in the ABI are 32-bit");
+  int32_t v;
+  std::memcpy(&v, &field, sizeof(v));
+  return v;
+}
+
 void validate(const minikv_config &c) {
-  MINIKV_REQUIRE(c.backend == MINIKV_BACKEND_AUTO || c.backend == MINIKV_BACKEND_CPU ||
-                     c.backend == MINIKV_BACKEND_CUDA,
-                 "backend (%d) must be MINIKV_BACKEND_AUTO (0), _CPU (1) or _CUDA (2)",
-                 static_cast<int>(c.backend));
+  const int32_t backend = raw_enum(c.backend), dtype = raw_enum(c.dtype);
+  const int32_t budget_policy = raw_enum(c.budget_policy), score_mode = raw_enum(c.score_mode);
+  MINIKV_REQUIRE(backend == MINIKV_BACKEND_AUTO || backend == MINIKV_BACKEND_CPU ||
+                     backend == MINIKV_BACKEND_CUDA,
+                 "backend (%d) must be MINIKV_BACKEND_AUTO (0), _CPU (1) or _CUDA (2)", backend);
   MINIKV_REQUIRE(c.device_id >= 0, "device_id (%d) must be >= 0", c.device_id);
-  MINIKV_REQUIRE(c.dtype == MINIKV_DTYPE_F16 || c.dtype == MINIKV_DTYPE_BF16 ||
-                     c.dtype == MINIKV_DTYPE_F32,
-                 "dtype (%d) must be MINIKV_DTYPE_F16 (0), _BF16 (1) or _F32 (2)",
-                 static_cast<int>(c.dtype));
+  MINIKV_REQUIRE(dtype == MINIKV_DTYPE_F16 || dtype == MINIKV_DTYPE_BF16 ||
+                     dtype == MINIKV_DTYPE_F32,
+                 "dtype (%d) must be MINIKV_DTYPE_F16 (0), _BF16 (1) or _F32 (2)", dtype);
   MINIKV_REQUIRE(c.num_layers >= 1 && c.num_layers <= 4096,
                  "num_layers (%u) must be in [1, 4096]", c.num_layers);
   MINIKV_REQUIRE(c.num_kv_heads >= 1 && c.num_kv_heads <= 1024,
@@ -79,16 +90,14 @@ void validate(const minikv_config &c) {
                  "max_seq_len (%u) must be in [1, 2^30]", c.max_seq_len);
   check_ratio("heavy_ratio", c.heavy_ratio);
   check_ratio("recent_ratio", c.recent_ratio);
-  MINIKV_REQUIRE(c.budget_policy == MINIKV_BUDGET_UNIFORM ||
-                     c.budget_policy == MINIKV_BUDGET_PYRAMID,
+  MINIKV_REQUIRE(budget_policy == MINIKV_BUDGET_UNIFORM || budget_policy == MINIKV_BUDGET_PYRAMID,
                  "budget_policy (%d) must be MINIKV_BUDGET_UNIFORM (0) or _PYRAMID (1)",
-                 static_cast<int>(c.budget_policy));
+                 budget_policy);
   MINIKV_REQUIRE(std::isfinite(c.pyramid_depth) && c.pyramid_depth >= 1.0f,
                  "pyramid_depth (%g) must be a finite number >= 1",
                  static_cast<double>(c.pyramid_depth));
-  MINIKV_REQUIRE(c.score_mode == MINIKV_SCORE_CUMULATIVE || c.score_mode == MINIKV_SCORE_WINDOW,
-                 "score_mode (%d) must be MINIKV_SCORE_CUMULATIVE (0) or _WINDOW (1)",
-                 static_cast<int>(c.score_mode));
+  MINIKV_REQUIRE(score_mode == MINIKV_SCORE_CUMULATIVE || score_mode == MINIKV_SCORE_WINDOW,
+                 "score_mode (%d) must be MINIKV_SCORE_CUMULATIVE (0) or _WINDOW (1)", score_mode);
   MINIKV_REQUIRE(c.window_size >= 1, "window_size (%u) must be >= 1", c.window_size);
   MINIKV_REQUIRE(c.pool_kernel >= 1 && c.pool_kernel % 2 == 1 && c.pool_kernel <= 1023,
                  "pool_kernel (%u) must be odd, in [1, 1023]", c.pool_kernel);
