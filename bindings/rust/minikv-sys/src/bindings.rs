@@ -515,6 +515,15 @@ extern "C" {
     pub fn minikv_cache_last_error(cache: *const minikv_cache) -> *const core::ffi::c_char;
 }
 extern "C" {
+    #[doc = " Which backend the cache computes with (AUTO resolved to CPU or CUDA at create), so a"]
+    #[doc = "  caller knows whether tensors must be host or device memory."]
+    #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cache or backend)."]
+    pub fn minikv_cache_backend(
+        cache: *const minikv_cache,
+        backend: *mut minikv_backend,
+    ) -> minikv_status;
+}
+extern "C" {
     #[doc = " METHOD: prefill of one layer for a batch of prompts."]
     #[doc = "  For each sequence s (tokens [cu_seqlens[s], cu_seqlens[s+1]) of the packed inputs):"]
     #[doc = "  computes causal attention `out = softmax(q k^T / sqrt(head_dim)) v` (GQA: query head h"]

@@ -47,7 +47,7 @@ pub struct MemoryStats {
 /// Host buffers go through the slice methods ([`prefill`](Self::prefill),
 /// [`append`](Self::append), [`decode`](Self::decode)), which check every length and the
 /// element type against the config before calling C, and need a cache created with
-/// [`Backend::Cpu`]. Device buffers go through the `unsafe` `*_raw` methods.
+/// the CPU backend (`Backend::Auto` resolves at create). Device buffers go through the `unsafe` `*_raw` methods.
 ///
 /// Tensor layouts (tokens-major, contiguous; H = num_heads, Hkv = num_kv_heads,
 /// D = head_dim):
@@ -108,10 +108,23 @@ impl KvCache {
         let raw = NonNull::new(out).ok_or_else(|| {
             Error::new(Status::Internal, "minikv_cache_create returned MINIKV_OK and a NULL handle")
         })?;
-        Ok(KvCache { raw, config: config.clone() })
+        // AUTO is resolved at create: record the backend actually chosen, so the host-slice
+        // methods know whether they may hand host memory over.
+        let mut resolved = sys::minikv_backend::MINIKV_BACKEND_AUTO;
+        // SAFETY: the handle is live and `resolved` is a valid out pointer.
+        let status = unsafe { sys::minikv_cache_backend(raw.as_ptr(), &mut resolved) };
+        let mut config = config.clone();
+        config.backend = match resolved {
+            sys::minikv_backend::MINIKV_BACKEND_CPU => Backend::Cpu,
+            sys::minikv_backend::MINIKV_BACKEND_CUDA => Backend::Cuda,
+            _ => config.backend,
+        };
+        let cache = KvCache { raw, config };
+        cache.check(status)?;
+        Ok(cache)
     }
 
-    /// The configuration the cache was created with.
+    /// The configuration the cache was created with, `backend` resolved (never `Auto`).
     pub fn config(&self) -> &Config {
         &self.config
     }
