@@ -1,0 +1,76 @@
+// The oracle's model of what one (sequence, layer) holds, per MINIKV.md §4: after prefill
+// the kept prompt tokens in ascending position order, of which the first
+// n_keep - n_keep % G are quantized and the tail stays 16-bit in the residual; every
+// appended token goes to the residual, and when the residual reaches R tokens they are
+// quantized as one flush (before that token's decode). Decode oracles in float64 over the
+// exact rows or over the rows as the reference quantizer dequantizes them.
+#pragma once
+
+#include <vector>
+
+#include "reference/attention_ref.hpp"
+#include "reference/quant_ref.hpp"
+#include "support.hpp"
+
+namespace test {
+
+struct SeqModel {
+  uint32_t Hkv = 0, D = 0, G = 16, R = 128;
+  std::vector<std::vector<float>> k, v;  // [Hkv] -> rows [n][D], cache order, dtype values
+  uint32_t n = 0, quantized = 0, residual = 0;
+
+  SeqModel() = default;
+  SeqModel(uint32_t hkv, uint32_t d, uint32_t g, uint32_t r)
+      : Hkv(hkv), D(d), G(g), R(r), k(hkv), v(hkv) {}
+
+  // kept[h]: kept prompt positions of KV head h (ascending, same count for every head);
+  // k_in/v_in: the prompt's [L][Hkv][D] rows, starting at token `first`.
+  void prefill(const std::vector<std::vector<int32_t>> &kept, const Buf &k_in, const Buf &v_in,
+               size_t first) {
+    n = static_cast<uint32_t>(kept[0].size());
+    for (uint32_t h = 0; h < Hkv; ++h) {
+      REQUIRE(kept[h].size() == n);
+      k[h].clear();
+      v[h].clear();
+      for (int32_t p : kept[h]) push(h, k_in, v_in, (first + size_t(p)) * Hkv + h);
+    }
+    quantized = n - n % G;
+    residual = n - quantized;
+  }
+
+  // Rows [Hkv][D] of one appended token at element offset `row` * Hkv * D.
+  void append(const Buf &k_in, const Buf &v_in, size_t row) {
+    for (uint32_t h = 0; h < Hkv; ++h) push(h, k_in, v_in, row * Hkv + h);
+    ++n;
+    if (++residual == R) {
+      quantized += R;
+      residual = 0;
+    }
+  }
+
+  // Decode oracle for q [H][D] (doubles). dequantized = false: the exact rows.
+  std::vector<double> decode(const std::vector<double> &q, uint32_t H, bool dequantized,
+                             uint32_t key_bits, uint32_t value_bits, minikv_dtype dt) const {
+    std::vector<std::vector<double>> keys(Hkv), values(Hkv);
+    for (uint32_t h = 0; h < Hkv; ++h) {
+      if (dequantized) {
+        ref::dequantize_cache(k[h], v[h], n, quantized, D, G, key_bits, value_bits, dt, keys[h],
+                              values[h]);
+      } else {
+        keys[h].assign(k[h].begin(), k[h].end());
+        values[h].assign(v[h].begin(), v[h].end());
+      }
+    }
+    return ref::decode(q, keys, values, H, Hkv, D);
+  }
+
+ private:
+  void push(uint32_t h, const Buf &k_in, const Buf &v_in, size_t row) {
+    for (uint32_t c = 0; c < D; ++c) {
+      k[h].push_back(static_cast<float>(k_in.get(row * D + c)));
+      v[h].push_back(static_cast<float>(v_in.get(row * D + c)));
+    }
+  }
+};
+
+}  // namespace test
