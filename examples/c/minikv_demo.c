@@ -933,14 +933,14 @@ int main(int argc, char **argv) {
     const uint32_t width = (uint32_t)(40.0 * n_kept0 / L + 0.5);
     for (uint32_t i = 0; i < 40; ++i) bar[i] = i < width ? '#' : '.';
     bar[40] = '\0';
-    printf("  %5u  %6u/%-6u %5.1f%%  %3u/%-3u %4u/%-4u %9.1f %9.1f  %s\n", l, n_kept0, L,
+    printf("  %5u  %6u/%-6u %5.1f%%  %3u/%-3u %4u/%-4u %9.2f %9.2f  %s\n", l, n_kept0, L,
            100.0 * n_kept0 / L, layer_sink, layer_sink_total, layer_heavy, layer_heavy_total,
            vars[V_MINIKV].prefill_ms[l], vars[V_FULL].prefill_ms[l], bar);
   }
   double prefill_total[V_MAX] = {0};
   for (int i = 0; i < n_vars; ++i)
     for (uint32_t l = 0; l < NL; ++l) prefill_total[i] += vars[i].prefill_ms[l];
-  printf("  total                                           %9.1f %9.1f\n",
+  printf("  total                                           %9.2f %9.2f\n",
          prefill_total[V_MINIKV], prefill_total[V_FULL]);
   printf("  planted tokens kept: sink %llu/%llu, heavy %llu/%llu\n",
          (unsigned long long)sink_kept, (unsigned long long)sink_total,
@@ -1070,7 +1070,7 @@ int main(int argc, char **argv) {
 
   printf("\nTiming (%s backend)\n", dev.cuda ? "cuda" : "cpu");
   for (int i = 0; i < n_vars; ++i) {
-    printf("  %-14s prefill %9.1f ms total, %8.2f ms/layer", vars[i].name, prefill_total[i],
+    printf("  %-14s prefill %9.2f ms total, %8.2f ms/layer", vars[i].name, prefill_total[i],
            prefill_total[i] / NL);
     if (G > 0)
       printf("; decode %8.3f ms/step (all %u layers, %u seq), %8.3f ms/token", vars[i].decode_ms / G,
