@@ -20,6 +20,7 @@
 #include "../src/config.h"
 #include "../src/error.h"
 #include "cuda_check.h"
+#include "cuda_debug.h"
 #include "launchers.h"
 
 namespace minikv {
@@ -400,9 +401,24 @@ class CudaBackend final : public Backend {
   DeviceBuffer lse_, scores_, kept_;
   DeviceBuffer part_o_, part_ml_;
   DeviceStorage st_{};
+
+  friend std::vector<float> minikv::cuda_debug_scores(const Backend &, uint32_t, uint32_t);
 };
 
 }  // namespace
+
+std::vector<float> cuda_debug_scores(const Backend &backend, uint32_t kv_head, uint32_t count) {
+  const auto *cuda = dynamic_cast<const CudaBackend *>(&backend);
+  MINIKV_REQUIRE(cuda != nullptr, "cuda_debug_scores: not the CUDA backend");
+  MINIKV_REQUIRE(kv_head < cuda->cfg_.num_kv_heads && count <= cuda->ws_tokens_,
+                 "cuda_debug_scores: kv_head %u / count %u out of range", kv_head, count);
+  DeviceGuard guard(cuda->device_);
+  MINIKV_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> out(count);
+  MINIKV_CUDA_CHECK(cudaMemcpy(out.data(), cuda->scores_.as<float>() + uint64_t(kv_head) * cuda->ws_tokens_,
+                               count * sizeof(float), cudaMemcpyDeviceToHost));
+  return out;
+}
 
 bool cuda_backend_available(int device_id) {
   int count = 0;
