@@ -111,7 +111,7 @@ using CachePtr = std::unique_ptr<minikv_cache, CacheDeleter>;
 inline CachePtr make_cache(const minikv_config &cfg) {
   minikv_cache *c = nullptr;
   const minikv_status st = minikv_cache_create(&cfg, &c);
-  INFO("minikv_cache_create: ", minikv_last_error_message());
+  INFO("minikv_cache_create: ", std::string(minikv_last_error_message()));
   REQUIRE(st == MINIKV_OK);
   REQUIRE(c != nullptr);
   return CachePtr(c);
@@ -123,7 +123,8 @@ inline std::string status_name(minikv_status s) { return minikv_status_string(s)
 #define MKV_REQUIRE_OK(expr)                                                   \
   do {                                                                         \
     const minikv_status mkv_st_ = (expr);                                      \
-    INFO(#expr, " -> ", minikv_status_string(mkv_st_), " : ", minikv_last_error_message()); \
+    INFO(#expr, " -> ", std::string(minikv_status_string(mkv_st_)), " : ",      \
+         std::string(minikv_last_error_message()));                            \
     REQUIRE(mkv_st_ == MINIKV_OK);                                             \
   } while (0)
 

@@ -74,7 +74,7 @@ struct Fixture {
     const minikv_status st_ = (expr);                                                     \
     const std::string thread_msg_ = minikv_last_error_message();                          \
     const std::string handle_msg_ = minikv_cache_last_error((fx).cache.get());            \
-    INFO(#expr, " -> ", minikv_status_string(st_), ": ", thread_msg_);                   \
+    INFO(#expr, " -> ", std::string(minikv_status_string(st_)), ": ", thread_msg_);                   \
     CHECK(st_ == (status));                                                               \
     CHECK(thread_msg_.find(what) != std::string::npos);                                   \
     CHECK(thread_msg_.find(call_name) != std::string::npos);                              \
