@@ -65,7 +65,10 @@
 %minikv_keep(MINIKV_VERSION_PATCH)
 %minikv_keep(MINIKV_VERSION_NUMBER)
 
-/* Enums (pinned values). */
+/* Enums (pinned values). Java gets no status constants: its typemaps turn minikv_status
+ * into void + exception, which would also type these constants; Java's Status enum carries
+ * the pinned values instead (tested against status_string). */
+#if !defined(SWIGJAVA)
 %minikv_keep(minikv_status)
 %minikv_keep(MINIKV_OK)
 %minikv_keep(MINIKV_ERR_INVALID_ARGUMENT)
@@ -76,6 +79,7 @@
 %minikv_keep(MINIKV_ERR_DEVICE)
 %minikv_keep(MINIKV_ERR_VERSION_MISMATCH)
 %minikv_keep(MINIKV_ERR_INTERNAL)
+#endif
 %minikv_keep(minikv_backend)
 %minikv_keep(MINIKV_BACKEND_AUTO)
 %minikv_keep(MINIKV_BACKEND_CPU)
@@ -318,16 +322,15 @@ static void minikv_swig_java_throw(JNIEnv *jenv, minikv_status status) {
 }
 %}
 
-/* minikv_status → void, or a thrown exception. */
+/* minikv_status → void, or a thrown exception. The wrapper does not return early: the
+ * exception stays pending while the argout/freearg code releases the Java arrays (the JNI
+ * calls used there are allowed with a pending exception, or check for one first). */
 %typemap(jni) minikv_status "void"
 %typemap(jtype) minikv_status "void"
 %typemap(jstype) minikv_status "void"
 %typemap(javaout) minikv_status { $jnicall; }
 %typemap(out) minikv_status %{
-  if ($1 != MINIKV_OK) {
-    minikv_swig_java_throw(jenv, $1);
-    return $null;
-  }
+  if ($1 != MINIKV_OK) minikv_swig_java_throw(jenv, $1);
 %}
 
 /* minikv_cache_create(cfg, &out) → CacheHandle cache_create(ConfigStruct cfg), owning. */
@@ -341,67 +344,75 @@ static void minikv_swig_java_throw(JNIEnv *jenv, minikv_status status) {
 %typemap(out) minikv_status minikv_cache_create %{
   if ($1 != MINIKV_OK) {
     minikv_swig_java_throw(jenv, $1);
-    return $null;
+  } else {
+    *(minikv_cache **)&$result = *arg2; /* arg2 is the minikv_cache **out above */
   }
-  *(minikv_cache **)&$result = *arg2; /* arg2 is the minikv_cache **out above */
 %}
 
-/* Host index arrays as int[] (uint32 bits in Java ints); n_seqs is seq_ids.length. */
+/* Host index arrays as int[] (uint32 bits in Java ints); n_seqs is seq_ids.length.
+ * `in` only validates (throwing returns at once, so nothing may be held yet); `check`, which
+ * runs after every `in`, pins the arrays; `freearg` releases them. */
 %typemap(jni) (uint32_t n_seqs, const uint32_t *seq_ids) "jintArray"
 %typemap(jtype) (uint32_t n_seqs, const uint32_t *seq_ids) "int[]"
 %typemap(jstype) (uint32_t n_seqs, const uint32_t *seq_ids) "int[]"
 %typemap(javain) (uint32_t n_seqs, const uint32_t *seq_ids) "$javainput"
-%typemap(in) (uint32_t n_seqs, const uint32_t *seq_ids) %{
+%typemap(in) (uint32_t n_seqs, const uint32_t *seq_ids) (jintArray ids_array = NULL) %{
   if (!$input) {
     SWIG_JavaThrowException(jenv, SWIG_JavaNullPointerException, "seq_ids is null");
     return $null;
   }
+  ids_array = $input;
   $1 = (uint32_t)(*jenv)->GetArrayLength(jenv, $input);
-  $2 = (uint32_t *)(*jenv)->GetIntArrayElements(jenv, $input, NULL);
-  if (!$2) return $null;
+  $2 = NULL;
+%}
+%typemap(check) (uint32_t n_seqs, const uint32_t *seq_ids) %{
+  $2 = (uint32_t *)(*jenv)->GetIntArrayElements(jenv, ids_array$argnum, NULL);
+  if (!$2) return $null; /* OutOfMemoryError pending */
 %}
 %typemap(freearg) (uint32_t n_seqs, const uint32_t *seq_ids) %{
   if ($2) (*jenv)->ReleaseIntArrayElements(jenv, $input, (jint *)$2, JNI_ABORT);
 %}
 
+/* cu_seqlens: the library reads n_seqs + 1 entries, so a different length is refused here
+ * (arg3 is n_seqs of minikv_prefill, set by the seq_ids typemap before this one runs). */
 %typemap(jni) const int32_t *cu_seqlens "jintArray"
 %typemap(jtype) const int32_t *cu_seqlens "int[]"
 %typemap(jstype) const int32_t *cu_seqlens "int[]"
 %typemap(javain) const int32_t *cu_seqlens "$javainput"
-%typemap(in) const int32_t *cu_seqlens (jsize cu_len = 0) %{
+%typemap(in) const int32_t *cu_seqlens (jintArray cu_array = NULL) %{
   if (!$input) {
     SWIG_JavaThrowException(jenv, SWIG_JavaNullPointerException, "cu_seqlens is null");
     return $null;
   }
-  cu_len = (*jenv)->GetArrayLength(jenv, $input);
-  $1 = (int32_t *)(*jenv)->GetIntArrayElements(jenv, $input, NULL);
-  if (!$1) return $null;
-%}
-/* The library reads n_seqs + 1 entries: refuse a shorter array here, where its length is
- * known (arg3 is n_seqs in minikv_prefill). */
-%typemap(check) const int32_t *cu_seqlens %{
-  if ((uint64_t)cu_len$argnum != (uint64_t)arg3 + 1) {
-    (*jenv)->ReleaseIntArrayElements(jenv, jarg$argnum, (jint *)$1, JNI_ABORT);
-    $1 = NULL;
+  if ((uint64_t)(*jenv)->GetArrayLength(jenv, $input) != (uint64_t)arg3 + 1) {
     SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException,
                             "cu_seqlens must have seq_ids.length + 1 entries");
     return $null;
   }
+  cu_array = $input;
+  $1 = NULL;
+%}
+%typemap(check) const int32_t *cu_seqlens %{
+  $1 = (int32_t *)(*jenv)->GetIntArrayElements(jenv, cu_array$argnum, NULL);
+  if (!$1) return $null;
 %}
 %typemap(freearg) const int32_t *cu_seqlens %{
   if ($1) (*jenv)->ReleaseIntArrayElements(jenv, $input, (jint *)$1, JNI_ABORT);
 %}
 
+/* Kept positions: an int[] (may be null: capacity 0) the library writes into. */
 %typemap(jni) (int32_t *positions, uint32_t capacity) "jintArray"
 %typemap(jtype) (int32_t *positions, uint32_t capacity) "int[]"
 %typemap(jstype) (int32_t *positions, uint32_t capacity) "int[]"
 %typemap(javain) (int32_t *positions, uint32_t capacity) "$javainput"
-%typemap(in) (int32_t *positions, uint32_t capacity) %{
+%typemap(in) (int32_t *positions, uint32_t capacity) (jintArray pos_array = NULL) %{
+  pos_array = $input;
   $1 = NULL;
-  $2 = 0;
-  if ($input) {
-    $2 = (uint32_t)(*jenv)->GetArrayLength(jenv, $input);
-    $1 = (int32_t *)(*jenv)->GetIntArrayElements(jenv, $input, NULL);
+  $2 = $input ? (uint32_t)(*jenv)->GetArrayLength(jenv, $input) : 0;
+%}
+%typemap(check) (int32_t *positions, uint32_t capacity) %{
+  if (pos_array$argnum) {
+    $1 = (int32_t *)(*jenv)->GetIntArrayElements(jenv, pos_array$argnum, NULL);
     if (!$1) return $null;
   }
 %}
@@ -409,38 +420,49 @@ static void minikv_swig_java_throw(JNIEnv *jenv, minikv_status status) {
   if ($1) (*jenv)->ReleaseIntArrayElements(jenv, $input, (jint *)$1, 0); /* copy back */
 %}
 
-/* Scalar outputs as one-element arrays. */
+/* Scalar outputs as one-element arrays, written only when the call succeeded. */
 %typemap(jni) uint32_t *count "jintArray"
 %typemap(jtype) uint32_t *count "int[]"
 %typemap(jstype) uint32_t *count "int[]"
 %typemap(javain) uint32_t *count "$javainput"
-%typemap(in) uint32_t *count (uint32_t tmp = 0) %{
+%typemap(in) uint32_t *count (uint32_t count_value = 0) %{
   if (!$input || (*jenv)->GetArrayLength(jenv, $input) < 1) {
     SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "count must be int[1]");
     return $null;
   }
-  $1 = &tmp;
+  $1 = &count_value;
 %}
 %typemap(argout) uint32_t *count %{
-  { jint v = (jint)tmp$argnum; (*jenv)->SetIntArrayRegion(jenv, $input, 0, 1, &v); }
+  if (!(*jenv)->ExceptionCheck(jenv)) {
+    jint v = (jint)*$1;
+    (*jenv)->SetIntArrayRegion(jenv, $input, 0, 1, &v);
+  }
 %}
-%typemap(jni) uint64_t *tokens_seen, uint64_t *tokens_cached "jlongArray"
-%typemap(jtype) uint64_t *tokens_seen, uint64_t *tokens_cached "long[]"
-%typemap(jstype) uint64_t *tokens_seen, uint64_t *tokens_cached "long[]"
-%typemap(javain) uint64_t *tokens_seen, uint64_t *tokens_cached "$javainput"
-%typemap(in) uint64_t *tokens_seen, uint64_t *tokens_cached (uint64_t tmp = 0) %{
+/* (One typemap per name: SWIG would share one temporary between the two.) */
+%define %minikv_java_long_out(NAME)
+%typemap(jni) uint64_t *NAME "jlongArray"
+%typemap(jtype) uint64_t *NAME "long[]"
+%typemap(jstype) uint64_t *NAME "long[]"
+%typemap(javain) uint64_t *NAME "$javainput"
+%typemap(in) uint64_t *NAME (uint64_t NAME##_value = 0) %{
   $1 = NULL;
   if ($input) {
     if ((*jenv)->GetArrayLength(jenv, $input) < 1) {
       SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "expected long[1]");
       return $null;
     }
-    $1 = &tmp;
+    $1 = &NAME##_value;
   }
 %}
-%typemap(argout) uint64_t *tokens_seen, uint64_t *tokens_cached %{
-  if ($1) { jlong v = (jlong)tmp$argnum; (*jenv)->SetLongArrayRegion(jenv, $input, 0, 1, &v); }
+%typemap(argout) uint64_t *NAME %{
+  if ($1 && !(*jenv)->ExceptionCheck(jenv)) {
+    jlong v = (jlong)*$1;
+    (*jenv)->SetLongArrayRegion(jenv, $input, 0, 1, &v);
+  }
 %}
+%enddef
+%minikv_java_long_out(tokens_seen)
+%minikv_java_long_out(tokens_cached)
 
 /* Tensors and the stream as addresses (long). */
 %typemap(jni) const void *, void * "jlong"

@@ -1,0 +1,30 @@
+package dev.minikv;
+
+/** Where the cache lives and computes ({@code minikv_backend}). */
+public enum Backend {
+  /**
+   * CUDA when built and a device is present, else CPU. The array and ByteBuffer methods of
+   * {@link KvCache} need an explicit {@link #CPU}: with AUTO the binding cannot know whether
+   * host memory is acceptable.
+   */
+  AUTO(0),
+  /** Host memory, synchronous calls: arrays or direct ByteBuffers. */
+  CPU(1),
+  /** Device memory of deviceId: the {@code *Device} methods with addresses and a stream. */
+  CUDA(2);
+
+  final int code;
+
+  Backend(int code) {
+    this.code = code;
+  }
+
+  static Backend fromCode(int code) {
+    for (Backend b : values()) {
+      if (b.code == code) {
+        return b;
+      }
+    }
+    throw new IllegalArgumentException("unknown minikv_backend " + code);
+  }
+}
