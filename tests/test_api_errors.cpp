@@ -104,6 +104,7 @@ TEST_CASE("errors: NULL cache handle, every call") {
       {"minikv_sequence_release", minikv_sequence_release(nullptr, 0)},
       {"minikv_sequence_length", minikv_sequence_length(nullptr, 0, 0, &a, &a)},
       {"minikv_kept_positions", minikv_kept_positions(nullptr, 0, 0, 0, nullptr, 0, &count)},
+      {"minikv_cache_backend", minikv_cache_backend(nullptr, nullptr)},
       {"minikv_memory_stats_get", minikv_memory_stats_get(nullptr, &st)},
   };
   for (const Call &c : calls) {
@@ -310,6 +311,8 @@ TEST_CASE("errors: sequence calls, kept positions and stats") {
                MINIKV_ERR_BAD_STATE, "not been prefilled");
   EXPECT_FAILS(fx, kp, minikv_kept_positions(fx.cache.get(), 0, 1, 0, pos, 64, &count),
                MINIKV_ERR_BAD_STATE, "layer 1");
+  EXPECT_FAILS(fx, "minikv_cache_backend", minikv_cache_backend(fx.cache.get(), nullptr),
+               MINIKV_ERR_INVALID_ARGUMENT, "backend");
   const char *ms = "minikv_memory_stats_get";
   EXPECT_FAILS(fx, ms, minikv_memory_stats_get(fx.cache.get(), nullptr),
                MINIKV_ERR_INVALID_ARGUMENT, "out");

@@ -263,11 +263,17 @@ TEST_CASE("config: CUDA backend absent is UNSUPPORTED on a CPU-only build") {
   }
 }
 
-TEST_CASE("config: AUTO falls back to a working cache") {
+TEST_CASE("config: AUTO resolves to a concrete backend; CPU stays CPU") {
   minikv_config c = valid();
   c.backend = MINIKV_BACKEND_AUTO;
   test::CachePtr cache = test::make_cache(c);
-  CHECK(cache != nullptr);
+  minikv_backend b = MINIKV_BACKEND_AUTO;
+  MKV_REQUIRE_OK(minikv_cache_backend(cache.get(), &b));
+  CHECK((b == MINIKV_BACKEND_CPU || b == MINIKV_BACKEND_CUDA));
+  c.backend = MINIKV_BACKEND_CPU;
+  test::CachePtr cpu = test::make_cache(c);
+  MKV_REQUIRE_OK(minikv_cache_backend(cpu.get(), &b));
+  CHECK(b == MINIKV_BACKEND_CPU);
 }
 
 TEST_CASE("status strings and version") {
