@@ -136,3 +136,14 @@ struct DecodeParams {
 
 }  // namespace kernels
 }  // namespace minikv
+
+// Kernel parameters must fit the classic 4 KB limit (no reliance on CUDA 12.1's larger one).
+namespace minikv {
+namespace kernels {
+static_assert(sizeof(PrefillAttnParams) <= 4096 && sizeof(PrefillScoreParams) <= 4096 &&
+                  sizeof(SelectParams) <= 4096 && sizeof(StoreParams) <= 4096 &&
+                  sizeof(TableParams) <= 4096 && sizeof(AppendParams) <= 4096 &&
+                  sizeof(DecodeParams) <= 4096,
+              "kernel parameters exceed 4 KB");
+}  // namespace kernels
+}  // namespace minikv

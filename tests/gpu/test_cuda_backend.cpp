@@ -180,7 +180,7 @@ const minikv_budget_policy UNI = MINIKV_BUDGET_UNIFORM, PYR = MINIKV_BUDGET_PYRA
 
 TEST_SUITE("gpu") {
 
-TEST_CASE("CUDA matches CPU: prefill, selection, decode across flushes") {
+TEST_CASE("CUDA matches CPU on prefill + selection + decode across flushes") {
   GPU_OR_SKIP();
   const std::vector<Case> cases = {
       // ragged batch with 1-token and tile-boundary prompts, GQA 4, paper defaults

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The whole GPU check in one go, on a machine with an sm_80+ NVIDIA GPU (made for an H200):
+#   1. configure libminikv with the CUDA backend (sm_90a by default) and build it, its tests
+#      and the C demo with ninja;
+#   2. run the GPU test suite (ctest -L gpu);
+#   3. run the C demo on the GPU;
+#   4. run compute-sanitizer memcheck and racecheck on every GPU test binary.
+# Logs and a summary go to $OUT (default <build>/gpu-check): build.log, ctest.log,
+# demo.log, memcheck.log, racecheck.log, summary.txt. Exit status 0 only if every step passed.
+#
+#   scripts/gpu-check.sh [build-dir]          (default: build-gpu-check)
+# Environment:
+#   MINIKV_CUDA_ARCHS  CMAKE_CUDA_ARCHITECTURES (default 90a; "80;90a-real" for A100 + H100)
+#   GPU_CHECK_SANITIZE 0 skips step 4
+#   GPU_CHECK_SANITIZER_TIMEOUT seconds per sanitizer run (default 300)
+#   JOBS               ninja -j (default: all cores)
+# doctest: Debian's doctest-dev, or the header copied to .deps/include/doctest/doctest.h.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${1:-$root/build-gpu-check}
+out=${OUT:-$build/gpu-check}
+archs=${MINIKV_CUDA_ARCHS:-90a}
+jobs=${JOBS:-$(nproc)}
+sanitize=${GPU_CHECK_SANITIZE:-1}
+san_timeout=${GPU_CHECK_SANITIZER_TIMEOUT:-300}
+mkdir -p "$out"
+summary=$out/summary.txt
+: >"$summary"
+failed=0
+say() { echo "$*" | tee -a "$summary"; }
+step() {  # step <name> <status>
+  if [ "$2" -eq 0 ]; then say "PASS  $1"; else say "FAIL  $1 (exit $2)"; failed=1; fi
+}
+
+export PATH=$PATH:/usr/local/cuda/bin
+say "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet HEAD 2>/dev/null || echo ' (+ local changes)')"
+say "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
+say "nvcc: $(nvcc --version 2>&1 | grep -o 'release [0-9.]*' | head -1), cmake $(cmake --version | head -1 | awk '{print $3}'), archs $archs"
+
+# ---- 1. build ------------------------------------------------------------------------
+t0=$(date +%s)
+{
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIKV_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$archs" -DMINIKV_TESTS=ON -DMINIKV_EXAMPLES=ON &&
+    ninja -C "$build" -j "$jobs"
+} >"$out/build.log" 2>&1
+rc=$?
+step "build ($(($(date +%s) - t0)) s)" $rc
+if [ $rc -ne 0 ]; then
+  tail -40 "$out/build.log"
+  exit 1
+fi
+
+# ---- 2. GPU tests ----------------------------------------------------------------------
+t0=$(date +%s)
+ctest --test-dir "$build" -L gpu --output-on-failure --timeout 900 >"$out/ctest.log" 2>&1
+rc=$?
+step "ctest -L gpu ($(($(date +%s) - t0)) s): $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)" $rc
+[ $rc -ne 0 ] && grep -E "ERROR|FAILED|failed|error:" "$out/ctest.log" | head -40
+mapfile -t bins < <(find "$build/tests" -maxdepth 1 -type f -name 'gpu_test_*' -perm -u+x | sort)
+# Per-binary doctest totals (ctest runs one executable per test file without discovery).
+for b in "${bins[@]}"; do
+  say "      $(basename "$b"): $("$b" --count 2>/dev/null | grep -o 'unskipped test cases passing the current filters: [0-9]*' || true)"
+done
+
+# ---- 3. the C demo on the GPU --------------------------------------------------------
+if [ -x "$build/examples/minikv_demo" ]; then
+  "$build/examples/minikv_demo" --backend cuda >"$out/demo.log" 2>&1
+  rc=$?
+  step "C demo --backend cuda: $(tail -1 "$out/demo.log")" $rc
+fi
+
+# ---- 4. compute-sanitizer --------------------------------------------------------------
+if [ "$sanitize" != 0 ]; then
+  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in memcheck racecheck; do
+    : >"$out/$tool.log"
+    for b in "${bins[@]}"; do
+      args=()
+      # racecheck instruments every shared-memory access: leave out the long-prompt subcase.
+      [ $tool = racecheck ] && args=(--subcase-exclude='*long*')
+      t0=$(date +%s)
+      echo "==== $tool $(basename "$b") ${args[*]}" >>"$out/$tool.log"
+      timeout "$san_timeout" "$san" --tool $tool --error-exitcode 99 "$b" "${args[@]}" >>"$out/$tool.log" 2>&1
+      rc=$?
+      summary_line=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$tool.log" | tail -1)
+      step "$tool $(basename "$b") ($(($(date +%s) - t0)) s): ${summary_line:-no summary}$([ $rc -eq 124 ] && echo ' TIMEOUT')" $rc
+    done
+  done
+fi
+
+say "$([ $failed -eq 0 ] && echo 'gpu-check: ALL PASSED' || echo 'gpu-check: FAILURES (see logs)')"
+exit $failed
