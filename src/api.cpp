@@ -163,10 +163,10 @@ minikv_status minikv_memory_stats_get(const minikv_cache *cache, minikv_memory_s
                    size, minikv::kStatsSizeV1);
     }
     const minikv_memory_stats st = cache->impl.stats();
-    // Write only what the caller's struct has; keep its struct_size.
+    // Write only the fields both versions have; keep the caller's struct_size.
+    const size_t n = size < sizeof(minikv_memory_stats) ? size : sizeof(minikv_memory_stats);
     std::memcpy(reinterpret_cast<char *>(out) + sizeof(uint32_t),
-                reinterpret_cast<const char *>(&st) + sizeof(uint32_t),
-                sizeof(minikv_memory_stats) - sizeof(uint32_t));
+                reinterpret_cast<const char *>(&st) + sizeof(uint32_t), n - sizeof(uint32_t));
   });
 }
 

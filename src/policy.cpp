@@ -23,7 +23,9 @@ std::vector<double> layer_heavy_ratios(const minikv_config &cfg) {
     for (uint32_t l = 0; l < m; ++l)
       ratios[l] = bottom + (top - bottom) * static_cast<double>(l) / static_cast<double>(m - 1);
   }
-  for (double &x : ratios) x = std::max(0.0, std::min(x, 1.0 - r));
+  if (cfg.budget_policy == MINIKV_BUDGET_PYRAMID) {
+    for (double &x : ratios) x = std::max(0.0, std::min(x, 1.0 - r));
+  }
   return ratios;
 }
 

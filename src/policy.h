@@ -8,8 +8,9 @@
 
 namespace minikv {
 
-// Heavy-hitter ratio h_l of every layer (UNIFORM: h; PYRAMID: linear from h*(2-1/depth)
-// at layer 0 to h/depth at the top, clipped so h_l + recent_ratio <= 1).
+// Heavy-hitter ratio h_l of every layer (UNIFORM: h, unclipped, so h = 1 keeps every
+// prompt; PYRAMID: linear from h*(2-1/depth) at layer 0 to h/depth at the top, clipped so
+// h_l + recent_ratio <= 1).
 std::vector<double> layer_heavy_ratios(const minikv_config &cfg);
 
 // What one (sequence, layer) keeps of an L-token prompt. Sizes only, so every backend and

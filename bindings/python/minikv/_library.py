@@ -80,6 +80,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "minikv_cache_create": (status, [P(MinikvConfigStruct), P(c_void_p)]),
         "minikv_cache_destroy": (None, [c_void_p]),
         "minikv_cache_last_error": (ctypes.c_char_p, [c_void_p]),
+        "minikv_cache_backend": (status, [c_void_p, P(ctypes.c_int)]),
         "minikv_prefill": (status, [c_void_p, c_u32, c_u32, P(c_u32), P(c_i32), c_void_p,
                                     c_void_p, c_void_p, c_void_p, c_void_p]),
         "minikv_append": (status, [c_void_p, c_u32, c_u32, P(c_u32), c_void_p, c_void_p,

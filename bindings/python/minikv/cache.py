@@ -67,20 +67,12 @@ class Cache:
             raise TypeError(f"config must be a minikv.Config, got {type(config).__name__}")
         self._lib = load()
         struct = config.to_struct()
-        if struct.backend == Backend.AUTO:
-            # The C API does not report which backend AUTO chose, and the binding must know
-            # it to check memory spaces; so resolve AUTO here the way the library does:
-            # CUDA when it is built and usable, else CPU.
-            struct.backend = Backend.CUDA
-            try:
-                self._create(struct)
-            except MinikvError as e:
-                if e.status not in (Status.UNSUPPORTED, Status.DEVICE):
-                    raise
-                struct.backend = Backend.CPU
-                self._create(struct)
-        else:
-            self._create(struct)
+        self._create(struct)
+        # AUTO is resolved by the library at create; record the backend it chose, so that
+        # memory spaces (host arrays vs device tensors) are checked against the real one.
+        chosen = ctypes.c_int()
+        self._check(self._lib.minikv_cache_backend(self._handle, ctypes.byref(chosen)))
+        struct.backend = Backend(chosen.value)
         self._config = Config.from_struct(struct)
 
     def _create(self, struct: Any) -> None:
