@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""GPU benchmark of libminikv against the baselines users would otherwise pick (issue 4).
+
+In one process on one GPU, for each shape, the median time of
+  - libminikv decode: one layer, one query token per sequence, over a cache prefilled with
+    L tokens at the default budget (heavy 0.25 + recent 0.25), 2-bit, G = 16;
+  - libminikv prefill, CUMULATIVE and WINDOW score modes (attention + scores + selection +
+    quantization);
+  - PyTorch scaled_dot_product_attention with the FlashAttention backend on the full FP16
+    cache (decode: q_len 1; prefill: causal);
+  - a device-to-device copy, the same-run memory-bandwidth ceiling.
+Times come from CUDA events around a batch of calls (warm-up first, inputs random, never
+zero); the median of the per-call times is reported. Decode bandwidth counts the bytes the
+kernel must read: the compressed cache (used_bytes of the layer) plus q and out.
+
+  python3 bench/bench_gpu.py --out bench/results/x.json [--quick] [--dtype f16|bf16]
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bindings", "python"))
+import minikv  # noqa: E402
+
+DEV = torch.device("cuda")
+
+
+def median_ms(fn, calls_per_sample=10, samples=15, warmup=3):
+    """Median per-call time in ms: events around `calls_per_sample` calls, `samples` times."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls_per_sample):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls_per_sample)
+    return statistics.median(times)
+
+
+def copy_bandwidth():
+    """GB/s of a large device-to-device copy, bytes read + written."""
+    n = 2 << 30  # 2 GiB, far larger than L2
+    src = torch.empty(n, dtype=torch.uint8, device=DEV).random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), calls_per_sample=5, samples=11)
+    del src, dst
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+def sdpa_flash(q, k, v, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+
+
+def make_cache(dtype, B, H, Hkv, L, score_mode, gen=16):
+    return minikv.Cache(minikv.Config(
+        backend="cuda", dtype=dtype, num_layers=1, num_heads=H, num_kv_heads=Hkv, head_dim=128,
+        max_sequences=B, max_seq_len=L + gen, score_mode=score_mode))
+
+
+def rand(shape, tdtype):
+    return torch.randn(shape, device=DEV, dtype=tdtype)
+
+
+def bench_decode(dtype, tdtype, B, H, Hkv, L, copy_gbs):
+    D = 128
+    cache = make_cache(dtype, B, H, Hkv, L, "cumulative")
+    ids = list(range(B))
+    cu = [i * L for i in range(B + 1)]
+    q = rand((B * L, H, D), tdtype)
+    k = rand((B * L, Hkv, D), tdtype)
+    v = rand((B * L, Hkv, D), tdtype)
+    cache.prefill(0, ids, cu, q, k, v)
+    del q, k, v
+    kn, vn = rand((B, Hkv, D), tdtype), rand((B, Hkv, D), tdtype)
+    cache.append(0, ids, kn, vn)
+    torch.cuda.synchronize()
+    used = cache.memory_stats().used_bytes
+    qd, out = rand((B, H, D), tdtype), torch.empty((B, H, D), device=DEV, dtype=tdtype)
+    lib, handle = minikv.load(), ctypes.c_void_p(cache.handle)
+    ids_c = (ctypes.c_uint32 * B)(*ids)
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream or None)
+    qp, op = ctypes.c_void_p(qd.data_ptr()), ctypes.c_void_p(out.data_ptr())
+
+    def call():
+        st = lib.minikv_decode(handle, 0, B, ids_c, qp, op, stream)
+        if st != 0:
+            raise RuntimeError(lib.minikv_cache_last_error(handle))
+    t_mkv = median_ms(call, calls_per_sample=20)
+    cache.close()
+
+    # Baseline: SDPA (FlashAttention backend) over the full FP16 cache of L+1 tokens.
+    qs = rand((B, H, 1, D), tdtype)
+    ks, vs = rand((B, Hkv, L + 1, D), tdtype), rand((B, Hkv, L + 1, D), tdtype)
+    t_sdpa = median_ms(lambda: sdpa_flash(qs, ks, vs, False), calls_per_sample=20)
+    full_bytes = ks.numel() * ks.element_size() * 2
+    del qs, ks, vs
+    read = used + 2 * qd.numel() * qd.element_size()
+    gbs = read / (t_mkv * 1e-3) / 1e9
+    return dict(kind="decode", dtype=dtype, B=B, H=H, Hkv=Hkv, L=L, minikv_ms=t_mkv,
+                sdpa_ms=t_sdpa, speedup_vs_sdpa=t_sdpa / t_mkv, compressed_bytes=read,
+                minikv_GBps=gbs, fraction_of_copy=gbs / copy_gbs,
+                sdpa_GBps=full_bytes / (t_sdpa * 1e-3) / 1e9)
+
+
+def bench_prefill(dtype, tdtype, B, H, Hkv, L):
+    D = 128
+    q = rand((B * L, H, D), tdtype)
+    k = rand((B * L, Hkv, D), tdtype)
+    v = rand((B * L, Hkv, D), tdtype)
+    out = torch.empty_like(q)
+    res = dict(kind="prefill", dtype=dtype, B=B, H=H, Hkv=Hkv, L=L)
+    lib = minikv.load()
+    ids_c = (ctypes.c_uint32 * B)(*range(B))
+    cu_c = (ctypes.c_int32 * (B + 1))(*[i * L for i in range(B + 1)])
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream or None)
+    for mode in ("cumulative", "window"):
+        cache = make_cache(dtype, B, H, Hkv, L, mode)
+        handle = ctypes.c_void_p(cache.handle)
+
+        def call():  # prefill, then release so the next call can prefill again
+            st = lib.minikv_prefill(handle, 0, B, ids_c, cu_c, ctypes.c_void_p(q.data_ptr()),
+                                    ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(v.data_ptr()),
+                                    ctypes.c_void_p(out.data_ptr()), stream)
+            if st != 0:
+                raise RuntimeError(lib.minikv_cache_last_error(handle))
+            for i in range(B):
+                lib.minikv_sequence_release(handle, i)
+        reps = 3 if L >= 65536 else 5
+        res[f"minikv_{mode}_ms"] = median_ms(call, calls_per_sample=1, samples=reps, warmup=1)
+        cache.close()
+    qs = q.view(B, L, H, D).transpose(1, 2)
+    ks = k.view(B, L, Hkv, D).transpose(1, 2)
+    vs = v.view(B, L, Hkv, D).transpose(1, 2)
+    res["sdpa_ms"] = median_ms(lambda: sdpa_flash(qs, ks, vs, True), calls_per_sample=1,
+                               samples=5, warmup=1)
+    res["cumulative_over_sdpa"] = res["minikv_cumulative_ms"] / res["sdpa_ms"]
+    res["window_over_sdpa"] = res["minikv_window_ms"] / res["sdpa_ms"]
+    flops = 4.0 * B * H * D * L * L / 2
+    res["sdpa_TFLOPs"] = flops / (res["sdpa_ms"] * 1e-3) / 1e12
+    del q, k, v, out
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", default="f16,bf16")
+    ap.add_argument("--quick", action="store_true", help="4K and 32K only")
+    ap.add_argument("--lengths", default="")
+    args = ap.parse_args()
+    lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
+               else [4096, 32768] if args.quick else [4096, 32768, 131072])
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=os.path.dirname(__file__)).stdout.strip()
+    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                device=torch.cuda.get_device_name(), commit=commit or os.environ.get("MINIKV_COMMIT", "?"),
+                torch=torch.__version__, library=minikv.library_version())
+    copy_gbs = copy_bandwidth()
+    meta["copy_GBps"] = copy_gbs
+    print(f"{meta['device']}  commit {meta['commit']}  copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
+    rows = []
+    for dtype in args.dtype.split(","):
+        tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        for L in lengths:
+            for (H, Hkv) in ((32, 32), (32, 8)):
+                for B in (1, 8):
+                    r = bench_decode(dtype, tdtype, B, H, Hkv, L, copy_gbs)
+                    rows.append(r)
+                    print(f"decode  {dtype:4} B={B} H={H} Hkv={Hkv:2} L={L:6}: minikv {r['minikv_ms']:.4f} ms "
+                          f"({r['minikv_GBps']:.0f} GB/s, {100 * r['fraction_of_copy']:.0f}% of copy)  "
+                          f"sdpa {r['sdpa_ms']:.4f} ms  speed-up {r['speedup_vs_sdpa']:.2f}x", flush=True)
+                    torch.cuda.empty_cache()
+        for L in lengths:
+            for (H, Hkv) in ((32, 32), (32, 8)):
+                r = bench_prefill(dtype, tdtype, 1, H, Hkv, L)
+                rows.append(r)
+                print(f"prefill {dtype:4} B=1 H={H} Hkv={Hkv:2} L={L:6}: cumulative {r['minikv_cumulative_ms']:.2f} ms "
+                      f"({r['cumulative_over_sdpa']:.2f}x sdpa)  window {r['minikv_window_ms']:.2f} ms "
+                      f"({r['window_over_sdpa']:.2f}x)  sdpa {r['sdpa_ms']:.2f} ms", flush=True)
+                torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(dict(meta=meta, results=rows), f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
