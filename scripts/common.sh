@@ -67,6 +67,12 @@ choose_cuda() {
     note "CUDA backend: off (no nvcc)"
     CUDA_ARGS=(-DMINIKV_CUDA=OFF); return 0
   fi
+  if ! cmake_handles_cuda "$nvcc"; then
+    local why="this CMake's FindCUDAToolkit fails on a CUDA toolkit without libnvToolsExt (CUDA >= 13); a newer CMake ('pip install cmake') has the fix"
+    [ "$request" = ON ] && die "MINIKV_CUDA=ON but $why"
+    note "CUDA backend: off ($why)"
+    CUDA_ARGS=(-DMINIKV_CUDA=OFF); return 0
+  fi
   if [ "$request" = AUTO ] && [ "$purpose" = run ] && ! gpu_visible; then
     note "CUDA backend: off (nvcc found but no GPU visible; MINIKV_CUDA=ON builds it anyway)"
     CUDA_ARGS=(-DMINIKV_CUDA=OFF); return 0
@@ -77,6 +83,24 @@ choose_cuda() {
   if [ -n "${MINIKV_CUDA_ARCHITECTURES:-}" ]; then
     CUDA_ARGS+=("-DCMAKE_CUDA_ARCHITECTURES=$MINIKV_CUDA_ARCHITECTURES")
   fi
+}
+
+# False for the one known CMake/CUDA clash: Debian 12's CMake 3.25.1 FindCUDAToolkit sets a
+# property on CUDA::nvToolsExt without checking that the target exists, and CUDA 13 ships no
+# libnvToolsExt, so find_package(CUDAToolkit) is a hard configure error. (Images that patched
+# the module, as the CI image did, pass.)
+cmake_handles_cuda() {
+  local nvcc=$1 root bin ver module
+  root=$(cd "$(dirname "$nvcc")/.." && pwd)
+  bin=$(readlink -f "$(command -v cmake)")
+  ver=$(cmake --version | sed -n '1s/^cmake version \([0-9]*\.[0-9]*\).*/\1/p')
+  module="$(dirname "$bin")/../share/cmake-$ver/Modules/FindCUDAToolkit.cmake"
+  [ -f "$module" ] || return 0
+  if grep -q 'if(CMAKE_MINIMUM_REQUIRED_VERSION VERSION_GREATER_EQUAL 3.25)' "$module" &&
+     ! compgen -G "$root/lib64/libnvToolsExt*" >/dev/null && ! compgen -G "$root/lib/libnvToolsExt*" >/dev/null; then
+    return 1
+  fi
+  return 0
 }
 
 # True when an NVIDIA GPU can be used here.
