@@ -184,7 +184,7 @@ public final class KvCache implements AutoCloseable {
     int e = config.dtype().bytes();
     MinikvNative.prefill(handle, layer, seqIds, cuSeqlens,
         direct("prefill", "q", q, tokens * qRow() * e), direct("prefill", "k", k, tokens * kvRow() * e),
-        direct("prefill", "v", v, tokens * kvRow() * e), direct("prefill", "out", out, tokens * qRow() * e), 0);
+        direct("prefill", "v", v, tokens * kvRow() * e), writable("prefill", "out", out, tokens * qRow() * e), 0);
   }
 
   /** Append from direct buffers. */
@@ -200,7 +200,7 @@ public final class KvCache implements AutoCloseable {
     hostCall("decode", config.dtype(), seqIds);
     int bytes = seqIds.length * qRow() * config.dtype().bytes();
     MinikvNative.decode(handle, layer, seqIds, direct("decode", "q", q, bytes),
-        direct("decode", "out", out, bytes), 0);
+        writable("decode", "out", out, bytes), 0);
   }
 
   // ---- device memory (CUDA) ------------------------------------------------------------------
@@ -361,6 +361,14 @@ public final class KvCache implements AutoCloseable {
 
   private static long address(ByteBuffer b) {
     return MinikvNative.buffer_address(b) + b.position();
+  }
+
+  private static long writable(String method, String name, ByteBuffer b, int bytes) {
+    Objects.requireNonNull(b, name);
+    if (b.isReadOnly()) {
+      throw invalid("KvCache." + method + ": " + name + " is a read-only ByteBuffer");
+    }
+    return direct(method, name, b, bytes);
   }
 
   private static long direct(String method, String name, ByteBuffer b, int bytes) {

@@ -479,6 +479,10 @@ class KvCacheTest {
         {"dtype is F32", (Runnable) () -> cache.decode(0, new int[] {0}, new short[n], new short[n])},
         {"not a direct ByteBuffer", (Runnable) () -> cache.decode(0, new int[] {0},
             ByteBuffer.allocate(n * 4), ByteBuffer.allocateDirect(n * 4))},
+        {"read-only", (Runnable) () -> cache.decode(0, new int[] {0},
+            ByteBuffer.allocateDirect(n * 4), ByteBuffer.allocateDirect(n * 4).asReadOnlyBuffer())},
+        {"bytes remaining, want", (Runnable) () -> cache.decode(0, new int[] {0},
+            ByteBuffer.allocateDirect(n * 4 + 1), ByteBuffer.allocateDirect(n * 4))},
       };
       for (Object[] c : cases) {
         MinikvException e = assertThrows(MinikvException.class, ((Runnable) c[1])::run);
