@@ -12,7 +12,7 @@
 //	// per layer: cache.Prefill(layer, seqIDs, cuSeqlens, q, k, v, out)
 //	// per generated token and layer: cache.Append(...); cache.Decode(...)
 //
-// Host memory (BackendCPU) goes through the slice methods: []float32 for DtypeF32, raw bit
+// Host memory (the CPU backend) goes through the slice methods: []float32 for DtypeF32, raw bit
 // patterns in []uint16 for DtypeF16/DtypeBF16 (see F16Bits, BF16Bits). Device memory
 // (BackendCUDA) goes through the *Device methods as uintptr addresses plus a cudaStream_t
 // (0 = the legacy default stream); those calls are asynchronous and the buffers must
@@ -44,9 +44,10 @@ import (
 // sequences, all layers. Its methods may be called from several goroutines; they are
 // serialized by a mutex (the C handle is not internally synchronized). Close it when done.
 type Cache struct {
-	mu  sync.Mutex
-	h   capi.CacheHandle // nil once closed
-	cfg Config
+	mu      sync.Mutex
+	h       capi.CacheHandle // nil once closed
+	cfg     Config
+	backend Backend // the backend in use (BackendAuto resolved at creation)
 }
 
 // Version is the loaded library's version, "MAJOR.MINOR.PATCH".
@@ -72,7 +73,12 @@ func New(cfg Config) (*Cache, error) {
 	if err := capi.Cache_create(c, &h); err != nil {
 		return nil, convert(err)
 	}
-	cache := &Cache{h: h, cfg: cfg}
+	var backend int32
+	if err := capi.Cache_backend(h, &backend); err != nil {
+		capi.DeleteCacheHandle(h)
+		return nil, convert(err)
+	}
+	cache := &Cache{h: h, cfg: cfg, backend: Backend(backend)}
 	// A safety net only: callers should Close (the pool can be gigabytes).
 	runtime.SetFinalizer(cache, func(c *Cache) { _ = c.Close() })
 	return cache, nil
@@ -80,6 +86,10 @@ func New(cfg Config) (*Cache, error) {
 
 // Config returns the configuration the cache was created with.
 func (c *Cache) Config() Config { return c.cfg }
+
+// Backend returns the backend the cache computes with: BackendAuto resolved to BackendCPU
+// (use the slice methods) or BackendCUDA (use the *Device methods).
+func (c *Cache) Backend() Backend { return c.backend }
 
 // Close frees the pool, the workspaces and the handle. It is idempotent: closing a closed
 // Cache returns nil. Every other method of a closed Cache returns an error that matches
@@ -314,10 +324,10 @@ func (c *Cache) hostCall(method string, f32 bool, layer int, seqIDs []uint32) er
 	if err := c.check(method, layer, seqIDs); err != nil {
 		return err
 	}
-	if c.cfg.Backend != BackendCPU {
+	if c.backend != BackendCPU {
 		return errorf(StatusInvalidArgument, fmt.Sprintf(
-			"Cache.%s: host slices need Config.Backend = BackendCPU (this cache has %d); use %sDevice for device memory",
-			method, c.cfg.Backend, trimSuffix16(method)))
+			"Cache.%s: host slices need the CPU backend (this cache computes on CUDA); use %sDevice for device memory",
+			method, trimSuffix16(method)))
 	}
 	if f32 != (c.cfg.Dtype == DtypeF32) {
 		want := "[]float32 methods (Prefill, Append, Decode)"

@@ -6,9 +6,8 @@ import "minikv.dev/minikv/internal/capi"
 type Backend int32
 
 const (
-	// BackendAuto: CUDA when built and a device is present, else CPU. The slice methods
-	// (Prefill, Append, Decode, ...) need an explicit BackendCPU, since with Auto the
-	// binding cannot know whether host memory is acceptable.
+	// BackendAuto: CUDA when built and a device is present, else CPU; Cache.Backend tells
+	// which one a cache got, so which methods (slices or *Device) it takes.
 	BackendAuto Backend = 0
 	// BackendCPU: host memory, synchronous calls; use the slice methods.
 	BackendCPU Backend = 1

@@ -50,6 +50,7 @@
 %minikv_expose(minikv_cache_create)
 %minikv_expose(minikv_cache_destroy)
 %minikv_expose(minikv_cache_last_error)
+%minikv_expose(minikv_cache_backend)
 %minikv_expose(minikv_prefill)
 %minikv_expose(minikv_append)
 %minikv_expose(minikv_decode)
@@ -288,6 +289,7 @@ func swigStatusError(s string) error {
 %}
 /* Scalar outputs as Go pointers of the exact width (SWIG's default *uint is 8 bytes). */
 %typemap(gotype) uint32_t *count "*uint32"
+%typemap(gotype) minikv_backend *backend "*int32"
 %typemap(gotype) uint64_t *tokens_seen, uint64_t *tokens_cached "*uint64"
 
 /* Tensors and the stream: SWIG's default for void* in Go is already uintptr, passed as an
@@ -439,6 +441,23 @@ static void minikv_swig_java_throw(JNIEnv *jenv, minikv_status status) {
   }
 %}
 /* (One typemap per name: SWIG would share one temporary between the two.) */
+%typemap(jni) minikv_backend *backend "jintArray"
+%typemap(jtype) minikv_backend *backend "int[]"
+%typemap(jstype) minikv_backend *backend "int[]"
+%typemap(javain) minikv_backend *backend "$javainput"
+%typemap(in) minikv_backend *backend (minikv_backend backend_value = MINIKV_BACKEND_AUTO) %{
+  if (!$input || (*jenv)->GetArrayLength(jenv, $input) < 1) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "backend must be int[1]");
+    return $null;
+  }
+  $1 = &backend_value;
+%}
+%typemap(argout) minikv_backend *backend %{
+  if (!(*jenv)->ExceptionCheck(jenv)) {
+    jint v = (jint)*$1;
+    (*jenv)->SetIntArrayRegion(jenv, $input, 0, 1, &v);
+  }
+%}
 %define %minikv_java_long_out(NAME)
 %typemap(jni) uint64_t *NAME "jlongArray"
 %typemap(jtype) uint64_t *NAME "long[]"

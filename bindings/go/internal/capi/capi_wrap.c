@@ -1170,6 +1170,41 @@ _gostring_ _wrap_cache_last_error_capi_68e625ddbd40b45d(struct minikv_cache *_sw
 }
 
 
+_gostring_ _wrap_cache_backend_capi_68e625ddbd40b45d(struct minikv_cache *_swig_go_0, int *_swig_go_1) {
+  minikv_cache *arg1 = (minikv_cache *) 0 ;
+  minikv_backend *arg2 = (minikv_backend *) 0 ;
+  minikv_status result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = *(minikv_cache **)&_swig_go_0; 
+  arg2 = *(minikv_backend **)&_swig_go_1; 
+  
+  result = (minikv_status)minikv_cache_backend((struct minikv_cache const *)arg1,arg2);
+  
+  if (result == MINIKV_OK) {
+    _swig_go_result.p = NULL;
+    _swig_go_result.n = 0;
+  } else {
+    const char *msg = minikv_last_error_message();
+    const size_t len = strlen(msg);
+    char *buf = (char *)malloc(len + 2);
+    if (buf) {
+      buf[0] = (char)result;
+      buf[1] = 1;
+      memcpy(buf + 2, msg, len);
+      _swig_go_result.p = buf;
+      _swig_go_result.n = (intgo)(len + 2);
+    } else {
+      const unsigned s = (unsigned)result < 9 ? (unsigned)result : 8;
+      _swig_go_result.p = (char *)minikv_swig_static_errors[s];
+      _swig_go_result.n = 2;
+    }
+  }
+  
+  return _swig_go_result;
+}
+
+
 _gostring_ _wrap_prefill_capi_68e625ddbd40b45d(struct minikv_cache *_swig_go_0, intgo _swig_go_1, _goslice_ _swig_go_2, _goslice_ _swig_go_3, void *_swig_go_4, void *_swig_go_5, void *_swig_go_6, void *_swig_go_7, void *_swig_go_8) {
   minikv_cache *arg1 = (minikv_cache *) 0 ;
   uint32_t arg2 ;

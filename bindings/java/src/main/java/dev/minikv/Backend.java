@@ -3,9 +3,8 @@ package dev.minikv;
 /** Where the cache lives and computes ({@code minikv_backend}). */
 public enum Backend {
   /**
-   * CUDA when built and a device is present, else CPU. The array and ByteBuffer methods of
-   * {@link KvCache} need an explicit {@link #CPU}: with AUTO the binding cannot know whether
-   * host memory is acceptable.
+   * CUDA when built and a device is present, else CPU; {@link KvCache#backend()} tells which
+   * one a cache got, so which methods (host arrays or {@code *Device}) it takes.
    */
   AUTO(0),
   /** Host memory, synchronous calls: arrays or direct ByteBuffers. */

@@ -38,6 +38,7 @@ import java.util.Objects;
  */
 public final class KvCache implements AutoCloseable {
   private final Config config;
+  private final Backend backend; // the backend in use (AUTO resolved at creation)
   private CacheHandle handle; // null once closed
   private final ByteBuffer[] scratch = new ByteBuffer[4]; // q, k, v, out copies of arrays
 
@@ -60,6 +61,14 @@ public final class KvCache implements AutoCloseable {
     } finally {
       c.delete();
     }
+    int[] resolved = new int[1];
+    try {
+      MinikvNative.cache_backend(handle, resolved);
+    } catch (RuntimeException e) {
+      handle.delete();
+      throw e;
+    }
+    backend = Backend.fromCode(resolved[0]);
   }
 
   /** The loaded library's version, "MAJOR.MINOR.PATCH". */
@@ -80,6 +89,14 @@ public final class KvCache implements AutoCloseable {
   /** The configuration the cache was created with. */
   public Config config() {
     return config;
+  }
+
+  /**
+   * The backend the cache computes with: AUTO resolved to CPU (arrays and ByteBuffers) or
+   * CUDA (the {@code *Device} methods).
+   */
+  public Backend backend() {
+    return backend;
   }
 
   /**
@@ -308,9 +325,9 @@ public final class KvCache implements AutoCloseable {
   private void hostCall(String method, Dtype arrayDtype, int[] seqIds) {
     open(method);
     Objects.requireNonNull(seqIds, "seqIds");
-    if (config.backend() != Backend.CPU) {
-      throw invalid("KvCache." + method + ": host memory needs Backend.CPU (this cache has "
-          + config.backend() + "); use " + method + "Device for device memory");
+    if (backend != Backend.CPU) {
+      throw invalid("KvCache." + method + ": host memory needs the CPU backend (this cache "
+          + "computes on " + backend + "); use " + method + "Device for device memory");
     }
     boolean wants16 = config.dtype() != Dtype.F32;
     if (arrayDtype == null ? !wants16 : (arrayDtype == Dtype.F32 && wants16)) {
