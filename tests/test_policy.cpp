@@ -86,9 +86,10 @@ TEST_CASE("policy: PYRAMID is clipped so h_l + r <= 1") {
   }
   CHECK(r[0] == doctest::Approx(1.0 - double(0.3f)));
   CHECK(r[3] == doctest::Approx(double(0.6f) / 7.0));
-  // UNIFORM is clipped too.
+  // UNIFORM is h itself (MINIKV.md: h_l = h), not clipped; its plan keeps everything.
   const minikv_config u = cfg_with(2, 0.9f, 0.3f, MINIKV_BUDGET_UNIFORM, 7.0f);
-  for (double x : minikv::layer_heavy_ratios(u)) CHECK(x == doctest::Approx(1.0 - double(0.3f)));
+  for (double x : minikv::layer_heavy_ratios(u)) CHECK(x == doctest::Approx(double(0.9f)));
+  CHECK(minikv::plan_selection(u, minikv::layer_heavy_ratios(u)[0], 37).keep_all);
 }
 
 TEST_CASE("policy: plan_selection sizes (CUMULATIVE)") {
@@ -137,15 +138,16 @@ TEST_CASE("policy: keep-all boundary n_hh + n_rw >= L") {
   CHECK(minikv::plan_selection(w, 0.25, 43).n_keep == 42);
   // heavy_ratio 1 always keeps everything.
   for (uint32_t L : {1u, 17u, 1000u}) CHECK(minikv::plan_selection(c, 1.0, L).keep_all);
-  // heavy_ratio 1 with the default r = 0.25: clipped to h_l = 0.75, yet still the whole
-  // prompt although floor(0.75 L) + floor(0.25 L) = L - 1 when L % 4 != 0.
+  // heavy_ratio 1 with the default r = 0.25 keeps the whole prompt.
   minikv_config d = cfg_with(1, 1.0f, 0.25f, MINIKV_BUDGET_UNIFORM, 7.0f);
   const double h_l = minikv::layer_heavy_ratios(d)[0];
-  CHECK(h_l == doctest::Approx(0.75));
   for (uint32_t L : {5u, 37u, 1001u}) {
     CAPTURE(L);
     CHECK(minikv::plan_selection(d, h_l, L).keep_all);
     CHECK(minikv::plan_selection(d, h_l, L).n_keep == L);
+    // Clipped to 0.75 (as PYRAMID does), still the whole prompt although
+    // floor(0.75 L) + floor(0.25 L) = L - 1 when L % 4 != 0.
+    CHECK(minikv::plan_selection(d, 0.75, L).keep_all);
   }
   // PYRAMID layers clipped to 1 - r keep everything too.
   d.budget_policy = MINIKV_BUDGET_PYRAMID;

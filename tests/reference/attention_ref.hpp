@@ -73,11 +73,13 @@ inline std::vector<double> max_pool(const std::vector<double> &x, uint32_t kerne
   return y;
 }
 
-// Heavy-hitter ratio of each layer (MINIKV.md §2).
+// Heavy-hitter ratio of each layer (MINIKV.md §2): UNIFORM h_l = h; PYRAMID linear from
+// h (2 - 1/depth) to h / depth, clipped so h_l + r <= 1.
 inline std::vector<double> layer_ratios(bool pyramid, uint32_t layers, double h, double r,
                                         double depth) {
   std::vector<double> out(layers, h);
-  if (pyramid && layers > 1) {
+  if (!pyramid) return out;
+  if (layers > 1) {
     const double bottom = h * (2.0 - 1.0 / depth), top = h / depth;
     for (uint32_t l = 0; l < layers; ++l)
       out[l] = bottom - (bottom - top) * l / double(layers - 1);
