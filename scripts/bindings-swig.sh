@@ -8,7 +8,8 @@
 #   3. regenerates the committed SWIG output of the Go binding (bindings/go/internal/capi:
 #      capi.go, capi_wrap.c) with its own `go generate` directives, and fails if it differs;
 #      checks that no generated Java is committed (CMake generates it at build time);
-#   4. Go: gofmt, go vet and go test for the binding, then vet and run examples/go;
+#   4. Go: gofmt, go vet (also with -tags cuda) and go test for the binding, then vet and
+#      run examples/go (the GPU test itself, `go test -tags cuda`, needs a CUDA build);
 #   5. Java: builds the JNI library, minikv.jar, the JUnit 5 tests and examples/java with
 #      CMake (bindings/java) and runs them with ctest (the junit5 console launcher).
 # Exits non-zero on the first failure. Nothing is written into the source tree.
@@ -77,6 +78,7 @@ step "Go binding: gofmt, go vet, go test (bindings/go)"
   unformatted="$(gofmt -l .)"
   [ -z "$unformatted" ] || die "gofmt would change: $unformatted"
   go vet ./...
+  go vet -tags cuda ./... # the GPU test (device_test.go) must keep compiling
   go test -count=1 ./...
 )
 
