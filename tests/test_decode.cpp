@@ -207,6 +207,52 @@ TEST_CASE("decode: quantized cache equals the oracle on the dequantized cache") 
   }
 }
 
+TEST_CASE("decode: quantized with group sizes 64 and 128, head_dim 128 and 256") {
+  struct Geo {
+    uint32_t D, G, R;
+  };
+  for (const Geo geo : {Geo{128, 64, 64}, Geo{128, 128, 128}, Geo{256, 128, 128}, Geo{256, 16, 48}}) {
+    for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16}) {
+      Run r;
+      r.dt = dt;
+      r.H = 4;
+      r.Hkv = 1;
+      r.D = geo.D;
+      r.G = geo.G;
+      r.R = geo.R;
+      r.key_bits = 2;
+      r.value_bits = 4;
+      r.heavy = 0.25f;
+      r.lens = {300, 77, 3};
+      r.steps = geo.R + 9;
+      r.dequantized_oracle = true;
+      drive(r, 4500 + geo.D + geo.G + dt);
+    }
+  }
+}
+
+TEST_CASE("decode: max_seq_len below residual_length, GQA 8, every prompt length") {
+  // Residual slots and scratch sized by max_seq_len < R: prompts of 1..8 tokens, appends up
+  // to max_seq_len, exact (bits = 16) and quantized.
+  for (uint32_t bits : {16u, 2u}) {
+    for (uint32_t L = 1; L <= 8; ++L) {
+      CAPTURE(L);
+      Run r;
+      r.H = 8;
+      r.Hkv = 1;
+      r.D = 64;
+      r.G = 16;
+      r.R = 128;
+      r.key_bits = r.value_bits = bits;
+      r.heavy = bits == 16 ? 1.0f : 0.25f;
+      r.lens = {L};
+      r.steps = 9 - L;  // max_seq_len = L + steps = 9
+      r.dequantized_oracle = true;
+      drive(r, 4600 + L + bits);
+    }
+  }
+}
+
 TEST_CASE("decode: quantized, WINDOW scores, PYRAMID-like small budgets, GQA 4") {
   Run r;
   r.H = 8;
