@@ -172,6 +172,12 @@ void run_case(const Case &c) {
   pair.check_stats();
 }
 
+std::vector<uint32_t> batch_lens(uint32_t n) {
+  std::vector<uint32_t> lens(n);
+  for (uint32_t i = 0; i < n; ++i) lens[i] = 5 + (i * 37) % 56;
+  return lens;
+}
+
 const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
 const minikv_score_mode CUM = MINIKV_SCORE_CUMULATIVE, WIN = MINIKV_SCORE_WINDOW;
 const minikv_budget_policy UNI = MINIKV_BUDGET_UNIFORM, PYR = MINIKV_BUDGET_PYRAMID;
@@ -201,6 +207,9 @@ TEST_CASE("CUDA matches CPU on prefill + selection + decode across flushes") {
       {"bf16 hd64 recent-only G64", BF16, 64, 4, 4, CUM, 2, 2, 64, 128, UNI, 0.0f, 0.3f, {333}, 140},
       // a long prompt: many prefill tiles, decode split across CTAs
       {"f16 hd128 mha long", F16, 128, 4, 4, CUM, 2, 2, 16, 128, UNI, 0.25f, 0.25f, {2100}, 12},
+      // a batch larger than one launch holds (64 prefill/append, 128 decode sequences)
+      {"f16 hd64 gqa2 batch of 150", F16, 64, 4, 2, CUM, 2, 2, 16, 32, UNI, 0.25f, 0.25f,
+       batch_lens(150), 35},
   };
   for (const Case &c : cases) {
     SUBCASE(c.name) { run_case(c); }
