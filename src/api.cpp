@@ -21,6 +21,20 @@ namespace {
 constexpr const char kVersionString[] = MINIKV_STR(MINIKV_VERSION_MAJOR) "." MINIKV_STR(
     MINIKV_VERSION_MINOR) "." MINIKV_STR(MINIKV_VERSION_PATCH);
 
+// Builds a + b + c into out. Running out of memory while describing a failure must not
+// throw out of the noexcept guard (that would terminate the process, found by
+// tests/reliability/test_oom): fall back to a text short enough for std::string's
+// in-object buffer, which never allocates.
+void compose(std::string &out, const char *a, const char *b = "", const char *c = "") noexcept {
+  try {
+    out = a;
+    out += b;
+    out += c;
+  } catch (...) {
+    out.assign("out of memory");
+  }
+}
+
 // Runs fn, mapping every exception to a status and recording the message on the thread
 // and, when given, on the handle.
 template <typename Fn>
@@ -32,24 +46,26 @@ minikv_status guarded(const minikv_cache *handle, const char *call, Fn &&fn) noe
     return MINIKV_OK;
   } catch (const minikv::Error &e) {
     status = e.status();
-    message = e.what();
+    compose(message, e.what());
   } catch (const std::bad_alloc &) {
     status = MINIKV_ERR_OUT_OF_MEMORY;
-    message = std::string(call) + ": out of host memory";
+    compose(message, call, ": out of host memory");
   } catch (const std::exception &e) {
     status = MINIKV_ERR_INTERNAL;
-    message = std::string(call) + ": internal error: " + e.what();
+    compose(message, call, ": internal error: ", e.what());
   } catch (...) {
     status = MINIKV_ERR_INTERNAL;
-    message = std::string(call) + ": internal error (unknown exception)";
+    compose(message, call, ": internal error (unknown exception)");
   }
   minikv::set_thread_error(message);
   if (handle) const_cast<minikv_cache *>(handle)->impl.set_error(message);
   return status;
 }
 
-minikv_status null_handle(const char *call) {
-  minikv::set_thread_error(std::string(call) + ": cache is NULL");
+minikv_status null_handle(const char *call) noexcept {
+  std::string message;
+  compose(message, call, ": cache is NULL");
+  minikv::set_thread_error(message);
   return MINIKV_ERR_INVALID_ARGUMENT;
 }
 
@@ -86,7 +102,12 @@ minikv_status minikv_cache_create(const minikv_config *cfg, minikv_cache **out) 
   if (out) *out = nullptr;
   return guarded(nullptr, "minikv_cache_create", [&] {
     MINIKV_REQUIRE(out != nullptr, "minikv_cache_create: out is NULL");
-    const minikv_config c = minikv::config_read(cfg);
+    minikv_config c;
+    try {
+      c = minikv::config_read(cfg);
+    } catch (const minikv::Error &e) {  // name the call, as every other message does
+      throw minikv::Error(e.status(), std::string("minikv_cache_create: ") + e.what());
+    }
     *out = new minikv_cache(c);
   });
 }

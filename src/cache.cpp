@@ -61,7 +61,7 @@ void Cache::set_error(const std::string &message) noexcept {
   try {
     last_error_ = message;
   } catch (...) {
-    last_error_.clear();
+    last_error_.assign("out of memory");  // fits the in-object buffer: cannot throw
   }
 }
 
@@ -165,6 +165,10 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
          spec_.num_blocks);
   }
 
+  // Reserve every block table first, so take_blocks cannot throw half-way: an allocation
+  // failure must leave no sequence holding blocks (found by tests/reliability/test_oom).
+  for (uint32_t i = 0; i < n_seqs; ++i)
+    state(seq_ids[i], layer).blocks.reserve(blocks_for(items[i].dst.quantized));
   for (uint32_t i = 0; i < n_seqs; ++i) {
     LayerState &s = state(seq_ids[i], layer);
     take_blocks(s.blocks, blocks_for(items[i].dst.quantized));
@@ -223,6 +227,10 @@ void Cache::append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
          "%s: flushing the residual needs %llu free blocks, the pool has %zu free of %u; "
          "release or preempt sequences and retry",
          call, static_cast<unsigned long long>(need), free_blocks_.size(), spec_.num_blocks);
+  }
+  for (uint32_t i = 0; i < n_seqs; ++i) {  // as in prefill: no throw once blocks move
+    std::vector<uint32_t> &blocks = state(seq_ids[i], layer).blocks;
+    blocks.reserve(blocks.size() + extra[i]);
   }
   for (uint32_t i = 0; i < n_seqs; ++i) {
     take_blocks(state(seq_ids[i], layer).blocks, extra[i]);

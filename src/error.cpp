@@ -39,7 +39,9 @@ void set_thread_error(const std::string &message) {
   try {
     t_last_error = message;
   } catch (...) {
-    t_last_error.clear();  // out of memory while reporting: keep a valid empty string
+    // Out of memory while reporting: a text that fits the string's in-object buffer
+    // (never allocates) rather than an empty message for a failed call.
+    t_last_error.assign("out of memory");
   }
 }
 

@@ -51,7 +51,10 @@ struct Scratch {
 
 // Hot loops. Eight independent partial sums let the compiler vectorize the reduction
 // without -ffast-math; target_clones adds an AVX2+FMA version picked at load time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+// Not under sanitizers: TSan instruments the ifunc resolver, which runs before its
+// runtime is up and crashes the loader (tests/reliability, build-tsan).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define MINIKV_HOT __attribute__((target_clones("avx2,fma", "default")))
 #else
 #define MINIKV_HOT

@@ -14,7 +14,21 @@ unsigned default_thread_count() {
 }
 
 ThreadPool::ThreadPool(unsigned num_threads) {
-  for (unsigned i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  // If a worker cannot be started (out of memory, thread limit), stop and join those already
+  // running before rethrowing: destroying a joinable std::thread during unwinding would
+  // terminate the process (found by tests/reliability/test_oom).
+  try {
+    workers_.reserve(num_threads > 1 ? num_threads - 1 : 0);
+    for (unsigned i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread &t : workers_) t.join();
+    throw;
+  }
 }
 
 ThreadPool::~ThreadPool() {
