@@ -4,8 +4,10 @@
 #   1. ctest, labels cpu (CPU backend + contract tests) and install (install tree consumed
 #      through CMake's find_package and pkg-config); label gpu too when a GPU is visible;
 #   2. the Python binding's tests (bindings/python/tests) against the built library;
-#   3. each binding's own test script, bindings/<lang>/test.sh, where one exists;
-#   4. the C demo with small flags (it checks its exact reference against float64).
+#   3. each binding's own test script, bindings/<lang>/test.sh, where one exists, then the
+#      Go/Java (scripts/bindings-swig.sh) and Rust (scripts/bindings-rust.sh) bindings;
+#   4. scripts/reliability.sh: ASan+UBSan and TSan suites, bounded libFuzzer runs;
+#   5. the C demo with small flags (it checks its exact reference against float64).
 # The CUDA backend is compiled whenever nvcc exists (CI has nvcc but no GPU: it must
 # compile even though it cannot run there).
 #
@@ -77,6 +79,24 @@ for t in bindings/*/test.sh; do
   MINIKV_BUILD_DIR="$BUILD" MINIKV_LIBRARY="$LIB" MINIKV_LIB_DIR="$BUILD" \
     MINIKV_INCLUDE_DIR="$MINIKV_ROOT/include" bash "$t"
 done
+
+# Go + Java (SWIG) and Rust (bindgen): each script installs its toolchain from Debian, builds
+# its own CPU libminikv, regenerates the committed generated code and fails on a diff, then
+# runs the binding's tests and example. MINIKV_SKIP_BINDINGS=1 skips them.
+if [ "${MINIKV_SKIP_BINDINGS:-0}" != 1 ]; then
+  for s in scripts/bindings-swig.sh scripts/bindings-rust.sh; do
+    [ -f "$s" ] || continue
+    step "$s"
+    bash "$s"
+  done
+fi
+
+# Reliability: sanitizer builds of the suite and bounded fuzzing (MINIKV_SKIP_RELIABILITY=1
+# skips; FUZZ_SECONDS bounds each fuzz target).
+if [ "${MINIKV_SKIP_RELIABILITY:-0}" != 1 ] && [ -f scripts/reliability.sh ]; then
+  step "scripts/reliability.sh"
+  bash scripts/reliability.sh
+fi
 
 step "demo (small run)"
 backend=cpu
