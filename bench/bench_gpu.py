@@ -163,6 +163,8 @@ def main():
     ap.add_argument("--dtype", default="f16,bf16")
     ap.add_argument("--quick", action="store_true", help="4K and 32K only")
     ap.add_argument("--lengths", default="")
+    ap.add_argument("--batches", default="1,8", help="decode batch sizes")
+    ap.add_argument("--no-prefill", action="store_true")
     args = ap.parse_args()
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [4096, 32768] if args.quick else [4096, 32768, 131072])
@@ -179,14 +181,14 @@ def main():
         tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
         for L in lengths:
             for (H, Hkv) in ((32, 32), (32, 8)):
-                for B in (1, 8):
+                for B in [int(b) for b in args.batches.split(",")]:
                     r = bench_decode(dtype, tdtype, B, H, Hkv, L, copy_gbs)
                     rows.append(r)
                     print(f"decode  {dtype:4} B={B} H={H} Hkv={Hkv:2} L={L:6}: minikv {r['minikv_ms']:.4f} ms "
                           f"({r['minikv_GBps']:.0f} GB/s, {100 * r['fraction_of_copy']:.0f}% of copy)  "
                           f"sdpa {r['sdpa_ms']:.4f} ms  speed-up {r['speedup_vs_sdpa']:.2f}x", flush=True)
                     torch.cuda.empty_cache()
-        for L in lengths:
+        for L in ([] if args.no_prefill else lengths):
             for (H, Hkv) in ((32, 32), (32, 8)):
                 r = bench_prefill(dtype, tdtype, 1, H, Hkv, L)
                 rows.append(r)
