@@ -1,0 +1,404 @@
+"""minikv.hf: a Hugging Face transformers LLaMA-family model with its KV cache in libminikv.
+
+    import torch, transformers, minikv.hf
+    model = transformers.AutoModelForCausalLM.from_pretrained(..., dtype=torch.float16).cuda()
+    gen = minikv.hf.MiniKVGenerator(model, max_sequences=4, max_seq_len=8192,
+                                    budget_policy="pyramid")     # any minikv.Config field
+    tokens = gen.generate(input_ids, max_new_tokens=64)          # greedy; list per sequence
+    print(gen.memory_stats().compression_ratio)
+
+How it plugs in. transformers 5.x computes attention through a function chosen by
+`config._attn_implementation` from its AttentionInterface registry; the model applies RoPE
+to the queries and keys before it calls that function, as libminikv expects. This module
+registers one more implementation, "minikv", and MiniKVGenerator runs the model with it:
+  * prefill: the prompts of a batch are packed into one row (input_ids [1, total], position
+    ids restarting at 0 for each prompt, like FlashAttention's varlen path) and each
+    layer's attention is one minikv_prefill call with cu_seqlens;
+  * each generated (or teacher-forced) token: input_ids [n, 1] with each sequence's own
+    position, and each layer's attention is minikv_append + minikv_decode;
+  * several new tokens per sequence at once (`step` with [n, T] ids): per layer, T rounds of
+    append + decode, one token after the other, which is exactly T single-token steps.
+The model is called with use_cache=False and no transformers Cache: the K/V live only in
+libminikv, so transformers keeps none; this module keeps each sequence's next position and
+libminikv its lengths (minikv_sequence_length). The model itself is not modified: the
+attention implementation is switched to "minikv" only for the duration of each call.
+
+One minikv.Cache per generator (num_layers = the model's layers); the backend follows the
+model's device (CPU tensors -> CPU backend, CUDA tensors -> CUDA backend on torch's current
+stream) and the cache dtype the model's dtype (float32, float16, bfloat16).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, List, Optional, Sequence, Union
+
+import numpy as np
+
+from ._types import Backend, Config, DType, MemoryStats, MinikvError, Status
+from .cache import Cache, cu_seqlens_from_lengths
+
+try:  # torch and transformers are optional dependencies of the binding
+    import torch
+except ImportError:  # pragma: no cover - exercised only without torch
+    torch = None  # type: ignore[assignment]
+
+ATTN_IMPLEMENTATION = "minikv"
+
+__all__ = ["ATTN_IMPLEMENTATION", "MiniKVGenerator", "minikv_attention", "register"]
+
+_TORCH_TO_MINIKV = {}
+if torch is not None:
+    _TORCH_TO_MINIKV = {torch.float32: DType.F32, torch.float16: DType.F16,
+                        torch.bfloat16: DType.BF16}
+
+
+def _require_torch() -> None:
+    if torch is None:
+        raise ImportError("minikv.hf needs PyTorch and transformers: pip install torch transformers")
+
+
+def register() -> None:
+    """Registers the "minikv" attention implementation with transformers (idempotent)."""
+    _require_torch()
+    from transformers import AttentionInterface
+    AttentionInterface.register(ATTN_IMPLEMENTATION, minikv_attention)
+
+
+class _Call:
+    """What one model call asks of the attention layers: which sequences, and how."""
+
+    __slots__ = ("mode", "seq_ids", "cu_seqlens", "cache")
+
+    def __init__(self, mode: str, seq_ids: np.ndarray, cache: Cache,
+                 cu_seqlens: Optional[np.ndarray] = None):
+        self.mode = mode  # "prefill" | "decode"
+        self.seq_ids = seq_ids
+        self.cache = cache
+        self.cu_seqlens = cu_seqlens
+
+
+def minikv_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                     scaling: Optional[float] = None, dropout: float = 0.0, **kwargs: Any):
+    """The attention function transformers calls for attn_implementation="minikv".
+
+    query [b, num_heads, t, head_dim], key/value [b, num_kv_heads, t, head_dim] with RoPE
+    applied (the new tokens only: no transformers Cache is in use). Returns the attention
+    output [b, t, num_heads, head_dim] and None (no attention weights)."""
+    call = kwargs.get("minikv_call")
+    if not isinstance(call, _Call):
+        raise RuntimeError(
+            "attn_implementation='minikv' computes attention only inside MiniKVGenerator calls "
+            "(the K/V live in its libminikv cache); run the model through MiniKVGenerator, or set "
+            "another attn_implementation")
+    if kwargs.get("sliding_window") is not None:
+        raise NotImplementedError("minikv.hf: sliding-window attention layers are not supported")
+    layer = getattr(module, "layer_idx", None)
+    if layer is None:
+        raise RuntimeError(f"minikv.hf: {type(module).__name__} has no layer_idx")
+    cache = call.cache
+    b, h, t, d = query.shape
+    if query.dtype != key.dtype or query.dtype != value.dtype:
+        raise TypeError(f"minikv.hf: query/key/value dtypes differ ({query.dtype}, {key.dtype}, "
+                        f"{value.dtype})")
+    # libminikv scales logits by 1/sqrt(head_dim); a model with another scale (e.g. a
+    # query_pre_attn_scalar) gets it folded into the query.
+    if scaling is not None and not math.isclose(scaling, d ** -0.5, rel_tol=1e-6):
+        query = query * (scaling * math.sqrt(d))
+
+    ids = call.seq_ids
+    if call.mode == "prefill":
+        if b != 1:
+            raise RuntimeError("minikv.hf: prefill expects the prompts packed into one row")
+        # [1, heads, total, d] -> [total, heads, d], the tokens-major layout libminikv takes.
+        q = query[0].transpose(0, 1).contiguous()
+        k = key[0].transpose(0, 1).contiguous()
+        v = value[0].transpose(0, 1).contiguous()
+        out = cache.prefill(layer, ids, call.cu_seqlens, q, k, v)
+        return out.unsqueeze(0), None
+
+    # decode: t new tokens per sequence, one after the other (append, then attend).
+    if b != len(ids):
+        raise RuntimeError(f"minikv.hf: {b} rows for {len(ids)} sequences")
+    if t == 1:
+        cache.append(layer, ids, key[:, :, 0].contiguous(), value[:, :, 0].contiguous())
+        out = cache.decode(layer, ids, query[:, :, 0].contiguous())
+        return out.unsqueeze(1), None
+    outs = []
+    for i in range(t):
+        cache.append(layer, ids, key[:, :, i].contiguous(), value[:, :, i].contiguous())
+        outs.append(cache.decode(layer, ids, query[:, :, i].contiguous()))
+    return torch.stack(outs, dim=1), None
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def _as_sequences(input_ids: Any, attention_mask: Any = None) -> List[List[int]]:
+    """Prompts as lists of token ids: from a 1-D tensor/list (one prompt), a 2-D tensor
+    [batch, len] (with an optional 0/1 attention_mask marking padding, either side), or a
+    list of 1-D tensors/lists (a ragged batch)."""
+    if torch is not None and isinstance(input_ids, torch.Tensor):
+        ids = input_ids.detach().to("cpu")
+        if ids.dim() == 1:
+            ids = ids.unsqueeze(0)
+        if ids.dim() != 2:
+            raise ValueError(f"input_ids: expected 1-D or 2-D, got shape {list(ids.shape)}")
+        if attention_mask is None:
+            return [row.tolist() for row in ids]
+        mask = torch.as_tensor(attention_mask).detach().to("cpu").bool()
+        if mask.shape != ids.shape:
+            raise ValueError(f"attention_mask shape {list(mask.shape)} differs from input_ids "
+                             f"shape {list(ids.shape)}")
+        return [row[m].tolist() for row, m in zip(ids, mask)]
+    if attention_mask is not None:
+        raise ValueError("attention_mask goes with a 2-D input_ids tensor")
+    if isinstance(input_ids, (list, tuple)) and input_ids and all(
+            isinstance(x, (int, np.integer)) for x in input_ids):
+        return [[int(x) for x in input_ids]]
+    if isinstance(input_ids, (list, tuple)):
+        seqs = []
+        for i, s in enumerate(input_ids):
+            s = s.detach().to("cpu").tolist() if torch is not None and isinstance(s, torch.Tensor) \
+                else [int(x) for x in s]
+            if not isinstance(s, list) or (s and isinstance(s[0], list)):
+                raise ValueError(f"input_ids[{i}]: expected a 1-D sequence of token ids")
+            seqs.append(s)
+        return seqs
+    raise TypeError(f"input_ids: expected a tensor or a list of token-id sequences, got "
+                    f"{type(input_ids).__name__}")
+
+
+class MiniKVGenerator:
+    """Runs `model` (a transformers causal LM of the LLaMA family: LLaMA, Mistral without
+    sliding window, Qwen2, SmolLM, ...) with its KV cache in one libminikv cache.
+
+        gen = MiniKVGenerator(model, max_sequences=2, max_seq_len=4096,
+                              heavy_ratio=0.25, recent_ratio=0.25, budget_policy="pyramid")
+        logits = gen.prefill([prompt_a, prompt_b])    # [2, vocab]: each prompt's last token
+        logits = gen.step(next_tokens)                # [2, vocab] (next_tokens: [2] ids)
+        gen.generate(prompt, max_new_tokens=32)       # greedy: [[token, ...]]
+        gen.memory_stats(); gen.reset(); gen.close()
+
+    Keyword arguments are minikv.Config fields (key_bits, value_bits, group_size,
+    residual_length, heavy_ratio, recent_ratio, budget_policy, pyramid_depth, score_mode,
+    window_size, pool_kernel, max_tokens, ...). The model dimensions, dtype, backend and
+    device come from the model. Sequences occupy slots 0..max_sequences-1; `prefill` takes
+    the lowest free ones unless given `seq_ids`, and `step` advances the sequences named
+    (by default every active one, in prefill order).
+    """
+
+    def __init__(self, model: Any, max_sequences: int = 1, max_seq_len: Optional[int] = None,
+                 **fields: Any):
+        _require_torch()
+        register()
+        self.model = model
+        tc = _text_config(model.config)
+        layer_types = getattr(tc, "layer_types", None)
+        if layer_types is not None and any(lt != "full_attention" for lt in layer_types):
+            raise NotImplementedError(f"minikv.hf supports full-attention layers only; this model "
+                                      f"has layer types {sorted(set(layer_types))}")
+        if getattr(tc, "use_sliding_window", False) or (
+                getattr(tc, "sliding_window", None) is not None
+                and getattr(tc, "use_sliding_window", True)):
+            raise NotImplementedError("minikv.hf: sliding-window attention is not supported")
+        num_heads = tc.num_attention_heads
+        num_kv_heads = getattr(tc, "num_key_value_heads", None) or num_heads
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // num_heads
+        param = next(model.parameters())
+        dtype = _TORCH_TO_MINIKV.get(param.dtype)
+        if dtype is None:
+            raise TypeError(f"minikv.hf: the model's dtype {param.dtype} is not float32, float16 "
+                            f"or bfloat16")
+        self.device = param.device
+        backend = Backend.CUDA if param.device.type == "cuda" else Backend.CPU
+        if param.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"minikv.hf: the model is on {param.device}; libminikv computes on "
+                             f"the CPU or a CUDA device")
+        for name in ("backend", "device_id", "dtype", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim"):
+            if name in fields:
+                raise TypeError(f"MiniKVGenerator: {name} comes from the model; do not pass it")
+        if max_seq_len is None:
+            max_seq_len = int(getattr(tc, "max_position_embeddings", 4096) or 4096)
+        self.config = Config(backend=backend,
+                             device_id=(param.device.index or 0) if backend == Backend.CUDA else 0,
+                             dtype=dtype, num_layers=tc.num_hidden_layers, num_heads=num_heads,
+                             num_kv_heads=num_kv_heads, head_dim=head_dim,
+                             max_sequences=max_sequences, max_seq_len=max_seq_len, **fields)
+        self.cache = Cache(self.config)
+        self.vocab_size = tc.vocab_size
+        self._positions: dict = {}  # slot -> position of its next token
+        self._order: List[int] = []  # active slots, in prefill order
+        self._broken: set = set()  # slots a failed step left inconsistent across layers
+
+    # ---- lifetime ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Frees the libminikv cache. Idempotent."""
+        self.cache.close()
+        self._positions.clear()
+        self._order.clear()
+        self._broken.clear()
+
+    def __enter__(self) -> "MiniKVGenerator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def reset(self, seq_ids: Optional[Iterable[int]] = None) -> None:
+        """Releases the given sequences (default: all); their slots can take new prompts."""
+        slots = list(self._order) if seq_ids is None else [int(s) for s in seq_ids]
+        for s in slots:
+            self.cache.release(s)
+            self._positions.pop(s, None)
+            self._broken.discard(s)
+            if s in self._order:
+                self._order.remove(s)
+
+    @property
+    def active(self) -> List[int]:
+        """The slots holding a sequence, in prefill order."""
+        return list(self._order)
+
+    def position(self, seq_id: int) -> int:
+        """Tokens seen by sequence `seq_id` (prompt + steps), i.e. its next token's position."""
+        return self._positions[seq_id]
+
+    def memory_stats(self) -> MemoryStats:
+        return self.cache.memory_stats()
+
+    # ---- model calls -------------------------------------------------------------------
+    def _run(self, input_ids: Any, position_ids: Any, call: _Call, logits_to_keep: Any) -> Any:
+        config = self.model.config
+        previous = config._attn_implementation
+        config._attn_implementation = ATTN_IMPLEMENTATION
+        try:
+            with torch.inference_mode():
+                out = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                                 logits_to_keep=logits_to_keep, minikv_call=call)
+        finally:
+            config._attn_implementation = previous
+        return out.logits
+
+    def prefill(self, input_ids: Any, attention_mask: Any = None,
+                seq_ids: Optional[Sequence[int]] = None, all_logits: bool = False) -> Any:
+        """Runs the prompts through the model, each layer's attention through minikv_prefill
+        (which compresses them into the cache). `input_ids`: one prompt (1-D), a batch
+        [n, len] (with an optional attention_mask marking padding), or a list of prompts of
+        different lengths. Returns the logits of each prompt's last token [n, vocab], or
+        with all_logits=True a list of [len_i, vocab] tensors (every prompt position)."""
+        seqs = _as_sequences(input_ids, attention_mask)
+        if not seqs or any(len(s) == 0 for s in seqs):
+            raise ValueError("prefill: every prompt needs at least one token")
+        if seq_ids is None:
+            free = [s for s in range(self.config.max_sequences) if s not in self._positions]
+            if len(free) < len(seqs):
+                raise MinikvError(Status.CAPACITY_EXCEEDED,
+                                  f"prefill: {len(seqs)} prompts but {len(free)} free sequence "
+                                  f"slots of {self.config.max_sequences}: reset() some first")
+            seq_ids = free[:len(seqs)]
+        seq_ids = [int(s) for s in seq_ids]
+        if len(seq_ids) != len(seqs):
+            raise ValueError(f"prefill: {len(seqs)} prompts but {len(seq_ids)} seq_ids")
+        busy = [s for s in seq_ids if s in self._positions]
+        if busy:
+            raise MinikvError(Status.BAD_STATE, f"prefill: sequence slots {busy} hold a sequence; "
+                                                f"reset() them first")
+        lengths = [len(s) for s in seqs]
+        cu = cu_seqlens_from_lengths(lengths)
+        dev = self.device
+        flat = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=dev)[None]
+        pos = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths]).to(dev)[None]
+        keep = 0 if all_logits else torch.as_tensor(cu[1:] - 1, dtype=torch.long, device=dev)
+        call = _Call("prefill", np.asarray(seq_ids, dtype=np.uint32), self.cache, cu)
+        try:
+            logits = self._run(flat, pos, call, keep)[0]
+        except BaseException:
+            # A failure at layer l leaves layers < l prefilled: release the slots, so that
+            # the failed prefill changes nothing (as each libminikv call guarantees).
+            for s in seq_ids:
+                self.cache.release(s)
+            raise
+        for s, n in zip(seq_ids, lengths):
+            self._positions[s] = n
+            self._order.append(s)
+        if all_logits:
+            return [logits[int(cu[i]):int(cu[i + 1])] for i in range(len(seqs))]
+        return logits
+
+    def step(self, token_ids: Any, seq_ids: Optional[Sequence[int]] = None) -> Any:
+        """Feeds one new token per sequence ([n] ids; or [n, T] ids: T tokens each, one
+        after the other) through the model, each layer's attention through minikv_append +
+        minikv_decode. Returns the logits [n, vocab] (or [n, T, vocab])."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long)
+        single = ids.dim() == 1
+        if single:
+            ids = ids[:, None]
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise ValueError(f"step: token_ids must be [n] or [n, T], got shape {list(ids.shape)}")
+        seq_ids = list(self._order) if seq_ids is None else [int(s) for s in seq_ids]
+        if ids.shape[0] != len(seq_ids):
+            raise ValueError(f"step: {ids.shape[0]} rows of tokens for {len(seq_ids)} sequences "
+                             f"{seq_ids}")
+        missing = [s for s in seq_ids if s not in self._positions]
+        if missing:
+            raise MinikvError(Status.BAD_STATE, f"step: sequences {missing} were not prefilled")
+        broken = [s for s in seq_ids if s in self._broken]
+        if broken:
+            raise MinikvError(Status.BAD_STATE, f"step: sequences {broken} were left part-way "
+                                                f"through a failed step; reset() them")
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"step: seq_ids {seq_ids} repeat a sequence")
+        t = ids.shape[1]
+        # Checked here, not by the library part-way through the layers: a step spans one
+        # append per layer and cannot be undone once some layers have taken the token.
+        over = [s for s in seq_ids if self._positions[s] + t > self.config.max_seq_len]
+        if over:
+            raise MinikvError(Status.CAPACITY_EXCEEDED,
+                              f"step: sequences {over} would exceed max_seq_len "
+                              f"({self.config.max_seq_len}) with {t} more tokens")
+        start = torch.tensor([self._positions[s] for s in seq_ids], dtype=torch.long)
+        pos = (start[:, None] + torch.arange(t)[None]).to(self.device)
+        call = _Call("decode", np.asarray(seq_ids, dtype=np.uint32), self.cache)
+        try:
+            logits = self._run(ids.to(self.device), pos, call, 0)
+        except BaseException:
+            # Layers before the failing one took the tokens (e.g. a full block pool with a
+            # small max_tokens): these sequences cannot go on consistently.
+            self._broken.update(seq_ids)
+            raise
+        for s in seq_ids:
+            self._positions[s] += t
+        return logits[:, 0] if single else logits
+
+    def generate(self, input_ids: Any, max_new_tokens: int, attention_mask: Any = None,
+                 eos_token_id: Union[None, int, Sequence[int]] = None) -> List[List[int]]:
+        """Greedy generation: prefills the prompt(s) (slots taken as in `prefill`), then
+        steps until `max_new_tokens` or an EOS token per sequence. Returns the generated
+        tokens of each prompt (a list per prompt, EOS included). The sequences stay in the
+        cache (memory_stats() describes them) until reset()."""
+        if max_new_tokens < 1:
+            raise ValueError("generate: max_new_tokens must be >= 1")
+        eos = set() if eos_token_id is None else (
+            {int(eos_token_id)} if isinstance(eos_token_id, (int, np.integer))
+            else {int(e) for e in eos_token_id})
+        seqs = _as_sequences(input_ids, attention_mask)
+        before = set(self._positions)
+        logits = self.prefill(seqs)
+        slots = [s for s in self._order if s not in before]
+        out: List[List[int]] = [[] for _ in slots]
+        live = list(range(len(slots)))
+        nxt = logits.argmax(-1).tolist()
+        for step in range(max_new_tokens):
+            for i, tok in zip(live, nxt):
+                out[i].append(int(tok))
+            live_next = [i for i, tok in zip(live, nxt) if int(tok) not in eos]
+            if step + 1 == max_new_tokens or not live_next:
+                break
+            feed = [out[i][-1] for i in live_next]
+            logits = self.step(feed, [slots[i] for i in live_next])
+            live = live_next
+            nxt = logits.argmax(-1).tolist()
+        return out
