@@ -69,14 +69,14 @@ if wants tsan; then
     "-DCMAKE_CXX_FLAGS=-fsanitize=thread -fno-omit-frame-pointer" \
     "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" \
     "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread" >/dev/null
-  cmake --build build-tsan -j "$JOBS" --target test_threads
-  step "TSan: test_threads"
+  cmake --build build-tsan -j "$JOBS" --target reliability_threads
+  step "TSan: reliability_threads (tests/reliability/test_threads.cpp)"
   # setarch -R: TSan's shadow mapping needs the classic layout on kernels with a large
   # mmap_rnd_bits (it then fails with "unexpected memory mapping").
   runner=()
   setarch "$(uname -m)" -R true 2>/dev/null && runner=(setarch "$(uname -m)" -R)
-  "${runner[@]}" build-tsan/tests/reliability/test_threads
-  SUMMARY+=("tsan: test_threads (threads with own caches, migrating handle, per-thread/per-handle errors, MINIKV_NUM_THREADS determinism) clean ($((SECONDS - t0)) s)")
+  "${runner[@]}" build-tsan/tests/reliability/reliability_threads
+  SUMMARY+=("tsan: reliability_threads (threads with own caches, migrating handle, per-thread/per-handle errors, MINIKV_NUM_THREADS determinism) clean ($((SECONDS - t0)) s)")
 fi
 
 if wants fuzz; then
