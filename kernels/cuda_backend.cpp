@@ -127,8 +127,16 @@ class CudaBackend final : public Backend {
     // extra splits that fill the GPU when the batch is small.
     const uint32_t n_rep = H / Hkv;
     heads_per_cta_ = n_rep % 8 == 0 ? 8 : n_rep % 4 == 0 ? 4 : n_rep % 2 == 0 ? 2 : 1;
-    part_rows_ = uint64_t(std::min(cfg_.max_sequences, kMaxDecodeSeqs)) * H +
-                 uint64_t(kSplitTargetPerSm) * num_sms_ * heads_per_cta_;
+    fast_decode_ = decode_fast_path(spec.block, n_rep);
+    if (fast_decode_) {
+      // One-warp CTAs: up to two rounds of the resident slots worth of splits.
+      fast_slots_ = num_sms_ * decode_fast_ctas_per_sm(cfg_.dtype, D, n_rep);
+      part_rows_ = uint64_t(std::min(cfg_.max_sequences, kMaxDecodeSeqs)) * H +
+                   2ull * fast_slots_ * n_rep;
+    } else {
+      part_rows_ = uint64_t(std::min(cfg_.max_sequences, kMaxDecodeSeqs)) * H +
+                   uint64_t(kSplitTargetPerSm) * num_sms_ * heads_per_cta_;
+    }
     part_o_ = DeviceBuffer(part_rows_ * D * 4, "decode workspace");
     part_ml_ = DeviceBuffer(part_rows_ * 2 * 4, "decode workspace");
     MINIKV_CUDA_CHECK(cudaDeviceSynchronize());  // memsets done before any stream uses them
@@ -232,21 +240,31 @@ class CudaBackend final : public Backend {
       p.heads_per_cta = heads_per_cta_;
       p.scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
       p.n = static_cast<uint32_t>(std::min<size_t>(kMaxDecodeSeqs, items.size() - i));
-      uint32_t longest = 1;
+      uint32_t longest = 1, longest_quantized = 0;
       for (uint32_t b = 0; b < p.n; ++b) {
         const CacheView &view = items[i + b];
         p.slot[b] = view.residual_slot;
         p.quantized[b] = view.quantized;
         p.residual[b] = view.residual;
         longest = std::max(longest, view.quantized + view.residual);
+        longest_quantized = std::max(longest_quantized, view.quantized);
       }
-      // Splits: enough CTAs to fill the GPU, at least one tile per split, within the
-      // workspace. Depends on sizes only (deterministic, graph-capture friendly).
-      const uint64_t ctas = uint64_t(p.n) * Hkv * (H / Hkv / heads_per_cta_);
-      uint64_t splits = (uint64_t(kSplitTargetPerSm) * num_sms_ + ctas - 1) / ctas;
-      splits = std::min<uint64_t>(splits, ceil_div(longest, kDecodeTile));
-      splits = std::min<uint64_t>(splits, kMaxSplits);
-      splits = std::min<uint64_t>(splits, part_rows_ / (uint64_t(p.n) * H));
+      // Splits depend on sizes only (deterministic, graph-capture friendly) and stay within
+      // the workspace.
+      const uint64_t max_splits = std::min<uint64_t>(
+          std::max<uint64_t>(part_rows_ / (uint64_t(p.n) * H), 1), kDecodeMaxSplits);
+      uint64_t splits;
+      if (fast_decode_) {
+        splits = fast_splits(uint64_t(p.n) * Hkv, ceil_div(longest_quantized, kDecodeFastTile),
+                             max_splits);
+      } else {
+        // Enough CTAs to fill the GPU, at least one tile per split.
+        const uint64_t ctas = uint64_t(p.n) * Hkv * (H / Hkv / heads_per_cta_);
+        splits = (uint64_t(kSplitTargetPerSm) * num_sms_ + ctas - 1) / ctas;
+        splits = std::min<uint64_t>(splits, ceil_div(longest, kDecodeTile));
+        splits = std::min<uint64_t>(splits, kMaxSplits);
+        splits = std::min<uint64_t>(splits, max_splits);
+      }
       p.splits = static_cast<uint32_t>(std::max<uint64_t>(splits, 1));
       launch_decode(cfg_.dtype, D, p, static_cast<cudaStream_t>(stream));
     }
@@ -287,6 +305,23 @@ class CudaBackend final : public Backend {
  private:
   static constexpr uint32_t kSplitTargetPerSm = 2;  // decode CTAs per SM aimed at
   static constexpr uint32_t kMaxSplits = 64;
+
+  // Fast decode path: the split count s (≤ max_splits, ≤ tiles) that minimizes
+  // rounds(s) × (tiles per CTA + 1), rounds = ceil(pairs · s / resident slots) and the + 1
+  // for a CTA's pipeline fill; ties go to fewer splits (less merge work).
+  uint64_t fast_splits(uint64_t pairs, uint64_t tiles, uint64_t max_splits) const {
+    uint64_t best = 1, best_cost = ~0ull;
+    const uint64_t top = std::min<uint64_t>(max_splits, std::max<uint64_t>(tiles, 1));
+    for (uint64_t s = 1; s <= top; ++s) {
+      const uint64_t rounds = (pairs * s + fast_slots_ - 1) / fast_slots_;
+      const uint64_t cost = rounds * ((tiles + s - 1) / s + 1);
+      if (cost < best_cost) {
+        best = s;
+        best_cost = cost;
+      }
+    }
+    return best;
+  }
 
   // block_table[slot][first + i] = blocks[i], by table-update launches.
   void set_table(uint32_t slot, uint32_t first, const uint32_t *blocks, uint32_t count,
@@ -396,6 +431,8 @@ class CudaBackend final : public Backend {
   uint32_t num_sms_ = 0;
   uint32_t ws_tokens_ = 0;
   uint32_t heads_per_cta_ = 1;
+  bool fast_decode_ = false;   // decode_fast_path() for this configuration
+  uint64_t fast_slots_ = 1;    // resident fast-decode CTAs on the device
   uint64_t part_rows_ = 0;
   DeviceBuffer pool_, residual_, table_;
   DeviceBuffer lse_, scores_, kept_;

@@ -1,14 +1,28 @@
 // Decode attention over the compressed cache: flash-decoding with fused dequantization.
 //
-// decode_split_kernel: one CTA per (split, KV head × head chunk, sequence). The cached
-//   tokens [0, quantized + residual) of a sequence are cut into `splits` contiguous ranges;
-//   a CTA walks its range in tiles of 128 tokens: each thread dequantizes one token's key
-//   once and scores it against every query head of its chunk (one KV load serves the GQA
-//   group), the tile's online-softmax update runs per head in shared memory, and each
-//   thread then accumulates one channel of P·V̂ for every head. Quantized tokens
-//   (pool blocks through the block-table mirror) and residual tokens (16-bit) share one
-//   softmax. fp32 throughout, logits in log2 units. Writes (max, sum, unnormalized out).
+// Two paths, one result (the CPU backend's decode_group, to fp32 rounding):
+//
+// decode_fast_kernel (2-bit keys and values, G = 16, head_dim 64/128, GQA group 1/2/4/8):
+//   one warp per CTA, one CTA per (split, KV head, sequence). A split walks tiles of 128
+//   quantized tokens (8 key groups) through a 2-stage cp.async pipeline (codes, scales and
+//   minima of a tile: 16 B per token-head channel-word, 16 KB per stage at D = 128).
+//   - QK on tensor cores (mma m16n8k16 bf16 → fp32), exact: codes are small integers (exact
+//     in bf16); B = q ⊙ s_k is exact in fp32 and is fed as 2 (bf16 data) or 3 (fp16 data)
+//     bf16 pieces that sum to it; bias = q · m_k in fp32. The 8 columns of B are
+//     (n_rep query heads) × (8 / n_rep key groups): one load of the KV tile serves the whole
+//     GQA group and no column is padding.
+//   - online softmax in fp32 (log2 units) per tile; probabilities stay fp32.
+//   - P·V̂ on CUDA cores: a lane owns CPL channels of a token subset; codes become exact
+//     floats (c · 4^j via the 2^23 magic number, 4^-j folded in once at the end), and
+//     Σ p · (c·s + m) = Σ (p·s)·c + Σ p·m.
+//   The residual (16-bit, up to R tokens) is folded in by the last split. With one split the
+//   kernel writes the normalized output, else (max, sum, unnormalized out) partials.
+// decode_split_kernel (every other configuration): one CTA per (split, KV head × head
+//   chunk, sequence), thread per token for QK̂ and thread per channel for P·V̂, 128-token
+//   tiles; quantized and residual tokens share one softmax; writes partials.
 // decode_merge_kernel: one CTA per (sequence, query head) merges the splits.
+#include <type_traits>
+
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
@@ -187,22 +201,561 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const __grid_con
   }
 }
 
+
+// ===================================== fast path ===========================================
+
+constexpr uint32_t kFullMask = 0xffffffffu;
+
+// Shared-memory stage of one tile (8 key groups of 16 tokens), byte offsets:
+//   KC [8][16][D/4] key codes   VC [8][16][D/4] value codes (= [128 tokens][D/4])
+//   KS [8][D] key scales        KM [8][D] key minima
+//   VS [128][D/16] value scales VM [128][D/16] value minima
+template <int D> struct FastStage {
+  static constexpr int kKC = 0, kVC = 32 * D, kKS = 64 * D, kKM = 80 * D, kVS = 96 * D,
+                       kVM = 112 * D, kBytes = 128 * D;
+};
+
+template <typename T, int D, int NREP> struct FastCfg {
+  static constexpr int kCs = 8 / NREP;      // key groups (M-tiles) per QK sub-tile
+  static constexpr int kPieces = std::is_same<T, __half>::value ? 3 : 2;  // bf16 pieces of q⊙s
+  static constexpr int kAcc = kCs >= 8 ? 1 : kPieces;  // independent mma accumulators per M-tile
+  static constexpr int kKsteps = D / 16;    // mma k-steps over the channels
+  static constexpr int kQc = D / 4;         // channels of one lane quarter (lane % 4)
+  static constexpr int kQw = D / 64;        // 32-bit code words of one quarter of a row
+  static constexpr int kCpl = NREP <= 4 ? 16 : 8;  // P·V̂ channels per lane
+  static constexpr int kLpr = D / kCpl;     // lanes per token row in P·V̂
+  static constexpr int kSubsets = 32 / kLpr;  // token subsets in P·V̂
+};
+
+__device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// The 16 2-bit codes of one word (code j at bits 2j) as 8 exact bf16x2 pairs
+// (code s, code s + 8), s = 0..7: (bits & mask) | 128.0 is 128 + c·4^j exactly, and one
+// bf16x2 FMA (× 4^-j, − 128·4^-j) leaves c exactly.
+__device__ __forceinline__ void key_pairs(uint32_t w, uint32_t (&a)[8]) {
+  constexpr uint32_t kMagic = 0x43004300u;  // bf16 128.0 in both halves
+  const uint32_t w6 = w >> 6, w12 = w >> 12;
+  a[0] = bf16x2_fma((w & 0x00030003u) | kMagic, 0x3F803F80u, 0xC300C300u);    // ×1, −128
+  a[1] = bf16x2_fma((w & 0x000C000Cu) | kMagic, 0x3E803E80u, 0xC200C200u);    // ×1/4, −32
+  a[2] = bf16x2_fma((w & 0x00300030u) | kMagic, 0x3D803D80u, 0xC100C100u);    // ×1/16, −8
+  a[3] = bf16x2_fma((w6 & 0x00030003u) | kMagic, 0x3F803F80u, 0xC300C300u);
+  a[4] = bf16x2_fma((w6 & 0x000C000Cu) | kMagic, 0x3E803E80u, 0xC200C200u);
+  a[5] = bf16x2_fma((w6 & 0x00300030u) | kMagic, 0x3D803D80u, 0xC100C100u);
+  a[6] = bf16x2_fma((w12 & 0x00030003u) | kMagic, 0x3F803F80u, 0xC300C300u);
+  a[7] = bf16x2_fma((w12 & 0x000C000Cu) | kMagic, 0x3E803E80u, 0xC200C200u);
+}
+
+// Exact fp32 pair (a, b) as PIECES bf16x2 words whose sums are a and b (a, b have at most
+// 22 significant bits: products of two 16-bit values; 8 bits per piece, residuals exact).
+template <int PIECES>
+__device__ __forceinline__ void split_pieces(float a, float b, uint32_t (&out)[PIECES]) {
+#pragma unroll
+  for (int pc = 0; pc < PIECES; ++pc) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);  // a in the low half
+    out[pc] = *reinterpret_cast<const uint32_t *>(&h);
+    a -= __low2float(h);
+    b -= __high2float(h);
+  }
+}
+
+// Value code k (of the CPL codes of u, code k at bits 2k) times 4^e(k), exactly, as fp32.
+template <int K> __device__ __forceinline__ float value_code(uint32_t u) {
+  const uint32_t bits = K <= 10 ? (u & (3u << (2 * K))) : ((u >> 16) & (3u << (2 * (K - 8))));
+  return __uint_as_float(0x4B000000u | bits) - 8388608.0f;
+}
+template <int K> __host__ __device__ constexpr float value_code_inv_scale() {  // 4^-e(k)
+  return K <= 10 ? 1.0f / static_cast<float>(1u << (2 * K))
+                 : 1.0f / static_cast<float>(1u << (2 * (K - 8)));
+}
+template <int CPL, int K = 0> struct ValueCodes {
+  template <int NREP>
+  static __device__ __forceinline__ void fma(uint32_t u, const float (&ps)[NREP],
+                                             float (&acc)[NREP][CPL]) {
+    const float c = value_code<K>(u);
+#pragma unroll
+    for (int r = 0; r < NREP; ++r) acc[r][K] = fmaf(ps[r], c, acc[r][K]);
+    ValueCodes<CPL, K + 1>::fma(u, ps, acc);
+  }
+  template <int NREP>
+  static __device__ __forceinline__ void finish(float (&acc)[NREP][CPL], const float (&bacc)[NREP]) {
+#pragma unroll
+    for (int r = 0; r < NREP; ++r) acc[r][K] = fmaf(acc[r][K], value_code_inv_scale<K>(), bacc[r]);
+    ValueCodes<CPL, K + 1>::finish(acc, bacc);
+  }
+};
+template <int CPL> struct ValueCodes<CPL, CPL> {
+  template <int NREP>
+  static __device__ __forceinline__ void fma(uint32_t, const float (&)[NREP], float (&)[NREP][CPL]) {}
+  template <int NREP>
+  static __device__ __forceinline__ void finish(float (&)[NREP][CPL], const float (&)[NREP]) {}
+};
+
+// Two 16-bit values of a 32-bit word (element 0 in the low half) as floats. Unpacking the
+// words of a loaded uint4 keeps the load a single 16-byte one.
+__device__ __forceinline__ float2 word_to_float2(uint32_t w, __half) {
+  return __half22float2(*reinterpret_cast<const __half2 *>(&w));
+}
+__device__ __forceinline__ float2 word_to_float2(uint32_t w, __nv_bfloat16) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+template <typename T> __device__ __forceinline__ void unpack8(const uint4 v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 t = word_to_float2(w[e], T{});
+    f[2 * e] = t.x;
+    f[2 * e + 1] = t.y;
+  }
+}
+
+template <int N> __device__ __forceinline__ void load_probs(const float *src, float (&pr)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < N; r += 4) {
+      const float4 v = *reinterpret_cast<const float4 *>(src + r);
+      pr[r] = v.x;
+      pr[r + 1] = v.y;
+      pr[r + 2] = v.z;
+      pr[r + 3] = v.w;
+    }
+  } else if constexpr (N == 2) {
+    const float2 v = *reinterpret_cast<const float2 *>(src);
+    pr[0] = v.x;
+    pr[1] = v.y;
+  } else {
+    pr[0] = src[0];
+  }
+}
+
+// Online-softmax update over the logits p_s[t * NREP + r], t < count (entries past count are
+// ignored): lane l owns head l % NREP (NREP divides 32, so p_s[l + 32 j] is always that
+// head); turns them into exp2(x − m_new) in place and rescales the P·V̂ state.
+template <int NREP, int CPL>
+__device__ __forceinline__ void softmax_update(float *p_s, uint32_t count, uint32_t lane,
+                                               float &m_run, float &l_run,
+                                               float (&acc)[NREP][CPL], float (&bacc)[NREP]) {
+  constexpr int kPer = 4 * NREP;  // 128 tokens × NREP heads / 32 lanes
+  float v[kPer];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const uint32_t idx = lane + 32u * j;
+    v[j] = idx / NREP < count ? p_s[idx] : -INFINITY;
+    mx = fmaxf(mx, v[j]);
+  }
+#pragma unroll
+  for (int off = 16; off >= NREP; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, off));
+  const float m_new = fmaxf(m_run, mx);
+  const float base = m_new == -INFINITY ? 0.0f : m_new;
+  const float corr = exp2f(m_run - base);
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const float e = exp2f(v[j] - base);
+    p_s[lane + 32u * j] = e;
+    sum += e;
+  }
+#pragma unroll
+  for (int off = 16; off >= NREP; off >>= 1) sum += __shfl_xor_sync(kFullMask, sum, off);
+  l_run = l_run * corr + sum;
+  m_run = m_new;
+#pragma unroll
+  for (int r = 0; r < NREP; ++r) {
+    const float cr = __shfl_sync(kFullMask, corr, r);
+    bacc[r] *= cr;
+#pragma unroll
+    for (int k = 0; k < CPL; ++k) acc[r][k] *= cr;
+  }
+}
+
+/// \tparam T    dtype of q/out and of the scales and residual (__half or __nv_bfloat16)
+/// \tparam D    head_dim (64 or 128)
+/// \tparam NREP query heads per KV head (1, 2, 4 or 8)
+template <typename T, int D, int NREP>
+__global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__ DecodeParams p) {
+  using Cfg = FastCfg<T, D, NREP>;
+  using St = FastStage<D>;
+  constexpr int Cs = Cfg::kCs, PIECES = Cfg::kPieces, NA = Cfg::kAcc, KSTEPS = Cfg::kKsteps;
+  constexpr int QC = Cfg::kQc, QW = Cfg::kQw, CPL = Cfg::kCpl, LPR = Cfg::kLpr,
+                SUBSETS = Cfg::kSubsets;
+  constexpr uint32_t kTile = kDecodeFastTile;
+  static_assert(kTile == 128 && (D == 64 || D == 128) && 32 % NREP == 0 && NREP <= 8, "");
+  __shared__ __align__(16) uint8_t stage_s[2][St::kBytes];
+  __shared__ __align__(16) float p_s[kTile * NREP];
+
+  const uint32_t split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z, lane = threadIdx.x;
+  const uint32_t nq = p.quantized[seq], nres = p.residual[seq];
+  const uint32_t tiles = (nq + kTile - 1) / kTile;
+  const uint32_t per = (tiles + p.splits - 1) / p.splits;
+  const uint32_t t_begin = min(tiles, split * per), t_end = min(tiles, t_begin + per);
+  const uint32_t h0 = kvh * NREP;
+
+  const BlockLayout &bl = p.st.block;
+  const uint32_t R = bl.tokens;
+  const int32_t *table = p.st.block_table + uint64_t(p.slot[seq]) * p.st.max_blocks_per_seq;
+
+  // ---- per-lane roles ----
+  // QK (mma fragments): g = lane / 4 is the token row (and g + 8) of an M-tile and the B
+  // column n = g = (key group my_c, head my_r); i = lane % 4 owns channels [i·QC, (i+1)·QC).
+  const uint32_t g = lane >> 2, qi = lane & 3;
+  const uint32_t my_r = g % NREP, my_c = g / NREP;
+  // P·V̂: lane owns channels [ch0, ch0 + CPL) of the tokens t ≡ sub (mod SUBSETS).
+  const uint32_t ch0 = (lane % LPR) * CPL, sub = lane / LPR;
+  const uint32_t gv = ch0 / 16, bo = (ch0 % 16) * 2;  // value group word, bit offset
+
+  const T *qg = static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0) * D;
+  float q_reg[QC];  // q of head my_r, channels of quarter qi
+#pragma unroll
+  for (int v = 0; v < QC / 8; ++v) {
+    float f[8];
+    unpack8<T>(reinterpret_cast<const uint4 *>(qg + my_r * D + qi * QC)[v], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q_reg[v * 8 + e] = f[e];
+  }
+
+  float m_run = -INFINITY, l_run = 0.0f;  // of head lane % NREP
+  float acc[NREP][CPL], bacc[NREP];
+#pragma unroll
+  for (int r = 0; r < NREP; ++r) {
+    bacc[r] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CPL; ++k) acc[r][k] = 0.0f;
+  }
+
+  // ---- async copies of one tile: lane copies 16-byte chunks c = lane + 32 j of each group ----
+  // chunk c of a group: [KC D/4 | VC D/4 | KS D/8 | KM D/8 | VS D/8 | VM D/8]
+  constexpr int kJ = D / 32;
+  uint32_t src_off[kJ], src_row[kJ], dst_off[kJ], dst_grp[kJ];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    const uint32_t c = lane + 32u * j;
+    uint32_t region_src, region_dst, idx, row_mul, grp_stride;
+    if (c < D / 4) {
+      idx = c; region_src = uint32_t(bl.k_codes + kvh * bl.k_codes_head()); region_dst = St::kKC;
+      row_mul = D / 4; grp_stride = 4 * D;
+    } else if (c < D / 2) {
+      idx = c - D / 4; region_src = uint32_t(bl.v_codes + kvh * bl.v_codes_head()); region_dst = St::kVC;
+      row_mul = D / 4; grp_stride = 4 * D;
+    } else if (c < 5 * D / 8) {
+      idx = c - D / 2; region_src = uint32_t(bl.k_scale + kvh * bl.k_scale_head()); region_dst = St::kKS;
+      row_mul = D / 8; grp_stride = 2 * D;
+    } else if (c < 3 * D / 4) {
+      idx = c - 5 * D / 8; region_src = uint32_t(bl.k_min + kvh * bl.k_scale_head()); region_dst = St::kKM;
+      row_mul = D / 8; grp_stride = 2 * D;
+    } else if (c < 7 * D / 8) {
+      idx = c - 3 * D / 4; region_src = uint32_t(bl.v_scale + kvh * bl.v_scale_head()); region_dst = St::kVS;
+      row_mul = D / 8; grp_stride = 2 * D;
+    } else {
+      idx = c - 7 * D / 8; region_src = uint32_t(bl.v_min + kvh * bl.v_scale_head()); region_dst = St::kVM;
+      row_mul = D / 8; grp_stride = 2 * D;
+    }
+    src_off[j] = region_src + 16u * idx;  // + row0 · row_mul (row0: first row of the group)
+    src_row[j] = row_mul;
+    dst_off[j] = region_dst + 16u * idx;  // + group · grp_stride
+    dst_grp[j] = grp_stride;
+  }
+  // Pool block of key group `lane` (< 8) of a tile, -1 past the quantized tokens.
+  auto group_block = [&](uint32_t tile) -> int32_t {
+    const uint32_t t0 = tile * kTile + 16u * lane;
+    return lane < 8 && tile < t_end && t0 < nq ? table[t0 / R] : -1;
+  };
+  auto issue_tile = [&](uint32_t tile, uint8_t *stage, int32_t blk_lane) {
+    const uint32_t row_lane = (tile * kTile + 16u * lane) % R;  // first row of group `lane`
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const int32_t blk = __shfl_sync(kFullMask, blk_lane, c);
+      const uint32_t row0 = __shfl_sync(kFullMask, row_lane, c);
+      const uint8_t *block = p.st.pool + (blk >= 0 ? uint64_t(blk) * bl.bytes : 0);
+#pragma unroll
+      for (int j = 0; j < kJ; ++j)
+        cp_async_16(stage + dst_off[j] + c * dst_grp[j],
+                    block + (blk >= 0 ? src_off[j] + row0 * src_row[j] : 0), blk >= 0);
+    }
+  };
+
+  // ---- quantized tiles ----
+  if (t_begin < t_end) {
+    int32_t blk_next = group_block(t_begin);
+    issue_tile(t_begin, stage_s[0], blk_next);
+    cp_async_commit();
+    blk_next = group_block(t_begin + 1);
+    for (uint32_t tile = t_begin, k = 0; tile < t_end; ++tile, ++k) {
+      if (tile + 1 < t_end) {
+        issue_tile(tile + 1, stage_s[(k + 1) & 1], blk_next);
+        cp_async_commit();
+        blk_next = group_block(tile + 2);  // consumed one tile later: latency hidden
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncwarp();
+      const uint8_t *st = stage_s[k & 1];
+      const uint32_t tok0 = tile * kTile, nvalid = min(kTile, nq - tok0);
+
+      // -- logits on tensor cores, one sub-tile of Cs key groups per B --
+#pragma unroll 1
+      for (int u = 0; u < NREP; ++u) {
+        if (uint32_t(u * Cs * 16) >= nvalid) break;
+        // B column n = g: (q of head my_r) ⊙ (key scales of group u·Cs + my_c), as pieces;
+        // bias = q · key minima, summed over the four quarters.
+        uint32_t bf[PIECES][KSTEPS][2];
+        float bias = 0.0f;
+        {
+          const uint32_t grp = u * Cs + my_c;
+          const uint4 *ks = reinterpret_cast<const uint4 *>(st + St::kKS + grp * 2 * D) + qi * (QC / 8);
+          const uint4 *km = reinterpret_cast<const uint4 *>(st + St::kKM + grp * 2 * D) + qi * (QC / 8);
+          float x[QC];
+#pragma unroll
+          for (int v = 0; v < QC / 8; ++v) {
+            float s8[8], m8[8];
+            unpack8<T>(ks[v], s8);
+            unpack8<T>(km[v], m8);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              x[v * 8 + e] = q_reg[v * 8 + e] * s8[e];  // exact: 16-bit × 16-bit
+              bias = fmaf(q_reg[v * 8 + e], m8[e], bias);
+            }
+          }
+          // pair pr of the quarter = local channels (16·(pr/8) + pr%8, + 8); k-step ks uses
+          // pairs 2ks (k rows 2i, 2i+1) and 2ks + 1 (k rows 2i + 8, 2i + 9), as the A side.
+#pragma unroll
+          for (int ks_ = 0; ks_ < KSTEPS; ++ks_) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int pr = 2 * ks_ + h, lo = 16 * (pr / 8) + pr % 8;
+              uint32_t pcs[PIECES];
+              split_pieces<PIECES>(x[lo], x[lo + 8], pcs);
+#pragma unroll
+              for (int pc = 0; pc < PIECES; ++pc) bf[pc][ks_][h] = pcs[pc];
+            }
+          }
+        }
+        bias += __shfl_xor_sync(kFullMask, bias, 1);
+        bias += __shfl_xor_sync(kFullMask, bias, 2);
+        const float bias0 = __shfl_sync(kFullMask, bias, 8 * qi);      // column 2i
+        const float bias1 = __shfl_sync(kFullMask, bias, 8 * qi + 4);  // column 2i + 1
+
+#pragma unroll
+        for (int cm = 0; cm < Cs; ++cm) {
+          const uint32_t grp = u * Cs + cm;
+          const uint8_t *kc = st + St::kKC + grp * 4 * D + qi * (D / 16);
+          uint32_t wg[QW], wg8[QW];
+          if constexpr (QW == 2) {
+            const uint2 a = *reinterpret_cast<const uint2 *>(kc + g * (D / 4));
+            const uint2 b = *reinterpret_cast<const uint2 *>(kc + (g + 8) * (D / 4));
+            wg[0] = a.x; wg[QW - 1] = a.y;
+            wg8[0] = b.x; wg8[QW - 1] = b.y;
+          } else {
+            wg[0] = *reinterpret_cast<const uint32_t *>(kc + g * (D / 4));
+            wg8[0] = *reinterpret_cast<const uint32_t *>(kc + (g + 8) * (D / 4));
+          }
+          uint32_t ag[QW * 8], ag8[QW * 8];
+#pragma unroll
+          for (int w = 0; w < QW; ++w) {
+            uint32_t t8[8], u8[8];
+            key_pairs(wg[w], t8);
+            key_pairs(wg8[w], u8);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              ag[w * 8 + e] = t8[e];
+              ag8[w * 8 + e] = u8[e];
+            }
+          }
+          float d[NA][4];
+#pragma unroll
+          for (int a = 0; a < NA; ++a) d[a][0] = d[a][1] = d[a][2] = d[a][3] = 0.0f;
+#pragma unroll
+          for (int ks_ = 0; ks_ < KSTEPS; ++ks_) {
+            const uint32_t af[4] = {ag[2 * ks_], ag8[2 * ks_], ag[2 * ks_ + 1], ag8[2 * ks_ + 1]};
+#pragma unroll
+            for (int pc = 0; pc < PIECES; ++pc)
+              mma_16816<__nv_bfloat16>(d[pc % NA], af, bf[pc][ks_][0], bf[pc][ks_][1]);
+          }
+          // c0: (row g, col 2i), c1: (g, 2i + 1), c2: (g + 8, 2i), c3: (g + 8, 2i + 1); a
+          // column n belongs to M-tile n / NREP (its key group) and head n % NREP.
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const uint32_t col = 2 * qi + (e & 1), row = g + 8 * (e >> 1);
+            if (col / NREP == uint32_t(cm)) {
+              float dot = 0.0f;
+#pragma unroll
+              for (int a = 0; a < NA; ++a) dot += d[a][e];
+              const uint32_t tt = grp * 16 + row;
+              p_s[tt * NREP + col % NREP] =
+                  tt < nvalid ? (dot + ((e & 1) ? bias1 : bias0)) * p.scale_log2 : -INFINITY;
+            }
+          }
+        }
+      }
+      __syncwarp();
+      softmax_update<NREP, CPL>(p_s, nvalid, lane, m_run, l_run, acc, bacc);
+      __syncwarp();
+
+      // -- P·V̂ on CUDA cores --
+#pragma unroll 2
+      for (uint32_t t = sub; t < nvalid; t += SUBSETS) {
+        const uint32_t u = *reinterpret_cast<const uint32_t *>(st + St::kVC + t * (D / 4) + 4 * gv) >> bo;
+        const float s = DType<T>::to_float(reinterpret_cast<const T *>(st + St::kVS)[t * (D / 16) + gv]);
+        const float m = DType<T>::to_float(reinterpret_cast<const T *>(st + St::kVM)[t * (D / 16) + gv]);
+        float pr[NREP], ps[NREP];
+        load_probs<NREP>(p_s + t * NREP, pr);
+#pragma unroll
+        for (int r = 0; r < NREP; ++r) {
+          ps[r] = pr[r] * s;
+          bacc[r] = fmaf(pr[r], m, bacc[r]);
+        }
+        ValueCodes<CPL>::template fma<NREP>(u, ps, acc);
+      }
+      __syncwarp();  // the stage and p_s are rewritten next
+    }
+  }
+  // acc[r][k] · 4^-e(k) + Σ p·m: true units from here on.
+  ValueCodes<CPL>::template finish<NREP>(acc, bacc);
+
+  // ---- residual (16-bit) tokens: the last split ----
+  if (split + 1 == p.splits && nres > 0) {
+    const ResidualLayout &rl = p.st.res;
+    const uint8_t *res_slot = p.st.residual + uint64_t(p.slot[seq]) * rl.bytes;
+    const T *k_res = reinterpret_cast<const T *>(res_slot + rl.k) + uint64_t(kvh) * R * D;
+    const T *v_res = reinterpret_cast<const T *>(res_slot + rl.v) + uint64_t(kvh) * R * D;
+    float *q_f = reinterpret_cast<float *>(stage_s[0]);  // [NREP][D], the pipeline is done
+    for (uint32_t idx = lane; idx < NREP * D; idx += 32) q_f[idx] = DType<T>::to_float(qg[idx]);
+    __syncwarp();
+    for (uint32_t c0 = 0; c0 < nres; c0 += kTile) {
+      const uint32_t nv = min(kTile, nres - c0);
+      for (uint32_t tt = lane; tt < kTile; tt += 32) {
+        float lg[NREP];
+#pragma unroll
+        for (int r = 0; r < NREP; ++r) lg[r] = 0.0f;
+        if (tt < nv) {
+          const uint4 *row = reinterpret_cast<const uint4 *>(k_res + uint64_t(c0 + tt) * D);
+#pragma unroll 4
+          for (int v = 0; v < D / 8; ++v) {
+            float kf[8];
+            unpack8<T>(row[v], kf);
+#pragma unroll
+            for (int r = 0; r < NREP; ++r) {
+              const float4 qa = *reinterpret_cast<const float4 *>(q_f + r * D + v * 8);
+              const float4 qb = *reinterpret_cast<const float4 *>(q_f + r * D + v * 8 + 4);
+              lg[r] = fmaf(qa.x, kf[0], lg[r]);
+              lg[r] = fmaf(qa.y, kf[1], lg[r]);
+              lg[r] = fmaf(qa.z, kf[2], lg[r]);
+              lg[r] = fmaf(qa.w, kf[3], lg[r]);
+              lg[r] = fmaf(qb.x, kf[4], lg[r]);
+              lg[r] = fmaf(qb.y, kf[5], lg[r]);
+              lg[r] = fmaf(qb.z, kf[6], lg[r]);
+              lg[r] = fmaf(qb.w, kf[7], lg[r]);
+            }
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < NREP; ++r) p_s[tt * NREP + r] = tt < nv ? lg[r] * p.scale_log2 : -INFINITY;
+      }
+      __syncwarp();
+      softmax_update<NREP, CPL>(p_s, nv, lane, m_run, l_run, acc, bacc);
+      __syncwarp();
+      for (uint32_t t = sub; t < nv; t += SUBSETS) {
+        const uint4 *vrow = reinterpret_cast<const uint4 *>(v_res + uint64_t(c0 + t) * D + ch0);
+        float pr[NREP];
+        load_probs<NREP>(p_s + t * NREP, pr);
+#pragma unroll
+        for (int v = 0; v < CPL / 8; ++v) {
+          float vf[8];
+          unpack8<T>(vrow[v], vf);
+#pragma unroll
+          for (int r = 0; r < NREP; ++r)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r][v * 8 + e] = fmaf(pr[r], vf[e], acc[r][v * 8 + e]);
+        }
+      }
+      __syncwarp();
+    }
+  }
+
+  // ---- sum the token subsets, write ----
+#pragma unroll
+  for (int off = LPR; off < 32; off <<= 1)
+#pragma unroll
+    for (int r = 0; r < NREP; ++r)
+#pragma unroll
+      for (int k = 0; k < CPL; ++k) acc[r][k] += __shfl_xor_sync(kFullMask, acc[r][k], off);
+  float m_h[NREP], l_h[NREP];
+#pragma unroll
+  for (int r = 0; r < NREP; ++r) {
+    m_h[r] = __shfl_sync(kFullMask, m_run, r);  // lane r owns head r
+    l_h[r] = __shfl_sync(kFullMask, l_run, r);
+  }
+  if (sub == 0) {
+#pragma unroll
+    for (int r = 0; r < NREP; ++r) {
+      const uint64_t head = uint64_t(seq) * p.num_heads + h0 + r;
+      if (p.splits == 1) {
+        const float inv = 1.0f / l_h[r];
+        uint4 *o = reinterpret_cast<uint4 *>(static_cast<T *>(p.out) + head * D + ch0);
+#pragma unroll
+        for (int v = 0; v < CPL / 8; ++v) {
+          uint4 w;
+          w.x = DType<T>::pack2(acc[r][8 * v] * inv, acc[r][8 * v + 1] * inv);
+          w.y = DType<T>::pack2(acc[r][8 * v + 2] * inv, acc[r][8 * v + 3] * inv);
+          w.z = DType<T>::pack2(acc[r][8 * v + 4] * inv, acc[r][8 * v + 5] * inv);
+          w.w = DType<T>::pack2(acc[r][8 * v + 6] * inv, acc[r][8 * v + 7] * inv);
+          o[v] = w;
+        }
+      } else {
+        const uint64_t part = head * p.splits + split;
+        float4 *o = reinterpret_cast<float4 *>(p.part_o + part * D + ch0);
+#pragma unroll
+        for (int v = 0; v < CPL / 4; ++v)
+          o[v] = make_float4(acc[r][4 * v], acc[r][4 * v + 1], acc[r][4 * v + 2], acc[r][4 * v + 3]);
+        if (ch0 == 0) {
+          p.part_ml[part * 2] = m_h[r];
+          p.part_ml[part * 2 + 1] = l_h[r];
+        }
+      }
+    }
+  }
+}
+
+// ===================================== merge ===============================================
+
 /// \tparam T dtype of out
 /// \tparam D head_dim
+/// Weights of all splits first (in parallel, into shared memory), then one thread per
+/// channel sums the splits with independent loads in flight.
 template <typename T, int D>
 __global__ void __launch_bounds__(D) decode_merge_kernel(const __grid_constant__ DecodeParams p) {
-  const uint32_t seq = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
+  __shared__ float w_s[kDecodeMaxSplits];
+  __shared__ float red_s[2][D / 32];
+  const uint32_t seq = blockIdx.x, h = blockIdx.y, c = threadIdx.x, warp = c / 32, lane = c % 32;
   const uint64_t part0 = (uint64_t(seq) * p.num_heads + h) * p.splits;
   float m = -INFINITY;
-  for (uint32_t s = 0; s < p.splits; ++s) m = fmaxf(m, p.part_ml[(part0 + s) * 2]);
-  float l = 0.0f, o = 0.0f;
-  for (uint32_t s = 0; s < p.splits; ++s) {
+  for (uint32_t s = c; s < p.splits; s += D) m = fmaxf(m, p.part_ml[(part0 + s) * 2]);
+  m = warp_max(m);
+  if (lane == 0) red_s[0][warp] = m;
+  __syncthreads();
+  m = red_s[0][0];
+#pragma unroll
+  for (int w = 1; w < D / 32; ++w) m = fmaxf(m, red_s[0][w]);
+  float l = 0.0f;
+  for (uint32_t s = c; s < p.splits; s += D) {
     const float ms = p.part_ml[(part0 + s) * 2];
-    if (ms == -INFINITY) continue;  // empty split
-    const float w = exp2f(ms - m);
-    l += p.part_ml[(part0 + s) * 2 + 1] * w;
-    o += p.part_o[(part0 + s) * D + c] * w;
+    const float w = ms == -INFINITY ? 0.0f : exp2f(ms - m);  // empty split: weight 0
+    w_s[s] = w;
+    l += w * p.part_ml[(part0 + s) * 2 + 1];
   }
+  l = warp_sum(l);
+  if (lane == 0) red_s[1][warp] = l;
+  __syncthreads();
+  l = 0.0f;
+#pragma unroll
+  for (int w = 0; w < D / 32; ++w) l += red_s[1][w];
+  float o = 0.0f;
+#pragma unroll 8
+  for (uint32_t s = 0; s < p.splits; ++s) o = fmaf(w_s[s], p.part_o[(part0 + s) * D + c], o);
   static_cast<T *>(p.out)[(uint64_t(seq) * p.num_heads + h) * D + c] = DType<T>::from_float(o / l);
 }
 
@@ -216,13 +769,62 @@ void launch_impl(const DecodeParams &p, cudaStream_t stream) {
   check_launch_error("decode_merge_kernel");
 }
 
+template <typename T, int D, int NREP>
+void launch_fast_impl(const DecodeParams &p, cudaStream_t stream) {
+  const dim3 grid(p.splits, p.num_kv_heads, p.n);
+  decode_fast_kernel<T, D, NREP><<<grid, 32, 0, stream>>>(p);
+  check_launch_error("decode_fast_kernel");
+  if (p.splits > 1) {
+    decode_merge_kernel<T, D><<<dim3(p.n, p.num_heads), D, 0, stream>>>(p);
+    check_launch_error("decode_merge_kernel");
+  }
+}
+
+// fn(std::integral_constant<int, NREP>{}) for the compiled GQA group sizes.
+template <typename Fn> void dispatch_n_rep(uint32_t n_rep, Fn &&fn) {
+  switch (n_rep) {
+    case 1: fn(std::integral_constant<int, 1>{}); return;
+    case 2: fn(std::integral_constant<int, 2>{}); return;
+    case 4: fn(std::integral_constant<int, 4>{}); return;
+    case 8: fn(std::integral_constant<int, 8>{}); return;
+    default: fail(MINIKV_ERR_INTERNAL, "minikv_decode: fast path for n_rep %u not compiled", n_rep);
+  }
+}
+
 }  // namespace
+
+bool decode_fast_path(const BlockLayout &bl, uint32_t n_rep) {
+  return bl.key_bits == 2 && bl.value_bits == 2 && bl.group == 16 && bl.elem_bytes == 2 &&
+         (bl.head_dim == 64 || bl.head_dim == 128) &&
+         (n_rep == 1 || n_rep == 2 || n_rep == 4 || n_rep == 8);
+}
+
+uint32_t decode_fast_ctas_per_sm(minikv_dtype dtype, uint32_t head_dim, uint32_t n_rep) {
+  int blocks = 0;
+  dispatch_dtype_head_dim(dtype, head_dim, "minikv_cache_create", [&](auto tag, auto hd) {
+    using T = decltype(tag);
+    constexpr int D = decltype(hd)::value;
+    dispatch_n_rep(n_rep, [&](auto nr) {
+      constexpr int NREP = decltype(nr)::value;
+      MINIKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &blocks, decode_fast_kernel<T, D, NREP>, 32, 0));
+    });
+  });
+  return static_cast<uint32_t>(blocks > 0 ? blocks : 1);
+}
 
 void launch_decode(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
                    cudaStream_t stream) {
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
+    const uint32_t n_rep = p.num_heads / p.num_kv_heads;
+    if (p.splits > kDecodeMaxSplits)
+      fail(MINIKV_ERR_INTERNAL, "minikv_decode: %u splits (at most %u)", p.splits, kDecodeMaxSplits);
+    if (decode_fast_path(p.st.block, n_rep)) {
+      dispatch_n_rep(n_rep, [&](auto nr) { launch_fast_impl<T, D, decltype(nr)::value>(p, stream); });
+      return;
+    }
     switch (p.heads_per_cta) {
       case 8: launch_impl<T, D, 8>(p, stream); return;
       case 4: launch_impl<T, D, 4>(p, stream); return;

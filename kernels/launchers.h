@@ -33,13 +33,22 @@ void launch_set_block_table(const TableParams &p, cudaStream_t stream);
 // append_flush.cu
 void launch_append(minikv_dtype dtype, const AppendParams &p, cudaStream_t stream);
 
-// decode_attention.cu: split-K attention + merge into p.out.
+// decode_attention.cu: split-K attention + merge into p.out (the merge is skipped on the
+// fast path when p.splits == 1).
 void launch_decode(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
                    cudaStream_t stream);
+// The fast decode path (2-bit keys and values, G = 16, head_dim 64/128, 16-bit dtype, GQA
+// group 1/2/4/8) runs one-warp CTAs over tiles of kDecodeFastTile quantized tokens; splits
+// there divide each sequence's tiles.
+bool decode_fast_path(const BlockLayout &bl, uint32_t n_rep);
+// Resident fast-path CTAs per SM (occupancy of the kernel instance), at least 1.
+uint32_t decode_fast_ctas_per_sm(minikv_dtype dtype, uint32_t head_dim, uint32_t n_rep);
 
 // Tile sizes the host needs for grids and workspaces.
 constexpr uint32_t kPrefillTile = 64;   // query and key rows per prefill tile
 constexpr uint32_t kDecodeTile = 128;   // cached tokens per decode iteration (= threads)
+constexpr uint32_t kDecodeFastTile = 128;  // quantized tokens per fast-path tile (8 key groups)
+constexpr uint32_t kDecodeMaxSplits = 128; // splits per decode launch (merge kernel bound)
 
 }  // namespace kernels
 }  // namespace minikv
