@@ -194,7 +194,8 @@ MINIKV_API void minikv_config_default(minikv_config *cfg);
 typedef struct minikv_cache minikv_cache;
 
 /** CONSTRUCTOR: validates `cfg`, chooses the backend, and reserves the whole block pool
- *  and every workspace (nothing is allocated by later calls).
+ *  and every workspace: later calls allocate no memory, host or device, when they succeed
+ *  (recording a failure's message may).
  *  @param[in]  cfg  configuration; read only during the call.
  *  @param[out] out  receives the handle; set to NULL on failure.
  *  Ownership: the caller owns the handle and frees it with minikv_cache_destroy().
@@ -257,7 +258,7 @@ MINIKV_API minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uin
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not
  *          prefilled for a sequence); MINIKV_ERR_CAPACITY_EXCEEDED (a flush needs a block
  *          and the pool has none, or a sequence reached max_seq_len); MINIKV_ERR_DEVICE.
- *          On failure no sequence changes. Allocates nothing. */
+ *          On failure no sequence changes. Allocates nothing; never synchronizes the host. */
 MINIKV_API minikv_status minikv_append(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
                                        const uint32_t *seq_ids, const void *k, const void *v,
                                        void *stream);
@@ -268,7 +269,8 @@ MINIKV_API minikv_status minikv_append(minikv_cache *cache, uint32_t layer, uint
  *  attends to itself. Reads the cache only.
  *  @param q,out  backend memory [n_seqs, num_heads, head_dim].
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not
- *          prefilled, or no token cached yet); MINIKV_ERR_DEVICE. Allocates nothing. */
+ *          prefilled, or no token cached yet); MINIKV_ERR_DEVICE. Allocates nothing; never
+ *          synchronizes the host (CUDA-graph capturable, like minikv_append). */
 MINIKV_API minikv_status minikv_decode(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
                                        const uint32_t *seq_ids, const void *q, void *out,
                                        void *stream);

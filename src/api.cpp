@@ -2,6 +2,7 @@
 // last-error bookkeeping. No logic lives here.
 #include <cstring>
 #include <new>
+#include <system_error>
 #include <string>
 
 #include "cache.h"
@@ -50,6 +51,9 @@ minikv_status guarded(const minikv_cache *handle, const char *call, Fn &&fn) noe
   } catch (const std::bad_alloc &) {
     status = MINIKV_ERR_OUT_OF_MEMORY;
     compose(message, call, ": out of host memory");
+  } catch (const std::system_error &e) {  // e.g. no more threads for the CPU backend's pool
+    status = MINIKV_ERR_OUT_OF_MEMORY;
+    compose(message, call, ": out of system resources: ", e.what());
   } catch (const std::exception &e) {
     status = MINIKV_ERR_INTERNAL;
     compose(message, call, ": internal error: ", e.what());

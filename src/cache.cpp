@@ -34,6 +34,12 @@ Cache::Cache(const minikv_config &cfg) : cfg_(cfg) {
 
   heavy_ratios_ = layer_heavy_ratios(cfg);
   states_.resize(slots);
+  tables_.resize(slots * spec_.max_blocks_per_seq);
+  seen_.resize(cfg.max_sequences);
+  prefill_items_.reserve(cfg.max_sequences);
+  append_items_.reserve(cfg.max_sequences);
+  append_extra_.reserve(cfg.max_sequences);
+  decode_items_.reserve(cfg.max_sequences);
   free_blocks_.resize(spec_.num_blocks);
   for (uint32_t i = 0; i < spec_.num_blocks; ++i) free_blocks_[i] = spec_.num_blocks - 1 - i;
 
@@ -72,19 +78,27 @@ uint32_t Cache::blocks_for(uint64_t quantized_tokens) const {
 CacheView Cache::view(uint32_t seq, uint32_t layer) const {
   const LayerState &s = state(seq, layer);
   CacheView v;
-  v.blocks = s.blocks.data();
-  v.num_blocks = static_cast<uint32_t>(s.blocks.size());
+  v.blocks = table(seq, layer);
+  v.num_blocks = s.num_blocks;
   v.residual_slot = seq * cfg_.num_layers + layer;
   v.quantized = s.quantized;
   v.residual = s.residual;
   return v;
 }
 
-void Cache::take_blocks(std::vector<uint32_t> &into, uint32_t n) {
+void Cache::take_blocks(uint32_t seq, uint32_t layer, uint32_t n) noexcept {
+  LayerState &s = state(seq, layer);
+  uint32_t *t = table(seq, layer);
   for (uint32_t i = 0; i < n; ++i) {
-    into.push_back(free_blocks_.back());
+    t[s.num_blocks++] = free_blocks_.back();
     free_blocks_.pop_back();
   }
+}
+
+void Cache::return_blocks(uint32_t seq, uint32_t layer, uint32_t n) noexcept {
+  LayerState &s = state(seq, layer);
+  const uint32_t *t = table(seq, layer);
+  for (uint32_t i = 0; i < n; ++i) free_blocks_.push_back(t[--s.num_blocks]);  // within capacity
 }
 
 void Cache::check_common(const char *call, uint32_t layer, uint32_t n_seqs,
@@ -96,14 +110,21 @@ void Cache::check_common(const char *call, uint32_t layer, uint32_t n_seqs,
                  "%s: n_seqs (%u) exceeds max_sequences (%u); seq_ids must be distinct", call,
                  n_seqs, cfg_.max_sequences);
   MINIKV_REQUIRE(seq_ids != nullptr, "%s: seq_ids is NULL", call);
-  std::vector<bool> seen(cfg_.max_sequences, false);
   for (uint32_t i = 0; i < n_seqs; ++i) {
-    const uint32_t id = seq_ids[i];
-    MINIKV_REQUIRE(id < cfg_.max_sequences, "%s: seq_ids[%u] (%u) must be < max_sequences (%u)",
-                   call, i, id, cfg_.max_sequences);
-    MINIKV_REQUIRE(!seen[id], "%s: seq_ids[%u] (%u) appears twice in one call", call, i, id);
-    seen[id] = true;
+    MINIKV_REQUIRE(seq_ids[i] < cfg_.max_sequences,
+                   "%s: seq_ids[%u] (%u) must be < max_sequences (%u)", call, i, seq_ids[i],
+                   cfg_.max_sequences);
   }
+  bool repeated = false;
+  uint32_t at = 0;
+  for (uint32_t i = 0; i < n_seqs && !repeated; ++i) {
+    repeated = seen_[seq_ids[i]] != 0;
+    seen_[seq_ids[i]] = 1;
+    at = i;
+  }
+  for (uint32_t i = 0; i < n_seqs; ++i) seen_[seq_ids[i]] = 0;
+  MINIKV_REQUIRE(!repeated, "%s: seq_ids[%u] (%u) appears twice in one call", call, at,
+                 seq_ids[at]);
   if (need_prefilled) {
     for (uint32_t i = 0; i < n_seqs; ++i) {
       if (!state(seq_ids[i], layer).prefilled) {
@@ -145,7 +166,8 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
     }
   }
 
-  std::vector<PrefillItem> items(n_seqs);
+  std::vector<PrefillItem> &items = prefill_items_;
+  items.assign(n_seqs, PrefillItem());  // within the capacity reserved at create
   uint64_t need = 0;
   for (uint32_t i = 0; i < n_seqs; ++i) {
     PrefillItem &it = items[i];
@@ -165,24 +187,16 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
          spec_.num_blocks);
   }
 
-  // Reserve every block table first, so take_blocks cannot throw half-way: an allocation
-  // failure must leave no sequence holding blocks (found by tests/reliability/test_oom).
-  for (uint32_t i = 0; i < n_seqs; ++i)
-    state(seq_ids[i], layer).blocks.reserve(blocks_for(items[i].dst.quantized));
   for (uint32_t i = 0; i < n_seqs; ++i) {
-    LayerState &s = state(seq_ids[i], layer);
-    take_blocks(s.blocks, blocks_for(items[i].dst.quantized));
-    items[i].dst.blocks = s.blocks.data();
-    items[i].dst.num_blocks = static_cast<uint32_t>(s.blocks.size());
+    take_blocks(seq_ids[i], layer, blocks_for(items[i].dst.quantized));
+    items[i].dst.blocks = table(seq_ids[i], layer);
+    items[i].dst.num_blocks = state(seq_ids[i], layer).num_blocks;
   }
   try {
     backend_->prefill(layer, items, q, k, v, out, stream);
   } catch (...) {
-    for (uint32_t i = n_seqs; i-- > 0;) {
-      LayerState &s = state(seq_ids[i], layer);
-      for (size_t b = s.blocks.size(); b-- > 0;) free_blocks_.push_back(s.blocks[b]);
-      s.blocks.clear();
-    }
+    for (uint32_t i = n_seqs; i-- > 0;)
+      return_blocks(seq_ids[i], layer, state(seq_ids[i], layer).num_blocks);
     throw;
   }
   for (uint32_t i = 0; i < n_seqs; ++i) {
@@ -203,8 +217,10 @@ void Cache::append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
   MINIKV_REQUIRE(k && v, "%s: %s is NULL", call, !k ? "k" : "v");
   check_stream(call, backend_->kind(), stream);
 
-  std::vector<AppendItem> items(n_seqs);
-  std::vector<uint32_t> extra(n_seqs, 0);
+  std::vector<AppendItem> &items = append_items_;
+  std::vector<uint32_t> &extra = append_extra_;
+  items.assign(n_seqs, AppendItem());  // within the capacity reserved at create
+  extra.assign(n_seqs, 0);
   uint64_t need = 0;
   for (uint32_t i = 0; i < n_seqs; ++i) {
     const LayerState &s = state(seq_ids[i], layer);
@@ -218,7 +234,7 @@ void Cache::append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
     items[i].flush = s.residual + 1 == cfg_.residual_length;
     if (items[i].flush) {
       const uint32_t total = blocks_for(uint64_t(s.quantized) + cfg_.residual_length);
-      extra[i] = total - static_cast<uint32_t>(s.blocks.size());
+      extra[i] = total - s.num_blocks;
       need += extra[i];
     }
   }
@@ -228,24 +244,14 @@ void Cache::append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
          "release or preempt sequences and retry",
          call, static_cast<unsigned long long>(need), free_blocks_.size(), spec_.num_blocks);
   }
-  for (uint32_t i = 0; i < n_seqs; ++i) {  // as in prefill: no throw once blocks move
-    std::vector<uint32_t> &blocks = state(seq_ids[i], layer).blocks;
-    blocks.reserve(blocks.size() + extra[i]);
-  }
   for (uint32_t i = 0; i < n_seqs; ++i) {
-    take_blocks(state(seq_ids[i], layer).blocks, extra[i]);
+    take_blocks(seq_ids[i], layer, extra[i]);
     items[i].dst = view(seq_ids[i], layer);
   }
   try {
     backend_->append(layer, items, k, v, stream);
   } catch (...) {
-    for (uint32_t i = n_seqs; i-- > 0;) {
-      std::vector<uint32_t> &blocks = state(seq_ids[i], layer).blocks;
-      for (uint32_t b = 0; b < extra[i]; ++b) {
-        free_blocks_.push_back(blocks.back());
-        blocks.pop_back();
-      }
-    }
+    for (uint32_t i = n_seqs; i-- > 0;) return_blocks(seq_ids[i], layer, extra[i]);
     throw;
   }
   for (uint32_t i = 0; i < n_seqs; ++i) {
@@ -266,7 +272,8 @@ void Cache::decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
   check_common(call, layer, n_seqs, seq_ids, true);
   MINIKV_REQUIRE(q && out, "%s: %s is NULL", call, !q ? "q" : "out");
   check_stream(call, backend_->kind(), stream);
-  std::vector<CacheView> items(n_seqs);
+  std::vector<CacheView> &items = decode_items_;
+  items.assign(n_seqs, CacheView());  // within the capacity reserved at create
   for (uint32_t i = 0; i < n_seqs; ++i) {
     items[i] = view(seq_ids[i], layer);
     if (items[i].quantized + items[i].residual == 0) {
@@ -284,9 +291,8 @@ void Cache::release(uint32_t seq_id) {
                  "minikv_sequence_release: seq_id (%u) must be < max_sequences (%u)", seq_id,
                  cfg_.max_sequences);
   for (uint32_t layer = cfg_.num_layers; layer-- > 0;) {
-    LayerState &s = state(seq_id, layer);
-    for (size_t b = s.blocks.size(); b-- > 0;) free_blocks_.push_back(s.blocks[b]);
-    s = LayerState();
+    return_blocks(seq_id, layer, state(seq_id, layer).num_blocks);
+    state(seq_id, layer) = LayerState();
   }
 }
 

@@ -50,7 +50,7 @@ class Cache {
     uint32_t generated = 0;
     uint32_t quantized = 0;
     uint32_t residual = 0;
-    std::vector<uint32_t> blocks;
+    uint32_t num_blocks = 0;  // entries used in this pair's row of tables_
   };
 
   LayerState &state(uint32_t seq, uint32_t layer) { return states_[size_t(seq) * cfg_.num_layers + layer]; }
@@ -59,14 +59,29 @@ class Cache {
   CacheView view(uint32_t seq, uint32_t layer) const;
   void check_common(const char *call, uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
                     bool need_prefilled) const;
-  // Takes n blocks off the free list (caller checked availability).
-  void take_blocks(std::vector<uint32_t> &into, uint32_t n);
+  uint32_t *table(uint32_t seq, uint32_t layer) {
+    return tables_.data() + (size_t(seq) * cfg_.num_layers + layer) * spec_.max_blocks_per_seq;
+  }
+  const uint32_t *table(uint32_t seq, uint32_t layer) const {
+    return const_cast<Cache *>(this)->table(seq, layer);
+  }
+  // Moves n blocks from the free list to the end of a pair's table (availability checked).
+  void take_blocks(uint32_t seq, uint32_t layer, uint32_t n) noexcept;
+  // Returns the last n blocks of a pair's table to the free list.
+  void return_blocks(uint32_t seq, uint32_t layer, uint32_t n) noexcept;
 
   minikv_config cfg_;
   StorageSpec spec_;
   std::vector<double> heavy_ratios_;
   std::vector<LayerState> states_;  // [max_sequences][num_layers]
-  std::vector<uint32_t> free_blocks_;  // stack; back() is handed out next
+  std::vector<uint32_t> free_blocks_;  // stack; back() is handed out next (capacity: all)
+  std::vector<uint32_t> tables_;       // [max_sequences][num_layers][max_blocks_per_seq]
+  // Per-call scratch, sized at create so that calls allocate nothing.
+  mutable std::vector<uint8_t> seen_;  // [max_sequences]: duplicate seq_id check
+  std::vector<PrefillItem> prefill_items_;
+  std::vector<AppendItem> append_items_;
+  std::vector<uint32_t> append_extra_;
+  std::vector<CacheView> decode_items_;
   std::unique_ptr<Backend> backend_;
   std::string last_error_;
 };

@@ -45,7 +45,7 @@ void ThreadPool::run_items(unsigned worker) {
     const uint64_t i = next_.fetch_add(1, std::memory_order_relaxed);
     if (i >= job_size_) return;
     try {
-      (*job_)(i, worker);
+      job_.call(job_.fn, i, worker);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!error_) error_ = std::current_exception();
@@ -71,15 +71,15 @@ void ThreadPool::worker_loop(unsigned index) {
   }
 }
 
-void ThreadPool::parallel_for(uint64_t n, const std::function<void(uint64_t, unsigned)> &fn) {
+void ThreadPool::run(uint64_t n, Job job) {
   if (n == 0) return;
   if (workers_.empty() || n == 1) {
-    for (uint64_t i = 0; i < n; ++i) fn(i, 0);
+    for (uint64_t i = 0; i < n; ++i) job.call(job.fn, i, 0);
     return;
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &fn;
+    job_ = job;
     job_size_ = n;
     next_.store(0, std::memory_order_relaxed);
     error_ = nullptr;
@@ -92,7 +92,7 @@ void ThreadPool::parallel_for(uint64_t n, const std::function<void(uint64_t, uns
   {
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return busy_ == 0; });
-    job_ = nullptr;
+    job_ = Job{nullptr, nullptr};
     error = error_;
   }
   if (error) std::rethrow_exception(error);

@@ -6,7 +6,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
+#include <exception>
+#include <type_traits>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -23,9 +24,20 @@ class ThreadPool {
   unsigned size() const { return static_cast<unsigned>(workers_.size()) + 1; }
   // fn(item, worker_index); worker_index in [0, size()). Exceptions from fn are rethrown
   // (the first one) after every item has finished or been skipped.
-  void parallel_for(uint64_t n, const std::function<void(uint64_t, unsigned)> &fn);
+  // The callable is borrowed, not copied: no allocation per call.
+  template <typename Fn>
+  void parallel_for(uint64_t n, Fn &&fn) {
+    using F = std::remove_reference_t<Fn>;
+    run(n, Job{const_cast<void *>(static_cast<const void *>(&fn)),
+               [](void *f, uint64_t i, unsigned w) { (*static_cast<F *>(f))(i, w); }});
+  }
 
  private:
+  struct Job {
+    void *fn;
+    void (*call)(void *fn, uint64_t item, unsigned worker);
+  };
+  void run(uint64_t n, Job job);
   void worker_loop(unsigned index);
   void run_items(unsigned worker);
 
@@ -35,7 +47,7 @@ class ThreadPool {
   uint64_t generation_ = 0;
   unsigned busy_ = 0;
   bool stop_ = false;
-  const std::function<void(uint64_t, unsigned)> *job_ = nullptr;
+  Job job_{nullptr, nullptr};
   uint64_t job_size_ = 0;
   std::atomic<uint64_t> next_{0};
   std::exception_ptr error_;

@@ -485,7 +485,8 @@ pub struct minikv_cache {
 }
 extern "C" {
     #[doc = " CONSTRUCTOR: validates `cfg`, chooses the backend, and reserves the whole block pool"]
-    #[doc = "  and every workspace (nothing is allocated by later calls)."]
+    #[doc = "  and every workspace: later calls allocate no memory, host or device, when they succeed"]
+    #[doc = "  (recording a failure's message may)."]
     #[doc = "  @param[in]  cfg  configuration; read only during the call."]
     #[doc = "  @param[out] out  receives the handle; set to NULL on failure."]
     #[doc = "  Ownership: the caller owns the handle and frees it with minikv_cache_destroy()."]
@@ -565,7 +566,7 @@ extern "C" {
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not"]
     #[doc = "          prefilled for a sequence); MINIKV_ERR_CAPACITY_EXCEEDED (a flush needs a block"]
     #[doc = "          and the pool has none, or a sequence reached max_seq_len); MINIKV_ERR_DEVICE."]
-    #[doc = "          On failure no sequence changes. Allocates nothing."]
+    #[doc = "          On failure no sequence changes. Allocates nothing; never synchronizes the host."]
     pub fn minikv_append(
         cache: *mut minikv_cache,
         layer: u32,
@@ -583,7 +584,8 @@ extern "C" {
     #[doc = "  attends to itself. Reads the cache only."]
     #[doc = "  @param q,out  backend memory [n_seqs, num_heads, head_dim]."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not"]
-    #[doc = "          prefilled, or no token cached yet); MINIKV_ERR_DEVICE. Allocates nothing."]
+    #[doc = "          prefilled, or no token cached yet); MINIKV_ERR_DEVICE. Allocates nothing; never"]
+    #[doc = "          synchronizes the host (CUDA-graph capturable, like minikv_append)."]
     pub fn minikv_decode(
         cache: *mut minikv_cache,
         layer: u32,
