@@ -442,6 +442,52 @@ TEST_SUITE("cpu") {
   TEST_CASE("OOM injection: every allocation of create/prefill/append/decode fails cleanly (F16)") {
     run_oom_suite(MINIKV_DTYPE_F16);
   }
+  TEST_CASE("successful prefill, append (with flushes), decode and queries allocate nothing") {
+    // The header promises it: everything is reserved at create (the CUDA backend relies on
+    // the same host path, so graph capture never meets an allocation).
+    minikv_config c;
+    minikv_config_default(&c);
+    c.backend = MINIKV_BACKEND_CPU;
+    c.dtype = MINIKV_DTYPE_F32;
+    c.num_layers = 2;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.max_sequences = 3;
+    c.max_seq_len = 256;
+    c.residual_length = 16;
+    minikv_cache *cache = nullptr;
+    REQUIRE(minikv_cache_create(&c, &cache) == MINIKV_OK);
+    const uint32_t ids[3] = {2, 0, 1};
+    const int32_t cu[4] = {0, 40, 41, 100};
+    std::vector<float> q(100 * 4 * 16), kv(100 * 2 * 16), out(q.size());
+    for (size_t i = 0; i < q.size(); ++i) q[i] = float((i * 7919) % 23) / 23.0f - 0.5f;
+    for (size_t i = 0; i < kv.size(); ++i) kv[i] = float((i * 104729) % 29) / 29.0f - 0.5f;
+    uint64_t allocations = 0;
+    {
+      alloc_control::Armed armed;
+      for (uint32_t layer = 0; layer < 2; ++layer)
+        REQUIRE(minikv_prefill(cache, layer, 3, ids, cu, q.data(), kv.data(), kv.data(),
+                               out.data(), nullptr) == MINIKV_OK);
+      for (int step = 0; step < 40; ++step)  // 40 > residual_length: several flushes
+        for (uint32_t layer = 0; layer < 2; ++layer) {
+          REQUIRE(minikv_append(cache, layer, 3, ids, kv.data(), kv.data(), nullptr) == MINIKV_OK);
+          REQUIRE(minikv_decode(cache, layer, 3, ids, q.data(), out.data(), nullptr) == MINIKV_OK);
+        }
+      uint64_t seen = 0, cached = 0;
+      uint32_t count = 0;
+      int32_t pos[8];
+      minikv_memory_stats st{};
+      st.struct_size = sizeof st;
+      REQUIRE(minikv_sequence_length(cache, 0, 1, &seen, &cached) == MINIKV_OK);
+      REQUIRE(minikv_kept_positions(cache, 0, 1, 1, pos, 8, &count) == MINIKV_OK);
+      REQUIRE(minikv_memory_stats_get(cache, &st) == MINIKV_OK);
+      REQUIRE(minikv_sequence_release(cache, 1) == MINIKV_OK);
+      allocations = alloc_control::g_count.load();
+    }
+    CHECK(allocations == 0);
+    minikv_cache_destroy(cache);
+  }
   TEST_CASE("host_calloc seam: set_alloc_failure makes the n-th pool allocation fail") {
     minikv_config c;
     minikv_config_default(&c);
