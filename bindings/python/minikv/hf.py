@@ -359,8 +359,11 @@ class MiniKVGenerator:
             raise MinikvError(Status.CAPACITY_EXCEEDED,
                               f"step: sequences {over} would exceed max_seq_len "
                               f"({self.config.max_seq_len}) with {t} more tokens")
-        start = torch.tensor([self._positions[s] for s in seq_ids], dtype=torch.long)
-        pos = (start[:, None] + torch.arange(t)[None]).to(self.device)
+        starts = [self._positions[s] for s in seq_ids]
+        if len(set(starts)) == 1:  # built on the device: no host copy, no stream sync
+            pos = torch.arange(starts[0], starts[0] + t, device=self.device).expand(len(starts), t)
+        else:
+            pos = (torch.tensor(starts)[:, None] + torch.arange(t)[None]).to(self.device)
         call = _Call("decode", np.asarray(seq_ids, dtype=np.uint32), self.cache)
         try:
             logits = self._run(ids.to(self.device), pos, call, 0)

@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""scripts/eval_accuracy.py — how much accuracy libminikv's compression costs a real model.
+
+SmolLM2-135M-Instruct (LLaMA architecture; scripts/fetch-model.sh fetches it) runs through
+minikv.hf.MiniKVGenerator with each libminikv setting, and through its own transformers
+attention with a full cache ("full", the reference). On windows of 2K/4K/8K tokens of Jane
+Austen's novels (../shared/data/corpus) it measures:
+  * decode-phase perplexity: prefill the first ctx-257 tokens of a window, then teacher-force
+    the next 256 one at a time through minikv_append + minikv_decode; the mean loss of those
+    256 predictions (the reference: one causal forward over the window, same positions);
+  * passkey retrieval: a random 5-digit number stated once at a depth of 10-90% of a ctx-token
+    haystack of novel text, asked for at the end; greedy answer, accuracy over the trials;
+  * greedy agreement: the fraction of the first 64 greedily generated tokens equal (position
+    by position) to the reference's, and the length of the common prefix;
+  * the compression ratio that minikv_memory_stats_get reports (after the perplexity run:
+    prompt + 256 decoded tokens per sequence).
+Prints a table and writes JSON to bench/results/.
+
+    scripts/fetch-model.sh
+    MINIKV_LIBRARY=build-cuda/libminikv.so python3 scripts/eval_accuracy.py            # GPU
+    MINIKV_LIBRARY=build-hf/libminikv.so python3 scripts/eval_accuracy.py --device cpu \\
+        --contexts 512 --ppl-windows 2 --decode-tokens 32 --passkey-trials 4 \\
+        --greedy-prompts 2 --greedy-tokens 16 --configs minikv16,pyramid-50     # CPU smoke
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import inspect
+import json
+import math
+import os
+import platform
+import random
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import minikv  # noqa: E402
+from minikv.gguf_llama import default_model_path, load_gguf_llama  # noqa: E402
+from minikv.hf import MiniKVGenerator  # noqa: E402
+
+CORPUS = os.path.join(ROOT, "..", "shared", "data", "corpus")
+NOVELS = ["emma", "mansfieldpark", "northangerabbey", "persuasion", "prideprejudice",
+          "sensesensibility"]
+
+
+def budget(total, policy="uniform", bits=2, **extra):
+    """A libminikv setting keeping `total` of the prompt: heavy hitters and recent window
+    half each (the paper's split), `bits`-bit keys and values, G = 16."""
+    return dict(heavy_ratio=total / 2, recent_ratio=total / 2, budget_policy=policy,
+                key_bits=bits, value_bits=bits, group_size=16, **extra)
+
+
+# name -> (what it is, minikv.Config fields)
+CONFIGS = {
+    "minikv16": ("16-bit, keep all (adapter check: = full)",
+                 dict(key_bits=16, value_bits=16, heavy_ratio=1.0, recent_ratio=0.0)),
+    "kivi-2bit": ("2-bit G16, keep all (quantization only)",
+                  dict(key_bits=2, value_bits=2, heavy_ratio=1.0, recent_ratio=0.0)),
+    "uniform-25": ("MiniKV uniform 25%, 2-bit G16", budget(0.25)),
+    "uniform-50": ("MiniKV uniform 50%, 2-bit G16", budget(0.50)),
+    "uniform-75": ("MiniKV uniform 75%, 2-bit G16", budget(0.75)),
+    "pyramid-25": ("MiniKV pyramid 25%, 2-bit G16", budget(0.25, "pyramid")),
+    "pyramid-50": ("MiniKV pyramid 50%, 2-bit G16", budget(0.50, "pyramid")),
+    "pyramid-75": ("MiniKV pyramid 75%, 2-bit G16", budget(0.75, "pyramid")),
+    "pyramid-50-4bit": ("MiniKV pyramid 50%, 4-bit G16", budget(0.50, "pyramid", bits=4)),
+    "h2o-50-16bit": ("H2O-like: uniform 50%, cumulative scores, 16-bit", budget(0.50, bits=16)),
+    "snapkv-50-16bit": ("SnapKV-like: uniform 50%, window scores, 16-bit",
+                        budget(0.50, bits=16, score_mode="window")),
+}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+# ---- text --------------------------------------------------------------------------------
+def novel_paragraphs(name):
+    """The novel's paragraphs, each reflowed onto one line (the corpus keeps printed lines)."""
+    with gzip.open(os.path.join(CORPUS, f"austen_{name}.txt.gz"), "rt", encoding="utf-8") as f:
+        text = f.read()
+    paras = [re.sub(r"\s*\n\s*", " ", p).strip() for p in re.split(r"\n\s*\n", text)]
+    return [p for p in paras if p]
+
+
+class Corpus:
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        # Per novel: the token ids of each paragraph ("text\n\n"), and all of them joined.
+        self.paras = {n: [tokenizer.encode(p + "\n\n") for p in novel_paragraphs(n)] for n in NOVELS}
+        self.stream = {n: [t for p in ps for t in p] for n, ps in self.paras.items()}
+
+    def windows(self, length, count, rng):
+        """`count` windows of `length` consecutive tokens, from the novels in turn."""
+        out = []
+        for i in range(count):
+            s = self.stream[NOVELS[i % len(NOVELS)]]
+            if len(s) < length:
+                raise ValueError(f"a novel has only {len(s)} tokens, fewer than {length}")
+            start = rng.randrange(len(s) - length + 1)
+            out.append(s[start:start + length])
+        return out
+
+    def passkey_prompt(self, ctx, depth, key, rng):
+        """A ctx-token prompt: instruction, novel text with the needle at `depth` (at a
+        paragraph boundary), question."""
+        tok = self.tok
+        head = tok.encode("There is an important piece of information hidden inside a lot of "
+                          "irrelevant text. Find it and memorize it. I will quiz you about the "
+                          "important information there.\n\n")
+        needle = tok.encode(f"The pass key is {key}. Remember it. {key} is the pass key.\n\n")
+        tail = tok.encode("What is the pass key? The pass key is")
+        room = ctx - len(head) - len(needle) - len(tail)
+        paras = self.paras[NOVELS[rng.randrange(len(NOVELS))]]
+        i = rng.randrange(len(paras) // 2)
+        hay = []
+        while sum(map(len, hay)) < room:
+            hay.append(paras[i % len(paras)])
+            i += 1
+        flat = [t for p in hay for t in p][:room]
+        bounds, acc = [0], 0
+        for p in hay:
+            acc += len(p)
+            if acc >= room:
+                break
+            bounds.append(acc)
+        at = min(bounds, key=lambda b: abs(b - depth * room))
+        return head + flat[:at] + needle + flat[at:] + tail
+
+
+def passkey_answer(tokenizer, tokens):
+    digits = re.sub(r"\s", "", tokenizer.decode(tokens))
+    m = re.search(r"\d{5}", digits)
+    return int(m.group()) if m else None
+
+
+# ---- the reference: the model's own attention, full cache -----------------------------------
+class Full:
+    def __init__(self, model):
+        self.model = model
+        params = inspect.signature(model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def decode_nll(self, windows, n):
+        """Per window: the mean NLL of its last n tokens, each predicted from all before."""
+        x = torch.tensor(windows, device=self.model.device)
+        logits = self.model(input_ids=x, logits_to_keep=n + 1).logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, -n:], reduction="none")
+        return nll.mean(1).tolist()
+
+    def greedy(self, prompts, n):
+        """Greedy continuations of equal-length prompts with a DynamicCache."""
+        cache = transformers.DynamicCache(config=self.model.config)
+        x = torch.tensor(prompts, device=self.model.device)
+        out = []
+        for _ in range(n):
+            logits = self.model(input_ids=x, use_cache=True, logits_to_keep=1,
+                                **{self.cache_kw: cache}).logits[:, -1]
+            x = logits.argmax(-1, keepdim=True)
+            out.append(x[:, 0])
+        return torch.stack(out, 1).tolist()
+
+
+# ---- libminikv ------------------------------------------------------------------------------
+def minikv_decode_nll(gen, windows, n, chunk):
+    """Prefill all but the last n+1 tokens, then feed n tokens through decode; the NLL of
+    the n predictions (of the window's last n tokens)."""
+    x = torch.tensor(windows, device=gen.device)
+    gen.prefill(x[:, :-(n + 1)])
+    nll = []
+    for c in range(0, n, chunk):
+        forced = x[:, -(n + 1) + c: -(n + 1) + min(c + chunk, n)]
+        logits = gen.step(forced).float()
+        target = x[:, -n + c: x.shape[1] - n + min(c + chunk, n)]
+        nll.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none"))
+    return torch.cat(nll, 1).mean(1).tolist()
+
+
+def batches(items, size):
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def evaluate(args):
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
+    torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.time()
+    model, tok = load_gguf_llama(args.model, dtype=dtype, device=device)
+    print(f"model: {os.path.basename(args.model)} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
+          f"parameters, {model.config.num_hidden_layers} layers, {model.config.num_attention_heads}/"
+          f"{model.config.num_key_value_heads} heads x {model.config.head_dim}), {args.dtype} on {device}, "
+          f"loaded in {time.time() - t0:.1f} s", flush=True)
+    t0 = time.time()
+    corpus = Corpus(tok)
+    print(f"corpus: {', '.join(f'{n} {len(s)}' for n, s in corpus.stream.items())} tokens "
+          f"({time.time() - t0:.1f} s)", flush=True)
+    full = Full(model)
+    names = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        sys.exit(f"unknown configs {unknown}; known: {', '.join(CONFIGS)}")
+    n, g = args.decode_tokens, args.greedy_tokens
+    rows = []
+    for ctx in args.contexts:
+        rng = random.Random(args.seed * 1000 + ctx)
+        ppl_windows = corpus.windows(ctx, args.ppl_windows, rng)
+        greedy_prompts = [w[:ctx - g] for w in corpus.windows(ctx, args.greedy_prompts, rng)]
+        depths = np.linspace(0.1, 0.9, 9)
+        trials = []
+        for i in range(args.passkey_trials):
+            key = rng.randrange(10000, 100000)
+            depth = float(depths[i % len(depths)])
+            trials.append((depth, key, corpus.passkey_prompt(ctx, depth, key, rng)))
+
+        # The reference.
+        t = time.time()
+        ref_nll = [v for b in batches(ppl_windows, args.batch) for v in full.decode_nll(b, n)]
+        ref_greedy = [s for b in batches(greedy_prompts, args.batch) for s in full.greedy(b, g)]
+        ref_pass = [passkey_answer(tok, full.greedy([p], args.answer_tokens)[0]) == key
+                    for _, key, p in trials]
+        ref = dict(config="full", what="transformers attention, full cache (reference)", ctx=ctx,
+                   nll=float(np.mean(ref_nll)), ppl=math.exp(np.mean(ref_nll)),
+                   passkey=float(np.mean(ref_pass)), passkey_by_depth=by_depth(trials, ref_pass),
+                   greedy_agreement=1.0, greedy_prefix=float(g), compression_ratio=0.0,
+                   seconds=time.time() - t)
+        rows.append(ref)
+        report(ref, ref)
+
+        max_len = ctx + max(g, args.answer_tokens) + 8
+        for name in names:
+            what, fields = CONFIGS[name]
+            t = time.time()
+            gen = MiniKVGenerator(model, max_sequences=args.batch, max_seq_len=max_len, **fields)
+            try:
+                nll, comp, seen, cached = [], [], 0, 0
+                for b in batches(ppl_windows, args.batch):
+                    nll += minikv_decode_nll(gen, b, n, args.chunk)
+                    st = gen.memory_stats()
+                    comp.append(st.compression_ratio)
+                    seen, cached = seen + st.tokens_seen, cached + st.tokens_cached
+                    gen.reset()
+                agree, prefix = [], []
+                for i, b in enumerate(batches(greedy_prompts, args.batch)):
+                    outs = gen.generate(b, g)
+                    gen.reset()
+                    for out, want in zip(outs, ref_greedy[i * args.batch:]):
+                        agree.append(np.mean([a == w for a, w in zip(out, want)]))
+                        prefix.append(next((j for j, (a, w) in enumerate(zip(out, want)) if a != w), g))
+                ok, pass_comp = [], []
+                for b in batches(trials, args.batch):
+                    outs = gen.generate([p for _, _, p in b], args.answer_tokens)
+                    pass_comp.append(gen.memory_stats().compression_ratio)
+                    gen.reset()
+                    ok += [passkey_answer(tok, o) == key for o, (_, key, _) in zip(outs, b)]
+            finally:
+                gen.close()
+            row = dict(config=name, what=what, fields=fields, ctx=ctx, nll=float(np.mean(nll)),
+                       ppl=math.exp(np.mean(nll)), passkey=float(np.mean(ok)),
+                       passkey_by_depth=by_depth(trials, ok), greedy_agreement=float(np.mean(agree)),
+                       greedy_prefix=float(np.mean(prefix)), compression_ratio=float(np.mean(comp)),
+                       compression_ratio_passkey=float(np.mean(pass_comp)),
+                       kept_fraction=cached / seen, seconds=time.time() - t)
+            rows.append(row)
+            report(row, ref)
+    return model, rows
+
+
+def by_depth(trials, ok):
+    out = {}
+    for (depth, _, _), good in zip(trials, ok):
+        out.setdefault(f"{depth:.1f}", []).append(bool(good))
+    return {d: float(np.mean(v)) for d, v in out.items()}
+
+
+HEADER = (f"{'ctx':>5} {'config':<16} {'ppl':>8} {'dppl%':>7} {'passkey':>7} {'greedy':>6} "
+          f"{'prefix':>6} {'compr%':>6} {'kept%':>5} {'s':>6}")
+
+
+def report(row, ref):
+    if row is ref:
+        print("\n" + HEADER, flush=True)
+    d = 100 * (row["ppl"] / ref["ppl"] - 1)
+    kept = 100 * row.get("kept_fraction", 1.0)
+    print(f"{row['ctx']:>5} {row['config']:<16} {row['ppl']:>8.3f} {d:>+7.2f} {row['passkey']:>7.2f} "
+          f"{row['greedy_agreement']:>6.3f} {row['greedy_prefix']:>6.1f} "
+          f"{100 * row['compression_ratio']:>6.1f} {kept:>5.1f} {row['seconds']:>6.1f}", flush=True)
+
+
+def goal(rows):
+    """The issue's goal: pyramid 50% within 2% perplexity and 1 passkey point of the full
+    cache, at >= 86% compression."""
+    lines = []
+    for r in rows:
+        if r["config"] != "pyramid-50":
+            continue
+        ref = next(x for x in rows if x["config"] == "full" and x["ctx"] == r["ctx"])
+        dppl = 100 * (r["ppl"] / ref["ppl"] - 1)
+        dpass = 100 * (r["passkey"] - ref["passkey"])
+        ok = dppl <= 2 and dpass >= -1 and r["compression_ratio"] >= 0.86
+        lines.append(f"ctx {r['ctx']}: pyramid-50 perplexity {dppl:+.2f}% (goal <= +2%), passkey "
+                     f"{dpass:+.1f} points (goal >= -1), compression {100 * r['compression_ratio']:.1f}% "
+                     f"(goal >= 86%): {'MET' if ok else 'NOT met'}")
+    return lines
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except Exception:
+        return None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=default_model_path(), help="GGUF file (default: %(default)s)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
+                   help="model and cache dtype (default: float16 on cuda, float32 on cpu)")
+    p.add_argument("--contexts", default="2048,4096,8192", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--configs", default="all", help=f"comma list of {', '.join(CONFIGS)}, or all")
+    p.add_argument("--ppl-windows", type=int, default=16, help="perplexity windows per context")
+    p.add_argument("--decode-tokens", type=int, default=256, help="teacher-forced decode tokens")
+    p.add_argument("--passkey-trials", type=int, default=54, help="passkey trials per context (>= 50)")
+    p.add_argument("--answer-tokens", type=int, default=8, help="greedy tokens of a passkey answer")
+    p.add_argument("--greedy-prompts", type=int, default=16)
+    p.add_argument("--greedy-tokens", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8, help="sequences per libminikv cache and model call")
+    p.add_argument("--chunk", type=int, default=64,
+                   help="teacher-forced tokens per model call (each still goes through append+decode "
+                        "one at a time, layer by layer)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--out", default=None, help="JSON path (default: bench/results/accuracy-<date>-<device>.json)")
+    args = p.parse_args()
+    if args.dtype is None:
+        args.dtype = "float16" if args.device.startswith("cuda") else "float32"
+    if not os.path.isfile(args.model):
+        sys.exit(f"{args.model}: not found; run scripts/fetch-model.sh first")
+
+    started = time.time()
+    model, rows = evaluate(args)
+    lines = goal(rows)
+    print()
+    for line in lines:
+        print(line)
+    dev = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
+           else platform.processor() or platform.machine())
+    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                device=dev, commit=git_commit(), libminikv=minikv.library_version(),
+                library_path=minikv.library_path(), torch=torch.__version__,
+                transformers=transformers.__version__, model=os.path.basename(args.model),
+                args=vars(args), seconds=time.time() - started, goal=lines)
+    out = args.out or os.path.join(
+        ROOT, "bench", "results",
+        f"accuracy-{datetime.date.today().isoformat()}-{'cuda' if args.device.startswith('cuda') else 'cpu'}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(dict(meta=meta, configs={k: v[0] for k, v in CONFIGS.items()}, rows=rows), f, indent=1)
+    print(f"\nwrote {out} ({time.time() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
