@@ -218,7 +218,9 @@ template <int D> struct FastStage {
 template <typename T, int D, int NREP> struct FastCfg {
   static constexpr int kCs = 8 / NREP;      // key groups (M-tiles) per QK sub-tile
   static constexpr int kPieces = std::is_same<T, __half>::value ? 3 : 2;  // bf16 pieces of q⊙s
-  static constexpr int kAcc = kCs >= 8 ? 1 : kPieces;  // independent mma accumulators per M-tile
+  // Independent mma accumulators per M-tile (piece × k-step parity when registers allow):
+  // short HMMA dependency chains, ptxas does not interleave M-tiles by itself.
+  static constexpr int kAcc = kCs >= 4 ? 2 * kPieces : kPieces;
   static constexpr int kKsteps = D / 16;    // mma k-steps over the channels
   static constexpr int kQc = D / 4;         // channels of one lane quarter (lane % 4)
   static constexpr int kQw = D / 64;        // 32-bit code words of one quarter of a row
@@ -235,9 +237,9 @@ __device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t 
 
 // The 16 2-bit codes of one word (code j at bits 2j) as 8 exact bf16x2 pairs
 // (code s, code s + 8), s = 0..7: (bits & mask) | 128.0 is 128 + c·4^j exactly, and one
-// bf16x2 FMA (× 4^-j, − 128·4^-j) leaves c exactly.
-__device__ __forceinline__ void key_pairs(uint32_t w, uint32_t (&a)[8]) {
-  constexpr uint32_t kMagic = 0x43004300u;  // bf16 128.0 in both halves
+// bf16x2 FMA (× 4^-j, − 128·4^-j) leaves c exactly. kMagic = 0x43004300 (bf16 128.0 in both
+// halves) comes in a register (see opaque_zero) so that (bits & mask) | magic is one LOP3.
+__device__ __forceinline__ void key_pairs(uint32_t w, uint32_t kMagic, uint32_t (&a)[8]) {
   const uint32_t w6 = w >> 6, w12 = w >> 12;
   a[0] = bf16x2_fma((w & 0x00030003u) | kMagic, 0x3F803F80u, 0xC300C300u);    // ×1, −128
   a[1] = bf16x2_fma((w & 0x000C000Cu) | kMagic, 0x3E803E80u, 0xC200C200u);    // ×1/4, −32
@@ -262,10 +264,11 @@ __device__ __forceinline__ void split_pieces(float a, float b, uint32_t (&out)[P
   }
 }
 
-// Value code k (of the CPL codes of u, code k at bits 2k) times 4^e(k), exactly, as fp32.
-template <int K> __device__ __forceinline__ float value_code(uint32_t u) {
+// Value code k (of the CPL codes of u, code k at bits 2k) times 4^e(k), exactly, as fp32:
+// (bits & mask) | 2^23 (magic = 0x4B000000 in a register: one LOP3) − 2^23.
+template <int K> __device__ __forceinline__ float value_code(uint32_t u, uint32_t magic) {
   const uint32_t bits = K <= 10 ? (u & (3u << (2 * K))) : ((u >> 16) & (3u << (2 * (K - 8))));
-  return __uint_as_float(0x4B000000u | bits) - 8388608.0f;
+  return __uint_as_float(magic | bits) - 8388608.0f;
 }
 template <int K> __host__ __device__ constexpr float value_code_inv_scale() {  // 4^-e(k)
   return K <= 10 ? 1.0f / static_cast<float>(1u << (2 * K))
@@ -273,12 +276,12 @@ template <int K> __host__ __device__ constexpr float value_code_inv_scale() {  /
 }
 template <int CPL, int K = 0> struct ValueCodes {
   template <int NREP>
-  static __device__ __forceinline__ void fma(uint32_t u, const float (&ps)[NREP],
+  static __device__ __forceinline__ void fma(uint32_t u, uint32_t magic, const float (&ps)[NREP],
                                              float (&acc)[NREP][CPL]) {
-    const float c = value_code<K>(u);
+    const float c = value_code<K>(u, magic);
 #pragma unroll
     for (int r = 0; r < NREP; ++r) acc[r][K] = fmaf(ps[r], c, acc[r][K]);
-    ValueCodes<CPL, K + 1>::fma(u, ps, acc);
+    ValueCodes<CPL, K + 1>::fma(u, magic, ps, acc);
   }
   template <int NREP>
   static __device__ __forceinline__ void finish(float (&acc)[NREP][CPL], const float (&bacc)[NREP]) {
@@ -289,7 +292,8 @@ template <int CPL, int K = 0> struct ValueCodes {
 };
 template <int CPL> struct ValueCodes<CPL, CPL> {
   template <int NREP>
-  static __device__ __forceinline__ void fma(uint32_t, const float (&)[NREP], float (&)[NREP][CPL]) {}
+  static __device__ __forceinline__ void fma(uint32_t, uint32_t, const float (&)[NREP],
+                                             float (&)[NREP][CPL]) {}
   template <int NREP>
   static __device__ __forceinline__ void finish(float (&)[NREP][CPL], const float (&)[NREP]) {}
 };
@@ -406,6 +410,12 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
   // P·V̂: lane owns channels [ch0, ch0 + CPL) of the tokens t ≡ sub (mod SUBSETS).
   const uint32_t ch0 = (lane % LPR) * CPL, sub = lane / LPR;
   const uint32_t gv = ch0 / 16, bo = (ch0 % 16) * 2;  // value group word, bit offset
+
+  // A zero that ptxas cannot prove (it does not know p.n < 2^31): OR-ed into the decode magic
+  // numbers it keeps them in registers, so each (bits & mask) | magic is a single LOP3
+  // (with two immediates ptxas emits two).
+  const uint32_t opaque_zero = p.n >> 31;
+  const uint32_t key_magic = 0x43004300u | opaque_zero, value_magic = 0x4B000000u | opaque_zero;
 
   const T *qg = static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0) * D;
   float q_reg[QC];  // q of head my_r, channels of quarter qi
@@ -557,8 +567,8 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
 #pragma unroll
           for (int w = 0; w < QW; ++w) {
             uint32_t t8[8], u8[8];
-            key_pairs(wg[w], t8);
-            key_pairs(wg8[w], u8);
+            key_pairs(wg[w], key_magic, t8);
+            key_pairs(wg8[w], key_magic, u8);
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
               ag[w * 8 + e] = t8[e];
@@ -573,7 +583,8 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
             const uint32_t af[4] = {ag[2 * ks_], ag8[2 * ks_], ag[2 * ks_ + 1], ag8[2 * ks_ + 1]};
 #pragma unroll
             for (int pc = 0; pc < PIECES; ++pc)
-              mma_16816<__nv_bfloat16>(d[pc % NA], af, bf[pc][ks_][0], bf[pc][ks_][1]);
+              mma_16816<__nv_bfloat16>(d[(pc + PIECES * (ks_ & 1)) % NA], af, bf[pc][ks_][0],
+                                       bf[pc][ks_][1]);
           }
           // c0: (row g, col 2i), c1: (g, 2i + 1), c2: (g + 8, 2i), c3: (g + 8, 2i + 1); a
           // column n belongs to M-tile n / NREP (its key group) and head n % NREP.
@@ -596,7 +607,7 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
       __syncwarp();
 
       // -- P·V̂ on CUDA cores --
-#pragma unroll 2
+#pragma unroll(NREP <= 2 ? 4 : 2)
       for (uint32_t t = sub; t < nvalid; t += SUBSETS) {
         const uint32_t u = *reinterpret_cast<const uint32_t *>(st + St::kVC + t * (D / 4) + 4 * gv) >> bo;
         const float s = DType<T>::to_float(reinterpret_cast<const T *>(st + St::kVS)[t * (D / 16) + gv]);
@@ -608,7 +619,7 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
           ps[r] = pr[r] * s;
           bacc[r] = fmaf(pr[r], m, bacc[r]);
         }
-        ValueCodes<CPL>::template fma<NREP>(u, ps, acc);
+        ValueCodes<CPL>::template fma<NREP>(u, value_magic, ps, acc);
       }
       __syncwarp();  // the stage and p_s are rewritten next
     }
@@ -617,49 +628,66 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
   ValueCodes<CPL>::template finish<NREP>(acc, bacc);
 
   // ---- residual (16-bit) tokens: the last split ----
+  // Chunks of 32 rows: K and V rows by cp.async into stage 0 (K chunk v of row t stored at
+  // v ^ (t mod D/8), so that lane = token reads are free of bank conflicts), q as fp32 in
+  // stage 1; lane t scores token t for every head; P·V̂ as for the tiles.
   if (split + 1 == p.splits && nres > 0) {
+    constexpr uint32_t kChunk = 32, kRowBytes = D * 2, kRowChunks = D / 8;
     const ResidualLayout &rl = p.st.res;
     const uint8_t *res_slot = p.st.residual + uint64_t(p.slot[seq]) * rl.bytes;
     const T *k_res = reinterpret_cast<const T *>(res_slot + rl.k) + uint64_t(kvh) * R * D;
     const T *v_res = reinterpret_cast<const T *>(res_slot + rl.v) + uint64_t(kvh) * R * D;
-    float *q_f = reinterpret_cast<float *>(stage_s[0]);  // [NREP][D], the pipeline is done
-    for (uint32_t idx = lane; idx < NREP * D; idx += 32) q_f[idx] = DType<T>::to_float(qg[idx]);
-    __syncwarp();
-    for (uint32_t c0 = 0; c0 < nres; c0 += kTile) {
-      const uint32_t nv = min(kTile, nres - c0);
-      for (uint32_t tt = lane; tt < kTile; tt += 32) {
+    uint8_t *k_s = stage_s[0], *v_s = stage_s[0] + kChunk * kRowBytes;
+    float *q_f = reinterpret_cast<float *>(stage_s[1]);  // [NREP][D]
+    for (uint32_t c8 = lane; c8 < NREP * D / 8; c8 += 32) {
+      float f[8];
+      unpack8<T>(reinterpret_cast<const uint4 *>(qg)[c8], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q_f[c8 * 8 + e] = f[e];
+    }
+    for (uint32_t c0 = 0; c0 < nres; c0 += kChunk) {
+      const uint32_t nv = min(kChunk, nres - c0);
+      for (uint32_t c = lane; c < kChunk * kRowChunks; c += 32) {
+        const uint32_t t = c / kRowChunks, v = c % kRowChunks;
+        const uint64_t src = uint64_t(c0 + (t < nv ? t : 0)) * D + v * 8;  // rows past nv: zeros
+        cp_async_16(k_s + t * kRowBytes + (v ^ (t % kRowChunks)) * 16, k_res + src, t < nv);
+        cp_async_16(v_s + t * kRowBytes + v * 16, v_res + src, t < nv);
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncwarp();
+      {
         float lg[NREP];
 #pragma unroll
         for (int r = 0; r < NREP; ++r) lg[r] = 0.0f;
-        if (tt < nv) {
-          const uint4 *row = reinterpret_cast<const uint4 *>(k_res + uint64_t(c0 + tt) * D);
+        const uint8_t *krow = k_s + lane * kRowBytes;
 #pragma unroll 4
-          for (int v = 0; v < D / 8; ++v) {
-            float kf[8];
-            unpack8<T>(row[v], kf);
+        for (uint32_t v = 0; v < kRowChunks; ++v) {
+          float kf[8];
+          unpack8<T>(*reinterpret_cast<const uint4 *>(krow + (v ^ (lane % kRowChunks)) * 16), kf);
 #pragma unroll
-            for (int r = 0; r < NREP; ++r) {
-              const float4 qa = *reinterpret_cast<const float4 *>(q_f + r * D + v * 8);
-              const float4 qb = *reinterpret_cast<const float4 *>(q_f + r * D + v * 8 + 4);
-              lg[r] = fmaf(qa.x, kf[0], lg[r]);
-              lg[r] = fmaf(qa.y, kf[1], lg[r]);
-              lg[r] = fmaf(qa.z, kf[2], lg[r]);
-              lg[r] = fmaf(qa.w, kf[3], lg[r]);
-              lg[r] = fmaf(qb.x, kf[4], lg[r]);
-              lg[r] = fmaf(qb.y, kf[5], lg[r]);
-              lg[r] = fmaf(qb.z, kf[6], lg[r]);
-              lg[r] = fmaf(qb.w, kf[7], lg[r]);
-            }
+          for (int r = 0; r < NREP; ++r) {
+            const float4 qa = *reinterpret_cast<const float4 *>(q_f + r * D + v * 8);
+            const float4 qb = *reinterpret_cast<const float4 *>(q_f + r * D + v * 8 + 4);
+            lg[r] = fmaf(qa.x, kf[0], lg[r]);
+            lg[r] = fmaf(qa.y, kf[1], lg[r]);
+            lg[r] = fmaf(qa.z, kf[2], lg[r]);
+            lg[r] = fmaf(qa.w, kf[3], lg[r]);
+            lg[r] = fmaf(qb.x, kf[4], lg[r]);
+            lg[r] = fmaf(qb.y, kf[5], lg[r]);
+            lg[r] = fmaf(qb.z, kf[6], lg[r]);
+            lg[r] = fmaf(qb.w, kf[7], lg[r]);
           }
         }
 #pragma unroll
-        for (int r = 0; r < NREP; ++r) p_s[tt * NREP + r] = tt < nv ? lg[r] * p.scale_log2 : -INFINITY;
+        for (int r = 0; r < NREP; ++r) p_s[lane * NREP + r] = lane < nv ? lg[r] * p.scale_log2 : -INFINITY;
       }
       __syncwarp();
-      softmax_update<NREP, CPL>(p_s, nv, lane, m_run, l_run, acc, bacc);
+      softmax_update<NREP, CPL>(p_s, nv, lane, m_run, l_run, acc, bacc);  // reads t < nv only
       __syncwarp();
+#pragma unroll 2
       for (uint32_t t = sub; t < nv; t += SUBSETS) {
-        const uint4 *vrow = reinterpret_cast<const uint4 *>(v_res + uint64_t(c0 + t) * D + ch0);
+        const uint4 *vrow = reinterpret_cast<const uint4 *>(v_s + t * kRowBytes + ch0 * 2);
         float pr[NREP];
         load_probs<NREP>(p_s + t * NREP, pr);
 #pragma unroll
@@ -672,7 +700,7 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
             for (int e = 0; e < 8; ++e) acc[r][v * 8 + e] = fmaf(pr[r], vf[e], acc[r][v * 8 + e]);
         }
       }
-      __syncwarp();
+      __syncwarp();  // k_s, v_s and p_s are rewritten by the next chunk
     }
   }
 
