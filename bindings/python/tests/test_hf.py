@@ -308,3 +308,128 @@ def test_cuda_backend_matches_the_model(rng):
         err = (got.double() - exact.double()).abs().max().item()
         assert err <= budget, f"position {i}: |adapter - fp32 model| = {err:.3g} > {budget:.3g}"
     assert not math.isnan(err)
+
+
+# ---- the GGUF loader (minikv.gguf_llama) on a tiny GGUF written here ---------------------------
+def _gguf_or_skip():
+    from minikv import gguf_llama
+    try:
+        return gguf_llama, gguf_llama.import_gguf()
+    except ImportError as e:
+        pytest.skip(str(e))
+
+
+def _byte_unicode():
+    """GPT-2's byte -> printable-character table (what byte-level BPE vocabularies use)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = list(bs), 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def _llama_cpp_permute(w, n_head):
+    """llama.cpp convert_hf_to_gguf.py's permute() of a Q/K projection (HF -> GGUF)."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def _write_tiny_gguf(path, model, gguf, tokens, merges):
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    w.add_token_merges([" ".join(m) for m in merges])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_pad_token_id(2)
+    names = {"embed_tokens": "token_embd", "norm": "output_norm", "input_layernorm": "attn_norm",
+             "post_attention_layernorm": "ffn_norm", "q_proj": "attn_q", "k_proj": "attn_k",
+             "v_proj": "attn_v", "o_proj": "attn_output", "gate_proj": "ffn_gate",
+             "up_proj": "ffn_up", "down_proj": "ffn_down"}
+    for name, t in model.state_dict().items():
+        a = t.detach().float().numpy().copy()
+        parts = name.split(".")
+        if name == "lm_head.weight":
+            out = "output.weight"
+        elif parts[1] == "layers":
+            out = f"blk.{parts[2]}.{names[parts[-2]]}.weight"
+            if parts[-2] == "q_proj":
+                a = _llama_cpp_permute(a, cfg.num_attention_heads)
+            elif parts[-2] == "k_proj":
+                a = _llama_cpp_permute(a, cfg.num_key_value_heads)
+        else:
+            out = f"{names[parts[1]]}.weight"
+        w.add_tensor(out, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_loader_rebuilds_the_model(tmp_path):
+    gguf_llama, gguf = _gguf_or_skip()
+    byte = _byte_unicode()
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [byte[b] for b in range(256)]
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ġ", "c"), ("a", "t"), ("Ġc", "at")]
+    tokens += ["".join(m) for m in merges]
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(vocab_size=len(tokens), hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
+    cfg._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    path = tmp_path / "tiny.gguf"
+    _write_tiny_gguf(path, model, gguf, tokens, merges)
+
+    loaded, tok = gguf_llama.load_gguf_llama(str(path))
+    assert loaded.config.num_key_value_heads == 2 and not loaded.config.tie_word_embeddings
+    sd, want = loaded.state_dict(), model.state_dict()
+    for name in want:
+        assert torch.equal(sd[name], want[name]), name  # Q/K un-permuted exactly
+    text = "<|im_start|>the cat 12345<|im_end|>"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert ids[0] == 1 and ids[-1] == 2  # control tokens matched whole
+    assert tokens.index("Ġcat") in ids and tokens.index("he") in ids
+    digits = [tokens[i] for i in ids if tokens[i].strip("Ġ").isdigit()]
+    assert digits == ["1", "2", "3", "4", "5"]  # one token per digit (SmolLM's pre-tokenizer)
+    x = torch.tensor([ids * 3])
+    with torch.no_grad():
+        assert_close(loaded(x).logits, model(x).logits, 1e-4, "loaded vs original model")
+    # And the loaded model through libminikv, lossless.
+    with hf.MiniKVGenerator(loaded, max_seq_len=64, **LOSSLESS) as gen:
+        got = gen.prefill(x[0], all_logits=True)[0]
+    with torch.no_grad():
+        assert_close(got, model(x).logits[0], 1e-4, "loaded model through libminikv")
+
+    # Without the un-permutation the attention is wrong although every shape fits.
+    real = gguf_llama.unpermute_qk
+    try:
+        gguf_llama.unpermute_qk = lambda w, n: w
+        broken, _ = gguf_llama.load_gguf_llama(str(path), tokenizer=False)
+    finally:
+        gguf_llama.unpermute_qk = real
+    with torch.no_grad():
+        assert (broken(x).logits - model(x).logits).abs().max() > 1e-2
