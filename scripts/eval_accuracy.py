@@ -67,6 +67,8 @@ CONFIGS = {
                  dict(key_bits=16, value_bits=16, heavy_ratio=1.0, recent_ratio=0.0)),
     "kivi-2bit": ("2-bit G16, keep all (quantization only)",
                   dict(key_bits=2, value_bits=2, heavy_ratio=1.0, recent_ratio=0.0)),
+    "kivi-4bit": ("4-bit G16, keep all (quantization only)",
+                  dict(key_bits=4, value_bits=4, heavy_ratio=1.0, recent_ratio=0.0)),
     "uniform-25": ("MiniKV uniform 25%, 2-bit G16", budget(0.25)),
     "uniform-50": ("MiniKV uniform 50%, 2-bit G16", budget(0.50)),
     "uniform-75": ("MiniKV uniform 75%, 2-bit G16", budget(0.75)),

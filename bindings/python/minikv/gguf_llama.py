@@ -18,6 +18,7 @@ permuted back here (`unpermute_qk`).
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Any, Dict, Optional, Tuple
@@ -43,15 +44,14 @@ def default_model_path() -> str:
 def import_gguf() -> Any:
     """The `gguf` module: installed, or unpacked by fetch-model.sh into .models/python."""
     try:
-        import gguf  # noqa: F401
+        return importlib.import_module("gguf")
     except ImportError:
         local = os.path.join(models_dir(), "python")
         if not os.path.isfile(os.path.join(local, "gguf", "__init__.py")):
             raise ImportError("the `gguf` package is needed: run scripts/fetch-model.sh (it "
                               "unpacks it into .models/python) or pip install gguf") from None
         sys.path.append(local)
-    import gguf
-    return gguf
+    return importlib.import_module("gguf")
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
