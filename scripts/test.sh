@@ -80,6 +80,25 @@ for t in bindings/*/test.sh; do
     MINIKV_INCLUDE_DIR="$MINIKV_ROOT/include" bash "$t"
 done
 
+# The transformers adapter (bindings/python/minikv/hf.py) against a tiny random LLaMA on the
+# CPU backend: torch + transformers from PyPI in a venv (PyPI's torch brings CUDA libraries:
+# ~3.5 GB download, ~6 GB on disk). Skipped when the disk has less than 12 GB free or
+# MINIKV_SKIP_HF=1.
+HF_PACKAGES=(torch==2.15.0 transformers==5.24.0 gguf==0.19.0)
+if [ -n "$PY" ] && [ "${MINIKV_SKIP_HF:-0}" != 1 ]; then
+  free_kb=$(df -Pk "$BUILD" | awk 'NR==2 {print $4}')
+  if [ "${free_kb:-0}" -lt $((12 * 1024 * 1024)) ]; then
+    note "transformers adapter tests skipped: less than 12 GB free on $BUILD's disk"
+  else
+    step "transformers adapter tests (venv: ${HF_PACKAGES[*]})"
+    install_packages python3-venv
+    venv="$BUILD/hf-venv"
+    [ -x "$venv/bin/python" ] || "$PY" -m venv --system-site-packages "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${HF_PACKAGES[@]}" numpy pytest
+    MINIKV_LIBRARY="$LIB" "$venv/bin/python" -m pytest bindings/python/tests/test_hf.py -q
+  fi
+fi
+
 # Go + Java (SWIG) and Rust (bindgen): each script installs its toolchain from Debian, builds
 # its own CPU libminikv, regenerates the committed generated code and fails on a diff, then
 # runs the binding's tests and example. MINIKV_SKIP_BINDINGS=1 skips them.
