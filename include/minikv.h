@@ -258,7 +258,8 @@ MINIKV_API minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uin
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not
  *          prefilled for a sequence); MINIKV_ERR_CAPACITY_EXCEEDED (a flush needs a block
  *          and the pool has none, or a sequence reached max_seq_len); MINIKV_ERR_DEVICE.
- *          On failure no sequence changes. Allocates nothing; never synchronizes the host. */
+ *          On failure no sequence changes. Allocates nothing; with CUDA it never synchronizes
+ *          the host (CUDA-graph capturable). */
 MINIKV_API minikv_status minikv_append(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
                                        const uint32_t *seq_ids, const void *k, const void *v,
                                        void *stream);
@@ -269,8 +270,8 @@ MINIKV_API minikv_status minikv_append(minikv_cache *cache, uint32_t layer, uint
  *  attends to itself. Reads the cache only.
  *  @param q,out  backend memory [n_seqs, num_heads, head_dim].
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not
- *          prefilled, or no token cached yet); MINIKV_ERR_DEVICE. Allocates nothing; never
- *          synchronizes the host (CUDA-graph capturable, like minikv_append). */
+ *          prefilled, or no token cached yet); MINIKV_ERR_DEVICE. Allocates nothing; with CUDA
+ *          it never synchronizes the host (CUDA-graph capturable, like minikv_append). */
 MINIKV_API minikv_status minikv_decode(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
                                        const uint32_t *seq_ids, const void *q, void *out,
                                        void *stream);

@@ -566,7 +566,8 @@ extern "C" {
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not"]
     #[doc = "          prefilled for a sequence); MINIKV_ERR_CAPACITY_EXCEEDED (a flush needs a block"]
     #[doc = "          and the pool has none, or a sequence reached max_seq_len); MINIKV_ERR_DEVICE."]
-    #[doc = "          On failure no sequence changes. Allocates nothing; never synchronizes the host."]
+    #[doc = "          On failure no sequence changes. Allocates nothing; with CUDA it never synchronizes"]
+    #[doc = "          the host (CUDA-graph capturable)."]
     pub fn minikv_append(
         cache: *mut minikv_cache,
         layer: u32,
@@ -584,8 +585,8 @@ extern "C" {
     #[doc = "  attends to itself. Reads the cache only."]
     #[doc = "  @param q,out  backend memory [n_seqs, num_heads, head_dim]."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not"]
-    #[doc = "          prefilled, or no token cached yet); MINIKV_ERR_DEVICE. Allocates nothing; never"]
-    #[doc = "          synchronizes the host (CUDA-graph capturable, like minikv_append)."]
+    #[doc = "          prefilled, or no token cached yet); MINIKV_ERR_DEVICE. Allocates nothing; with CUDA"]
+    #[doc = "          it never synchronizes the host (CUDA-graph capturable, like minikv_append)."]
     pub fn minikv_decode(
         cache: *mut minikv_cache,
         layer: u32,
