@@ -35,7 +35,9 @@
  * Streams. `stream` is a cudaStream_t passed as void* (NULL = the legacy default stream)
  * for the CUDA backend and must be NULL for the CPU backend. CUDA calls are asynchronous
  * with respect to the host: they return once the work is queued, and borrowed device
- * buffers must stay valid until that work has run. CPU calls are synchronous.
+ * buffers must stay valid until that work has run. A handle's workspaces are shared by its
+ * calls, so calls on one handle that use different streams must be ordered by the caller
+ * (events, or one stream per handle). CPU calls are synchronous.
  *
  * Errors. Every fallible call returns a minikv_status. A call that fails leaves the cache
  * exactly as it was: no partial prefill or append, no lost tokens, no leaked memory. The
