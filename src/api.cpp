@@ -82,7 +82,7 @@ const char *minikv_version_string(void) { return kVersionString; }
 const char *minikv_last_error_message(void) { return minikv::thread_error(); }
 
 const char *minikv_status_string(minikv_status status) {
-  switch (status) {
+  switch (static_cast<int>(status)) {  // any int a C caller passes, known or not
     case MINIKV_OK: return "MINIKV_OK: success";
     case MINIKV_ERR_INVALID_ARGUMENT: return "MINIKV_ERR_INVALID_ARGUMENT: invalid argument";
     case MINIKV_ERR_OUT_OF_MEMORY: return "MINIKV_ERR_OUT_OF_MEMORY: out of memory";
