@@ -215,7 +215,7 @@ class CpuBackend final : public Backend {
         out[t] = reinterpret_cast<const int32_t *>(block + bl_.positions +
                                                    kv_head * bl_.positions_head())[t % bl_.tokens];
       } else {
-        uint8_t *slot = const_cast<CpuBackend *>(this)->residual_slot(view.residual_slot);
+        uint8_t *slot = residual_slot(view.residual_slot);
         out[t] = residual_positions(slot, kv_head)[t - view.quantized];
       }
     }
@@ -224,7 +224,7 @@ class CpuBackend final : public Backend {
  private:
   uint64_t key_stride() const { return align_up(cfg_.max_seq_len, 16); }
   uint8_t *block_ptr(uint32_t block) const { return pool_.get() + uint64_t(block) * bl_.bytes; }
-  uint8_t *residual_slot(uint32_t slot) { return residual_.get() + uint64_t(slot) * rl_.bytes; }
+  uint8_t *residual_slot(uint32_t slot) const { return residual_.get() + uint64_t(slot) * rl_.bytes; }
   template <typename T>
   T *residual_row(uint8_t *slot, uint64_t region, uint32_t head, uint32_t row) const {
     return reinterpret_cast<T *>(slot + region) + (uint64_t(head) * rl_.tokens + row) * rl_.head_dim;
