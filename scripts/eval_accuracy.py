@@ -49,7 +49,8 @@ import minikv  # noqa: E402
 from minikv.gguf_llama import default_model_path, load_gguf_llama  # noqa: E402
 from minikv.hf import MiniKVGenerator  # noqa: E402
 
-CORPUS = os.path.join(ROOT, "..", "shared", "data", "corpus")
+# MINIKV_CORPUS: where the novels are when ../shared is not beside the checkout (a GPU box).
+CORPUS = os.environ.get("MINIKV_CORPUS") or os.path.join(ROOT, "..", "shared", "data", "corpus")
 NOVELS = ["emma", "mansfieldpark", "northangerabbey", "persuasion", "prideprejudice",
           "sensesensibility"]
 
@@ -189,7 +190,9 @@ def batches(items, size):
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def evaluate(args):
+def evaluate(args, save=lambda rows: None):
+    """Runs every (context, config) cell; `save(rows)` after each, so a run cut short (a
+    time limit) keeps what it measured."""
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     torch.set_grad_enabled(False)
@@ -236,6 +239,7 @@ def evaluate(args):
                    seconds=time.time() - t)
         rows.append(ref)
         report(ref, ref)
+        save(rows)
 
         max_len = ctx + max(g, args.answer_tokens) + 8
         for name in names:
@@ -273,6 +277,7 @@ def evaluate(args):
                        kept_fraction=cached / seen, seconds=time.time() - t)
             rows.append(row)
             report(row, ref)
+            save(rows)
     return model, rows
 
 
@@ -315,6 +320,8 @@ def goal(rows):
 
 
 def git_commit():
+    if os.environ.get("MINIKV_COMMIT"):  # a copy of the tree without .git (a GPU box)
+        return os.environ["MINIKV_COMMIT"]
     try:
         return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
@@ -351,24 +358,30 @@ def main():
         sys.exit(f"{args.model}: not found; run scripts/fetch-model.sh first")
 
     started = time.time()
-    model, rows = evaluate(args)
+    dev = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
+           else platform.processor() or platform.machine())
+    out = args.out or os.path.join(
+        ROOT, "bench", "results",
+        f"accuracy-{datetime.date.today().isoformat()}-{'cuda' if args.device.startswith('cuda') else 'cpu'}.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+
+    def save(rows, lines=None):
+        meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    device=dev, commit=git_commit(), libminikv=minikv.library_version(),
+                    library_path=minikv.library_path(), torch=torch.__version__,
+                    transformers=transformers.__version__, model=os.path.basename(args.model),
+                    args=vars(args), seconds=time.time() - started, complete=lines is not None,
+                    goal=lines if lines is not None else goal(rows))
+        with open(out + ".part", "w") as f:
+            json.dump(dict(meta=meta, configs={k: v[0] for k, v in CONFIGS.items()}, rows=rows), f, indent=1)
+        os.replace(out + ".part", out)
+
+    model, rows = evaluate(args, save)
     lines = goal(rows)
     print()
     for line in lines:
         print(line)
-    dev = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
-           else platform.processor() or platform.machine())
-    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                device=dev, commit=git_commit(), libminikv=minikv.library_version(),
-                library_path=minikv.library_path(), torch=torch.__version__,
-                transformers=transformers.__version__, model=os.path.basename(args.model),
-                args=vars(args), seconds=time.time() - started, goal=lines)
-    out = args.out or os.path.join(
-        ROOT, "bench", "results",
-        f"accuracy-{datetime.date.today().isoformat()}-{'cuda' if args.device.startswith('cuda') else 'cpu'}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(dict(meta=meta, configs={k: v[0] for k, v in CONFIGS.items()}, rows=rows), f, indent=1)
+    save(rows, lines)
     print(f"\nwrote {out} ({time.time() - started:.0f} s)")
 
 

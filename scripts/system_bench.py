@@ -496,20 +496,25 @@ def main():
              "StaticCache (DynamicCache in fig12), SDPA"))
     if not b.cuda:
         res["meta"]["note"] += "; CPU run: no device memory, peak_bytes is 0 and nothing runs out"
+    out_dir = args.out_dir or os.path.join(
+        ROOT, "bench", "results",
+        f"system-{datetime.date.today().isoformat()}-{'cuda' if b.cuda else 'cpu'}{'-tiny' if args.tiny else ''}")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "system.json")
+
+    def save():  # after every figure, so a run cut short (a time limit) keeps what it measured
+        res["meta"]["seconds"] = time.time() - started
+        with open(path + ".part", "w") as f:
+            json.dump(res, f, indent=1)
+        os.replace(path + ".part", path)
+
     for fig, fn in ((11, fig11), (12, fig12), (13, fig13)):
         if fig in args.figures:
             print(f"figure {fig}", flush=True)
             t = time.time()
             fn(b, args, res)
             res[f"fig{fig}"]["seconds"] = time.time() - t
-    res["meta"]["seconds"] = time.time() - started
-    out_dir = args.out_dir or os.path.join(
-        ROOT, "bench", "results",
-        f"system-{datetime.date.today().isoformat()}-{'cuda' if b.cuda else 'cpu'}{'-tiny' if args.tiny else ''}")
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "system.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+            save()
     print("wrote", path)
     for png in plot(res, out_dir):
         print("wrote", png)
@@ -517,6 +522,8 @@ def main():
 
 
 def git_commit():
+    if os.environ.get("MINIKV_COMMIT"):  # a copy of the tree without .git (a GPU box)
+        return os.environ["MINIKV_COMMIT"]
     try:
         return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
