@@ -78,6 +78,8 @@ class Bench:
     def __init__(self, args):
         self.args = args
         self.device = torch.device(args.device)
+        if self.device.type == "cuda" and self.device.index is None:  # memory calls need an index
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.cuda = self.device.type == "cuda"
         self.dtype = torch.float16 if self.cuda else torch.float32
         shape = TINY if args.tiny else LLAMA2_7B
@@ -385,9 +387,7 @@ def plot(res, out_dir):
             pts = [p for p in f[e]["points"] if "oom" not in p]
             ax.plot([p["batch"] for p in pts], [p[metric] / GiB for p in pts], "o-",
                     color=colors[e], label=f"{label[e]} (largest batch {f[e]['largest_batch']})")
-            ooms = [p["batch"] for p in f[e]["points"] if "oom" in p]
-            for x in ooms:
-                ax.axvline(x, color=colors[e], ls=":", lw=1)
+            ax.axvline(f[e]["largest_batch"], color=colors[e], ls=":", lw=1)  # the probed limit
         if limit:
             ax.axhline(limit, color="tab:red", ls="--", lw=1, label=f"memory limit {limit} GiB")
         ax.set_xscale("log", base=2)
