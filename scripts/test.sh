@@ -96,6 +96,10 @@ if [ -n "$PY" ] && [ "${MINIKV_SKIP_HF:-0}" != 1 ]; then
     [ -x "$venv/bin/python" ] || "$PY" -m venv --system-site-packages "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "${HF_PACKAGES[@]}" numpy pytest
     MINIKV_LIBRARY="$LIB" "$venv/bin/python" -m pytest bindings/python/tests/test_hf.py -q
+    # The system benchmark end to end on a 2-layer model (its pool sizing is checked against
+    # the library's kept-token counts); output in the build tree, not bench/results.
+    step "system benchmark smoke (scripts/system_bench.py --tiny)"
+    MINIKV_LIBRARY="$LIB" "$venv/bin/python" scripts/system_bench.py --tiny --out-dir "$BUILD/system-tiny"
   fi
 fi
 
