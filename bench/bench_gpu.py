@@ -165,6 +165,7 @@ def main():
     ap.add_argument("--lengths", default="")
     ap.add_argument("--batches", default="1,8", help="decode batch sizes")
     ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--no-decode", action="store_true")
     args = ap.parse_args()
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [4096, 32768] if args.quick else [4096, 32768, 131072])
@@ -179,7 +180,7 @@ def main():
     rows = []
     for dtype in args.dtype.split(","):
         tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
-        for L in lengths:
+        for L in ([] if args.no_decode else lengths):
             for (H, Hkv) in ((32, 32), (32, 8)):
                 for B in [int(b) for b in args.batches.split(",")]:
                     r = bench_decode(dtype, tdtype, B, H, Hkv, L, copy_gbs)

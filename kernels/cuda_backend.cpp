@@ -395,13 +395,13 @@ class CudaBackend final : public Backend {
         seqs.tile_begin[n + 1] = seqs.tile_begin[n] + tiles;
         return n;
       };
-      add_seq(attn.seqs, ceil_div(L, kPrefillTile));
+      add_seq(attn.seqs, ceil_div(L, kPrefillQueryTile));
 
       const bool scored = !plan.keep_all && plan.n_heavy > 0;
       if (scored) {
         const bool pooled = window && cfg_.pool_kernel > 1;
         const uint32_t col_end = pooled ? plan.scored_prefix : plan.candidates;
-        const uint32_t n = add_seq(sc.seqs, ceil_div(col_end, kPrefillTile));
+        const uint32_t n = add_seq(sc.seqs, ceil_div(col_end, kPrefillKeyTile));
         sc.row_begin[n] = window ? plan.scored_prefix : 0;
         sc.col_end[n] = col_end;
         sel.scored_prefix[b] = pooled ? plan.scored_prefix : 0;

@@ -18,7 +18,8 @@ bool head_dim_supported(uint32_t head_dim);
 // Raises the dynamic shared-memory limits of the prefill kernels on the current device.
 void configure_prefill_kernels(minikv_dtype dtype, uint32_t head_dim);
 
-// prefill_attention.cu: grid over the query tiles / key tiles of `p.seqs`.
+// prefill_attention.cu: grid over the query tiles (kPrefillQueryTile rows) / key tiles
+// (kPrefillKeyTile columns) of `p.seqs`.
 void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
                               cudaStream_t stream);
 void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
@@ -45,7 +46,8 @@ bool decode_fast_path(const BlockLayout &bl, uint32_t n_rep);
 uint32_t decode_fast_ctas_per_sm(minikv_dtype dtype, uint32_t head_dim, uint32_t n_rep);
 
 // Tile sizes the host needs for grids and workspaces.
-constexpr uint32_t kPrefillTile = 64;   // query and key rows per prefill tile
+constexpr uint32_t kPrefillQueryTile = 128;  // query rows per prefill attention CTA
+constexpr uint32_t kPrefillKeyTile = 128;    // key columns per prefill score CTA
 constexpr uint32_t kDecodeTile = 128;   // cached tokens per decode iteration (= threads)
 constexpr uint32_t kDecodeFastTile = 128;  // quantized tokens per fast-path tile (8 key groups)
 constexpr uint32_t kDecodeMaxSplits = 128; // splits per decode launch (merge kernel bound)

@@ -50,7 +50,7 @@ struct PrefillAttnParams {
   float *lse;  // [num_heads][ws_tokens] row log-sum-exp in log2 units (of logits * log2 e)
   uint32_t num_heads, num_kv_heads, ws_tokens;
   float scale_log2;  // log2(e) / sqrt(head_dim)
-  PrefillSeqs seqs;  // tiles: ceil(L / 64) query tiles
+  PrefillSeqs seqs;  // tiles: ceil(L / kPrefillQueryTile) query tiles
 };
 
 // Column sums of exp(s - LSE) over query rows [row_begin, L) for key columns
@@ -61,7 +61,7 @@ struct PrefillScoreParams {
   float *scores;  // [num_kv_heads][ws_tokens]
   uint32_t num_heads, num_kv_heads, ws_tokens;
   float scale_log2;
-  PrefillSeqs seqs;  // tiles: ceil(col_end / 64) key tiles
+  PrefillSeqs seqs;  // tiles: ceil(col_end / kPrefillKeyTile) key tiles
   uint32_t row_begin[kMaxPrefillSeqs];
   uint32_t col_end[kMaxPrefillSeqs];
 };

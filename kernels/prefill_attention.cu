@@ -1,16 +1,20 @@
 // Prefill attention with importance scores, for ragged batches (sequences packed back to
 // back), tensor cores through mma.sync m16n8k16 (sm_80+), fp32 accumulation.
 //
-// Pass 1 (prefill_attention_kernel): FlashAttention-2 forward. One CTA = 64 query rows of
-//   one query head (4 warps × 16 rows); K/V tiles of 64 keys up to the causal diagonal;
-//   online softmax in log2 units; writes out and the row LSE (fp32, log2 units) to a
-//   workspace.
-// Pass 2 (prefill_scores_kernel): one CTA = 64 key columns of one KV head. It recomputes
-//   QKᵀ for every query tile on or below the diagonal (tiles above it are never visited),
-//   for each query head of the GQA group, and adds exp2(s - LSE) — the exact normalized
-//   probabilities — into per-column sums held in registers. Each column is owned by one
-//   CTA and summed in a fixed order: deterministic, no atomics, no L×L buffer.
-//   WINDOW mode is the same pass restricted to the last window_size query rows.
+// Pass 1 (prefill_attention_kernel): FlashAttention-2 forward. One CTA = 128 query rows of
+//   one query head (4 warps × 32 rows: two 16-row m-tiles share every K/V fragment read
+//   from shared memory); K/V tiles of 64 keys up to the causal diagonal, double-buffered by
+//   cp.async one tile ahead; online softmax on raw scores with the scale folded into the
+//   exponent (log2 units); writes out and the row LSE (fp32, log2 units) to a workspace.
+//   The grid runs the longest (last) query tiles first, all heads of a tile adjacent.
+// Pass 2 (prefill_scores_kernel): one CTA = 128 key columns of one KV head, transposed:
+//   each warp keeps its 32 keys in registers as the A operand and streams 64-query tiles
+//   (with their LSE) as B, S^T = K·Q^T, for every query tile on or below the diagonal
+//   (tiles above it are never visited) and every query head of the GQA group; it adds
+//   exp2(s - LSE) — the exact normalized probabilities — into per-key sums held in
+//   registers. Each column is owned by one thread and summed in a fixed order:
+//   deterministic, no atomics, no L×L buffer. WINDOW mode is the same pass restricted to
+//   the last window_size query rows.
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
@@ -19,22 +23,43 @@ namespace minikv {
 namespace kernels {
 namespace {
 
-constexpr int kTile = static_cast<int>(kPrefillTile);  // query rows = key rows per tile
-constexpr int kThreads = 128;                           // 4 warps × 16 query rows
+constexpr int kThreads = 128;                               // 4 warps
+constexpr int kBM = static_cast<int>(kPrefillQueryTile);    // forward: query rows per CTA
+constexpr int kBN = 64;                                     // forward: keys per K/V tile
+constexpr int kSK = static_cast<int>(kPrefillKeyTile);      // scores: key columns per CTA
+constexpr int kSQ = 64;                                     // scores: queries per streamed tile
+static_assert(kBM == 32 * (kThreads / 32) && kSK == kBM, "32 rows (two m-tiles) per warp");
 
 template <int D> __host__ __device__ constexpr int smem_stride() { return D + 8; }  // +16 B: conflict-free ldmatrix
 
-// cp.async of rows [0, 64) of a tile (row r at base + r * row_stride elements) into shared
-// [64][D + 8]; rows >= valid_rows are zero-filled without reading memory.
-template <typename T, int D>
+// cp.async of rows [0, ROWS) of a tile (row r at base + r * row_stride elements) into
+// shared [ROWS][D + 8]; rows >= valid_rows are zero-filled without reading memory.
+template <typename T, int D, int ROWS>
 __device__ __forceinline__ void load_tile(T *smem, const T *base, int64_t row_stride,
                                           int valid_rows) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
+  static_assert(ROWS * kChunks % kThreads == 0, "whole chunks per thread");
+#pragma unroll
+  for (int it = 0; it < ROWS * kChunks / kThreads; ++it) {
+    const int i = it * kThreads + threadIdx.x;
     const int r = i / kChunks, c = (i % kChunks) * 8;
     const bool ok = r < valid_rows;
     cp_async_16(smem + r * smem_stride<D>() + c, ok ? base + r * row_stride + c : base, ok);
   }
+}
+
+// 4-byte cp.async (zero-filled when !valid): LSE rows have no 16-byte alignment.
+__device__ __forceinline__ void cp_async_4(void *smem, const void *gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)),
+               "l"(gmem), "r"(valid ? 4 : 0));
+}
+
+// 2^x on the MUFU unit (what exp2f compiles to, minus its denormal-result path: terms
+// below 2^-126 are flushed to 0, far under fp32 rounding of any sum they join).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Sequence of a launch-wide tile index.
@@ -44,52 +69,42 @@ __device__ __forceinline__ uint32_t find_seq(const PrefillSeqs &s, uint32_t tile
   return i;
 }
 
-// A fragments (16 rows × D) of rows [row0, row0 + 16) of a shared tile.
+// A fragment (16 rows × 16 of the k dimension at kk) of rows [row0, row0 + 16) of a
+// shared [rows][D + 8] tile.
 template <typename T, int D>
-__device__ __forceinline__ void load_a_frags(uint32_t (&a)[D / 16][4], const T *tile, int row0,
-                                             int lane) {
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    ldmatrix_x4(a[kk], tile + (row0 + (lane % 8) + ((lane / 8) % 2) * 8) * smem_stride<D>() +
-                           kk * 16 + (lane / 16) * 8);
+__device__ __forceinline__ void load_a_frag(uint32_t (&a)[4], const T *tile, int row0, int kk,
+                                            int lane) {
+  ldmatrix_x4(a, tile + (row0 + (lane % 8) + ((lane / 8) % 2) * 8) * smem_stride<D>() + kk * 16 +
+                     (lane / 16) * 8);
 }
 
-// s[nt] (16 rows × 64 keys, 8 n-tiles) = A · Kᵀ with K a shared [64][D + 8] tile.
+// B fragments of n-tiles 2·np and 2·np + 1 at k-step kk, from a shared [64][D + 8] tile
+// whose rows are the n (column) index.
 template <typename T, int D>
-__device__ __forceinline__ void qk_tile(float (&s)[8][4], const uint32_t (&a)[D / 16][4],
-                                        const T *k_tile, int lane) {
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4(b, k_tile + (np * 16 + (lane % 8) + (lane / 16) * 8) * smem_stride<D>() +
-                         kk * 16 + ((lane / 8) % 2) * 8);
-      mma_16816<T>(s[2 * np], a[kk], b[0], b[1]);
-      mma_16816<T>(s[2 * np + 1], a[kk], b[2], b[3]);
-    }
-  }
+__device__ __forceinline__ void load_b_frags(uint32_t (&b)[4], const T *tile, int np, int kk,
+                                             int lane) {
+  ldmatrix_x4(b, tile + (np * 16 + (lane % 8) + (lane / 16) * 8) * smem_stride<D>() + kk * 16 +
+                     ((lane / 8) % 2) * 8);
 }
 
 /// \tparam T dtype of q/k/v/out (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
+/// 2 CTAs/SM (8 warps): 255 registers, the 64 B of spills are cp.async addresses.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     prefill_attention_kernel(const __grid_constant__ PrefillAttnParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   constexpr int S = smem_stride<D>();
-  T *q_s = reinterpret_cast<T *>(smem_raw);
-  T *k_s = q_s + kTile * S;
-  T *v_s = k_s + kTile * S;
+  T *q_s = reinterpret_cast<T *>(smem_raw);  // [kBM][S]
+  T *k_s = q_s + kBM * S;                    // [2][kBN][S]
+  T *v_s = k_s + 2 * kBN * S;                // [2][kBN][S]
 
-  const uint32_t seq = find_seq(p.seqs, blockIdx.x);
+  const uint32_t tile = blockIdx.x / p.num_heads;
+  const int h = static_cast<int>(blockIdx.x % p.num_heads);
+  const uint32_t seq = find_seq(p.seqs, tile);
   const int L = static_cast<int>(p.seqs.len[seq]);
-  const int q0 = static_cast<int>(blockIdx.x - p.seqs.tile_begin[seq]) * kTile;
-  const int h = blockIdx.y;
+  const uint32_t last = p.seqs.tile_begin[seq + 1] - 1;
+  const int q0 = static_cast<int>(last - tile) * kBM;  // longest query tiles first
   const int kvh = h / (p.num_heads / p.num_kv_heads);
   const int64_t tb = p.seqs.token_begin[seq];
   const int64_t q_stride = int64_t(p.num_heads) * D, kv_stride = int64_t(p.num_kv_heads) * D;
@@ -99,233 +114,302 @@ __global__ void __launch_bounds__(kThreads)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
-  const int row_a = q0 + warp * 16 + g, row_b = row_a + 8;
+  const int wrow = warp * 32;  // this warp's rows in the tile: m-tile mt = wrow + 16 mt
+  const float scale = p.scale_log2;
 
-  load_tile<T, D>(q_s, q + q0 * q_stride, q_stride, L - q0);
-  cp_async_commit();
-  load_tile<T, D>(k_s, k, kv_stride, L);
+  load_tile<T, D, kBM>(q_s, q + q0 * q_stride, q_stride, L - q0);
+  load_tile<T, D, kBN>(k_s, k, kv_stride, L);
+  load_tile<T, D, kBN>(v_s, v, kv_stride, L);
   cp_async_commit();
 
-  const int n_kv = min((L + kTile - 1) / kTile, q0 / kTile + 1);  // up to the diagonal
-  uint32_t qa[D / 16][4];
-  float o[D / 8][4];
+  const int n_kv = min((L + kBN - 1) / kBN, (q0 + kBM - 1) / kBN + 1);  // up to the diagonal
+  float o[2][D / 8][4];
 #pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt)
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.0f;
+  // Per row (m-tile, g / g + 8): running max of the raw scores and this thread's partial sum.
+  float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+  float l[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 
   for (int j = 0; j < n_kv; ++j) {
-    const int k0 = j * kTile;
-    load_tile<T, D>(v_s, v + k0 * kv_stride, kv_stride, L - k0);
-    cp_async_commit();
-    cp_async_wait<1>();  // Q and K_j have landed
-    __syncthreads();
-    if (j == 0) load_a_frags<T, D>(qa, q_s, warp * 16, lane);
-
-    float s[8][4];
-    qk_tile<T, D>(s, qa, k_s, lane);
-
-    // Scale, causal + length mask, online softmax (rows g and g + 8 of the warp).
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = k0 + nt * 8 + 2 * tq + (e & 1);
-        const int row = e < 2 ? row_a : row_b;
-        const float x = (col > row || col >= L) ? -INFINITY : s[nt][e] * p.scale_log2;
-        s[nt][e] = x;
-        mx[e / 2] = fmaxf(mx[e / 2], x);
-      }
-    float base[2], corr[2], rs[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      base[r] = mx[r] == -INFINITY ? 0.0f : mx[r];  // fully masked row (past L): keep 0s
-      corr[r] = exp2f(m[r] - base[r]);
-      m[r] = mx[r];
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pr = exp2f(s[nt][e] - base[e / 2]);
-        s[nt][e] = pr;
-        rs[e / 2] += pr;
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
-      rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
-      l[r] = l[r] * corr[r] + rs[r];
-    }
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      o[dt][0] *= corr[0];
-      o[dt][1] *= corr[0];
-      o[dt][2] *= corr[1];
-      o[dt][3] *= corr[1];
-    }
-
-    __syncthreads();  // every warp is done with k_s
-    if (j + 1 < n_kv) {
-      load_tile<T, D>(k_s, k + (k0 + kTile) * kv_stride, kv_stride, L - k0 - kTile);
+    const int k0 = j * kBN;
+    const T *ks = k_s + (j & 1) * kBN * S;
+    const T *vs = v_s + (j & 1) * kBN * S;
+    if (j + 1 < n_kv) {  // stage (j + 1) & 1 was released by the barrier ending iteration j - 1
+      const int nk0 = k0 + kBN, st = ((j + 1) & 1) * kBN * S;
+      load_tile<T, D, kBN>(k_s + st, k + nk0 * kv_stride, kv_stride, L - nk0);
+      load_tile<T, D, kBN>(v_s + st, v + nk0 * kv_stride, kv_stride, L - nk0);
       cp_async_commit();
-      cp_async_wait<1>();  // V_j has landed
+      cp_async_wait<1>();  // tile j (and Q) have landed
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
 
+    float s[2][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) load_a_frag<T, D>(a[mt], q_s, wrow + 16 * mt, kk, lane);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        load_b_frags<T, D>(b, ks, np, kk, lane);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma_16816<T>(s[mt][2 * np], a[mt], b[0], b[1]);
+          mma_16816<T>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+
+    // Causal + length mask only on tiles that reach past the tile's first row or past L.
+    if (k0 + kBN - 1 > q0 || k0 + kBN > L) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = k0 + nt * 8 + 2 * tq + (e & 1);
+            const int row = q0 + wrow + 16 * mt + g + (e / 2) * 8;
+            if (col > row || col >= L) s[mt][nt][e] = -INFINITY;
+          }
+    }
+
+    // Online softmax (log2 units): p = 2^(s·scale − max·scale), one FFMA + ex2 per score.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = m[mt][r];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float base = mx == -INFINITY ? 0.0f : mx * scale;  // no key yet: keep 0s
+        const float corr = ex2(fmaf(m[mt][r], scale, -base));
+        m[mt][r] = mx;
+        float rs = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pr = ex2(fmaf(s[mt][nt][2 * r + e], scale, -base));
+            s[mt][nt][2 * r + e] = pr;
+            rs += pr;
+          }
+        l[mt][r] = l[mt][r] * corr + rs;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          o[mt][dt][2 * r] *= corr;
+          o[mt][dt][2 * r + 1] *= corr;
+        }
+      }
+
     // O += P · V_j, P straight from the score registers.
 #pragma unroll
-    for (int kc = 0; kc < kTile / 16; ++kc) {
-      uint32_t a[4];
-      a[0] = DType<T>::pack2(s[2 * kc][0], s[2 * kc][1]);
-      a[1] = DType<T>::pack2(s[2 * kc][2], s[2 * kc][3]);
-      a[2] = DType<T>::pack2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-      a[3] = DType<T>::pack2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+    for (int kc = 0; kc < kBN / 16; ++kc) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        a[mt][0] = DType<T>::pack2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+        a[mt][1] = DType<T>::pack2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+        a[mt][2] = DType<T>::pack2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+        a[mt][3] = DType<T>::pack2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+      }
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, v_s + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * S + dp * 16 +
+        ldmatrix_x4_trans(b, vs + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * S + dp * 16 +
                                  (lane / 16) * 8);
-        mma_16816<T>(o[2 * dp], a, b[0], b[1]);
-        mma_16816<T>(o[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma_16816<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
+          mma_16816<T>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+        }
       }
     }
-    __syncthreads();  // every warp is done with v_s
+    __syncthreads();  // every warp is done with stage j & 1 (refilled in iteration j + 1)
   }
 
   T *out = static_cast<T *>(p.out) + tb * q_stride + int64_t(h) * D;
+  float *lse = p.lse + int64_t(h) * p.ws_tokens + p.seqs.ws_offset[seq];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r ? row_b : row_a;
-    if (row >= L) continue;
-    const float inv = 1.0f / l[r];
-    uint32_t *dst = reinterpret_cast<uint32_t *>(out + row * q_stride);
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-      dst[(dt * 8 + 2 * tq) / 2] = DType<T>::pack2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-    if (tq == 0)
-      p.lse[int64_t(h) * p.ws_tokens + p.seqs.ws_offset[seq] + row] = m[r] + log2f(l[r]);
-  }
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = q0 + wrow + 16 * mt + g + 8 * r;
+      if (row >= L) continue;
+      const float inv = 1.0f / sum;
+      uint32_t *dst = reinterpret_cast<uint32_t *>(out + row * q_stride);
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt)
+        dst[(dt * 8 + 2 * tq) / 2] =
+            DType<T>::pack2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+      const float base = m[mt][r] == -INFINITY ? 0.0f : m[mt][r] * scale;
+      if (tq == 0) lse[row] = base + log2f(sum);
+    }
 }
 
 /// \tparam T dtype of q/k (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
+/// 3 CTAs/SM (12 warps): 168 registers, the 64 B of spills are cp.async addresses.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)
     prefill_scores_kernel(const __grid_constant__ PrefillScoreParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   constexpr int S = smem_stride<D>();
-  T *k_s = reinterpret_cast<T *>(smem_raw);
-  T *q_s = k_s + kTile * S;  // two buffers
-  float *red = reinterpret_cast<float *>(q_s + 2 * kTile * S);  // [4][64]
+  T *k_s = reinterpret_cast<T *>(smem_raw);                    // [kSK][S]
+  T *q_s = k_s + kSK * S;                                      // [2][kSQ][S]
+  float *lse_s = reinterpret_cast<float *>(q_s + 2 * kSQ * S);  // [2][kSQ]
 
-  const uint32_t seq = find_seq(p.seqs, blockIdx.x);
+  const uint32_t tile = blockIdx.x / p.num_kv_heads;
+  const int kvh = static_cast<int>(blockIdx.x % p.num_kv_heads);
+  const uint32_t seq = find_seq(p.seqs, tile);
   const int L = static_cast<int>(p.seqs.len[seq]);
-  const int k0 = static_cast<int>(blockIdx.x - p.seqs.tile_begin[seq]) * kTile;
-  const int kvh = blockIdx.y;
+  const int k0 = static_cast<int>(tile - p.seqs.tile_begin[seq]) * kSK;  // longest first
   const int n_rep = p.num_heads / p.num_kv_heads;
   const int row_begin = static_cast<int>(p.row_begin[seq]);
   const int64_t tb = p.seqs.token_begin[seq];
   const uint32_t ws_off = p.seqs.ws_offset[seq];
   const int64_t q_stride = int64_t(p.num_heads) * D, kv_stride = int64_t(p.num_kv_heads) * D;
   const T *k = static_cast<const T *>(p.k) + (tb + k0) * kv_stride + int64_t(kvh) * D;
+  const float scale = p.scale_log2;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
+  const int wkey = k0 + warp * 32;  // this warp's keys: m-tile mt = wkey + 16 mt
 
   // Query tiles with a row >= max(row_begin, k0): on or below the diagonal, in the window.
-  const int qt0 = max(row_begin, k0) / kTile;
-  const int per_head = (L + kTile - 1) / kTile - qt0;
+  const int qt0 = max(row_begin, k0) / kSQ;
+  const int per_head = (L + kSQ - 1) / kSQ - qt0;
   const int total = n_rep * per_head;
-  auto q_tile_ptr = [&](int it, int &qt, int &h) {
-    h = kvh * n_rep + it / per_head;
-    qt = qt0 + it % per_head;
-    return static_cast<const T *>(p.q) + (tb + int64_t(qt) * kTile) * q_stride + int64_t(h) * D;
+  // Queue item `it`: query tile qt of head h, into buffer `it & 1`.
+  auto issue = [&](int it) {
+    const int h = kvh * n_rep + it / per_head, qt = qt0 + it % per_head;
+    const T *src =
+        static_cast<const T *>(p.q) + (tb + int64_t(qt) * kSQ) * q_stride + int64_t(h) * D;
+    load_tile<T, D, kSQ>(q_s + (it & 1) * kSQ * S, src, q_stride, L - qt * kSQ);
+    if (threadIdx.x < kSQ) {
+      const int row = qt * kSQ + threadIdx.x;
+      const float *lse = p.lse + int64_t(h) * p.ws_tokens + ws_off;
+      cp_async_4(lse_s + (it & 1) * kSQ + threadIdx.x, row < L ? lse + row : lse, row < L);
+    }
   };
 
-  load_tile<T, D>(k_s, k, kv_stride, L - k0);
+  load_tile<T, D, kSK>(k_s, k, kv_stride, L - k0);
+  if (total > 0) issue(0);
   cp_async_commit();
-  if (total > 0) {
-    int qt, h;
-    const T *src = q_tile_ptr(0, qt, h);
-    load_tile<T, D>(q_s, src, q_stride, L - qt * kTile);
-    cp_async_commit();
-  }
 
-  float cs[8][2];
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt) cs[nt][0] = cs[nt][1] = 0.0f;
+  float cs[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // keys (m-tile, g / g + 8), this thread's queries
+  uint32_t ka[2][D / 16][4];
 
   for (int it = 0; it < total; ++it) {
-    if (it + 1 < total) {
-      int qt, h;
-      const T *src = q_tile_ptr(it + 1, qt, h);
-      load_tile<T, D>(q_s + ((it + 1) & 1) * kTile * S, src, q_stride, L - qt * kTile);
+    if (it + 1 < total) {  // buffer (it + 1) & 1 was released by the barrier ending it - 1
+      issue(it + 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-
-    int qt, h;
-    q_tile_ptr(it, qt, h);
-    uint32_t qa[D / 16][4];
-    load_a_frags<T, D>(qa, q_s + (it & 1) * kTile * S, warp * 16, lane);
-    float s[8][4];
-    qk_tile<T, D>(s, qa, k_s, lane);
-
-    const int row_a = qt * kTile + warp * 16 + g, row_b = row_a + 8;
-    const float *lse = p.lse + int64_t(h) * p.ws_tokens + ws_off;
-    // Rows outside [row_begin, L) contribute nothing: LSE = +inf gives exp2(-inf) = 0.
-    const float lse_a = (row_a < L && row_a >= row_begin) ? lse[row_a] : INFINITY;
-    const float lse_b = (row_b < L && row_b >= row_begin) ? lse[row_b] : INFINITY;
+    if (it == 0) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = k0 + nt * 8 + 2 * tq + (e & 1);
-        const int row = e < 2 ? row_a : row_b;
-        const float x = s[nt][e] * p.scale_log2 - (e < 2 ? lse_a : lse_b);
-        cs[nt][e & 1] += (col <= row && col < L) ? exp2f(x) : 0.0f;
-      }
-    __syncthreads();  // the buffer is refilled by iteration it + 1's prefetch of it + 2
-  }
-
-  // Column totals: lanes sharing tq hold the same columns (8 row groups × 2 rows), then the
-  // four warps in order.
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float x = cs[nt][e];
-      x += __shfl_xor_sync(0xffffffffu, x, 4);
-      x += __shfl_xor_sync(0xffffffffu, x, 8);
-      x += __shfl_xor_sync(0xffffffffu, x, 16);
-      if (g == 0) red[warp * kTile + nt * 8 + 2 * tq + e] = x;
+        for (int kk = 0; kk < D / 16; ++kk)
+          load_a_frag<T, D>(ka[mt][kk], k_s, warp * 32 + 16 * mt, kk, lane);
     }
-  __syncthreads();
-  if (threadIdx.x < kTile) {
-    const int c = threadIdx.x;
-    const float total_c = ((red[c] + red[kTile + c]) + red[2 * kTile + c]) + red[3 * kTile + c];
-    if (k0 + c < static_cast<int>(p.col_end[seq]))
-      p.scores[int64_t(kvh) * p.ws_tokens + ws_off + k0 + c] = total_c;
+    const T *qs = q_s + (it & 1) * kSQ * S;
+    const float *ls = lse_s + (it & 1) * kSQ;
+
+    float s[2][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        load_b_frags<T, D>(b, qs, np, kk, lane);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma_16816<T>(s[mt][2 * np], ka[mt][kk], b[0], b[1]);
+          mma_16816<T>(s[mt][2 * np + 1], ka[mt][kk], b[2], b[3]);
+        }
+      }
+
+    // s[mt][nt][e]: key wkey + 16 mt + g + 8 (e / 2), query i0 + 8 nt + 2 tq + (e & 1).
+    const int i0 = (qt0 + it % per_head) * kSQ;
+    if (i0 >= k0 + kSK - 1 && i0 + kSQ <= L && i0 >= row_begin) {  // no key or query masked
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const float2 lv = *reinterpret_cast<const float2 *>(ls + nt * 8 + 2 * tq);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            cs[mt][e / 2] += ex2(fmaf(s[mt][nt][e], scale, -(e & 1 ? lv.y : lv.x)));
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const float2 lv = *reinterpret_cast<const float2 *>(ls + nt * 8 + 2 * tq);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = wkey + 16 * mt + g + 8 * (e / 2);
+            const int query = i0 + nt * 8 + 2 * tq + (e & 1);
+            const bool ok = key <= query && query < L && query >= row_begin;
+            const float x = ex2(fmaf(s[mt][nt][e], scale, -(e & 1 ? lv.y : lv.x)));
+            cs[mt][e / 2] += ok ? x : 0.0f;
+          }
+      }
+    }
+    __syncthreads();  // buffer it & 1 is refilled by iteration it + 1's prefetch of it + 2
   }
+
+  // Key totals: the 4 lanes of a quad hold the same keys (different queries).
+  float *scores = p.scores + int64_t(kvh) * p.ws_tokens + ws_off;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float x = cs[mt][r];
+      x += __shfl_xor_sync(0xffffffffu, x, 1);
+      x += __shfl_xor_sync(0xffffffffu, x, 2);
+      const int key = wkey + 16 * mt + g + 8 * r;
+      if (tq == 0 && key < static_cast<int>(p.col_end[seq])) scores[key] = x;
+    }
 }
 
-template <typename T, int D> constexpr size_t attention_smem() { return 3u * kTile * smem_stride<D>() * sizeof(T); }
+template <typename T, int D> constexpr size_t attention_smem() {
+  return size_t(kBM + 4 * kBN) * smem_stride<D>() * sizeof(T);
+}
 template <typename T, int D> constexpr size_t scores_smem() {
-  return 3u * kTile * smem_stride<D>() * sizeof(T) + 4u * kTile * sizeof(float);
+  return size_t(kSK + 2 * kSQ) * smem_stride<D>() * sizeof(T) + 2u * kSQ * sizeof(float);
 }
 
 }  // namespace
-
 bool head_dim_supported(uint32_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
 void configure_prefill_kernels(minikv_dtype dtype, uint32_t head_dim) {
@@ -346,7 +430,7 @@ void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const Prefi
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_prefill", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    const dim3 grid(p.seqs.tile_begin[p.seqs.n], p.num_heads);
+    const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads;  // (tile, head), head fastest
     prefill_attention_kernel<T, D><<<grid, kThreads, attention_smem<T, D>(), stream>>>(p);
     check_launch_error("prefill_attention_kernel");
   });
@@ -357,7 +441,7 @@ void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillS
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_prefill", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    const dim3 grid(p.seqs.tile_begin[p.seqs.n], p.num_kv_heads);
+    const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_kv_heads;
     prefill_scores_kernel<T, D><<<grid, kThreads, scores_smem<T, D>(), stream>>>(p);
     check_launch_error("prefill_scores_kernel");
   });

@@ -2,7 +2,8 @@
 // whole block pool (codes, scales, minima, positions) and every residual slot are compared
 // byte for byte after prefill and after appends across flushes, for 2/4/16 bits, groups of
 // 16/32/64, fp16/bf16, head_dim 64/128, both score modes. The GPU importance scores are
-// checked against a float64 reference (1e-3 relative). Skipped when no CUDA device is present.
+// checked against a float64 reference (1e-3 relative), two ragged prompts in one launch.
+// Skipped when no CUDA device is present.
 #include <doctest/doctest.h>
 
 #include <numeric>
@@ -145,46 +146,56 @@ TEST_CASE("CUDA pool and residual bytes equal the CPU backend's") {
 
 TEST_CASE("CUDA importance scores match a float64 reference") {
   GPU_OR_SKIP();
+  // Two sequences in one launch (the second's scores start at workspace row 777): partial
+  // key and query tiles, tiles crossing the diagonal and interior tiles, GQA group 4.
   for (minikv_score_mode mode : {MINIKV_SCORE_CUMULATIVE, MINIKV_SCORE_WINDOW}) {
     for (uint32_t D : {64u, 128u}) {
-      const WCase c{"scores", MINIKV_DTYPE_BF16, D, 8, 2, mode, 2, 2, 16, 64, {777}, 0};
-      INFO("mode " << int(mode) << " head_dim " << D);
-      const minikv_config cfg = make_config(c, MINIKV_BACKEND_CUDA);
-      minikv::Cache gpu(cfg);
-      const gt::Prompt p = gt::make_prompt(cfg, 0, c.lens, 77);
-      const uint32_t L = c.lens[0], H = cfg.num_heads, Hkv = cfg.num_kv_heads;
-      DevBuf q(p.q.size() * 2), k(p.k.size() * 2), v(p.v.size() * 2), o(p.q.size() * 2);
-      q.upload(p.q.bits);
-      k.upload(p.k.bits);
-      v.upload(p.v.bits);
-      const uint32_t id = 0;
-      gpu.prefill(0, 1, &id, p.cu.data(), q.get(), k.get(), v.get(), o.get(), nullptr);
-      const minikv::SelectionPlan plan =
-          minikv::plan_selection(cfg, minikv::layer_heavy_ratios(cfg)[0], L);
-      REQUIRE(!plan.keep_all);
-      const bool window = mode == MINIKV_SCORE_WINDOW;
-      const uint32_t cols = window ? plan.scored_prefix : plan.candidates;
-      const std::vector<double> ref =
-          gt::reference_scores(p.q, p.k, H, Hkv, D, 0, L, window ? plan.scored_prefix : 0);
-      for (uint32_t kvh = 0; kvh < Hkv; ++kvh) {
-        const std::vector<float> got = minikv::cuda_debug_scores(gpu.backend(), kvh, cols);
-        double max_ref = 0.0;
-        for (uint32_t j = 0; j < cols; ++j) max_ref = std::max(max_ref, ref[size_t(kvh) * L + j]);
-        uint32_t bad = 0, worst = 0;
-        double worst_rel = 0.0;
-        for (uint32_t j = 0; j < cols; ++j) {
-          const double r = ref[size_t(kvh) * L + j], g = got[j];
-          const double rel = std::fabs(g - r) / (std::fabs(r) + 1e-6 * max_ref);
-          if (!(rel <= 1e-3)) ++bad;
-          if (!(rel <= worst_rel)) {
-            worst_rel = rel;
-            worst = j;
+      for (minikv_dtype dt : {MINIKV_DTYPE_BF16, MINIKV_DTYPE_F16}) {
+        const WCase c{"scores", dt, D, 8, 2, mode, 2, 2, 16, 64, {777, 300}, 0};
+        INFO("mode " << int(mode) << " head_dim " << D << " dtype " << int(dt));
+        minikv_config cfg = make_config(c, MINIKV_BACKEND_CUDA);
+        cfg.max_seq_len = 777 + 300;  // workspace rows for both prompts: one launch
+        minikv::Cache gpu(cfg);
+        const gt::Prompt p = gt::make_prompt(cfg, 0, c.lens, 77);
+        const uint32_t H = cfg.num_heads, Hkv = cfg.num_kv_heads;
+        DevBuf q(p.q.size() * 2), k(p.k.size() * 2), v(p.v.size() * 2), o(p.q.size() * 2);
+        q.upload(p.q.bits);
+        k.upload(p.k.bits);
+        v.upload(p.v.bits);
+        const uint32_t ids[2] = {0, 1};
+        gpu.prefill(0, 2, ids, p.cu.data(), q.get(), k.get(), v.get(), o.get(), nullptr);
+        for (uint32_t sq = 0; sq < 2; ++sq) {
+          const uint32_t L = c.lens[sq], begin = static_cast<uint32_t>(p.cu[sq]);
+          const minikv::SelectionPlan plan =
+              minikv::plan_selection(cfg, minikv::layer_heavy_ratios(cfg)[0], L);
+          REQUIRE(!plan.keep_all);
+          const bool window = mode == MINIKV_SCORE_WINDOW;
+          const uint32_t cols = window ? plan.scored_prefix : plan.candidates;
+          const std::vector<double> ref = gt::reference_scores(
+              p.q, p.k, H, Hkv, D, begin, L, window ? plan.scored_prefix : 0);
+          for (uint32_t kvh = 0; kvh < Hkv; ++kvh) {
+            const std::vector<float> got =
+                minikv::cuda_debug_scores(gpu.backend(), kvh, begin + cols);
+            double max_ref = 0.0;
+            for (uint32_t j = 0; j < cols; ++j) max_ref = std::max(max_ref, ref[size_t(kvh) * L + j]);
+            uint32_t bad = 0, worst = 0;
+            double worst_rel = 0.0;
+            for (uint32_t j = 0; j < cols; ++j) {
+              const double r = ref[size_t(kvh) * L + j], g = got[begin + j];
+              const double rel = std::fabs(g - r) / (std::fabs(r) + 1e-6 * max_ref);
+              if (!(rel <= 1e-3)) ++bad;
+              if (!(rel <= worst_rel)) {
+                worst_rel = rel;
+                worst = j;
+              }
+            }
+            INFO("sequence " << sq << " kv_head " << kvh << ": worst relative error " << worst_rel
+                             << " at column " << worst << " (gpu " << got[begin + worst]
+                             << ", ref " << ref[size_t(kvh) * L + worst] << ")");
+            CHECK(bad == 0);
+            CHECK(max_ref > 0.0);
           }
         }
-        INFO("kv_head " << kvh << ": worst relative error " << worst_rel << " at column " << worst
-                        << " (gpu " << got[worst] << ", ref " << ref[size_t(kvh) * L + worst] << ")");
-        CHECK(bad == 0);
-        CHECK(max_ref > 0.0);
       }
     }
   }
