@@ -11,7 +11,8 @@
 #   scripts/gpu-check.sh [build-dir]          (default: build-gpu-check)
 # Environment:
 #   MINIKV_CUDA_ARCHS  CMAKE_CUDA_ARCHITECTURES (default 90a; "80;90a-real" for A100 + H100)
-#   GPU_CHECK_SANITIZE 0 skips step 4
+#   GPU_CHECK_SANITIZE 0 skips step 4; a list ("memcheck") runs only those tools (default 1:
+#                      memcheck racecheck)
 #   GPU_CHECK_SANITIZER_TIMEOUT seconds per sanitizer run (default 300)
 #   JOBS               ninja -j (default: all cores)
 #   MINIKV_COMMIT      commit label for the summary when .git is absent
@@ -80,7 +81,9 @@ fi
 # ---- 4. compute-sanitizer --------------------------------------------------------------
 if [ "$sanitize" != 0 ]; then
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  for tool in memcheck racecheck; do
+  tools="memcheck racecheck"
+  [ "$sanitize" != 1 ] && tools=$sanitize
+  for tool in $tools; do
     : >"$out/$tool.log"
     for b in "${bins[@]}"; do
       args=()
