@@ -169,15 +169,23 @@ def main():
     args = ap.parse_args()
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [4096, 32768] if args.quick else [4096, 32768, 131072])
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=os.path.dirname(__file__)).stdout.strip()
+    # MINIKV_COMMIT first: a copied tree may carry a stale .git (or none).
+    commit = os.environ.get("MINIKV_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=os.path.dirname(__file__)).stdout.strip()
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                device=torch.cuda.get_device_name(), commit=commit or os.environ.get("MINIKV_COMMIT", "?"),
+                device=torch.cuda.get_device_name(), commit=commit or "?",
                 torch=torch.__version__, library=minikv.library_version())
     copy_gbs = copy_bandwidth()
     meta["copy_GBps"] = copy_gbs
     print(f"{meta['device']}  commit {meta['commit']}  copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
     rows = []
+
+    def save():  # after every shape, so a run cut short keeps what it measured
+        with open(args.out + ".part", "w") as f:
+            json.dump(dict(meta=meta, results=rows), f, indent=1)
+        os.replace(args.out + ".part", args.out)
+
     for dtype in args.dtype.split(","):
         tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
         for L in ([] if args.no_decode else lengths):
@@ -189,6 +197,7 @@ def main():
                           f"({r['minikv_GBps']:.0f} GB/s, {100 * r['fraction_of_copy']:.0f}% of copy)  "
                           f"sdpa {r['sdpa_ms']:.4f} ms  speed-up {r['speedup_vs_sdpa']:.2f}x", flush=True)
                     torch.cuda.empty_cache()
+                    save()
         for L in ([] if args.no_prefill else lengths):
             for (H, Hkv) in ((32, 32), (32, 8)):
                 r = bench_prefill(dtype, tdtype, 1, H, Hkv, L)
@@ -197,8 +206,8 @@ def main():
                       f"({r['cumulative_over_sdpa']:.2f}x sdpa)  window {r['minikv_window_ms']:.2f} ms "
                       f"({r['window_over_sdpa']:.2f}x)  sdpa {r['sdpa_ms']:.2f} ms", flush=True)
                 torch.cuda.empty_cache()
-    with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, results=rows), f, indent=1)
+                save()
+    save()
     print(f"wrote {args.out}")
 
 
