@@ -18,6 +18,6 @@ if [ -z "${MINIKV_LIBRARY:-}" ]; then
   ninja -C "$build" -j "${JOBS:-$(nproc)}" minikv >>"$out/bench-build.log" 2>&1 || { tail -30 "$out/bench-build.log"; exit 1; }
   export MINIKV_LIBRARY=$build/libminikv.so
 fi
-export MINIKV_COMMIT=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+export MINIKV_COMMIT=${MINIKV_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}
 stamp=$(date -u +%Y%m%d-%H%M%S)
 PYTHONUNBUFFERED=1 python3 "$root/bench/bench_gpu.py" --out "$out/bench-$stamp.json" "$@" 2>&1 | tee "$out/bench.log"
