@@ -139,6 +139,9 @@ class CudaBackend final : public Backend {
     }
     part_o_ = DeviceBuffer(part_rows_ * D * 4, "decode workspace");
     part_ml_ = DeviceBuffer(part_rows_ * 2 * 4, "decode workspace");
+    // Split counters of the fast path's fused merge; the merging CTA leaves them at zero.
+    split_counters_ = DeviceBuffer(uint64_t(kMaxDecodeSeqs) * Hkv * 4, "decode workspace");
+    MINIKV_CUDA_CHECK(cudaMemset(split_counters_.as<void>(), 0, split_counters_.bytes()));
     MINIKV_CUDA_CHECK(cudaDeviceSynchronize());  // memsets done before any stream uses them
 
     st_.pool = pool_.as<uint8_t>();
@@ -158,7 +161,7 @@ class CudaBackend final : public Backend {
   uint64_t pool_bytes() const override { return pool_.bytes() + residual_.bytes(); }
   uint64_t workspace_bytes() const override {
     return table_.bytes() + lse_.bytes() + scores_.bytes() + kept_.bytes() + part_o_.bytes() +
-           part_ml_.bytes();
+           part_ml_.bytes() + split_counters_.bytes();
   }
 
   // ---- prefill ----------------------------------------------------------------------
@@ -234,6 +237,7 @@ class CudaBackend final : public Backend {
       p.out = static_cast<uint8_t *>(out) + i * row;
       p.part_o = part_o_.as<float>();
       p.part_ml = part_ml_.as<float>();
+      p.counters = split_counters_.as<uint32_t>();
       p.st = st_;
       p.num_heads = H;
       p.num_kv_heads = Hkv;
@@ -436,7 +440,7 @@ class CudaBackend final : public Backend {
   uint64_t part_rows_ = 0;
   DeviceBuffer pool_, residual_, table_;
   DeviceBuffer lse_, scores_, kept_;
-  DeviceBuffer part_o_, part_ml_;
+  DeviceBuffer part_o_, part_ml_, split_counters_;
   DeviceStorage st_{};
 
   friend std::vector<float> minikv::cuda_debug_scores(const Backend &, uint32_t, uint32_t);

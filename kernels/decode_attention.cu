@@ -4,23 +4,28 @@
 //
 // decode_fast_kernel (2-bit keys and values, G = 16, head_dim 64/128, GQA group 1/2/4/8):
 //   one warp per CTA, one CTA per (split, KV head, sequence). A split walks tiles of 128
-//   quantized tokens (8 key groups) through a 2-stage cp.async pipeline (codes, scales and
-//   minima of a tile: 16 B per token-head channel-word, 16 KB per stage at D = 128).
+//   quantized tokens (8 key groups); each tile arrives by cp.async as a K unit (key codes,
+//   scales, minima) and a V unit (value codes, scales, minima), 8 KB each at D = 128, in a
+//   ring of one buffer per unit: the next tile's K unit loads during this tile's P·V̂, its V
+//   unit during the next QK. 16 KB per warp: 12 warps per SM at D = 128, n_rep = 1.
 //   - QK on tensor cores (mma m16n8k16 bf16 → fp32), exact: codes are small integers (exact
 //     in bf16); B = q ⊙ s_k is exact in fp32 and is fed as 2 (bf16 data) or 3 (fp16 data)
 //     bf16 pieces that sum to it; bias = q · m_k in fp32. The 8 columns of B are
 //     (n_rep query heads) × (8 / n_rep key groups): one load of the KV tile serves the whole
 //     GQA group and no column is padding.
 //   - online softmax in fp32 (log2 units) per tile; probabilities stay fp32.
-//   - P·V̂ on CUDA cores: a lane owns CPL channels of a token subset; codes become exact
-//     floats (c · 4^j via the 2^23 magic number, 4^-j folded in once at the end), and
+//   - P·V̂ on CUDA cores: a lane owns CPL channels of a token subset; each code becomes the
+//     fp32 denormal c · 4^j · 2^-149 with one LOP3 (its own bit pattern), multiplied by
+//     p · s · 2^64 in an FFMA; 4^-j · 2^85 is folded in once at the end, and
 //     Σ p · (c·s + m) = Σ (p·s)·c + Σ p·m.
 //   The residual (16-bit, up to R tokens) is folded in by the last split. With one split the
-//   kernel writes the normalized output, else (max, sum, unnormalized out) partials.
+//   kernel writes the normalized output, else (max, sum, unnormalized out) partials, and
+//   when a pair has few partials the last CTA to finish merges them (merge_if_last).
 // decode_split_kernel (every other configuration): one CTA per (split, KV head × head
 //   chunk, sequence), thread per token for QK̂ and thread per channel for P·V̂, 128-token
 //   tiles; quantized and residual tokens share one softmax; writes partials.
-// decode_merge_kernel: one CTA per (sequence, query head) merges the splits.
+// decode_merge_kernel: one CTA per (sequence, query head) merges the splits (v1 path, and
+//   fast-path launches with more than kFusedMergeMax partials per (sequence, KV head)).
 #include <type_traits>
 
 #include "common.cuh"
@@ -206,13 +211,15 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const __grid_con
 
 constexpr uint32_t kFullMask = 0xffffffffu;
 
-// Shared-memory stage of one tile (8 key groups of 16 tokens), byte offsets:
-//   KC [8][16][D/4] key codes   VC [8][16][D/4] value codes (= [128 tokens][D/4])
-//   KS [8][D] key scales        KM [8][D] key minima
-//   VS [128][D/16] value scales VM [128][D/16] value minima
+// Shared memory of one tile (8 key groups of 16 tokens) in two units, byte offsets; the K
+// unit is read by QK only and the V unit by P·V̂ only, so a ring of one K and one V buffer
+// keeps one unit in flight while the other is consumed (16 KB per warp at D = 128):
+//   K unit: KC [8][16][D/4] key codes    KS [8][D] key scales    KM [8][D] key minima
+//   V unit: VC [128][D/4] value codes    VS [128][D/16] scales   VM [128][D/16] minima
 template <int D> struct FastStage {
-  static constexpr int kKC = 0, kVC = 32 * D, kKS = 64 * D, kKM = 80 * D, kVS = 96 * D,
-                       kVM = 112 * D, kBytes = 128 * D;
+  static constexpr int kKC = 0, kKS = 32 * D, kKM = 48 * D;
+  static constexpr int kVC = 0, kVS = 32 * D, kVM = 48 * D;
+  static constexpr int kUnitBytes = 64 * D;
 };
 
 template <typename T, int D, int NREP> struct FastCfg {
@@ -227,6 +234,14 @@ template <typename T, int D, int NREP> struct FastCfg {
   static constexpr int kCpl = NREP <= 4 ? 16 : 8;  // P·V̂ channels per lane
   static constexpr int kLpr = D / kCpl;     // lanes per token row in P·V̂
   static constexpr int kSubsets = 32 / kLpr;  // token subsets in P·V̂
+  // Resident CTAs (warps) per SM asked of ptxas: 12 caps registers at 168, the most that
+  // fits 3 warps in each of the 4 register-file partitions (16 K registers each; at 169..204
+  // only 2 fit: 8 warps/SM). Issue is the bottleneck, so warps per SM matter more than a few
+  // registers: capped where the SASS stays (nearly) spill-free at 168 — D = 128 with n_rep 1
+  // (f16: 3 words reloaded per tile) and bf16 with n_rep 2/4 (2 pieces of q⊙s); f16 n_rep 2/4
+  // and n_rep 8 spill dozens of words at the cap and keep 8 warps.
+  static constexpr int kMinCtas =
+      D == 128 && (NREP == 1 || (kPieces == 2 && NREP <= 4)) ? 12 : 1;
 };
 
 __device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
@@ -264,24 +279,31 @@ __device__ __forceinline__ void split_pieces(float a, float b, uint32_t (&out)[P
   }
 }
 
-// Value code k (of the CPL codes of u, code k at bits 2k) times 4^e(k), exactly, as fp32:
-// (bits & mask) | 2^23 (magic = 0x4B000000 in a register: one LOP3) − 2^23.
-template <int K> __device__ __forceinline__ float value_code(uint32_t u, uint32_t magic) {
+// Value code k (of the CPL codes of u, code k at bits 2k) as the fp32 whose bit pattern is
+// c · 4^e(k): a denormal, exactly c · 4^e(k) · 2^-149, in one LOP3 (no magic number to
+// subtract). The FFMA that consumes it multiplies by p · s_v · kPvScale; with kPvScale = 2^64
+// the product p · s_v · c · 4^e · 2^-85 is a normal fp32 (exact product, one rounding into
+// the fp32 sum) whenever p · s_v · c ≥ 2^-41, and a smaller term is off by at most 2^-65 in
+// true units. fp32 FMA keeps denormal operands (no --use_fast_math, no FTZ). finish() scales
+// by 4^-e · 2^149 / kPvScale, a power of two.
+constexpr float kPvScale = 18446744073709551616.0f;  // 2^64
+template <int K> __device__ __forceinline__ float value_code(uint32_t u) {
   const uint32_t bits = K <= 10 ? (u & (3u << (2 * K))) : ((u >> 16) & (3u << (2 * (K - 8))));
-  return __uint_as_float(magic | bits) - 8388608.0f;
+  return __uint_as_float(bits);
 }
-template <int K> __host__ __device__ constexpr float value_code_inv_scale() {  // 4^-e(k)
-  return K <= 10 ? 1.0f / static_cast<float>(1u << (2 * K))
-                 : 1.0f / static_cast<float>(1u << (2 * (K - 8)));
+template <int K> __host__ __device__ constexpr float value_code_inv_scale() {  // 4^-e(k)·2^85
+  return (K <= 10 ? 1.0f / static_cast<float>(1u << (2 * K))
+                  : 1.0f / static_cast<float>(1u << (2 * (K - 8)))) *
+         (static_cast<float>(1ull << 42) * static_cast<float>(1ull << 43));
 }
 template <int CPL, int K = 0> struct ValueCodes {
   template <int NREP>
-  static __device__ __forceinline__ void fma(uint32_t u, uint32_t magic, const float (&ps)[NREP],
+  static __device__ __forceinline__ void fma(uint32_t u, const float (&ps)[NREP],
                                              float (&acc)[NREP][CPL]) {
-    const float c = value_code<K>(u, magic);
+    const float c = value_code<K>(u);
 #pragma unroll
     for (int r = 0; r < NREP; ++r) acc[r][K] = fmaf(ps[r], c, acc[r][K]);
-    ValueCodes<CPL, K + 1>::fma(u, magic, ps, acc);
+    ValueCodes<CPL, K + 1>::fma(u, ps, acc);
   }
   template <int NREP>
   static __device__ __forceinline__ void finish(float (&acc)[NREP][CPL], const float (&bacc)[NREP]) {
@@ -292,8 +314,7 @@ template <int CPL, int K = 0> struct ValueCodes {
 };
 template <int CPL> struct ValueCodes<CPL, CPL> {
   template <int NREP>
-  static __device__ __forceinline__ void fma(uint32_t, uint32_t, const float (&)[NREP],
-                                             float (&)[NREP][CPL]) {}
+  static __device__ __forceinline__ void fma(uint32_t, const float (&)[NREP], float (&)[NREP][CPL]) {}
   template <int NREP>
   static __device__ __forceinline__ void finish(float (&)[NREP][CPL], const float (&)[NREP]) {}
 };
@@ -376,11 +397,78 @@ __device__ __forceinline__ void softmax_update(float *p_s, uint32_t count, uint3
   }
 }
 
+// Split merge fused into the fast kernel when a (sequence, KV head) has at most
+// kFusedMergeMax split × head partials: the CTA that writes the last partials of the pair
+// merges its NREP heads (the others' partials are visible through the fence + counter, read
+// from L2) and resets the counter, so the next launch, or a CUDA graph replay, starts from
+// zero. One warp reads NREP · splits · D floats, so larger merges (B = 1 GQA: 128 splits × 4
+// heads, 256 KB) go to decode_merge_kernel, which spreads them over the GPU. The sums run over
+// the splits in order: the result does not depend on which CTA merges.
+constexpr uint32_t kFusedMergeMax = 32;
+template <int NREP> __host__ __device__ constexpr bool fused_merge(uint32_t splits) {
+  return splits > 1 && splits * NREP <= kFusedMergeMax;
+}
+template <typename T, int D, int NREP>
+__device__ __forceinline__ void merge_if_last(const DecodeParams &p, uint32_t seq, uint32_t kvh,
+                                              uint32_t lane, float *w_s) {
+  uint32_t *counter = p.counters + uint64_t(seq) * p.num_kv_heads + kvh;
+  __threadfence();  // this CTA's partials before its arrival
+  __syncwarp();
+  uint32_t arrived = 0;
+  if (lane == 0) arrived = atomicAdd(counter, 1u);
+  arrived = __shfl_sync(kFullMask, arrived, 0);
+  if (arrived + 1 != p.splits) return;
+  __threadfence();  // the other CTAs' partials after their arrivals
+  if (lane == 0) *counter = 0;
+  // Weights exp2(m_s − m) of every (head, split) into w_s (splits · NREP ≤ 32: one per lane).
+  const uint32_t S = p.splits, r_l = lane / S, s_l = lane % S;
+  const uint64_t head0 = uint64_t(seq) * p.num_heads + kvh * NREP;
+  const bool live = r_l < uint32_t(NREP);
+  const float ms = live ? __ldcg(p.part_ml + ((head0 + r_l) * S + s_l) * 2) : -INFINITY;
+  const float ls = live ? __ldcg(p.part_ml + ((head0 + r_l) * S + s_l) * 2 + 1) : 0.0f;
+  constexpr int kCh = D / 32;  // channels per lane
+#pragma unroll 1
+  for (int r = 0; r < NREP; ++r) {
+    float mr = -INFINITY;
+    for (uint32_t s = 0; s < S; ++s) mr = fmaxf(mr, __shfl_sync(kFullMask, ms, r * S + s));
+    const float w = ms == -INFINITY ? 0.0f : exp2f(ms - mr);  // empty split: weight 0
+    if (r_l == uint32_t(r)) w_s[s_l] = w;
+    float l = 0.0f;
+    for (uint32_t s = 0; s < S; ++s) l += __shfl_sync(kFullMask, w * ls, r * S + s);
+    __syncwarp();
+    const uint64_t part0 = (head0 + r) * S;
+    float o[kCh];
+#pragma unroll
+    for (int c = 0; c < kCh; ++c) o[c] = 0.0f;
+#pragma unroll 8
+    for (uint32_t s = 0; s < S; ++s) {
+      const float ws = w_s[s];
+      const float *po = p.part_o + (part0 + s) * D + lane * kCh;
+      if constexpr (kCh == 4) {
+        const float4 v = __ldcg(reinterpret_cast<const float4 *>(po));
+        o[0] = fmaf(ws, v.x, o[0]);
+        o[1] = fmaf(ws, v.y, o[1]);
+        o[2] = fmaf(ws, v.z, o[2]);
+        o[3] = fmaf(ws, v.w, o[3]);
+      } else {
+        const float2 v = __ldcg(reinterpret_cast<const float2 *>(po));
+        o[0] = fmaf(ws, v.x, o[0]);
+        o[1] = fmaf(ws, v.y, o[1]);
+      }
+    }
+    __syncwarp();  // w_s is rewritten for the next head
+    T *out = static_cast<T *>(p.out) + (head0 + r) * D + lane * kCh;
+#pragma unroll
+    for (int c = 0; c < kCh; ++c) out[c] = DType<T>::from_float(o[c] / l);
+  }
+}
+
 /// \tparam T    dtype of q/out and of the scales and residual (__half or __nv_bfloat16)
 /// \tparam D    head_dim (64 or 128)
 /// \tparam NREP query heads per KV head (1, 2, 4 or 8)
 template <typename T, int D, int NREP>
-__global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
+    decode_fast_kernel(const __grid_constant__ DecodeParams p) {
   using Cfg = FastCfg<T, D, NREP>;
   using St = FastStage<D>;
   constexpr int Cs = Cfg::kCs, PIECES = Cfg::kPieces, NA = Cfg::kAcc, KSTEPS = Cfg::kKsteps;
@@ -388,7 +476,7 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
                 SUBSETS = Cfg::kSubsets;
   constexpr uint32_t kTile = kDecodeFastTile;
   static_assert(kTile == 128 && (D == 64 || D == 128) && 32 % NREP == 0 && NREP <= 8, "");
-  __shared__ __align__(16) uint8_t stage_s[2][St::kBytes];
+  __shared__ __align__(16) uint8_t stage_s[2][St::kUnitBytes];  // K unit, V unit
   __shared__ __align__(16) float p_s[kTile * NREP];
 
   const uint32_t split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z, lane = threadIdx.x;
@@ -415,7 +503,7 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
   // numbers it keeps them in registers, so each (bits & mask) | magic is a single LOP3
   // (with two immediates ptxas emits two).
   const uint32_t opaque_zero = p.n >> 31;
-  const uint32_t key_magic = 0x43004300u | opaque_zero, value_magic = 0x4B000000u | opaque_zero;
+  const uint32_t key_magic = 0x43004300u | opaque_zero;
 
   const T *qg = static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0) * D;
   float q_reg[QC];  // q of head my_r, channels of quarter qi
@@ -436,44 +524,41 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
     for (int k = 0; k < CPL; ++k) acc[r][k] = 0.0f;
   }
 
-  // ---- async copies of one tile: lane copies 16-byte chunks c = lane + 32 j of each group ----
-  // chunk c of a group: [KC D/4 | VC D/4 | KS D/8 | KM D/8 | VS D/8 | VM D/8]
-  constexpr int kJ = D / 32;
-  uint32_t src_off[kJ], src_row[kJ], dst_off[kJ], dst_grp[kJ];
+  // ---- async copies of one unit: lane copies 16-byte chunks c = lane + 32 j of each group ----
+  // chunk c of a group: [codes D/4 | scales D/8 | minima D/8], the same in both units (only
+  // the source regions differ).
+  constexpr int kJ = D / 64;
+  uint32_t src_k[kJ], src_v[kJ], src_row[kJ], dst_off[kJ], dst_grp[kJ];
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
     const uint32_t c = lane + 32u * j;
-    uint32_t region_src, region_dst, idx, row_mul, grp_stride;
+    uint32_t k_src, v_src, dst, idx, row_mul, grp_stride;
     if (c < D / 4) {
-      idx = c; region_src = uint32_t(bl.k_codes + kvh * bl.k_codes_head()); region_dst = St::kKC;
+      idx = c; k_src = uint32_t(bl.k_codes + kvh * bl.k_codes_head());
+      v_src = uint32_t(bl.v_codes + kvh * bl.v_codes_head()); dst = St::kKC;
       row_mul = D / 4; grp_stride = 4 * D;
-    } else if (c < D / 2) {
-      idx = c - D / 4; region_src = uint32_t(bl.v_codes + kvh * bl.v_codes_head()); region_dst = St::kVC;
-      row_mul = D / 4; grp_stride = 4 * D;
-    } else if (c < 5 * D / 8) {
-      idx = c - D / 2; region_src = uint32_t(bl.k_scale + kvh * bl.k_scale_head()); region_dst = St::kKS;
-      row_mul = D / 8; grp_stride = 2 * D;
-    } else if (c < 3 * D / 4) {
-      idx = c - 5 * D / 8; region_src = uint32_t(bl.k_min + kvh * bl.k_scale_head()); region_dst = St::kKM;
-      row_mul = D / 8; grp_stride = 2 * D;
-    } else if (c < 7 * D / 8) {
-      idx = c - 3 * D / 4; region_src = uint32_t(bl.v_scale + kvh * bl.v_scale_head()); region_dst = St::kVS;
+    } else if (c < 3 * D / 8) {
+      idx = c - D / 4; k_src = uint32_t(bl.k_scale + kvh * bl.k_scale_head());
+      v_src = uint32_t(bl.v_scale + kvh * bl.v_scale_head()); dst = St::kKS;
       row_mul = D / 8; grp_stride = 2 * D;
     } else {
-      idx = c - 7 * D / 8; region_src = uint32_t(bl.v_min + kvh * bl.v_scale_head()); region_dst = St::kVM;
+      idx = c - 3 * D / 8; k_src = uint32_t(bl.k_min + kvh * bl.k_scale_head());
+      v_src = uint32_t(bl.v_min + kvh * bl.v_scale_head()); dst = St::kKM;
       row_mul = D / 8; grp_stride = 2 * D;
     }
-    src_off[j] = region_src + 16u * idx;  // + row0 · row_mul (row0: first row of the group)
+    src_k[j] = k_src + 16u * idx;  // + row0 · row_mul (row0: first row of the group)
+    src_v[j] = v_src + 16u * idx;
     src_row[j] = row_mul;
-    dst_off[j] = region_dst + 16u * idx;  // + group · grp_stride
+    dst_off[j] = dst + 16u * idx;  // + group · grp_stride
     dst_grp[j] = grp_stride;
   }
+  static_assert(St::kKC == St::kVC && St::kKS == St::kVS && St::kKM == St::kVM, "");
   // Pool block of key group `lane` (< 8) of a tile, -1 past the quantized tokens.
   auto group_block = [&](uint32_t tile) -> int32_t {
     const uint32_t t0 = tile * kTile + 16u * lane;
     return lane < 8 && tile < t_end && t0 < nq ? table[t0 / R] : -1;
   };
-  auto issue_tile = [&](uint32_t tile, uint8_t *stage, int32_t blk_lane) {
+  auto issue_unit = [&](uint32_t tile, uint8_t *unit, int32_t blk_lane, const uint32_t(&src)[kJ]) {
     const uint32_t row_lane = (tile * kTile + 16u * lane) % R;  // first row of group `lane`
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
@@ -482,28 +567,29 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
       const uint8_t *block = p.st.pool + (blk >= 0 ? uint64_t(blk) * bl.bytes : 0);
 #pragma unroll
       for (int j = 0; j < kJ; ++j)
-        cp_async_16(stage + dst_off[j] + c * dst_grp[j],
-                    block + (blk >= 0 ? src_off[j] + row0 * src_row[j] : 0), blk >= 0);
+        cp_async_16(unit + dst_off[j] + c * dst_grp[j],
+                    block + (blk >= 0 ? src[j] + row0 * src_row[j] : 0), blk >= 0);
     }
   };
 
   // ---- quantized tiles ----
+  // Ring of two units: K(k) and V(k) are issued, QK(k) waits for K(k); K(k+1) is issued into
+  // the freed K buffer before P·V̂(k) waits for V(k); V(k+1) follows P·V̂(k). Each unit has
+  // one compute phase (QK or P·V̂ of one tile) to arrive, with 16 KB per warp instead of the
+  // 32 KB of two whole-tile stages: more warps per SM.
+  uint8_t *const k_unit = stage_s[0], *const v_unit = stage_s[1];
   if (t_begin < t_end) {
-    int32_t blk_next = group_block(t_begin);
-    issue_tile(t_begin, stage_s[0], blk_next);
+    int32_t blk_cur = group_block(t_begin);
+    issue_unit(t_begin, k_unit, blk_cur, src_k);
     cp_async_commit();
-    blk_next = group_block(t_begin + 1);
-    for (uint32_t tile = t_begin, k = 0; tile < t_end; ++tile, ++k) {
-      if (tile + 1 < t_end) {
-        issue_tile(tile + 1, stage_s[(k + 1) & 1], blk_next);
-        cp_async_commit();
-        blk_next = group_block(tile + 2);  // consumed one tile later: latency hidden
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
+    issue_unit(t_begin, v_unit, blk_cur, src_v);
+    cp_async_commit();
+    int32_t blk_next = group_block(t_begin + 1);
+    for (uint32_t tile = t_begin; tile < t_end; ++tile) {
+      const bool more = tile + 1 < t_end;
+      cp_async_wait<1>();  // K(tile); V(tile) may still be in flight
       __syncwarp();
-      const uint8_t *st = stage_s[k & 1];
+      const uint8_t *st = k_unit;
       const uint32_t tok0 = tile * kTile, nvalid = min(kTile, nq - tok0);
 
       // -- logits on tensor cores, one sub-tile of Cs key groups per B --
@@ -591,7 +677,11 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const uint32_t col = 2 * qi + (e & 1), row = g + 8 * (e >> 1);
-            if (col / NREP == uint32_t(cm)) {
+            // col / NREP == cm, spelled so that the compile-time part prunes e (n_rep = 1:
+            // only the e of parity cm can be this lane's) and the rest does not depend on e.
+            const bool mine = NREP == 1 ? ((e & 1) == (cm & 1) && qi == uint32_t(cm >> 1))
+                                        : qi / (NREP / 2) == uint32_t(cm);
+            if (mine) {
               float dot = 0.0f;
 #pragma unroll
               for (int a = 0; a < NA; ++a) dot += d[a][e];
@@ -604,35 +694,51 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
       }
       __syncwarp();
       softmax_update<NREP, CPL>(p_s, nvalid, lane, m_run, l_run, acc, bacc);
+      __syncwarp();  // QK is done with the K unit
+      if (more) {
+        issue_unit(tile + 1, k_unit, blk_next, src_k);
+        cp_async_commit();
+        cp_async_wait<1>();  // V(tile); K(tile + 1) may still be in flight
+      } else {
+        cp_async_wait<0>();
+      }
       __syncwarp();
 
       // -- P·V̂ on CUDA cores --
+      const uint8_t *sv = v_unit;
 #pragma unroll(NREP <= 2 ? 4 : 2)
       for (uint32_t t = sub; t < nvalid; t += SUBSETS) {
-        const uint32_t u = *reinterpret_cast<const uint32_t *>(st + St::kVC + t * (D / 4) + 4 * gv) >> bo;
-        const float s = DType<T>::to_float(reinterpret_cast<const T *>(st + St::kVS)[t * (D / 16) + gv]);
-        const float m = DType<T>::to_float(reinterpret_cast<const T *>(st + St::kVM)[t * (D / 16) + gv]);
+        const uint32_t u = *reinterpret_cast<const uint32_t *>(sv + St::kVC + t * (D / 4) + 4 * gv) >> bo;
+        const float s = DType<T>::to_float(reinterpret_cast<const T *>(sv + St::kVS)[t * (D / 16) + gv]);
+        const float m = DType<T>::to_float(reinterpret_cast<const T *>(sv + St::kVM)[t * (D / 16) + gv]);
+        const float s_up = s * kPvScale;  // exact: a power of two
         float pr[NREP], ps[NREP];
         load_probs<NREP>(p_s + t * NREP, pr);
 #pragma unroll
         for (int r = 0; r < NREP; ++r) {
-          ps[r] = pr[r] * s;
+          ps[r] = pr[r] * s_up;
           bacc[r] = fmaf(pr[r], m, bacc[r]);
         }
-        ValueCodes<CPL>::template fma<NREP>(u, value_magic, ps, acc);
+        ValueCodes<CPL>::template fma<NREP>(u, ps, acc);
       }
-      __syncwarp();  // the stage and p_s are rewritten next
+      __syncwarp();  // the V unit and p_s are rewritten next
+      if (more) {
+        issue_unit(tile + 1, v_unit, blk_next, src_v);
+        cp_async_commit();
+        blk_next = group_block(tile + 2);  // consumed one tile later: latency hidden
+      }
     }
   }
   // acc[r][k] · 4^-e(k) + Σ p·m: true units from here on.
   ValueCodes<CPL>::template finish<NREP>(acc, bacc);
 
   // ---- residual (16-bit) tokens: the last split ----
-  // Chunks of 32 rows: K and V rows by cp.async into stage 0 (K chunk v of row t stored at
+  // Chunks of 16 rows: K and V rows by cp.async into the K unit (K chunk v of row t stored at
   // v ^ (t mod D/8), so that lane = token reads are free of bank conflicts), q as fp32 in
-  // stage 1; lane t scores token t for every head; P·V̂ as for the tiles.
+  // the V unit; lanes t and t + 16 score token t over one half of the channels each, for
+  // every head; P·V̂ as for the tiles.
   if (split + 1 == p.splits && nres > 0) {
-    constexpr uint32_t kChunk = 32, kRowBytes = D * 2, kRowChunks = D / 8;
+    constexpr uint32_t kChunk = 16, kRowBytes = D * 2, kRowChunks = D / 8;
     const ResidualLayout &rl = p.st.res;
     const uint8_t *res_slot = p.st.residual + uint64_t(p.slot[seq]) * rl.bytes;
     const T *k_res = reinterpret_cast<const T *>(res_slot + rl.k) + uint64_t(kvh) * R * D;
@@ -660,11 +766,12 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
         float lg[NREP];
 #pragma unroll
         for (int r = 0; r < NREP; ++r) lg[r] = 0.0f;
-        const uint8_t *krow = k_s + lane * kRowBytes;
+        const uint32_t row = lane % kChunk, half = lane / kChunk;
+        const uint8_t *krow = k_s + row * kRowBytes;
 #pragma unroll 4
-        for (uint32_t v = 0; v < kRowChunks; ++v) {
+        for (uint32_t v = half * kRowChunks / 2; v < (half + 1) * kRowChunks / 2; ++v) {
           float kf[8];
-          unpack8<T>(*reinterpret_cast<const uint4 *>(krow + (v ^ (lane % kRowChunks)) * 16), kf);
+          unpack8<T>(*reinterpret_cast<const uint4 *>(krow + (v ^ (row % kRowChunks)) * 16), kf);
 #pragma unroll
           for (int r = 0; r < NREP; ++r) {
             const float4 qa = *reinterpret_cast<const float4 *>(q_f + r * D + v * 8);
@@ -680,7 +787,10 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
           }
         }
 #pragma unroll
-        for (int r = 0; r < NREP; ++r) p_s[lane * NREP + r] = lane < nv ? lg[r] * p.scale_log2 : -INFINITY;
+        for (int r = 0; r < NREP; ++r) lg[r] += __shfl_xor_sync(kFullMask, lg[r], kChunk);
+        if (lane < kChunk)
+#pragma unroll
+          for (int r = 0; r < NREP; ++r) p_s[lane * NREP + r] = lane < nv ? lg[r] * p.scale_log2 : -INFINITY;
       }
       __syncwarp();
       softmax_update<NREP, CPL>(p_s, nv, lane, m_run, l_run, acc, bacc);  // reads t < nv only
@@ -746,6 +856,10 @@ __global__ void __launch_bounds__(32) decode_fast_kernel(const __grid_constant__
       }
     }
   }
+  if (fused_merge<NREP>(p.splits)) {
+    __syncwarp();  // p_s is free: it holds the merge weights
+    merge_if_last<T, D, NREP>(p, seq, kvh, lane, p_s);
+  }
 }
 
 // ===================================== merge ===============================================
@@ -802,7 +916,7 @@ void launch_fast_impl(const DecodeParams &p, cudaStream_t stream) {
   const dim3 grid(p.splits, p.num_kv_heads, p.n);
   decode_fast_kernel<T, D, NREP><<<grid, 32, 0, stream>>>(p);
   check_launch_error("decode_fast_kernel");
-  if (p.splits > 1) {
+  if (p.splits > 1 && !fused_merge<NREP>(p.splits)) {
     decode_merge_kernel<T, D><<<dim3(p.n, p.num_heads), D, 0, stream>>>(p);
     check_launch_error("decode_merge_kernel");
   }

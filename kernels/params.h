@@ -123,6 +123,7 @@ struct DecodeParams {
   void *out;
   float *part_o;   // [n][num_heads][splits][head_dim] unnormalized partial outputs
   float *part_ml;  // [n][num_heads][splits][2] partial (max, sum), log2 units
+  uint32_t *counters;  // [n][num_kv_heads] fast path: splits done; zero between launches
   DeviceStorage st;
   uint32_t num_heads, num_kv_heads;
   uint32_t heads_per_cta;  // query heads of one GQA group handled by one CTA

@@ -1,7 +1,8 @@
 // The fast decode path (2-bit keys and values, G = 16, head_dim 64/128, GQA 1/2/4/8) in fp16
 // and bf16 against the CPU backend through the public C API: prefill outputs, kept positions
 // and decode outputs at every step across residual flushes (R from 32 to 256), ragged batches
-// including 1-token prompts, both score modes. Skipped when no CUDA device is present.
+// including 1-token prompts, both score modes; bf16 at head_dim 64 and 128 with GQA groups
+// 1, 4 and 8. Skipped when no CUDA device is present.
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -35,6 +36,17 @@ TEST_CASE("fast decode path matches the CPU backend in bf16 and fp16 across resi
       {"f16 hd64 mha 2/2 G16 R128", F16, 64, 4, 4, CUM, 2, 2, 16, 128, UNI, 0.3f, 0.2f, {3000}, 20},
       {"bf16 hd128 gqa2 R256 (two residual chunks)", BF16, 128, 4, 2, CUM, 2, 2, 16, 256, UNI, 0.25f,
        0.25f, {1200}, 300},
+      // bf16 over every compiled head_dim and the GQA groups 1/4/8 of both head_dims, with a
+      // residual spanning many 16-row chunks and splits ending inside a tile.
+      {"bf16 hd64 mha R256 long", BF16, 64, 4, 4, CUM, 2, 2, 16, 256, UNI, 0.25f, 0.25f, {3000, 47},
+       280},
+      {"bf16 hd64 gqa4 R128 pyramid", BF16, 64, 8, 2, CUM, 2, 2, 16, 128, PYR, 0.25f, 0.25f,
+       {1900, 16, 300}, 140},
+      {"bf16 hd128 gqa8 R128", BF16, 128, 16, 2, CUM, 2, 2, 16, 128, UNI, 0.25f, 0.25f, {2500, 33},
+       140},
+      {"f16 hd128 mha R64", F16, 128, 4, 4, CUM, 2, 2, 16, 64, UNI, 0.25f, 0.25f, {2100, 129}, 70},
+      {"f16 hd128 gqa4 R128 window", F16, 128, 8, 2, WIN, 2, 2, 16, 128, UNI, 0.25f, 0.25f, {1800},
+       140},
   };
   for (const Case &c : cases) {
     SUBCASE(c.name) { run_case(c); }
