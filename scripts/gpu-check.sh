@@ -38,7 +38,8 @@ step() {  # step <name> <status>
 export PATH=$PATH:/usr/local/cuda/bin
 # MINIKV_COMMIT names the commit where the tree travels without .git (a remote GPU box).
 commit=${MINIKV_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}
-say "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit$(git -C "$root" rev-parse --verify -q HEAD >/dev/null 2>&1 && ! git -C "$root" diff --quiet HEAD -- kernels src include tests/gpu && echo ' (+ local changes)')"
+# Local changes are looked for only when git names the commit (a copied tree may carry a stale .git).
+say "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit$([ -z "${MINIKV_COMMIT:-}" ] && git -C "$root" rev-parse --verify -q HEAD >/dev/null 2>&1 && ! git -C "$root" diff --quiet HEAD -- kernels src include tests/gpu && echo " (+ local changes)")"
 say "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
 say "nvcc: $(nvcc --version 2>&1 | grep -o 'release [0-9.]*' | head -1), cmake $(cmake --version | head -1 | awk '{print $3}'), archs $archs"
 
