@@ -235,6 +235,7 @@ def evaluate(args, save=lambda rows: None):
         ref = dict(config="full", what="transformers attention, full cache (reference)", ctx=ctx,
                    nll=float(np.mean(ref_nll)), ppl=math.exp(np.mean(ref_nll)),
                    passkey=float(np.mean(ref_pass)), passkey_by_depth=by_depth(trials, ref_pass),
+                   passkey_ok=[bool(x) for x in ref_pass],
                    greedy_agreement=1.0, greedy_prefix=float(g), compression_ratio=0.0,
                    seconds=time.time() - t)
         rows.append(ref)
@@ -271,7 +272,8 @@ def evaluate(args, save=lambda rows: None):
                 gen.close()
             row = dict(config=name, what=what, fields=fields, ctx=ctx, nll=float(np.mean(nll)),
                        ppl=math.exp(np.mean(nll)), passkey=float(np.mean(ok)),
-                       passkey_by_depth=by_depth(trials, ok), greedy_agreement=float(np.mean(agree)),
+                       passkey_by_depth=by_depth(trials, ok), passkey_ok=[bool(x) for x in ok],
+                       greedy_agreement=float(np.mean(agree)),
                        greedy_prefix=float(np.mean(prefix)), compression_ratio=float(np.mean(comp)),
                        compression_ratio_passkey=float(np.mean(pass_comp)),
                        kept_fraction=cached / seen, seconds=time.time() - t)
@@ -351,6 +353,10 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", default=None, help="JSON path (default: bench/results/accuracy-<date>-<device>.json)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 unless the 16-bit keep-all rows (minikv16) match the full cache: "
+                        "perplexity within 0.1%% and the same passkey outcome per trial (the adapter check; "
+                        "meant for float32: a 16-bit model's rounding can flip near-ties)")
     args = p.parse_args()
     if args.dtype is None:
         args.dtype = "float16" if args.device.startswith("cuda") else "float32"
@@ -383,6 +389,32 @@ def main():
         print(line)
     save(rows, lines)
     print(f"\nwrote {out} ({time.time() - started:.0f} s)")
+    if args.check:
+        bad = check_exact(rows)
+        for line in bad:
+            print("CHECK FAILED:", line)
+        if not any(r["config"] == "minikv16" for r in rows):
+            sys.exit("--check needs minikv16 among --configs")
+        if bad:
+            sys.exit(1)
+        print("check: minikv16 matches the full cache")
+
+
+def check_exact(rows):
+    """16-bit keep-all must be the model's own attention: same perplexity (to rounding) and
+    the same passkey outcome per trial."""
+    bad = []
+    for r in rows:
+        if r["config"] != "minikv16":
+            continue
+        ref = next(x for x in rows if x["config"] == "full" and x["ctx"] == r["ctx"])
+        dppl = abs(r["ppl"] / ref["ppl"] - 1)
+        if dppl > 1e-3:
+            bad.append(f"ctx {r['ctx']}: minikv16 perplexity {r['ppl']:.4f} vs full {ref['ppl']:.4f}")
+        if r["passkey_ok"] != ref["passkey_ok"]:
+            diff = sum(a != b for a, b in zip(r["passkey_ok"], ref["passkey_ok"]))
+            bad.append(f"ctx {r['ctx']}: minikv16 answers {diff} passkey trials differently from full")
+    return bad
 
 
 if __name__ == "__main__":

