@@ -28,13 +28,11 @@ import argparse
 import datetime
 import gzip
 import inspect
-import json
 import math
 import os
 import platform
 import random
 import re
-import subprocess
 import sys
 import time
 
@@ -46,6 +44,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import minikv  # noqa: E402
+from results import git_commit, write_json  # noqa: E402
 from minikv.gguf_llama import default_model_path, load_gguf_llama  # noqa: E402
 from minikv.hf import MiniKVGenerator  # noqa: E402
 
@@ -321,16 +320,6 @@ def goal(rows):
     return lines
 
 
-def git_commit():
-    if os.environ.get("MINIKV_COMMIT"):  # a copy of the tree without .git (a GPU box)
-        return os.environ["MINIKV_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except Exception:
-        return None
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -378,9 +367,7 @@ def main():
                     transformers=transformers.__version__, model=os.path.basename(args.model),
                     args=vars(args), seconds=time.time() - started, complete=lines is not None,
                     goal=lines if lines is not None else goal(rows))
-        with open(out + ".part", "w") as f:
-            json.dump(dict(meta=meta, configs={k: v[0] for k, v in CONFIGS.items()}, rows=rows), f, indent=1)
-        os.replace(out + ".part", out)
+        write_json(out, dict(meta=meta, configs={k: v[0] for k, v in CONFIGS.items()}, rows=rows))
 
     model, rows = evaluate(args, save)
     lines = goal(rows)

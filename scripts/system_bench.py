@@ -37,7 +37,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -48,6 +47,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import minikv  # noqa: E402
+from results import git_commit, write_json  # noqa: E402
 from minikv.hf import MiniKVGenerator  # noqa: E402
 
 GiB = 1 << 30
@@ -504,9 +504,7 @@ def main():
 
     def save():  # after every figure, so a run cut short (a time limit) keeps what it measured
         res["meta"]["seconds"] = time.time() - started
-        with open(path + ".part", "w") as f:
-            json.dump(res, f, indent=1)
-        os.replace(path + ".part", path)
+        write_json(path, res)
 
     for fig, fn in ((11, fig11), (12, fig12), (13, fig13)):
         if fig in args.figures:
@@ -519,16 +517,6 @@ def main():
     for png in plot(res, out_dir):
         print("wrote", png)
     print(f"done in {time.time() - started:.0f} s")
-
-
-def git_commit():
-    if os.environ.get("MINIKV_COMMIT"):  # a copy of the tree without .git (a GPU box)
-        return os.environ["MINIKV_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except Exception:
-        return None
 
 
 if __name__ == "__main__":

@@ -14,28 +14,20 @@
 
 #include "minikv.h"
 #include "reference/fp_ref.hpp"
+#include "splitmix64.hpp"
 
 namespace test {
 
-// splitmix64: the same numbers on every platform and standard library.
-class Rng {
+// Deterministic data: splitmix64 (tests/splitmix64.hpp) and what the tests draw from it.
+class Rng : public testdata::SplitMix64 {
  public:
-  explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  using SplitMix64::SplitMix64;
   double uniform() { return (next() >> 11) * 0x1.0p-53; }  // [0, 1)
   double normal() {                                         // Box-Muller
     const double u1 = 1.0 - uniform(), u2 = uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
   uint32_t below(uint32_t n) { return static_cast<uint32_t>(next() % n); }
-
- private:
-  uint64_t s_;
 };
 
 // A caller buffer of n elements of dtype dt. set() rounds to the dtype; get() reads back.

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "../splitmix64.hpp"
+
 namespace fuzz {
 
 // Reads the input front to back; past the end every read returns 0, so any input (even an
@@ -35,22 +37,13 @@ class Input {
   size_t pos_ = 0;
 };
 
-// splitmix64: tensor contents derived from a seed read from the input, so a short input
-// still drives realistic data.
-class Rng {
+// Tensor contents derived from a seed read from the input, so a short input still drives
+// realistic data.
+class Rng : public testdata::SplitMix64 {
  public:
-  explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  using SplitMix64::SplitMix64;
   // Uniform in [-1, 1).
   float uniform() { return static_cast<float>(next() >> 40) / 8388608.0f - 1.0f; }
-
- private:
-  uint64_t s_;
 };
 
 [[noreturn]] inline void die(const char *file, int line, const char *expr, const char *fmt, ...) {

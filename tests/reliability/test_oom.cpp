@@ -18,7 +18,6 @@
 //     (and LeakSanitizer in the ASan build of scripts/reliability.sh covers calloc).
 #include <doctest/doctest.h>
 
-#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +26,7 @@
 #include <vector>
 
 #include "alloc_control.h"
+#include "exact_fill.hpp"
 #include "minikv.h"
 
 namespace {
@@ -64,35 +64,7 @@ struct Workload {
   size_t esize;
 };
 
-// splitmix64-based values in [-2, 2), stored in the config's dtype.
-void fill(std::vector<uint8_t> &buf, size_t elems, uint64_t seed, minikv_dtype dtype) {
-  const size_t e = dtype == MINIKV_DTYPE_F32 ? 4 : 2;
-  buf.assign(elems * e, 0);
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (size_t i = 0; i < elems; ++i) {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    // Multiples of 1/256 in [-2, 2): exact in F16 and F32.
-    const float x = static_cast<float>(static_cast<int>(z % 1024) - 512) / 256.0f;
-    if (e == 4) {
-      std::memcpy(buf.data() + 4 * i, &x, 4);
-    } else {
-      // x = m / 256 with |m| <= 512: build the half directly (sign, exponent, mantissa).
-      uint16_t h = 0;
-      if (x != 0.0f) {
-        const float a = std::fabs(x);
-        int exp = 0;
-        const float m = std::frexp(a, &exp);  // a = m * 2^exp, m in [0.5, 1)
-        const uint32_t mant = static_cast<uint32_t>((m * 2.0f - 1.0f) * 1024.0f);
-        h = static_cast<uint16_t>(((exp - 1 + 15) << 10) | mant);
-        if (x < 0) h |= 0x8000;
-      }
-      std::memcpy(buf.data() + 2 * i, &h, 2);
-    }
-  }
-}
+using reliability::fill;
 
 Workload make_workload(minikv_dtype dtype) {
   Workload w;
