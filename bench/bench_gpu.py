@@ -18,17 +18,17 @@ kernel must read: the compressed cache (used_bytes of the layer) plus q and out.
 import argparse
 import ctypes
 import datetime
-import json
 import os
 import statistics
-import subprocess
 import sys
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bindings", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
 import minikv  # noqa: E402
+from results import git_commit, write_json  # noqa: E402
 
 DEV = torch.device("cuda")
 
@@ -169,12 +169,8 @@ def main():
     args = ap.parse_args()
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [4096, 32768] if args.quick else [4096, 32768, 131072])
-    # MINIKV_COMMIT first: a copied tree may carry a stale .git (or none).
-    commit = os.environ.get("MINIKV_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-        cwd=os.path.dirname(__file__)).stdout.strip()
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                device=torch.cuda.get_device_name(), commit=commit or "?",
+                device=torch.cuda.get_device_name(), commit=git_commit() or "?",
                 torch=torch.__version__, library=minikv.library_version())
     copy_gbs = copy_bandwidth()
     meta["copy_GBps"] = copy_gbs
@@ -182,9 +178,7 @@ def main():
     rows = []
 
     def save():  # after every shape, so a run cut short keeps what it measured
-        with open(args.out + ".part", "w") as f:
-            json.dump(dict(meta=meta, results=rows), f, indent=1)
-        os.replace(args.out + ".part", args.out)
+        write_json(args.out, dict(meta=meta, results=rows))
 
     for dtype in args.dtype.split(","):
         tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
