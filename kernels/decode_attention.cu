@@ -270,10 +270,16 @@ __device__ __forceinline__ void key_pairs(uint32_t w, uint32_t kMagic, uint32_t 
 }
 
 // fp16 data: the same 8 pairs as fp16 subnormals c · 4^(s mod 4) · 2^-24, one LOP3 each (no
-// magic number to subtract); B carries the 2^24 · 4^-(s mod 4) (qk_pieces.h).
-__device__ __forceinline__ void key_pairs_f16(uint32_t w, uint32_t (&a)[8]) {
+// magic number to subtract); B carries the 4^-(s mod 4) (qk_pieces.h). Fallback
+// (!kF16SubnormalCodes): (pattern | 1024.0) − 1024.0 = c · 4^(s mod 4), exact; f16_magic =
+// 0x64006400 in a register, as key_magic.
+__device__ __forceinline__ void key_pairs_f16(uint32_t w, uint32_t f16_magic, uint32_t (&a)[8]) {
 #pragma unroll
-  for (uint32_t s = 0; s < 8; ++s) a[s] = f16_code_pair(w, s);
+  for (uint32_t s = 0; s < 8; ++s) {
+    a[s] = f16_code_pair(w, s);
+    if constexpr (!kF16SubnormalCodes)
+      asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(a[s]) : "r"(a[s] | f16_magic), "r"(0x64006400u));
+  }
 }
 
 // Exact fp32 pair (a, b) as PIECES bf16x2 words whose sums are a and b (a, b have at most
@@ -514,6 +520,7 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
   // (with two immediates ptxas emits two).
   const uint32_t opaque_zero = p.n >> 31;
   const uint32_t key_magic = 0x43004300u | opaque_zero;
+  const uint32_t f16_magic = 0x64006400u | opaque_zero;  // used only if !kF16SubnormalCodes
 
   const T *qg = static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0) * D;
   float q_reg[QC];  // q of head my_r, channels of quarter qi
@@ -688,8 +695,8 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
           for (int w = 0; w < QW; ++w) {
             uint32_t t8[8], u8[8];
             if constexpr (Cfg::kF16) {
-              key_pairs_f16(wg[w], t8);
-              key_pairs_f16(wg8[w], u8);
+              key_pairs_f16(wg[w], f16_magic, t8);
+              key_pairs_f16(wg8[w], f16_magic, u8);
             } else {
               key_pairs(wg[w], key_magic, t8);
               key_pairs(wg8[w], key_magic, u8);

@@ -97,8 +97,15 @@ MINIKV_HD uint32_t f16_col_exp(float max_abs) {
 // B prescale of a channel with code position j (= ch mod 4): 2^k · 4^-j, k = 141 − E
 // (max |x| · 2^k ∈ [2^14, 2^15)).
 MINIKV_HD float f16_col_scale(uint32_t e, uint32_t j) { return bits_f32((268u - e - 2u * j) << 23); }
-// Undo of the column after the mma (subnormal codes: × 2^(24 − k) = 2^(E − 117)).
-MINIKV_HD float f16_col_unscale(uint32_t e) { return bits_f32((e + 10u) << 23); }
+// A as fp16 subnormals relies on mma.sync taking subnormal f16 operands exactly (IEEE;
+// flushing them would zero every logit's code part: every fp16 GPU test fails). The fallback,
+// false here: normal codes c · 4^j ((pattern | 1024.0) − 1024.0, one HADD2 more per pair) with
+// the same B, undone by 2^-k instead of 2^(24 − k).
+constexpr bool kF16SubnormalCodes = true;
+// Undo of the column after the mma: × 2^(24 − k) = 2^(E − 117) (subnormal codes), else 2^-k.
+MINIKV_HD float f16_col_unscale(uint32_t e, bool subnormal_codes = kF16SubnormalCodes) {
+  return bits_f32((subnormal_codes ? e + 10u : e - 14u) << 23);
+}
 
 // Code pair `s` (0..7) of a 16-code word w (code i at bits 2i; channel i of the word) as the
 // fp16x2 word (code s, code s + 8) of subnormal patterns c · 4^(s mod 4). The kernel spells the

@@ -39,7 +39,9 @@ float random_f16(test::Rng &rng, uint32_t zero_every = 0) {
 // One column: codes c[ch] and x[ch] = q[ch] · s[ch]. Emulates the kernel's B build (prescale,
 // pieces) and the mma (in double: products and their sum exact to 2^-50 relative), and checks
 // the per-element and per-column bounds. Returns the column error in units of max |x|.
-double check_column(const std::vector<uint32_t> &code, const std::vector<float> &x) {
+// subnormal_codes selects the A form (kernels/qk_pieces.h: kF16SubnormalCodes and its fallback).
+double check_column(const std::vector<uint32_t> &code, const std::vector<float> &x,
+                    bool subnormal_codes) {
   const size_t D = x.size();
   float mx = 0.0f;
   double exact = 0.0, abs_sum = 0.0;
@@ -49,7 +51,7 @@ double check_column(const std::vector<uint32_t> &code, const std::vector<float> 
     abs_sum += double(code[ch]) * std::fabs(double(x[ch]));
   }
   const uint32_t e = f16_col_exp(mx);
-  const double unscale = double(f16_col_unscale(e));
+  const double unscale = double(f16_col_unscale(e, subnormal_codes));
   // The packed code words (16 channels per word, channel i at bits 2i).
   std::vector<uint32_t> words(D / 16, 0u);
   for (size_t ch = 0; ch < D; ++ch) words[ch / 16] |= code[ch] << (2 * (ch % 16));
@@ -58,9 +60,13 @@ double check_column(const std::vector<uint32_t> &code, const std::vector<float> 
     for (uint32_t s = 0; s < 8; ++s) {
       const uint32_t a = f16_code_pair(words[w], s);  // (channel 16w + s, channel 16w + s + 8)
       const size_t ch0 = 16 * w + s, ch1 = ch0 + 8;
-      const double a0 = host_f32_from_f16(uint16_t(a & 0xffffu));
-      const double a1 = host_f32_from_f16(uint16_t(a >> 16));
-      const double pos = std::ldexp(1.0, int(2 * (s & 3u)) - 24);  // 4^j · 2^-24
+      // The kernel's A halves: the pattern itself, or (pattern | 1024.0) − 1024.0 (exact).
+      auto a_value = [&](uint32_t half) {
+        return subnormal_codes ? double(host_f32_from_f16(uint16_t(half)))
+                               : double(host_f32_from_f16(uint16_t(half | 0x6400u))) - 1024.0;
+      };
+      const double a0 = a_value(a & 0xffffu), a1 = a_value(a >> 16);
+      const double pos = std::ldexp(1.0, int(2 * (s & 3u)) - (subnormal_codes ? 24 : 0));
       REQUIRE(a0 == double(code[ch0]) * pos);
       REQUIRE(a1 == double(code[ch1]) * pos);
       const float sc = f16_col_scale(e, s & 3u);
@@ -163,8 +169,10 @@ TEST_CASE("qk_pieces: prescale keeps every column inside the fp16 pieces' range"
     const uint32_t ce = f16_col_exp(mx);
     CHECK(ce >= 64u);
     for (uint32_t j = 0; j < 4; ++j) CHECK(std::isfinite(f16_col_scale(ce, j)));
-    CHECK(std::isfinite(f16_col_unscale(ce)));
-    CHECK(f16_col_unscale(ce) > 0.0f);
+    for (const bool subnormal : {true, false}) {
+      CHECK(std::isfinite(f16_col_unscale(ce, subnormal)));
+      CHECK(f16_col_unscale(ce, subnormal) > 0.0f);
+    }
     if (e >= 79) {  // a nonzero product of two fp16 values: max |x'| lands in [2^14, 2^15)
       const float top = mx * f16_col_scale(ce, 0);
       CHECK(top >= 16384.0f);
@@ -176,7 +184,8 @@ TEST_CASE("qk_pieces: prescale keeps every column inside the fp16 pieces' range"
 TEST_CASE("qk_pieces: fp16 pieces of q * s_k reconstruct the column dot within the bound") {
   test::Rng rng(2026);
   double worst = 0.0;
-  for (size_t D : {size_t(64), size_t(128)}) {
+  for (const bool subnormal : {true, false}) {
+    for (size_t D : {size_t(64), size_t(128)}) {
     std::vector<uint32_t> code(D);
     std::vector<float> x(D);
     auto product = [](float q, float s) {
@@ -206,25 +215,26 @@ TEST_CASE("qk_pieces: fp16 pieces of q * s_k reconstruct the column dot within t
         }
         x[ch] = product(q, s);
       }
-      worst = std::fmax(worst, check_column(code, x));
+      worst = std::fmax(worst, check_column(code, x, subnormal));
     }
     // Extremes.
     std::fill(code.begin(), code.end(), 3u);
     std::fill(x.begin(), x.end(), 0.0f);
-    CHECK(check_column(code, x) == 0.0);  // zero column: exact zero
+    CHECK(check_column(code, x, subnormal) == 0.0);  // zero column: exact zero
     std::fill(x.begin(), x.end(), product(kF16Max, kF16Max));
-    CHECK(check_column(code, x) == 0.0);  // every element at (fp16 max)^2: exact
+    CHECK(check_column(code, x, subnormal) == 0.0);  // every element at (fp16 max)^2: exact
     std::fill(x.begin(), x.end(), product(-kF16Max, kF16Max));
-    CHECK(check_column(code, x) == 0.0);
+    CHECK(check_column(code, x, subnormal) == 0.0);
     for (size_t ch = 0; ch < D; ++ch)  // one huge element among the smallest products
       x[ch] = ch == 5 ? product(kF16Max, kF16Max) : product(0x1.0p-24f, (ch % 2 ? -1 : 1) * 0x1.0p-24f);
-    check_column(code, x);
+    check_column(code, x, subnormal);
     for (size_t ch = 0; ch < D; ++ch)  // all at the smallest nonzero product: exact
       x[ch] = product(0x1.0p-24f, (ch % 3 ? 1 : -1) * 0x1.0p-24f);
-    CHECK(check_column(code, x) == 0.0);
+    CHECK(check_column(code, x, subnormal) == 0.0);
     for (size_t ch = 0; ch < D; ++ch)  // every code position, alternating codes
       code[ch] = uint32_t(ch % 4), x[ch] = product(host_f32_from_f16(uint16_t(0x3c01u + ch)), 0x1.8p-20f);
-    CHECK(check_column(code, x) == 0.0);
+    CHECK(check_column(code, x, subnormal) == 0.0);
+    }
   }
   MESSAGE("worst column error / max|x|: " << worst << " (bound 3*128*2^-33 = " << 3.0 * 128 * 0x1.0p-33 << ")");
 }
