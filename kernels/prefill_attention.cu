@@ -101,7 +101,8 @@ __device__ __forceinline__ void load_b_frags(uint32_t (&b)[4], const T *tile, in
 
 /// \tparam T dtype of q/k/v/out (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
-/// 2 CTAs/SM (8 warps).
+/// 2 CTAs/SM (8 warps): 255 registers at D = 128; its 64 B of spills are the clamped cp.async
+/// addresses of a sequence's last (partial) K/V tile, off the per-tile path.
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 2)
     prefill_attention_kernel(const __grid_constant__ PrefillAttnParams p) {
@@ -137,8 +138,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   // This thread's cp.async chunk of full K/V tiles: a running global offset (elements, one
   // register pair for K and V alike) and a shared offset, so a prefetch costs 16 LDGSTS and
   // a few adds instead of per-chunk index math and clamps (v2 spilled those addresses).
-  const int64_t chunk_off = int64_t(threadIdx.x / (D / 8)) * kv_stride + (threadIdx.x % (D / 8)) * 8;
   const int chunk_s = (threadIdx.x / (D / 8)) * S + (threadIdx.x % (D / 8)) * 8;
+  const int64_t tile_step = int64_t(kBN) * kv_stride;
+  int64_t next_off = tile_step + int64_t(threadIdx.x / (D / 8)) * kv_stride +
+                     (threadIdx.x % (D / 8)) * 8;  // chunk of tile j + 1
 
   const int n_kv = min((L + kBN - 1) / kBN, (q0 + kBM - 1) / kBN + 1);  // up to the diagonal
   float o[2][D / 8][4];
@@ -159,13 +162,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (j + 1 < n_kv) {  // stage (j + 1) & 1 was released by the barrier ending iteration j - 1
       const int nk0 = k0 + kBN, st = ((j + 1) & 1) * kBN * S;
       if (nk0 + kBN <= L) {
-        const int64_t off = int64_t(nk0) * kv_stride + chunk_off;
-        load_full_tile<T, D, kBN>(k_s + st + chunk_s, k + off, kv_stride);
-        load_full_tile<T, D, kBN>(v_s + st + chunk_s, v + off, kv_stride);
+        load_full_tile<T, D, kBN>(k_s + st + chunk_s, k + next_off, kv_stride);
+        load_full_tile<T, D, kBN>(v_s + st + chunk_s, v + next_off, kv_stride);
       } else {
         load_tile<T, D, kBN>(k_s + st, k + nk0 * kv_stride, kv_stride, L - nk0);
         load_tile<T, D, kBN>(v_s + st, v + nk0 * kv_stride, kv_stride, L - nk0);
       }
+      next_off += tile_step;
       cp_async_commit();
       cp_async_wait<1>();  // tile j (and Q) have landed
     } else {
@@ -315,19 +318,22 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   __syncwarp();
   T *out = static_cast<T *>(p.out) + tb * q_stride + int64_t(h) * D;
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  constexpr int kChunks = D / 8, kRowsPerIt = 32 / kChunks;  // 16-byte chunks per row
+  const int r0 = wrow + lane / kChunks, c = (lane % kChunks) * 8;
+  const int rows_left = L - q0 - r0;  // store row r0 + it·kRowsPerIt while it·kRowsPerIt < this
+  T *dst = out + int64_t(q0 + r0) * q_stride + c;
+  const int64_t dst_step = kRowsPerIt * q_stride;
 #pragma unroll
-  for (int it = 0; it < 32 * kChunks / 32; ++it) {
-    const int i = it * 32 + lane, trow = wrow + i / kChunks, c = (i % kChunks) * 8;
-    if (q0 + trow < L)
-      *reinterpret_cast<uint4 *>(out + (q0 + trow) * q_stride + c) =
-          *reinterpret_cast<const uint4 *>(q_s + trow * S + c);
-  }
+  for (int it = 0; it < 32 / kRowsPerIt; ++it, dst += dst_step)
+    if (it * kRowsPerIt < rows_left)
+      *reinterpret_cast<uint4 *>(dst) =
+          *reinterpret_cast<const uint4 *>(q_s + (r0 + it * kRowsPerIt) * S + c);
 }
 
 /// \tparam T dtype of q/k (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
-/// 3 CTAs/SM (12 warps): 168 registers, the 64 B of spills are cp.async addresses.
+/// 3 CTAs/SM (12 warps): 168 registers at D = 128; its 56 B of spills serve the clamped
+/// cp.async of a sequence's last (partial) Q tile, off the per-tile path.
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 3)
     prefill_scores_kernel(const __grid_constant__ PrefillScoreParams p) {
@@ -365,7 +371,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   // and (h, qt) advances by counters: no division per item, and full tiles (all but a
   // sequence's last) load without predicates.
   auto issue = [&](int it, int h, int qt) {
-    const T *src = static_cast<const T *>(p.q) + (tb + int64_t(qt) * kSQ) * q_stride + int64_t(h) * D;
+    const T *src =
+        static_cast<const T *>(p.q) + (tb + int64_t(qt) * kSQ) * q_stride + int64_t(h) * D;
     T *dst = q_s + (it & 1) * kSQ * S;
     const int row = qt * kSQ + threadIdx.x;
     if (qt * kSQ + kSQ <= L) {
