@@ -48,6 +48,18 @@ __device__ __forceinline__ void load_tile(T *smem, const T *base, int64_t row_st
   }
 }
 
+// cp.async of a tile whose ROWS rows all lie inside the sequence (every K/V tile but a
+// sequence's last): no predicate, no clamp. smem_t / src_t are this thread's first chunk
+// (row threadIdx.x / (D / 8), chunk threadIdx.x % (D / 8)); chunk `it` is kRowsPerIt rows on.
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void load_full_tile(T *smem_t, const T *src_t, int64_t row_stride) {
+  constexpr int kRowsPerIt = kThreads / (D / 8);
+#pragma unroll
+  for (int it = 0; it < ROWS / kRowsPerIt; ++it)
+    cp_async_16(smem_t + it * kRowsPerIt * smem_stride<D>(), src_t + it * kRowsPerIt * row_stride,
+                true);
+}
+
 // 4-byte cp.async (zero-filled when !valid): LSE rows have no 16-byte alignment.
 __device__ __forceinline__ void cp_async_4(void *smem, const void *gmem, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)),
@@ -89,13 +101,14 @@ __device__ __forceinline__ void load_b_frags(uint32_t (&b)[4], const T *tile, in
 
 /// \tparam T dtype of q/k/v/out (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
-/// 2 CTAs/SM (8 warps): 255 registers, the 64 B of spills are cp.async addresses.
+/// 2 CTAs/SM (8 warps): 255 registers at D = 128; its 64 B of spills are the clamped cp.async
+/// addresses of a sequence's last (partial) K/V tile, off the per-tile path.
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 2)
     prefill_attention_kernel(const __grid_constant__ PrefillAttnParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   constexpr int S = smem_stride<D>();
-  T *q_s = reinterpret_cast<T *>(smem_raw);  // [kBM][S]
+  T *q_s = reinterpret_cast<T *>(smem_raw);  // [kBM][S]; the warp's rows stage O at the end
   T *k_s = q_s + kBM * S;                    // [2][kBN][S]
   T *v_s = k_s + 2 * kBN * S;                // [2][kBN][S]
 
@@ -122,6 +135,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   load_tile<T, D, kBN>(v_s, v, kv_stride, L);
   cp_async_commit();
 
+  // This thread's cp.async chunk of full K/V tiles: a running global offset (elements, one
+  // register pair for K and V alike) and a shared offset, so a prefetch costs 16 LDGSTS and
+  // a few adds instead of per-chunk index math and clamps (v2 spilled those addresses).
+  const int chunk_s = (threadIdx.x / (D / 8)) * S + (threadIdx.x % (D / 8)) * 8;
+  const int64_t tile_step = int64_t(kBN) * kv_stride;
+  int64_t next_off = tile_step + int64_t(threadIdx.x / (D / 8)) * kv_stride +
+                     (threadIdx.x % (D / 8)) * 8;  // chunk of tile j + 1
+
   const int n_kv = min((L + kBN - 1) / kBN, (q0 + kBM - 1) / kBN + 1);  // up to the diagonal
   float o[2][D / 8][4];
 #pragma unroll
@@ -140,8 +161,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     const T *vs = v_s + (j & 1) * kBN * S;
     if (j + 1 < n_kv) {  // stage (j + 1) & 1 was released by the barrier ending iteration j - 1
       const int nk0 = k0 + kBN, st = ((j + 1) & 1) * kBN * S;
-      load_tile<T, D, kBN>(k_s + st, k + nk0 * kv_stride, kv_stride, L - nk0);
-      load_tile<T, D, kBN>(v_s + st, v + nk0 * kv_stride, kv_stride, L - nk0);
+      if (nk0 + kBN <= L) {
+        load_full_tile<T, D, kBN>(k_s + st + chunk_s, k + next_off, kv_stride);
+        load_full_tile<T, D, kBN>(v_s + st + chunk_s, v + next_off, kv_stride);
+      } else {
+        load_tile<T, D, kBN>(k_s + st, k + nk0 * kv_stride, kv_stride, L - nk0);
+        load_tile<T, D, kBN>(v_s + st, v + nk0 * kv_stride, kv_stride, L - nk0);
+      }
+      next_off += tile_step;
       cp_async_commit();
       cp_async_wait<1>();  // tile j (and Q) have landed
     } else {
@@ -149,101 +176,129 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();
 
-    float s[2][8][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[2][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) load_a_frag<T, D>(a[mt], q_s, wrow + 16 * mt, kk, lane);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        load_b_frags<T, D>(b, ks, np, kk, lane);
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          mma_16816<T>(s[mt][2 * np], a[mt], b[0], b[1]);
-          mma_16816<T>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
-        }
-      }
-    }
-
-    // Causal + length mask only on tiles that reach past the tile's first row or past L.
-    if (k0 + kBN - 1 > q0 || k0 + kBN > L) {
+    // Every key of the tile lies after every row of this warp (only on the diagonal's last
+    // tile): the scores would all be masked, p = 0 and the row maxima unchanged, so skipping
+    // the tile leaves o, m and l bit-identical.
+    if (k0 <= q0 + wrow + 31) {
+      float s[2][8][4];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = k0 + nt * 8 + 2 * tq + (e & 1);
-            const int row = q0 + wrow + 16 * mt + g + (e / 2) * 8;
-            if (col > row || col >= L) s[mt][nt][e] = -INFINITY;
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) load_a_frag<T, D>(a[mt], q_s, wrow + 16 * mt, kk, lane);
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t b[4];
+          load_b_frags<T, D>(b, ks, np, kk, lane);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_16816<T>(s[mt][2 * np], a[mt], b[0], b[1]);
+            mma_16816<T>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
           }
-    }
-
-    // Online softmax (log2 units): p = 2^(s·scale − max·scale), one FFMA + ex2 per score.
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = m[mt][r];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float base = mx == -INFINITY ? 0.0f : mx * scale;  // no key yet: keep 0s
-        const float corr = ex2(fmaf(m[mt][r], scale, -base));
-        m[mt][r] = mx;
-        float rs = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pr = ex2(fmaf(s[mt][nt][2 * r + e], scale, -base));
-            s[mt][nt][2 * r + e] = pr;
-            rs += pr;
-          }
-        l[mt][r] = l[mt][r] * corr + rs;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          o[mt][dt][2 * r] *= corr;
-          o[mt][dt][2 * r + 1] *= corr;
         }
       }
 
-    // O += P · V_j, P straight from the score registers.
+      // Causal + length mask only on tiles that reach past the tile's first row or past L.
+      // s[mt][nt][e] is key k0 + 8 nt + 2 tq + (e & 1) of row q0 + wrow + 16 mt + 8 (e / 2) + g:
+      // masked when 8 nt + (e & 1) exceeds min(row - k0 - 2 tq, L - 1 - k0 - 2 tq), whose
+      // left side is a compile-time constant: one compare + select per score.
+      if (k0 + kBN - 1 > q0 + wrow || k0 + kBN > L) {
+        const int len_lim = L - 1 - k0 - 2 * tq;
 #pragma unroll
-    for (int kc = 0; kc < kBN / 16; ++kc) {
-      uint32_t a[2][4];
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int lim = min(q0 + wrow + 16 * mt + 8 * r + g - k0 - 2 * tq, len_lim);
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+              for (int c = 0; c < 2; ++c)
+                if (8 * nt + c > lim) s[mt][nt][2 * r + c] = -INFINITY;
+          }
+      }
+
+      // Online softmax (log2 units): p = 2^(s·scale − max·scale), one FFMA + ex2 per score.
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        a[mt][0] = DType<T>::pack2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-        a[mt][1] = DType<T>::pack2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-        a[mt][2] = DType<T>::pack2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-        a[mt][3] = DType<T>::pack2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
-      }
+        float mx[2];
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, vs + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * S + dp * 16 +
-                                 (lane / 16) * 8);
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = m[mt][r];
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+            mx[r] = fmaxf(mx[r], fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        }
+        // Rescale only when a row maximum of this m-tile moved (warp-uniform branch). An
+        // unmoved row's factor is ex2(0) = 1 exactly, so skipping is bit-identical; after the
+        // first tiles most maxima stay put and the 2·D/8·2 FMULs per m-tile are saved.
+        if (__any_sync(0xffffffffu, mx[0] != m[mt][0] || mx[1] != m[mt][1])) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * scale;
+            const float corr = ex2(fmaf(m[mt][r], scale, -base));
+            l[mt][r] *= corr;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+              o[mt][dt][2 * r] *= corr;
+              o[mt][dt][2 * r + 1] *= corr;
+            }
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          m[mt][r] = mx[r];
+          const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * scale;  // no key yet: keep 0s
+          float rs = 0.0f;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float pr = ex2(fmaf(s[mt][nt][2 * r + e], scale, -base));
+              s[mt][nt][2 * r + e] = pr;
+              rs += pr;
+            }
+          l[mt][r] += rs;
+        }
+      }
+
+      // O += P · V_j, P straight from the score registers.
+#pragma unroll
+      for (int kc = 0; kc < kBN / 16; ++kc) {
+        uint32_t a[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          mma_16816<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
-          mma_16816<T>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+          a[mt][0] = DType<T>::pack2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+          a[mt][1] = DType<T>::pack2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+          a[mt][2] = DType<T>::pack2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+          a[mt][3] = DType<T>::pack2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, vs + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * S + dp * 16 +
+                                   (lane / 16) * 8);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_16816<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
+            mma_16816<T>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+          }
         }
       }
     }
     __syncthreads();  // every warp is done with stage j & 1 (refilled in iteration j + 1)
   }
 
-  T *out = static_cast<T *>(p.out) + tb * q_stride + int64_t(h) * D;
+  // O through shared memory: this warp's 32 rows of q_s (read only by this warp, and no
+  // longer) take the normalized rows, then each row leaves as 16-byte stores, 2 rows per
+  // warp instruction, instead of 4-byte stores that fill 16 B of each 32 B sector.
   float *lse = p.lse + int64_t(h) * p.ws_tokens + p.seqs.ws_offset[seq];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -252,22 +307,33 @@ __global__ void __launch_bounds__(kThreads, 2)
       float sum = l[mt][r];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int row = q0 + wrow + 16 * mt + g + 8 * r;
-      if (row >= L) continue;
+      const int trow = wrow + 16 * mt + g + 8 * r;
       const float inv = 1.0f / sum;
-      uint32_t *dst = reinterpret_cast<uint32_t *>(out + row * q_stride);
+      uint32_t *dst = reinterpret_cast<uint32_t *>(q_s + trow * S + 2 * tq);
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt)
-        dst[(dt * 8 + 2 * tq) / 2] =
-            DType<T>::pack2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        dst[dt * 4] = DType<T>::pack2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
       const float base = m[mt][r] == -INFINITY ? 0.0f : m[mt][r] * scale;
-      if (tq == 0) lse[row] = base + log2f(sum);
+      if (tq == 0 && q0 + trow < L) lse[q0 + trow] = base + log2f(sum);
     }
+  __syncwarp();
+  T *out = static_cast<T *>(p.out) + tb * q_stride + int64_t(h) * D;
+  constexpr int kChunks = D / 8, kRowsPerIt = 32 / kChunks;  // 16-byte chunks per row
+  const int r0 = wrow + lane / kChunks, c = (lane % kChunks) * 8;
+  const int rows_left = L - q0 - r0;  // store row r0 + it·kRowsPerIt while it·kRowsPerIt < this
+  T *dst = out + int64_t(q0 + r0) * q_stride + c;
+  const int64_t dst_step = kRowsPerIt * q_stride;
+#pragma unroll
+  for (int it = 0; it < 32 / kRowsPerIt; ++it, dst += dst_step)
+    if (it * kRowsPerIt < rows_left)
+      *reinterpret_cast<uint4 *>(dst) =
+          *reinterpret_cast<const uint4 *>(q_s + (r0 + it * kRowsPerIt) * S + c);
 }
 
 /// \tparam T dtype of q/k (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
-/// 3 CTAs/SM (12 warps): 168 registers, the 64 B of spills are cp.async addresses.
+/// 3 CTAs/SM (12 warps): 168 registers at D = 128; its 56 B of spills serve the clamped
+/// cp.async of a sequence's last (partial) Q tile, off the per-tile path.
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 3)
     prefill_scores_kernel(const __grid_constant__ PrefillScoreParams p) {
@@ -296,31 +362,52 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   // Query tiles with a row >= max(row_begin, k0): on or below the diagonal, in the window.
   const int qt0 = max(row_begin, k0) / kSQ;
-  const int per_head = (L + kSQ - 1) / kSQ - qt0;
-  const int total = n_rep * per_head;
-  // Queue item `it`: query tile qt of head h, into buffer `it & 1`.
-  auto issue = [&](int it) {
-    const int h = kvh * n_rep + it / per_head, qt = qt0 + it % per_head;
+  const int qt_end = (L + kSQ - 1) / kSQ;
+  const int total = n_rep * (qt_end - qt0);
+  // This thread's cp.async chunk of a full Q tile (see the forward kernel).
+  const int64_t chunk_off = int64_t(threadIdx.x / (D / 8)) * q_stride + (threadIdx.x % (D / 8)) * 8;
+  const int chunk_s = (threadIdx.x / (D / 8)) * S + (threadIdx.x % (D / 8)) * 8;
+  // Queue item `it`: query tile qt of head h, into buffer `it & 1`. Items are issued in order
+  // and (h, qt) advances by counters: no division per item, and full tiles (all but a
+  // sequence's last) load without predicates.
+  auto issue = [&](int it, int h, int qt) {
     const T *src =
         static_cast<const T *>(p.q) + (tb + int64_t(qt) * kSQ) * q_stride + int64_t(h) * D;
-    load_tile<T, D, kSQ>(q_s + (it & 1) * kSQ * S, src, q_stride, L - qt * kSQ);
+    T *dst = q_s + (it & 1) * kSQ * S;
+    const int row = qt * kSQ + threadIdx.x;
+    if (qt * kSQ + kSQ <= L) {
+      load_full_tile<T, D, kSQ>(dst + chunk_s, src + chunk_off, q_stride);
+    } else {
+      load_tile<T, D, kSQ>(dst, src, q_stride, L - qt * kSQ);
+    }
     if (threadIdx.x < kSQ) {
-      const int row = qt * kSQ + threadIdx.x;
       const float *lse = p.lse + int64_t(h) * p.ws_tokens + ws_off;
       cp_async_4(lse_s + (it & 1) * kSQ + threadIdx.x, row < L ? lse + row : lse, row < L);
     }
   };
+  int nh = kvh * n_rep, nqt = qt0;  // the next item to issue
+  auto advance = [&](int &h, int &qt) {
+    if (++qt == qt_end) {
+      qt = qt0;
+      ++h;
+    }
+  };
 
   load_tile<T, D, kSK>(k_s, k, kv_stride, L - k0);
-  if (total > 0) issue(0);
+  if (total > 0) {
+    issue(0, nh, nqt);
+    advance(nh, nqt);
+  }
   cp_async_commit();
 
   float cs[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // keys (m-tile, g / g + 8), this thread's queries
   uint32_t ka[2][D / 16][4];
+  int cur_qt = qt0;  // query tile of item it
 
   for (int it = 0; it < total; ++it) {
     if (it + 1 < total) {  // buffer (it + 1) & 1 was released by the barrier ending it - 1
-      issue(it + 1);
+      issue(it + 1, nh, nqt);
+      advance(nh, nqt);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -358,7 +445,8 @@ __global__ void __launch_bounds__(kThreads, 3)
       }
 
     // s[mt][nt][e]: key wkey + 16 mt + g + 8 (e / 2), query i0 + 8 nt + 2 tq + (e & 1).
-    const int i0 = (qt0 + it % per_head) * kSQ;
+    const int i0 = cur_qt * kSQ;
+    if (++cur_qt == qt_end) cur_qt = qt0;
     if (i0 >= k0 + kSK - 1 && i0 + kSQ <= L && i0 >= row_begin) {  // no key or query masked
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
@@ -370,6 +458,15 @@ __global__ void __launch_bounds__(kThreads, 3)
             cs[mt][e / 2] += ex2(fmaf(s[mt][nt][e], scale, -(e & 1 ? lv.y : lv.x)));
       }
     } else {
+      // Query offset 8 nt + (e & 1) (a constant) is kept when lo <= it <= hi, i.e. key <=
+      // query, query >= row_begin and query < L: two compares + one select per score.
+      const int hi = L - 1 - i0 - 2 * tq;
+      int lo[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          lo[mt][r] = max(wkey + 16 * mt + g + 8 * r, row_begin) - i0 - 2 * tq;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         const float2 lv = *reinterpret_cast<const float2 *>(ls + nt * 8 + 2 * tq);
@@ -377,11 +474,10 @@ __global__ void __launch_bounds__(kThreads, 3)
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int key = wkey + 16 * mt + g + 8 * (e / 2);
-            const int query = i0 + nt * 8 + 2 * tq + (e & 1);
-            const bool ok = key <= query && query < L && query >= row_begin;
-            const float x = ex2(fmaf(s[mt][nt][e], scale, -(e & 1 ? lv.y : lv.x)));
-            cs[mt][e / 2] += ok ? x : 0.0f;
+            const int x = nt * 8 + (e & 1);
+            const bool ok = x >= lo[mt][e / 2] && x <= hi;
+            const float y = ex2(fmaf(s[mt][nt][e], scale, -(e & 1 ? lv.y : lv.x)));
+            cs[mt][e / 2] += ok ? y : 0.0f;
           }
       }
     }

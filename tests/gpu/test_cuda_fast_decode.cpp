@@ -1,8 +1,10 @@
 // The fast decode path (2-bit keys and values, G = 16, head_dim 64/128, GQA 1/2/4/8) in fp16
 // and bf16 against the CPU backend through the public C API: prefill outputs, kept positions
 // and decode outputs at every step across residual flushes (R from 32 to 256), ragged batches
-// including 1-token prompts, both score modes; bf16 at head_dim 64 and 128 with GQA groups
-// 1, 4 and 8. Skipped when no CUDA device is present.
+// including 1-token prompts, both score modes; bf16 and fp16 at head_dim 64 and 128 with GQA
+// groups 1, 2, 4 and 8; fp16 decode queries of extreme magnitude (std 2^-12: a fifth of them
+// fp16 subnormals, the largest per-column prescale of the fp16 QK pieces; std 8: logits in the
+// hundreds). Skipped when no CUDA device is present.
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -47,6 +49,16 @@ TEST_CASE("fast decode path matches the CPU backend in bf16 and fp16 across resi
       {"f16 hd128 mha R64", F16, 128, 4, 4, CUM, 2, 2, 16, 64, UNI, 0.25f, 0.25f, {2100, 129}, 70},
       {"f16 hd128 gqa4 R128 window", F16, 128, 8, 2, WIN, 2, 2, 16, 128, UNI, 0.25f, 0.25f, {1800},
        140},
+      // fp16 QK as fp16 mma with prescaled pieces (kernels/qk_pieces.h): every compiled GQA
+      // group at head_dim 128 and 64, and queries far from unit scale.
+      {"f16 hd128 gqa2 R128", F16, 128, 8, 4, CUM, 2, 2, 16, 128, UNI, 0.25f, 0.25f, {1500, 300}, 30},
+      {"f16 hd128 gqa8 R64", F16, 128, 16, 2, CUM, 2, 2, 16, 64, UNI, 0.25f, 0.25f, {1300, 33}, 70},
+      {"f16 hd64 gqa8 R32 window", F16, 64, 16, 2, WIN, 2, 2, 16, 32, UNI, 0.25f, 0.25f, {700, 90}, 40},
+      {"f16 hd64 gqa2 R128", F16, 64, 4, 2, CUM, 2, 2, 16, 128, PYR, 0.25f, 0.25f, {1100}, 20},
+      {"f16 hd128 mha tiny queries (subnormal q)", F16, 128, 4, 4, CUM, 2, 2, 16, 128, UNI, 0.25f,
+       0.25f, {1600, 200}, 20, 0x1.0p-12f},
+      {"f16 hd128 gqa4 large queries", F16, 128, 8, 2, CUM, 2, 2, 16, 128, UNI, 0.25f, 0.25f,
+       {1600, 200}, 20, 8.0f},
   };
   for (const Case &c : cases) {
     SUBCASE(c.name) { run_case(c); }

@@ -1,0 +1,137 @@
+// The fp16 QK operands of the decode fast path, as host + device arithmetic (tested on the
+// CPU by tests/test_qk_pieces.cpp; the kernel uses the same functions).
+//
+// Logit (before the bias q·m_k and the softmax scale) of token t of key group g:
+//   dot = Σ_ch c[t][ch] · x[ch],   x[ch] = q[ch] · s_k[g][ch]   (c ∈ {0..3})
+// x is exact in fp32 (fp16 × fp16: ≤ 22 significant bits, |x| < 2^32, |x| ≥ 2^-48 when not 0).
+// The mma is m16n8k16 f16 → f32: A = the codes, B = x. A B column n (one query head × one key
+// group) holds the D channels of x.
+//   A: code c of channel ch as the fp16 SUBNORMAL whose bit pattern is c · 4^j, j = ch mod 4,
+//      i.e. the value c · 4^j · 2^-24 exactly: one LOP3 per two codes (the pair of channels
+//      ch, ch + 8 of a 16-channel code word; j ≤ 3 keeps the pattern below 2^10).
+//   B: x' = x · 2^k · 4^-j in two fp16 pieces hi + lo. k (per column) puts the column's
+//      max |x| into [2^14, 2^15): no piece overflows and the pieces of the large elements are
+//      normal fp16, where hi = fp16(x'), lo = fp16(x' − hi) is exact (x' − hi is exact in fp32
+//      and has ≤ 11 significant bits).
+//   The mma then sums c · x · 2^(k−24) exactly per product; the fp32 result is multiplied by
+//   2^(24−k) (f16_col_unscale), a power of two.
+// Error bound (what is not exact): an element whose |x'| < 2^-3 may have lo (or hi) below the
+// fp16 normal range, where fp16 has a quantum of 2^-24: |x' − (hi + lo)| ≤ 2^-25 for every
+// element (round to nearest), 0 when |x'| ≥ 2^-3. In units of x that is ≤ 2^-25 · 4^j · 2^-k
+// ≤ 2^-25 · 64 · 2^-14 · M = 2^-33 · M per element, M = max |x| of the column, so
+//   |dot − dot_exact| ≤ 3 · D · 2^-33 · M  (= 3 · 2^-26 · M at D = 128)
+// plus the fp32 accumulation, which is the same as before. 3 · 2^-26 · M is below one fp32 ulp
+// of M (ulp(M) ≥ 2^-24 · M): within the rounding of the fp32 sum itself, and the logits are
+// still never rounded to 16 bits. bf16 data keeps its 2 exact bf16 pieces (bf16 has fp32's
+// exponent range, so no prescale is needed there).
+//
+// Why not 3 bf16 pieces (v2.2): 1.5× the mma.sync of bf16 and an HFMA2 per code pair to build A.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "../src/layout.h"  // MINIKV_HD
+
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
+
+namespace minikv {
+namespace kernels {
+
+MINIKV_HD uint32_t f32_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+#endif
+}
+MINIKV_HD float bits_f32(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+#endif
+}
+
+// IEEE fp16 ↔ fp32 in software for the host (round to nearest even, subnormals, overflow to
+// infinity): the same results as the device's cvt.rn.f16.f32 / cvt.f32.f16.
+inline uint16_t host_f16_from_f32(float f) {
+  const uint32_t x = f32_bits(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+  if (a >= 0x7f800000u) return uint16_t(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // ≥ 65520 rounds to infinity
+  if (a < 0x38800000u) {                                   // < 2^-14: multiples of 2^-24
+    const float t = bits_f32(a) * 16777216.0f;             // exact: × 2^24
+    uint32_t m = uint32_t(t);
+    const float r = t - float(m);
+    if (r > 0.5f || (r == 0.5f && (m & 1u))) ++m;  // m = 1024 is the smallest normal: right
+    return uint16_t(sign | m);
+  }
+  uint32_t h = ((a >> 23) - 112u) << 10 | ((a >> 13) & 0x3ffu);
+  const uint32_t rem = a & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry moves into the exponent
+  return uint16_t(sign | h);
+}
+inline float host_f32_from_f16(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) {
+    const float v = float(m) * (1.0f / 16777216.0f);  // exact: m · 2^-24
+    return sign ? -v : v;
+  }
+  if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
+  return bits_f32(sign | (e + 112u) << 23 | (m << 13));
+}
+
+// Biased fp32 exponent E of a column's max |x| (max_abs ≥ 0). E ≥ 64 keeps the scale
+// factors below finite for an all-zero column (any scale is right for zeros); a nonzero
+// x = fp16 · fp16 has E ≥ 79, and E ≤ 158 (|x| < 2^32).
+MINIKV_HD uint32_t f16_col_exp(float max_abs) {
+  const uint32_t e = f32_bits(max_abs) >> 23;
+  return e > 64u ? e : 64u;
+}
+// B prescale of a channel with code position j (= ch mod 4): 2^k · 4^-j, k = 141 − E
+// (max |x| · 2^k ∈ [2^14, 2^15)).
+MINIKV_HD float f16_col_scale(uint32_t e, uint32_t j) { return bits_f32((268u - e - 2u * j) << 23); }
+// A as fp16 subnormals relies on mma.sync taking subnormal f16 operands exactly (IEEE;
+// flushing them would zero every logit's code part: every fp16 GPU test fails). The fallback,
+// false here: normal codes c · 4^j ((pattern | 1024.0) − 1024.0, one HADD2 more per pair) with
+// the same B, undone by 2^-k instead of 2^(24 − k).
+constexpr bool kF16SubnormalCodes = true;
+// Undo of the column after the mma: × 2^(24 − k) = 2^(E − 117) (subnormal codes), else 2^-k.
+MINIKV_HD float f16_col_unscale(uint32_t e, bool subnormal_codes = kF16SubnormalCodes) {
+  return bits_f32((subnormal_codes ? e + 10u : e - 14u) << 23);
+}
+
+// Code pair `s` (0..7) of a 16-code word w (code i at bits 2i; channel i of the word) as the
+// fp16x2 word (code s, code s + 8) of subnormal patterns c · 4^(s mod 4). The kernel spells the
+// same masks out (one LOP3 each); this is the definition the test checks against.
+MINIKV_HD uint32_t f16_code_pair(uint32_t w, uint32_t s) {
+  const uint32_t mask = 0x00030003u << (2u * (s & 3u));
+  return (s < 4 ? w : w >> 8) & mask;
+}
+
+// fp16 pieces (hi, lo) of the scaled pair (a, b) (a in the low halves). Exact when |a|, |b| ≥
+// 2^-3; otherwise each of a, b is off by at most 2^-25. |a|, |b| < 2^15.
+MINIKV_HD void f16_split_pair(float a, float b, uint32_t &hi, uint32_t &lo) {
+#if defined(__CUDA_ARCH__)
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 hf = __half22float2(h);
+  const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);  // the differences are exact
+  hi = *reinterpret_cast<const uint32_t *>(&h);
+  lo = *reinterpret_cast<const uint32_t *>(&l);
+#else
+  const uint16_t ha = host_f16_from_f32(a), hb = host_f16_from_f32(b);
+  const uint16_t la = host_f16_from_f32(a - host_f32_from_f16(ha));
+  const uint16_t lb = host_f16_from_f32(b - host_f32_from_f16(hb));
+  hi = uint32_t(ha) | uint32_t(hb) << 16;
+  lo = uint32_t(la) | uint32_t(lb) << 16;
+#endif
+}
+
+}  // namespace kernels
+}  // namespace minikv
