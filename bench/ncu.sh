@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Nsight Compute profiles of the hot kernels, on the GPU machine (kernels/NOTES.md reads them):
+# decode fast path at B=8 L=32K (GQA-4 and MHA) and the prefill forward + score kernels at
+# L=32K MHA, fp16. Builds the library (sm_90a) unless MINIKV_LIBRARY names one; writes
+# <name>.txt (the details page, then the warp-stall breakdown per issued instruction) to
+# $OUT/ncu, and <name>.ncu-rep when NCU_KEEP_REPORTS=1.
+#
+#   bench/ncu.sh [build-dir] [name...]   (default build-ncu; names: decode-gqa4 decode-mha
+#                                         prefill-mha; default all)
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${1:-$root/build-ncu}
+out=${OUT:-$build}/ncu
+mkdir -p "$out"
+export PATH=$PATH:/usr/local/cuda/bin
+if [ -z "${MINIKV_LIBRARY:-}" ]; then
+  { cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIKV_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="${MINIKV_CUDA_ARCHS:-90a}" -DMINIKV_TESTS=OFF -DMINIKV_EXAMPLES=OFF &&
+    ninja -C "$build" minikv; } >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+  export MINIKV_LIBRARY=$build/libminikv.so
+fi
+ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+drv="python3 $root/bench/ncu_driver.py"
+shift || true
+wanted=" ${*:-decode-gqa4 decode-mha prefill-mha} "
+profile() {  # profile <name> <kernel regex> <launches to skip> <count> <driver args...>
+  local name=$1 regex=$2 skip=$3 count=$4
+  shift 4
+  [[ $wanted == *" $name "* ]] || return 0
+  "$ncu" --set full --import-source no -k "regex:$regex" --launch-skip "$skip" --launch-count "$count" \
+    -f -o "$out/$name" $drv "$@" >"$out/$name.log" 2>&1
+  "$ncu" --import "$out/$name.ncu-rep" --page details >"$out/$name.txt" 2>&1
+  { echo "== warp stall reasons (cycles per issued instruction)"
+    "$ncu" --import "$out/$name.ncu-rep" --page raw 2>&1 |
+      grep -E "smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active.ratio|smsp__inst_executed.sum |sm__pipe_tensor_op_hmma_cycles_active.avg.pct|sm__inst_executed_pipe_[a-z_]+.avg.pct" |
+      awk '$NF+0 > 0.005'; } >>"$out/$name.txt"
+  [ "${NCU_KEEP_REPORTS:-0}" = 1 ] || rm -f "$out/$name.ncu-rep"
+  echo "$name: $(grep -c 'Duration' "$out/$name.txt") kernels profiled"
+}
+profile decode-gqa4 decode_fast_kernel 1 1 decode --B 8 --H 32 --Hkv 8
+profile decode-mha decode_fast_kernel 1 1 decode --B 8 --H 32 --Hkv 32
+profile prefill-mha 'prefill_(attention|scores)_kernel' 2 2 prefill --H 32 --Hkv 32 --reps 2

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""One call of one libminikv kernel path, for `ncu` (bench/ncu.sh) to profile.
+
+  decode:  prefill B sequences of L tokens, then `reps` decode steps of one layer
+  prefill: `reps` prefills of one sequence of L tokens (CUMULATIVE or WINDOW)
+Random inputs as in bench_gpu.py; fp16 or bf16; head_dim 128.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bindings", "python"))
+import minikv  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["decode", "prefill"])
+    ap.add_argument("--dtype", default="f16")
+    ap.add_argument("--B", type=int, default=8)
+    ap.add_argument("--H", type=int, default=32)
+    ap.add_argument("--Hkv", type=int, default=8)
+    ap.add_argument("--L", type=int, default=32768)
+    ap.add_argument("--mode", default="cumulative")
+    ap.add_argument("--reps", type=int, default=2)
+    a = ap.parse_args()
+    tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
+    B = 1 if a.what == "prefill" else a.B
+    D, dev = 128, torch.device("cuda")
+    cache = minikv.Cache(minikv.Config(
+        backend="cuda", dtype=a.dtype, num_layers=1, num_heads=a.H, num_kv_heads=a.Hkv,
+        head_dim=D, max_sequences=B, max_seq_len=a.L + 16, score_mode=a.mode))
+    ids, cu = list(range(B)), [i * a.L for i in range(B + 1)]
+    q = torch.randn((B * a.L, a.H, D), device=dev, dtype=tdtype)
+    k = torch.randn((B * a.L, a.Hkv, D), device=dev, dtype=tdtype)
+    v = torch.randn((B * a.L, a.Hkv, D), device=dev, dtype=tdtype)
+    reps = a.reps if a.what == "prefill" else 1
+    for _ in range(reps):
+        cache.prefill(0, ids, cu, q, k, v)
+        if a.what == "prefill":
+            for i in ids:
+                cache.release(i)
+    if a.what == "decode":
+        cache.append(0, ids, torch.randn((B, a.Hkv, D), device=dev, dtype=tdtype),
+                     torch.randn((B, a.Hkv, D), device=dev, dtype=tdtype))
+        qd = torch.randn((B, a.H, D), device=dev, dtype=tdtype)
+        for _ in range(a.reps):
+            cache.decode(0, ids, qd)
+    torch.cuda.synchronize()
+    cache.close()
+
+
+if __name__ == "__main__":
+    main()
