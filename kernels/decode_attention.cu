@@ -8,11 +8,10 @@
 //   scales, minima) and a V unit (value codes, scales, minima), 8 KB each at D = 128, in a
 //   ring of one buffer per unit: the next tile's K unit loads during this tile's P·V̂, its V
 //   unit during the next QK. 16 KB per warp: 12 warps per SM at D = 128, n_rep = 1.
-//   - QK on tensor cores (mma m16n8k16 → fp32): B = q ⊙ s_k is exact in fp32 and is fed as
-//     2 pieces; bias = q · m_k in fp32. bf16 data: A = codes as bf16 integers, B = 2 bf16
-//     pieces that sum to q ⊙ s_k exactly. fp16 data (qk_pieces.h): A = codes as fp16
-//     subnormals (one LOP3 per pair), B = 2 fp16 pieces of q ⊙ s_k prescaled per column by a
-//     power of two, error ≤ 3·D·2^-33 · max|q ⊙ s_k| of the column. The 8 columns of B are
+//   - QK on tensor cores (fp16 mma m16n8k16 → fp32, for fp16 and bf16 data; qk_pieces.h):
+//     q ⊙ s_k is exact in fp32; A = codes as fp16 subnormals (one LOP3 per pair), B = 2 fp16
+//     pieces of q ⊙ s_k prescaled per column by a power of two, error ≤ 3·D·2^-33 ·
+//     max|q ⊙ s_k| of the column; bias = q · m_k in fp32. The 8 columns of B are
 //     (n_rep query heads) × (8 / n_rep key groups): one load of the KV tile serves the whole
 //     GQA group and no column is padding.
 //   - online softmax in fp32 (log2 units) per tile; probabilities stay fp32.
@@ -227,8 +226,9 @@ template <int D> struct FastStage {
 
 template <typename T, int D, int NREP> struct FastCfg {
   static constexpr int kCs = 8 / NREP;      // key groups (M-tiles) per QK sub-tile
-  static constexpr bool kF16 = std::is_same<T, __half>::value;  // fp16 mma (qk_pieces.h)
-  static constexpr int kPieces = 2;         // 16-bit pieces of q ⊙ s_k (of x' for fp16)
+  // fp16 mma for both dtypes (qk_pieces.h); bf16 columns may need the second unscale factor.
+  static constexpr bool kWideExp = std::is_same<T, __nv_bfloat16>::value;
+  static constexpr int kPieces = 2;         // fp16 pieces of the prescaled q ⊙ s_k
   // Independent mma accumulators per M-tile (piece × k-step parity when registers allow):
   // short HMMA dependency chains, ptxas does not interleave M-tiles by itself.
   static constexpr int kAcc = kCs >= 4 ? 2 * kPieces : kPieces;
@@ -241,57 +241,23 @@ template <typename T, int D, int NREP> struct FastCfg {
   // Resident CTAs (warps) per SM asked of ptxas: 12 caps registers at 168, the most that
   // fits 3 warps in each of the 4 register-file partitions (16 K registers each; at 169..204
   // only 2 fit: 8 warps/SM). Issue is the bottleneck, so warps per SM matter more than a few
-  // registers: capped where the SASS stays (nearly) spill-free at 168 — D = 128 with n_rep 1
-  // and 2 (2 pieces of q ⊙ s_k in both dtypes) and bf16 n_rep 4 (3 words); f16 n_rep 4 (18
-  // words, reloaded every tile) and n_rep 8 (dozens) keep 8 warps.
-  static constexpr int kMinCtas = D == 128 && (NREP <= 2 || (NREP == 4 && !kF16)) ? 12 : 1;
+  // registers: capped where the SASS stays spill-free at 168 — D = 128 with n_rep 1 and 2;
+  // n_rep 4 (18 words, reloaded every tile) and n_rep 8 (dozens) keep 8 warps (measured at
+  // d8ab35d: f16 n_rep 4 uncapped, 8 warps, ran 13 % faster than bf16 capped at 12).
+  static constexpr int kMinCtas = D == 128 && NREP <= 2 ? 12 : 1;
 };
 
-__device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
-// The 16 2-bit codes of one word (code j at bits 2j) as 8 exact bf16x2 pairs
-// (code s, code s + 8), s = 0..7: (bits & mask) | 128.0 is 128 + c·4^j exactly, and one
-// bf16x2 FMA (× 4^-j, − 128·4^-j) leaves c exactly. kMagic = 0x43004300 (bf16 128.0 in both
-// halves) comes in a register (see opaque_zero) so that (bits & mask) | magic is one LOP3.
-__device__ __forceinline__ void key_pairs(uint32_t w, uint32_t kMagic, uint32_t (&a)[8]) {
-  const uint32_t w6 = w >> 6, w12 = w >> 12;
-  a[0] = bf16x2_fma((w & 0x00030003u) | kMagic, 0x3F803F80u, 0xC300C300u);    // ×1, −128
-  a[1] = bf16x2_fma((w & 0x000C000Cu) | kMagic, 0x3E803E80u, 0xC200C200u);    // ×1/4, −32
-  a[2] = bf16x2_fma((w & 0x00300030u) | kMagic, 0x3D803D80u, 0xC100C100u);    // ×1/16, −8
-  a[3] = bf16x2_fma((w6 & 0x00030003u) | kMagic, 0x3F803F80u, 0xC300C300u);
-  a[4] = bf16x2_fma((w6 & 0x000C000Cu) | kMagic, 0x3E803E80u, 0xC200C200u);
-  a[5] = bf16x2_fma((w6 & 0x00300030u) | kMagic, 0x3D803D80u, 0xC100C100u);
-  a[6] = bf16x2_fma((w12 & 0x00030003u) | kMagic, 0x3F803F80u, 0xC300C300u);
-  a[7] = bf16x2_fma((w12 & 0x000C000Cu) | kMagic, 0x3E803E80u, 0xC200C200u);
-}
-
-// fp16 data: the same 8 pairs as fp16 subnormals c · 4^(s mod 4) · 2^-24, one LOP3 each (no
-// magic number to subtract); B carries the 4^-(s mod 4) (qk_pieces.h). Fallback
-// (!kF16SubnormalCodes): (pattern | 1024.0) − 1024.0 = c · 4^(s mod 4), exact; f16_magic =
-// 0x64006400 in a register, as key_magic.
+// The 16 2-bit codes of one word (code j at bits 2j) as 8 fp16x2 pairs (code s, code s + 8),
+// s = 0..7: fp16 subnormals c · 4^(s mod 4) · 2^-24, one LOP3 each (no magic number to
+// subtract); B carries the 4^-(s mod 4) (qk_pieces.h). Fallback (!kF16SubnormalCodes):
+// (pattern | 1024.0) − 1024.0 = c · 4^(s mod 4), exact; f16_magic = 0x64006400 comes in a
+// register (see opaque_zero) so that pattern | magic is one LOP3.
 __device__ __forceinline__ void key_pairs_f16(uint32_t w, uint32_t f16_magic, uint32_t (&a)[8]) {
 #pragma unroll
   for (uint32_t s = 0; s < 8; ++s) {
     a[s] = f16_code_pair(w, s);
     if constexpr (!kF16SubnormalCodes)
       asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(a[s]) : "r"(a[s] | f16_magic), "r"(0x64006400u));
-  }
-}
-
-// Exact fp32 pair (a, b) as PIECES bf16x2 words whose sums are a and b (a, b have at most
-// 22 significant bits: products of two 16-bit values; 8 bits per piece, residuals exact).
-template <int PIECES>
-__device__ __forceinline__ void split_pieces(float a, float b, uint32_t (&out)[PIECES]) {
-#pragma unroll
-  for (int pc = 0; pc < PIECES; ++pc) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);  // a in the low half
-    out[pc] = *reinterpret_cast<const uint32_t *>(&h);
-    a -= __low2float(h);
-    b -= __high2float(h);
   }
 }
 
@@ -519,7 +485,6 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
   // numbers it keeps them in registers, so each (bits & mask) | magic is a single LOP3
   // (with two immediates ptxas emits two).
   const uint32_t opaque_zero = p.n >> 31;
-  const uint32_t key_magic = 0x43004300u | opaque_zero;
   const uint32_t f16_magic = 0x64006400u | opaque_zero;  // used only if !kF16SubnormalCodes
 
   const T *qg = static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0) * D;
@@ -616,7 +581,7 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
         // B column n = g: (q of head my_r) ⊙ (key scales of group u·Cs + my_c), as pieces;
         // bias = q · key minima, summed over the four quarters.
         uint32_t bf[PIECES][KSTEPS][2];
-        float bias = 0.0f, unscale = 1.0f;  // unscale: of column g, fp16 only (qk_pieces.h)
+        float bias = 0.0f, unscale, unscale_big = 1.0f;  // of column g (qk_pieces.h)
         {
           const uint32_t grp = u * Cs + my_c;
           const uint4 *ks = reinterpret_cast<const uint4 *>(st + St::kKS + grp * 2 * D) + qi * (QC / 8);
@@ -633,19 +598,19 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
               bias = fmaf(q_reg[v * 8 + e], m8[e], bias);
             }
           }
-          float sc[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // fp16: 2^k · 4^-j, j = code position
-          if constexpr (Cfg::kF16) {
-            // The column's max |x| over its four quarters sets the power-of-two prescale.
-            float mx = 0.0f;
+          // The column's max |x| over its four quarters sets the power-of-two prescale
+          // sc[j] = 2^k · 4^-j, j = code position.
+          float mx = 0.0f;
 #pragma unroll
-            for (int c = 0; c < QC; ++c) mx = fmaxf(mx, fabsf(x[c]));
-            mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
-            const uint32_t e = f16_col_exp(mx);
+          for (int c = 0; c < QC; ++c) mx = fmaxf(mx, fabsf(x[c]));
+          mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+          const uint32_t e = f16_col_exp(mx);
+          float sc[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) sc[j] = f16_col_scale(e, j);
-            unscale = f16_col_unscale(e);
-          }
+          for (int j = 0; j < 4; ++j) sc[j] = f16_col_scale(e, j);
+          unscale = f16_col_unscale(e);
+          if constexpr (Cfg::kWideExp) unscale_big = f16_col_unscale_big(e);
           // pair pr of the quarter = local channels (16·(pr/8) + pr%8, + 8), code position
           // pr mod 4; k-step ks uses pairs 2ks (k rows 2i, 2i+1) and 2ks + 1 (k rows 2i + 8,
           // 2i + 9), as the A side.
@@ -654,15 +619,8 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int pr = 2 * ks_ + h, lo = 16 * (pr / 8) + pr % 8;
-              if constexpr (Cfg::kF16) {
-                f16_split_pair(x[lo] * sc[pr & 3], x[lo + 8] * sc[pr & 3], bf[0][ks_][h],
-                               bf[1][ks_][h]);
-              } else {
-                uint32_t pcs[PIECES];
-                split_pieces<PIECES>(x[lo], x[lo + 8], pcs);
-#pragma unroll
-                for (int pc = 0; pc < PIECES; ++pc) bf[pc][ks_][h] = pcs[pc];
-              }
+              f16_split_pair(x[lo] * sc[pr & 3], x[lo + 8] * sc[pr & 3], bf[0][ks_][h],
+                             bf[1][ks_][h]);
             }
           }
         }
@@ -670,10 +628,12 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
         bias += __shfl_xor_sync(kFullMask, bias, 2);
         const float bias0 = __shfl_sync(kFullMask, bias, 8 * qi);      // column 2i
         const float bias1 = __shfl_sync(kFullMask, bias, 8 * qi + 4);  // column 2i + 1
-        float us0 = 1.0f, us1 = 1.0f;
-        if constexpr (Cfg::kF16) {
-          us0 = __shfl_sync(kFullMask, unscale, 8 * qi);
-          us1 = __shfl_sync(kFullMask, unscale, 8 * qi + 4);
+        const float us0 = __shfl_sync(kFullMask, unscale, 8 * qi);
+        const float us1 = __shfl_sync(kFullMask, unscale, 8 * qi + 4);
+        float ub0 = 1.0f, ub1 = 1.0f;
+        if constexpr (Cfg::kWideExp) {
+          ub0 = __shfl_sync(kFullMask, unscale_big, 8 * qi);
+          ub1 = __shfl_sync(kFullMask, unscale_big, 8 * qi + 4);
         }
 
 #pragma unroll
@@ -694,13 +654,8 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
 #pragma unroll
           for (int w = 0; w < QW; ++w) {
             uint32_t t8[8], u8[8];
-            if constexpr (Cfg::kF16) {
-              key_pairs_f16(wg[w], f16_magic, t8);
-              key_pairs_f16(wg8[w], f16_magic, u8);
-            } else {
-              key_pairs(wg[w], key_magic, t8);
-              key_pairs(wg8[w], key_magic, u8);
-            }
+            key_pairs_f16(wg[w], f16_magic, t8);
+            key_pairs_f16(wg8[w], f16_magic, u8);
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
               ag[w * 8 + e] = t8[e];
@@ -715,7 +670,7 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
             const uint32_t af[4] = {ag[2 * ks_], ag8[2 * ks_], ag[2 * ks_ + 1], ag8[2 * ks_ + 1]};
 #pragma unroll
             for (int pc = 0; pc < PIECES; ++pc)
-              mma_16816<T>(d[(pc + PIECES * (ks_ & 1)) % NA], af, bf[pc][ks_][0],
+              mma_16816<__half>(d[(pc + PIECES * (ks_ & 1)) % NA], af, bf[pc][ks_][0],
                                        bf[pc][ks_][1]);
           }
           // c0: (row g, col 2i), c1: (g, 2i + 1), c2: (g + 8, 2i), c3: (g + 8, 2i + 1); a
@@ -731,7 +686,8 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
               float dot = 0.0f;
 #pragma unroll
               for (int a = 0; a < NA; ++a) dot += d[a][e];
-              dot *= (e & 1) ? us1 : us0;  // exact: a power of two (1 for bf16)
+              dot *= (e & 1) ? us1 : us0;  // exact: powers of two
+              if constexpr (Cfg::kWideExp) dot *= (e & 1) ? ub1 : ub0;
               const uint32_t tt = grp * 16 + row;
               p_s[tt * NREP + col % NREP] =
                   tt < nvalid ? (dot + ((e & 1) ? bias1 : bias0)) * p.scale_log2 : -INFINITY;

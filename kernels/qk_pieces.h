@@ -1,9 +1,12 @@
-// The fp16 QK operands of the decode fast path, as host + device arithmetic (tested on the
-// CPU by tests/test_qk_pieces.cpp; the kernel uses the same functions).
+// The QK operands of the decode fast path, as host + device arithmetic (tested on the CPU by
+// tests/test_qk_pieces.cpp; the kernel uses the same functions). fp16 and bf16 data both run
+// the fp16 mma below.
 //
 // Logit (before the bias q·m_k and the softmax scale) of token t of key group g:
 //   dot = Σ_ch c[t][ch] · x[ch],   x[ch] = q[ch] · s_k[g][ch]   (c ∈ {0..3})
-// x is exact in fp32 (fp16 × fp16: ≤ 22 significant bits, |x| < 2^32, |x| ≥ 2^-48 when not 0).
+// x is exact in fp32: fp16 × fp16 has ≤ 22 significant bits and 2^-48 ≤ |x| < 2^32 when not 0;
+// bf16 × bf16 has ≤ 16 bits and any fp32 magnitude (a product below 2^-126 is rounded to
+// fp32's denormal grid, as in every fp32 computation of it).
 // The mma is m16n8k16 f16 → f32: A = the codes, B = x. A B column n (one query head × one key
 // group) holds the D channels of x.
 //   A: code c of channel ch as the fp16 SUBNORMAL whose bit pattern is c · 4^j, j = ch mod 4,
@@ -14,18 +17,20 @@
 //      normal fp16, where hi = fp16(x'), lo = fp16(x' − hi) is exact (x' − hi is exact in fp32
 //      and has ≤ 11 significant bits).
 //   The mma then sums c · x · 2^(k−24) exactly per product; the fp32 result is multiplied by
-//   2^(24−k) (f16_col_unscale), a power of two.
+//   2^(24−k) (f16_col_unscale, and f16_col_unscale_big past 2^127), powers of two.
 // Error bound (what is not exact): an element whose |x'| < 2^-3 may have lo (or hi) below the
 // fp16 normal range, where fp16 has a quantum of 2^-24: |x' − (hi + lo)| ≤ 2^-25 for every
 // element (round to nearest), 0 when |x'| ≥ 2^-3. In units of x that is ≤ 2^-25 · 4^j · 2^-k
 // ≤ 2^-25 · 64 · 2^-14 · M = 2^-33 · M per element, M = max |x| of the column, so
-//   |dot − dot_exact| ≤ 3 · D · 2^-33 · M  (= 3 · 2^-26 · M at D = 128)
+//   |dot − dot_exact| ≤ 3 · D · 2^-33 · max(M, 2^-63)  (= 3 · 2^-26 · M at D = 128)
 // plus the fp32 accumulation, which is the same as before. 3 · 2^-26 · M is below one fp32 ulp
 // of M (ulp(M) ≥ 2^-24 · M): within the rounding of the fp32 sum itself, and the logits are
-// still never rounded to 16 bits. bf16 data keeps its 2 exact bf16 pieces (bf16 has fp32's
-// exponent range, so no prescale is needed there).
+// still never rounded to 16 bits. The 2^-63 floor is the prescale's clamp (k ≤ 77): a bf16
+// column whose every |x| < 2^-63 is off by at most 3 · D · 2^-96 in absolute terms.
 //
-// Why not 3 bf16 pieces (v2.2): 1.5× the mma.sync of bf16 and an HFMA2 per code pair to build A.
+// Why not bf16 pieces for bf16 data (v2.2): the codes must then be built as bf16 integers
+// (LOP3 + HFMA2 per code pair, the subnormal trick needs B scaled by ~2^120); fp16 data needed
+// 3 bf16 pieces of its 22-bit products (1.5× the mma.sync).
 #pragma once
 
 #include <cstdint>
@@ -87,9 +92,10 @@ inline float host_f32_from_f16(uint16_t h) {
   return bits_f32(sign | (e + 112u) << 23 | (m << 13));
 }
 
-// Biased fp32 exponent E of a column's max |x| (max_abs ≥ 0). E ≥ 64 keeps the scale
-// factors below finite for an all-zero column (any scale is right for zeros); a nonzero
-// x = fp16 · fp16 has E ≥ 79, and E ≤ 158 (|x| < 2^32).
+// Biased fp32 exponent E of a column's max |x| (max_abs ≥ 0, finite). E ≥ 64 keeps the scale
+// factors below finite for an all-zero column (any scale is right for zeros) and bounds the
+// prescale of tiny bf16 columns; a nonzero x = fp16 · fp16 has 79 ≤ E ≤ 158, bf16 · bf16
+// any E ≤ 254.
 MINIKV_HD uint32_t f16_col_exp(float max_abs) {
   const uint32_t e = f32_bits(max_abs) >> 23;
   return e > 64u ? e : 64u;
@@ -103,8 +109,13 @@ MINIKV_HD float f16_col_scale(uint32_t e, uint32_t j) { return bits_f32((268u - 
 // the same B, undone by 2^-k instead of 2^(24 − k).
 constexpr bool kF16SubnormalCodes = true;
 // Undo of the column after the mma: × 2^(24 − k) = 2^(E − 117) (subnormal codes), else 2^-k.
+// A single fp32 factor reaches 2^127 (E = 244); bf16 columns past that (max |x| ≥ 2^118)
+// take the rest from f16_col_unscale_big, 2^(E − 244), which is 1 for every fp16 column.
 MINIKV_HD float f16_col_unscale(uint32_t e, bool subnormal_codes = kF16SubnormalCodes) {
-  return bits_f32((subnormal_codes ? e + 10u : e - 14u) << 23);
+  return bits_f32((subnormal_codes ? (e < 244u ? e : 244u) + 10u : e - 14u) << 23);
+}
+MINIKV_HD float f16_col_unscale_big(uint32_t e, bool subnormal_codes = kF16SubnormalCodes) {
+  return subnormal_codes && e > 244u ? bits_f32((e - 117u) << 23) : 1.0f;
 }
 
 // Code pair `s` (0..7) of a 16-code word w (code i at bits 2i; channel i of the word) as the

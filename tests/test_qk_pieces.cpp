@@ -1,14 +1,15 @@
-// The fp16 QK operands of the CUDA decode fast path (kernels/qk_pieces.h), on the CPU:
+// The QK operands of the CUDA decode fast path (kernels/qk_pieces.h), on the CPU:
 //  * the host fp16 conversions equal IEEE binary16 (exhaustively for fp16 → fp32; for
 //    fp32 → fp16 over every exponent with the rounding-relevant low bits), checked against
 //    the compiler's _Float16 where it has one, and on hand-picked values everywhere;
 //  * the A patterns: f16_code_pair gives code c of channel ch as exactly c · 4^(ch mod 4) · 2^-24;
-//  * one B column = D channels of x = q · s_k (fp16 × fp16) split into prescaled fp16 pieces:
-//    per element |x' − (hi + lo)| ≤ 2^-25 (0 when |x'| ≥ 2^-3), no piece overflows, and the
-//    emulated mma Σ A · (hi + lo) · unscale is within 3 · D · 2^-33 · max|x| of the exact
-//    Σ c · x (the bound kernels/NOTES.md states), on random columns over the whole fp16 range
-//    and on the extremes: zero columns, fp16 max, subnormal scales, one huge element among
-//    tiny ones.
+//  * one B column = D channels of x = q · s_k (fp16 × fp16 or bf16 × bf16) split into
+//    prescaled fp16 pieces: per element |x' − (hi + lo)| ≤ 2^-25 (0 when |x'| ≥ 2^-3), no
+//    piece overflows, and the emulated mma Σ A · (hi + lo) · unscale is within
+//    3 · D · 2^-33 · max(max|x|, 2^-63) of the exact Σ c · x (the bound qk_pieces.h states),
+//    on random columns over the whole fp16 range and most of the bf16 range, and on the
+//    extremes: zero columns, fp16 max, subnormal scales, one huge element among tiny ones,
+//    bf16 products up to 2^128 and below 2^-63.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -36,9 +37,16 @@ float random_f16(test::Rng &rng, uint32_t zero_every = 0) {
   return rng.below(2) ? -v : v;
 }
 
+// A random bf16 value (as float): sign, exponent uniform in [emin, emax], 7 random mantissa bits.
+float random_bf16(test::Rng &rng, int emin, int emax) {
+  const uint32_t e = uint32_t(emin + int(rng.below(uint32_t(emax - emin + 1))) + 127);
+  return bits_f32(uint32_t(rng.below(2)) << 31 | e << 23 | uint32_t(rng.below(128)) << 16);
+}
+
 // One column: codes c[ch] and x[ch] = q[ch] · s[ch]. Emulates the kernel's B build (prescale,
 // pieces) and the mma (in double: products and their sum exact to 2^-50 relative), and checks
-// the per-element and per-column bounds. Returns the column error in units of max |x|.
+// the per-element and per-column bounds. Returns the column error in units of
+// max(max |x|, 2^-63).
 // subnormal_codes selects the A form (kernels/qk_pieces.h: kF16SubnormalCodes and its fallback).
 double check_column(const std::vector<uint32_t> &code, const std::vector<float> &x,
                     bool subnormal_codes) {
@@ -51,7 +59,8 @@ double check_column(const std::vector<uint32_t> &code, const std::vector<float> 
     abs_sum += double(code[ch]) * std::fabs(double(x[ch]));
   }
   const uint32_t e = f16_col_exp(mx);
-  const double unscale = double(f16_col_unscale(e, subnormal_codes));
+  const double unscale =
+      double(f16_col_unscale(e, subnormal_codes)) * double(f16_col_unscale_big(e, subnormal_codes));
   // The packed code words (16 channels per word, channel i at bits 2i).
   std::vector<uint32_t> words(D / 16, 0u);
   for (size_t ch = 0; ch < D; ++ch) words[ch / 16] |= code[ch] << (2 * (ch % 16));
@@ -70,8 +79,12 @@ double check_column(const std::vector<uint32_t> &code, const std::vector<float> 
       REQUIRE(a0 == double(code[ch0]) * pos);
       REQUIRE(a1 == double(code[ch1]) * pos);
       const float sc = f16_col_scale(e, s & 3u);
-      const float b0 = x[ch0] * sc, b1 = x[ch1] * sc;  // exact: × a power of two
-      REQUIRE(double(b0) == double(x[ch0]) * double(sc));
+      // × a power of two: exact, except where a bf16 column's small elements fall under
+      // fp32's normal range (off by ≤ 2^-150 there, far under the pieces' 2^-25).
+      const float b0 = x[ch0] * sc, b1 = x[ch1] * sc;
+      const double xb0 = double(x[ch0]) * double(sc), xb1 = double(x[ch1]) * double(sc);
+      REQUIRE((double(b0) == xb0 || std::fabs(xb0) < 0x1.0p-126));
+      REQUIRE((double(b1) == xb1 || std::fabs(xb1) < 0x1.0p-126));
       REQUIRE(std::fabs(b0) < 32768.0f);
       REQUIRE(std::fabs(b1) < 32768.0f);
       uint32_t hi = 0, lo = 0;
@@ -82,7 +95,7 @@ double check_column(const std::vector<uint32_t> &code, const std::vector<float> 
                         double(host_f32_from_f16(uint16_t(lo >> 16)));
       REQUIRE(std::isfinite(p0));
       REQUIRE(std::isfinite(p1));
-      const double err0 = std::fabs(p0 - double(b0)), err1 = std::fabs(p1 - double(b1));
+      const double err0 = std::fabs(p0 - xb0), err1 = std::fabs(p1 - xb1);
       REQUIRE(err0 <= 0x1.0p-25);
       REQUIRE(err1 <= 0x1.0p-25);
       if (std::fabs(b0) >= 0.125f) REQUIRE(err0 == 0.0);
@@ -92,7 +105,7 @@ double check_column(const std::vector<uint32_t> &code, const std::vector<float> 
   }
   const double got = mma * unscale;
   const double M = double(mx);
-  const double bound = 3.0 * double(D) * 0x1.0p-33 * M + 0x1.0p-50 * abs_sum;
+  const double bound = 3.0 * double(D) * 0x1.0p-33 * std::fmax(M, 0x1.0p-63) + 0x1.0p-50 * abs_sum;
   const double err = std::fabs(got - exact);
   if (!(err <= bound)) {
     CAPTURE(M);
@@ -100,7 +113,7 @@ double check_column(const std::vector<uint32_t> &code, const std::vector<float> 
     CAPTURE(got);
     CHECK(err <= bound);
   }
-  return M > 0.0 ? err / M : err;
+  return err / std::fmax(M, 0x1.0p-63);
 }
 
 }  // namespace
@@ -163,21 +176,28 @@ TEST_CASE("qk_pieces: host fp16 conversions are IEEE binary16") {
 }
 
 TEST_CASE("qk_pieces: prescale keeps every column inside the fp16 pieces' range") {
-  // E over the whole range of |fp16 · fp16|, and the clamp for a zero column.
-  for (uint32_t e = 0; e <= 158; ++e) {
+  // E over every finite fp32 magnitude (|fp16 · fp16| has E ≤ 158, |bf16 · bf16| any), and
+  // the clamp for a zero or tiny column.
+  for (uint32_t e = 0; e <= 254; ++e) {
     const float mx = e == 0 ? 0.0f : bits_f32(e << 23);
     const uint32_t ce = f16_col_exp(mx);
     CHECK(ce >= 64u);
     for (uint32_t j = 0; j < 4; ++j) CHECK(std::isfinite(f16_col_scale(ce, j)));
     for (const bool subnormal : {true, false}) {
-      CHECK(std::isfinite(f16_col_unscale(ce, subnormal)));
-      CHECK(f16_col_unscale(ce, subnormal) > 0.0f);
+      const float u = f16_col_unscale(ce, subnormal), big = f16_col_unscale_big(ce, subnormal);
+      CHECK(std::isfinite(u));
+      CHECK(u > 0.0f);
+      CHECK(std::isfinite(big));
+      if (ce <= 158) CHECK(big == 1.0f);  // every fp16 column: one factor
+      // Together the undo of 2^k · 2^-24 (subnormal codes) or of 2^k.
+      CHECK(double(u) * double(big) == std::ldexp(1.0, int(ce) - (subnormal ? 117 : 141)));
     }
-    if (e >= 79) {  // a nonzero product of two fp16 values: max |x'| lands in [2^14, 2^15)
+    if (e >= 64) {  // max |x'| lands in [2^14, 2^15); below, the clamp leaves it smaller
       const float top = mx * f16_col_scale(ce, 0);
       CHECK(top >= 16384.0f);
       CHECK(top < 32768.0f);
     }
+    if (e > 0 && e < 64) CHECK(mx * f16_col_scale(ce, 0) < 16384.0f);
   }
 }
 
@@ -237,6 +257,64 @@ TEST_CASE("qk_pieces: fp16 pieces of q * s_k reconstruct the column dot within t
     }
   }
   MESSAGE("worst column error / max|x|: " << worst << " (bound 3*128*2^-33 = " << 3.0 * 128 * 0x1.0p-33 << ")");
+}
+
+TEST_CASE("qk_pieces: bf16 q * s_k through the fp16 pieces stays within the bound") {
+  test::Rng rng(2027);
+  double worst = 0.0;
+  auto product = [](float q, float s) {
+    const float p = q * s;
+    REQUIRE(double(p) == double(q) * double(s));  // exact: 8 × 8 bits, no fp32 underflow here
+    return p;
+  };
+  for (const bool subnormal : {true, false}) {
+    for (size_t D : {size_t(64), size_t(128)}) {
+      std::vector<uint32_t> code(D);
+      std::vector<float> x(D);
+      for (int it = 0; it < 3000; ++it) {
+        const int kind = it % 4;
+        // One exponent window per column (so that max |x| spans the bf16 range across
+        // columns) and, for kind 3, 40 binades within the column.
+        const int center = int(rng.below(240)) - 120;
+        for (size_t ch = 0; ch < D; ++ch) {
+          code[ch] = rng.below(4);
+          float q, s;
+          if (kind == 0) {  // both over most of the range: products in [2^-124, 2^126)
+            q = random_bf16(rng, -62, 62);
+            s = random_bf16(rng, -62, 62);
+          } else if (kind == 1) {  // realistic: q ~ N(0, 1) in bf16, small positive scales
+            q = bits_f32(f32_bits(float(rng.normal())) & 0xffff0000u);
+            s = std::fabs(random_bf16(rng, -8, -2));
+          } else if (kind == 2) {  // one window, anywhere in the range
+            q = random_bf16(rng, center / 2 - 2, center / 2 + 2);
+            s = random_bf16(rng, center / 2 - 2, center / 2 + 2);
+          } else {  // wide spread: 40 binades around the window
+            q = random_bf16(rng, center / 2 - 20, center / 2 + 20);
+            s = random_bf16(rng, -1, 1);
+          }
+          x[ch] = product(q, s);
+          if (kind != 1 && rng.below(16) == 0) x[ch] = 0.0f;
+        }
+        worst = std::fmax(worst, check_column(code, x, subnormal));
+      }
+      std::fill(code.begin(), code.end(), 3u);
+      // The top of fp32: max |x| in [2^127, 2^128) (E = 254), the second unscale factor.
+      const float big = bits_f32(0x5f7f0000u);  // (2 − 2^-7) · 2^63, a bf16 value
+      std::fill(x.begin(), x.end(), product(big, big));
+      CHECK(check_column(code, x, subnormal) == 0.0);
+      for (size_t ch = 0; ch < D; ++ch)  // one at the top, the rest 40 binades down, mixed signs
+        x[ch] = ch == 7 ? product(big, big) : product((ch % 2 ? -1.0f : 1.0f) * big, 0x1.0p-40f);
+      check_column(code, x, subnormal);
+      // Tiny columns: max |x| < 2^-63, where the prescale clamps (error ≤ 3 · D · 2^-96).
+      for (size_t ch = 0; ch < D; ++ch)
+        x[ch] = product((ch % 3 ? 1.0f : -1.0f) * 0x1.0p-60f, random_bf16(rng, -9, -5));
+      check_column(code, x, subnormal);
+      for (size_t ch = 0; ch < D; ++ch) x[ch] = product(0x1.0p-63f, 0x1.0p-63f);  // 2^-126
+      check_column(code, x, subnormal);
+    }
+  }
+  MESSAGE("bf16: worst column error / max(max|x|, 2^-63): " << worst << " (bound 3*128*2^-33 = "
+          << 3.0 * 128 * 0x1.0p-33 << ")");
 }
 
 }  // TEST_SUITE
