@@ -3,8 +3,11 @@
 
   decode:  prefill B sequences of L tokens, then `reps` decode steps of one layer
   prefill: `reps` prefills of one sequence of L tokens (CUMULATIVE or WINDOW)
-Random inputs as in bench_gpu.py; fp16 or bf16; head_dim 128.
+Random inputs as in bench_gpu.py; fp16 or bf16; head_dim 128. --trace prints, instead, the
+per-kernel GPU time of the reps (torch.profiler / CUPTI; the first rep is a warm-up) and the
+host wall time per rep: where a prefill's time goes besides the two attention kernels.
 """
+import time
 import argparse
 import os
 import sys
@@ -25,6 +28,7 @@ def main():
     ap.add_argument("--L", type=int, default=32768)
     ap.add_argument("--mode", default="cumulative")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--trace", action="store_true")
     a = ap.parse_args()
     tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     B = 1 if a.what == "prefill" else a.B
@@ -37,11 +41,36 @@ def main():
     k = torch.randn((B * a.L, a.Hkv, D), device=dev, dtype=tdtype)
     v = torch.randn((B * a.L, a.Hkv, D), device=dev, dtype=tdtype)
     reps = a.reps if a.what == "prefill" else 1
-    for _ in range(reps):
+
+    def prefill():
         cache.prefill(0, ids, cu, q, k, v)
         if a.what == "prefill":
             for i in ids:
                 cache.release(i)
+    if a.trace and a.what == "prefill":
+        prefill()  # warm-up
+        torch.cuda.synchronize()
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            walls = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                prefill()
+                torch.cuda.synchronize()
+                walls.append((time.perf_counter() - t0) * 1e3)
+        print(f"prefill L={a.L} H={a.H} Hkv={a.Hkv} {a.dtype} {a.mode}: wall ms per rep",
+              " ".join(f"{w:.2f}" for w in walls))
+        try:
+            table = prof.key_averages().table(sort_by="device_time_total", row_limit=15,
+                                              max_name_column_width=60)
+        except (KeyError, AttributeError, ValueError):  # older torch names it cuda_time_total
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15,
+                                              max_name_column_width=60)
+        print(table)
+        cache.close()
+        return
+    for _ in range(reps):
+        prefill()
     if a.what == "decode":
         cache.append(0, ids, torch.randn((B, a.Hkv, D), device=dev, dtype=tdtype),
                      torch.randn((B, a.Hkv, D), device=dev, dtype=tdtype))
