@@ -9,10 +9,9 @@
 //   src/policy.cpp select_kept: higher score first, ties to the lower position, NaN lowest
 //   (as -inf), -0 equal to +0.
 // store_kept_kernel: one CTA per (sequence, KV head, group of G kept tokens): gathers the
-//   rows from the caller's k/v (into shared memory by 16-byte loads, all in flight at once,
-//   when the group's K and V rows fit kStageBytes), quantizes and packs them into their pool
-//   block (quantize.cuh); the task after the last group copies the tail (< G tokens) into
-//   the 16-bit residual.
+//   rows from the caller's k/v, quantizes and packs them into their pool block
+//   (quantize.cuh); the task after the last group copies the tail (< G tokens) into the
+//   16-bit residual.
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
@@ -25,7 +24,6 @@ namespace {
 constexpr int kSelectThreads = 512;
 constexpr int kStoreThreads = 128;
 constexpr int kMaxHeadDim = 256;
-constexpr uint32_t kStageBytes = 16 * 1024;  // K and V rows of one group (G = 16, D ≤ 256)
 
 // Larger key = better: order-preserving map of the float, NaN as -inf, -0 as +0.
 __device__ __forceinline__ uint32_t order_key(float s) {
@@ -136,7 +134,6 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
 template <typename T>
 __global__ void __launch_bounds__(kStoreThreads) store_kept_kernel(const __grid_constant__ StoreParams p) {
   __shared__ float s_scale[kMaxHeadDim], s_min[kMaxHeadDim];
-  __shared__ __align__(16) uint8_t stage[kStageBytes];
   const uint32_t task = blockIdx.x, head = blockIdx.y, seq = blockIdx.z;
   const BlockLayout &bl = p.st.block;
   const uint32_t G = bl.group, D = bl.head_dim, R = bl.tokens, Hkv = bl.kv_heads;
@@ -151,27 +148,10 @@ __global__ void __launch_bounds__(kStoreThreads) store_kept_kernel(const __grid_
     const uint32_t t0 = task * G;
     const int32_t block_id = p.st.block_table[uint64_t(p.slot[seq]) * p.st.max_blocks_per_seq + t0 / R];
     uint8_t *block = p.st.pool + uint64_t(block_id) * bl.bytes;
-    auto pos = [&](uint32_t t) { return kept[t0 + t]; };
-    // Staged: the quantizer reads every element two or three times, with a chain of
-    // dependent 2-byte loads per thread; from global memory that ran at ~0.6 TB/s.
-    const uint32_t row_chunks = D * uint32_t(sizeof(T)) / 16;
-    if (2 * G * D * sizeof(T) <= kStageBytes && D * sizeof(T) % 16 == 0) {
-      T *k_s = reinterpret_cast<T *>(stage), *v_s = k_s + G * D;
-      for (uint32_t i = threadIdx.x; i < 2 * G * row_chunks; i += kStoreThreads) {
-        const uint32_t r = i / row_chunks, c = i % row_chunks, t = r % G;
-        const T *src = src_row(r < G ? k : v, t0 + t);  // 16-byte aligned: checked at the API
-        reinterpret_cast<uint4 *>(r < G ? k_s : v_s)[t * row_chunks + c] =
-            reinterpret_cast<const uint4 *>(src)[c];
-      }
-      __syncthreads();
-      store_group<T>(
-          bl, block, head, t0 % R, [&](uint32_t t) -> const T * { return k_s + t * D; },
-          [&](uint32_t t) -> const T * { return v_s + t * D; }, pos, s_scale, s_min);
-    } else {
-      store_group<T>(
-          bl, block, head, t0 % R, [&](uint32_t t) { return src_row(k, t0 + t); },
-          [&](uint32_t t) { return src_row(v, t0 + t); }, pos, s_scale, s_min);
-    }
+    store_group<T>(
+        bl, block, head, t0 % R, [&](uint32_t t) { return src_row(k, t0 + t); },
+        [&](uint32_t t) { return src_row(v, t0 + t); }, [&](uint32_t t) { return kept[t0 + t]; },
+        s_scale, s_min);
   } else if (task == quantized / G && n_keep > quantized) {
     const ResidualLayout &rl = p.st.res;
     uint8_t *slot = p.st.residual + uint64_t(p.slot[seq]) * rl.bytes;
