@@ -106,6 +106,7 @@ class CudaBackend final : public Backend {
     MINIKV_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
     num_sms_ = static_cast<uint32_t>(prop.multiProcessorCount);
     configure_prefill_kernels(cfg_.dtype, cfg_.head_dim);
+    prefill_wgmma_ = prefill_wgmma_usable(cfg_.dtype, cfg_.head_dim);
 
     const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
     pool_ = DeviceBuffer(uint64_t(spec.num_blocks) * spec.block.bytes, "block pool");
@@ -423,7 +424,8 @@ class CudaBackend final : public Backend {
       max_tasks = std::max(max_tasks, it.dst.quantized / G + (plan.n_keep > it.dst.quantized ? 1u : 0u));
       ws_off += L;
     }
-    launch_prefill_attention(cfg_.dtype, D, attn, s);
+    if (prefill_wgmma_) launch_prefill_wgmma(cfg_.dtype, D, attn, s);
+    else launch_prefill_attention(cfg_.dtype, D, attn, s);
     if (sc.seqs.n > 0) launch_prefill_scores(cfg_.dtype, D, sc, s);
     launch_select(sel, Hkv, s);
     launch_store_kept(cfg_.dtype, store, max_tasks, s);
@@ -436,6 +438,7 @@ class CudaBackend final : public Backend {
   uint32_t ws_tokens_ = 0;
   uint32_t heads_per_cta_ = 1;
   bool fast_decode_ = false;   // decode_fast_path() for this configuration
+  bool prefill_wgmma_ = false;  // prefill_wgmma_usable(): the sm_90a forward on this device
   uint64_t fast_slots_ = 1;    // resident fast-decode CTAs on the device
   uint64_t part_rows_ = 0;
   DeviceBuffer pool_, residual_, table_;

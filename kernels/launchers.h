@@ -24,6 +24,12 @@ void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const Prefi
                               cudaStream_t stream);
 void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
                            cudaStream_t stream);
+// prefill_wgmma.cu: the same forward as launch_prefill_attention on Hopper warpgroup MMA.
+// Usable when the library carries an sm_90a image and the current device loads it (and
+// MINIKV_PREFILL_KERNEL is not "mma"); raises the kernel's shared-memory limit when it is.
+bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim);
+void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
+                          cudaStream_t stream);
 
 // select_quantize.cu
 void launch_select(const SelectParams &p, uint32_t num_kv_heads, cudaStream_t stream);
