@@ -27,7 +27,6 @@ constexpr int kWgThreads = 128;  // one warpgroup
 constexpr int kWgRows = 64;      // query rows per CTA
 constexpr int kWgKeys = 64;      // keys per K/V tile
 constexpr int kWgStages = 3;
-constexpr int kColBlock = 64 * 128;  // bytes of one [64 rows][64 elements] column block
 static_assert(kPrefillQueryTile == 2 * kWgRows, "two CTAs per host query tile");
 
 // Shared memory, bytes; every block 1024-byte aligned (the 128-byte swizzle repeats every
@@ -35,12 +34,16 @@ static_assert(kPrefillQueryTile == 2 * kWgRows, "two CTAs per host query tile");
 // elements (128 B per row); 16-byte chunk c of row r sits at chunk c ^ (r mod 8).
 template <typename T, int D> struct WgSmem {
   static constexpr int kTile = kWgKeys * D * int(sizeof(T));  // one K or V tile
-  static constexpr int kQ = 0;
-  static constexpr int kK = kWgRows * D * int(sizeof(T));
+  static constexpr int kK = kWgRows * D * int(sizeof(T));  // Q first, at 0
   static constexpr int kV = kK + kWgStages * kTile;
   static constexpr int kBytes = kV + kWgStages * kTile;
   static constexpr int kLaunchBytes = kBytes + 1024;  // + the alignment slack
 };
+
+// The device helpers exist for the sm_90a device pass (and the host pass, which only parses
+// them); an sm_80 image compiles the kernel below as an empty body that is never launched.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+constexpr int kColBlock = 64 * 128;  // bytes of one [64 rows][64 elements] column block
 
 __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk16) {
   // chunk16 = 16-byte chunk of the row (D / 8 of them); column block chunk16 / 8.
@@ -69,9 +72,6 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_address, uint32_t l
          uint64_t((sbo & 0x3FFFF) >> 4) << 32 | uint64_t(1) << 62;
 }
 
-// The wgmma helpers exist for the sm_90a device pass (and the host pass, which only parses
-// them); an sm_80 image compiles the kernel below as an empty body that is never launched.
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() {
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   // launch asks for Sm::kBytes + 1024).
   extern __shared__ uint8_t smem_dyn[];
   uint8_t *const smem_raw = smem_dyn + ((1024u - (smem_addr(smem_dyn) & 1023u)) & 1023u);
-  uint8_t *const q_s = smem_raw + Sm::kQ;
+  uint8_t *const q_s = smem_raw;
   const uint32_t q_addr = smem_addr(q_s), k_addr0 = smem_addr(smem_raw + Sm::kK),
                  v_addr0 = smem_addr(smem_raw + Sm::kV);
 
