@@ -15,8 +15,8 @@
 //   registers. Each column is owned by one thread and summed in a fixed order:
 //   deterministic, no atomics, no L×L buffer. WINDOW mode is the same pass restricted to
 //   the last window_size query rows.
-#include "common.cuh"
 #include "dispatch.cuh"
+#include "prefill_common.cuh"
 #include "launchers.h"
 
 namespace minikv {
@@ -58,27 +58,6 @@ __device__ __forceinline__ void load_full_tile(T *smem_t, const T *src_t, int64_
   for (int it = 0; it < ROWS / kRowsPerIt; ++it)
     cp_async_16(smem_t + it * kRowsPerIt * smem_stride<D>(), src_t + it * kRowsPerIt * row_stride,
                 true);
-}
-
-// 4-byte cp.async (zero-filled when !valid): LSE rows have no 16-byte alignment.
-__device__ __forceinline__ void cp_async_4(void *smem, const void *gmem, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(valid ? 4 : 0));
-}
-
-// 2^x on the MUFU unit (what exp2f compiles to, minus its denormal-result path: terms
-// below 2^-126 are flushed to 0, far under fp32 rounding of any sum they join).
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Sequence of a launch-wide tile index.
-__device__ __forceinline__ uint32_t find_seq(const PrefillSeqs &s, uint32_t tile) {
-  uint32_t i = 0;
-  while (i + 1 < s.n && s.tile_begin[i + 1] <= tile) ++i;
-  return i;
 }
 
 // A fragment (16 rows × 16 of the k dimension at kk) of rows [row0, row0 + 16) of a

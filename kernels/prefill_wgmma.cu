@@ -15,8 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "common.cuh"
 #include "dispatch.cuh"
+#include "prefill_common.cuh"
 #include "launchers.h"
 
 namespace minikv {
@@ -80,12 +80,6 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // cp.async writes through the generic proxy; wgmma reads through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-__device__ __forceinline__ float ex2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // d (+)= A · Bᵀ, A = 64×16 and B = 64×16, both K-major in shared memory (descriptors).
@@ -244,11 +238,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   const uint32_t host_tile = blockIdx.x / (2 * p.num_heads);
   const int h = static_cast<int>((blockIdx.x / 2) % p.num_heads);
   const int half = 1 - static_cast<int>(blockIdx.x % 2);
-  const uint32_t seq = [&] {
-    uint32_t i = 0;
-    while (i + 1 < p.seqs.n && p.seqs.tile_begin[i + 1] <= host_tile) ++i;
-    return i;
-  }();
+  const uint32_t seq = find_seq(p.seqs, host_tile);
   const int L = static_cast<int>(p.seqs.len[seq]);
   const uint32_t last = p.seqs.tile_begin[seq + 1] - 1;
   const int q0 = static_cast<int>(last - host_tile) * int(kPrefillQueryTile) + half * kWgRows;
@@ -332,7 +322,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * scale;
-        const float corr = ex2_ftz(fmaf(m[r], scale, -base));
+        const float corr = ex2(fmaf(m[r], scale, -base));
         l[r] *= corr;
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
@@ -350,7 +340,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
       for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const float pr = ex2_ftz(fmaf(s[4 * i + 2 * r + c], scale, -base));
+          const float pr = ex2(fmaf(s[4 * i + 2 * r + c], scale, -base));
           s[4 * i + 2 * r + c] = pr;
           rs += pr;
         }
