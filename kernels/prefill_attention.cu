@@ -183,70 +183,17 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
 
-      // Causal + length mask only on tiles that reach past the tile's first row or past L.
-      // s[mt][nt][e] is key k0 + 8 nt + 2 tq + (e & 1) of row q0 + wrow + 16 mt + 8 (e / 2) + g:
-      // masked when 8 nt + (e & 1) exceeds min(row - k0 - 2 tq, L - 1 - k0 - 2 tq), whose
-      // left side is a compile-time constant: one compare + select per score.
+      // Causal + length mask only on tiles that reach past the warp's first row or past L;
+      // then the online softmax, one 16-row m-tile at a time (prefill_common.cuh).
       if (k0 + kBN - 1 > q0 + wrow || k0 + kBN > L) {
-        const int len_lim = L - 1 - k0 - 2 * tq;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int lim = min(q0 + wrow + 16 * mt + 8 * r + g - k0 - 2 * tq, len_lim);
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-              for (int c = 0; c < 2; ++c)
-                if (8 * nt + c > lim) s[mt][nt][2 * r + c] = -INFINITY;
-          }
+          mask_mtile(reinterpret_cast<float(&)[32]>(s[mt]), q0 + wrow + 16 * mt, k0, L, g, tq);
       }
-
-      // Online softmax (log2 units): p = 2^(s·scale − max·scale), one FFMA + ex2 per score.
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        float mx[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          mx[r] = m[mt][r];
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-            mx[r] = fmaxf(mx[r], fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        }
-        // Rescale only when a row maximum of this m-tile moved (warp-uniform branch). An
-        // unmoved row's factor is ex2(0) = 1 exactly, so skipping is bit-identical; after the
-        // first tiles most maxima stay put and the 2·D/8·2 FMULs per m-tile are saved.
-        if (__any_sync(0xffffffffu, mx[0] != m[mt][0] || mx[1] != m[mt][1])) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * scale;
-            const float corr = ex2(fmaf(m[mt][r], scale, -base));
-            l[mt][r] *= corr;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-              o[mt][dt][2 * r] *= corr;
-              o[mt][dt][2 * r + 1] *= corr;
-            }
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          m[mt][r] = mx[r];
-          const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * scale;  // no key yet: keep 0s
-          float rs = 0.0f;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float pr = ex2(fmaf(s[mt][nt][2 * r + e], scale, -base));
-              s[mt][nt][2 * r + e] = pr;
-              rs += pr;
-            }
-          l[mt][r] += rs;
-        }
-      }
+      for (int mt = 0; mt < 2; ++mt)
+        online_softmax_mtile<D>(reinterpret_cast<float(&)[32]>(s[mt]),
+                                reinterpret_cast<float(&)[D / 2]>(o[mt]), m[mt], l[mt], scale);
 
       // O += P · V_j, P straight from the score registers.
 #pragma unroll

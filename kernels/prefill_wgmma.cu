@@ -258,58 +258,9 @@ __global__ void __launch_bounds__(kWgThreads, 2)
       fence_regs(s_next);
     }
 
-    // Causal + length mask where the tile reaches past this warp's first row or past L.
-    // s[4i + 2r + c] is key k0 + 8i + 2tq + c of row q0 + wrow + g + 8r.
-    if (k0 + kWgKeys - 1 > q0 + wrow || k0 + kWgKeys > L) {
-      const int len_lim = L - 1 - k0 - 2 * tq;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int lim = min(q0 + wrow + g + 8 * r - k0 - 2 * tq, len_lim);
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-            if (8 * i + c > lim) s[4 * i + 2 * r + c] = -INFINITY;
-      }
-    }
-    // Online softmax (log2 units), as prefill_attention_kernel.
-    float mx[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = m[r];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) mx[r] = fmaxf(mx[r], fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    }
-    if (__any_sync(0xffffffffu, mx[0] != m[0] || mx[1] != m[1])) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * scale;
-        const float corr = ex2(fmaf(m[r], scale, -base));
-        l[r] *= corr;
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          o[4 * i + 2 * r] *= corr;
-          o[4 * i + 2 * r + 1] *= corr;
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      m[r] = mx[r];
-      const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * scale;
-      float rs = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float pr = ex2(fmaf(s[4 * i + 2 * r + c], scale, -base));
-          s[4 * i + 2 * r + c] = pr;
-          rs += pr;
-        }
-      l[r] += rs;
-    }
+    // Mask where the tile reaches past this warp's first row or past L, then softmax.
+    if (k0 + kWgKeys - 1 > q0 + wrow || k0 + kWgKeys > L) mask_mtile(s, q0 + wrow, k0, L, g, tq);
+    online_softmax_mtile<D>(s, o, m, l, scale);
 
     fence_regs(o);
     issue_pv<T, D>(o, s, v_addr0 + (j % kWgStages) * Sm::kTile);
