@@ -43,6 +43,14 @@ float random_bf16(test::Rng &rng, int emin, int emax) {
   return bits_f32(uint32_t(rng.below(2)) << 31 | e << 23 | uint32_t(rng.below(128)) << 16);
 }
 
+// q · s in fp32, required exact (fp16 × fp16 and bf16 × bf16 products fit fp32's 24 bits;
+// the inputs here stay clear of fp32's denormal range).
+float exact_product(float q, float s) {
+  const float p = q * s;
+  REQUIRE(double(p) == double(q) * double(s));
+  return p;
+}
+
 // One column: codes c[ch] and x[ch] = q[ch] · s[ch]. Emulates the kernel's B build (prescale,
 // pieces) and the mma (in double: products and their sum exact to 2^-50 relative), and checks
 // the per-element and per-column bounds. Returns the column error in units of
@@ -208,11 +216,6 @@ TEST_CASE("qk_pieces: fp16 pieces of q * s_k reconstruct the column dot within t
     for (size_t D : {size_t(64), size_t(128)}) {
     std::vector<uint32_t> code(D);
     std::vector<float> x(D);
-    auto product = [](float q, float s) {
-      const float p = q * s;
-      REQUIRE(double(p) == double(q) * double(s));  // exact in fp32
-      return p;
-    };
     // Random columns: q and s over the whole fp16 range (subnormals included), some zeros.
     for (int it = 0; it < 3000; ++it) {
       const int kind = it % 4;
@@ -233,7 +236,7 @@ TEST_CASE("qk_pieces: fp16 pieces of q * s_k reconstruct the column dot within t
               float(std::ldexp(rng.uniform() + 0.5, int(rng.below(40)) - 24))));
           s = random_f16(rng, 8);
         }
-        x[ch] = product(q, s);
+        x[ch] = exact_product(q, s);
       }
       worst = std::fmax(worst, check_column(code, x, subnormal));
     }
@@ -241,18 +244,18 @@ TEST_CASE("qk_pieces: fp16 pieces of q * s_k reconstruct the column dot within t
     std::fill(code.begin(), code.end(), 3u);
     std::fill(x.begin(), x.end(), 0.0f);
     CHECK(check_column(code, x, subnormal) == 0.0);  // zero column: exact zero
-    std::fill(x.begin(), x.end(), product(kF16Max, kF16Max));
+    std::fill(x.begin(), x.end(), exact_product(kF16Max, kF16Max));
     CHECK(check_column(code, x, subnormal) == 0.0);  // every element at (fp16 max)^2: exact
-    std::fill(x.begin(), x.end(), product(-kF16Max, kF16Max));
+    std::fill(x.begin(), x.end(), exact_product(-kF16Max, kF16Max));
     CHECK(check_column(code, x, subnormal) == 0.0);
     for (size_t ch = 0; ch < D; ++ch)  // one huge element among the smallest products
-      x[ch] = ch == 5 ? product(kF16Max, kF16Max) : product(0x1.0p-24f, (ch % 2 ? -1 : 1) * 0x1.0p-24f);
+      x[ch] = ch == 5 ? exact_product(kF16Max, kF16Max) : exact_product(0x1.0p-24f, (ch % 2 ? -1 : 1) * 0x1.0p-24f);
     check_column(code, x, subnormal);
     for (size_t ch = 0; ch < D; ++ch)  // all at the smallest nonzero product: exact
-      x[ch] = product(0x1.0p-24f, (ch % 3 ? 1 : -1) * 0x1.0p-24f);
+      x[ch] = exact_product(0x1.0p-24f, (ch % 3 ? 1 : -1) * 0x1.0p-24f);
     CHECK(check_column(code, x, subnormal) == 0.0);
     for (size_t ch = 0; ch < D; ++ch)  // every code position, alternating codes
-      code[ch] = uint32_t(ch % 4), x[ch] = product(host_f32_from_f16(uint16_t(0x3c01u + ch)), 0x1.8p-20f);
+      code[ch] = uint32_t(ch % 4), x[ch] = exact_product(host_f32_from_f16(uint16_t(0x3c01u + ch)), 0x1.8p-20f);
     CHECK(check_column(code, x, subnormal) == 0.0);
     }
   }
@@ -262,11 +265,6 @@ TEST_CASE("qk_pieces: fp16 pieces of q * s_k reconstruct the column dot within t
 TEST_CASE("qk_pieces: bf16 q * s_k through the fp16 pieces stays within the bound") {
   test::Rng rng(2027);
   double worst = 0.0;
-  auto product = [](float q, float s) {
-    const float p = q * s;
-    REQUIRE(double(p) == double(q) * double(s));  // exact: 8 × 8 bits, no fp32 underflow here
-    return p;
-  };
   for (const bool subnormal : {true, false}) {
     for (size_t D : {size_t(64), size_t(128)}) {
       std::vector<uint32_t> code(D);
@@ -292,7 +290,7 @@ TEST_CASE("qk_pieces: bf16 q * s_k through the fp16 pieces stays within the boun
             q = random_bf16(rng, center / 2 - 20, center / 2 + 20);
             s = random_bf16(rng, -1, 1);
           }
-          x[ch] = product(q, s);
+          x[ch] = exact_product(q, s);
           if (kind != 1 && rng.below(16) == 0) x[ch] = 0.0f;
         }
         worst = std::fmax(worst, check_column(code, x, subnormal));
@@ -300,16 +298,16 @@ TEST_CASE("qk_pieces: bf16 q * s_k through the fp16 pieces stays within the boun
       std::fill(code.begin(), code.end(), 3u);
       // The top of fp32: max |x| in [2^127, 2^128) (E = 254), the second unscale factor.
       const float big = bits_f32(0x5f7f0000u);  // (2 − 2^-7) · 2^63, a bf16 value
-      std::fill(x.begin(), x.end(), product(big, big));
+      std::fill(x.begin(), x.end(), exact_product(big, big));
       CHECK(check_column(code, x, subnormal) == 0.0);
       for (size_t ch = 0; ch < D; ++ch)  // one at the top, the rest 40 binades down, mixed signs
-        x[ch] = ch == 7 ? product(big, big) : product((ch % 2 ? -1.0f : 1.0f) * big, 0x1.0p-40f);
+        x[ch] = ch == 7 ? exact_product(big, big) : exact_product((ch % 2 ? -1.0f : 1.0f) * big, 0x1.0p-40f);
       check_column(code, x, subnormal);
       // Tiny columns: max |x| < 2^-63, where the prescale clamps (error ≤ 3 · D · 2^-96).
       for (size_t ch = 0; ch < D; ++ch)
-        x[ch] = product((ch % 3 ? 1.0f : -1.0f) * 0x1.0p-60f, random_bf16(rng, -9, -5));
+        x[ch] = exact_product((ch % 3 ? 1.0f : -1.0f) * 0x1.0p-60f, random_bf16(rng, -9, -5));
       check_column(code, x, subnormal);
-      for (size_t ch = 0; ch < D; ++ch) x[ch] = product(0x1.0p-63f, 0x1.0p-63f);  // 2^-126
+      for (size_t ch = 0; ch < D; ++ch) x[ch] = exact_product(0x1.0p-63f, 0x1.0p-63f);  // 2^-126
       check_column(code, x, subnormal);
     }
   }
