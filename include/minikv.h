@@ -10,7 +10,7 @@
  * Introduction / lifecycle
  * ------------------------
  *   minikv_config cfg;
- *   minikv_config_default(&cfg);              // paper defaults + cfg.struct_size
+ *   minikv_config_default(&cfg);              // defaults + cfg.struct_size (this header's)
  *   cfg.num_layers = 32; cfg.num_heads = 32; cfg.num_kv_heads = 8; cfg.head_dim = 128;
  *   cfg.max_sequences = 16; cfg.max_seq_len = 8192;
  *   minikv_cache *cache;
@@ -156,7 +156,7 @@ typedef enum minikv_score_mode {
 } minikv_score_mode;
 
 /** Cache configuration. Always initialize with minikv_config_default() (which sets
- *  struct_size), then set the model dimensions. */
+ *  struct_size to this header's size), then set the model dimensions. */
 typedef struct minikv_config {
   uint32_t struct_size;         /**< sizeof(minikv_config) of the caller's header */
   minikv_backend backend;       /**< AUTO */
@@ -185,11 +185,32 @@ typedef struct minikv_config {
   uint32_t group_size;          /**< quantization group G: 16, 32, 64 or 128; 16 */
   uint32_t residual_length;     /**< R: tokens kept 16-bit before a flush, a multiple of
                                      group_size; 128 */
+  uint32_t reserved_v1_;        /**< the first version's tail padding: ignored (fields are
+                                     appended after it) */
 } minikv_config;
 
-/** METHOD: fills every field with its default (see the field comments; model dimensions
- *  are 0 and must be set) and cfg->struct_size. NULL is ignored. */
+/** METHOD: fills the first `struct_size` bytes of `*cfg` with the defaults (see the field
+ *  comments; model dimensions are 0 and must be set) and sets cfg->struct_size =
+ *  struct_size. Pass sizeof(minikv_config) of *your* header: the library never writes more
+ *  than that, so a program built against an older header stays safe when a newer library
+ *  appends fields (and a newer header's extra fields are zeroed by an older library, which
+ *  minikv_cache_create reads as "not set"). Most code calls the minikv_config_default()
+ *  macro below, which passes the size itself.
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cfg: nothing written);
+ *          MINIKV_ERR_VERSION_MISMATCH (struct_size below the first version's size: nothing
+ *          written). */
+MINIKV_API minikv_status minikv_config_init(minikv_config *cfg, size_t struct_size);
+
+/** The entry point of version 0.1, kept for programs compiled against it: fills the fields
+ *  of the first version of minikv_config only (struct_size = that size), so it never
+ *  writes past an old caller's struct; later fields take their defaults at create. Source
+ *  code reaches minikv_config_init() through the macro below instead. NULL is ignored. */
 MINIKV_API void minikv_config_default(minikv_config *cfg);
+
+/** Fills `*cfg` with the defaults for exactly the fields of this header's minikv_config
+ *  (zlib's deflateInit pattern: the size is taken where the struct is declared).
+ *  Evaluates to a minikv_status (MINIKV_OK unless cfg is NULL). */
+#define minikv_config_default(cfg) minikv_config_init((cfg), sizeof(minikv_config))
 
 /* ---- the cache handle ------------------------------------------------------------- */
 /** Opaque handle: the compressed KV cache of up to max_sequences sequences, all layers. */

@@ -98,8 +98,15 @@ const char *minikv_status_string(minikv_status status) {
   return "unknown minikv_status";
 }
 
+minikv_status minikv_config_init(minikv_config *cfg, size_t struct_size) {
+  return guarded(nullptr, "minikv_config_init", [&] { minikv::config_init(cfg, struct_size); });
+}
+
+// The 0.1 symbol (the header now maps the name to minikv_config_init): such a caller's
+// struct has exactly the first version's fields.
+#undef minikv_config_default
 void minikv_config_default(minikv_config *cfg) {
-  if (cfg) minikv::config_default(cfg);
+  if (cfg) minikv::config_init(cfg, minikv::kConfigSizeV1);
 }
 
 minikv_status minikv_cache_create(const minikv_config *cfg, minikv_cache **out) {

@@ -7,26 +7,43 @@
 
 namespace minikv {
 
-void config_default(minikv_config *cfg) {
-  std::memset(cfg, 0, sizeof(*cfg));
-  cfg->struct_size = sizeof(minikv_config);
-  cfg->backend = MINIKV_BACKEND_AUTO;
-  cfg->device_id = 0;
-  cfg->dtype = MINIKV_DTYPE_F16;
-  cfg->max_sequences = 1;
-  cfg->max_seq_len = 4096;
-  cfg->max_tokens = 0;
-  cfg->heavy_ratio = 0.25f;
-  cfg->recent_ratio = 0.25f;
-  cfg->budget_policy = MINIKV_BUDGET_UNIFORM;
-  cfg->pyramid_depth = 7.0f;
-  cfg->score_mode = MINIKV_SCORE_CUMULATIVE;
-  cfg->window_size = 32;
-  cfg->pool_kernel = 7;
-  cfg->key_bits = 2;
-  cfg->value_bits = 2;
-  cfg->group_size = 16;
-  cfg->residual_length = 128;
+minikv_config config_defaults() {
+  minikv_config cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.struct_size = sizeof(minikv_config);
+  cfg.backend = MINIKV_BACKEND_AUTO;
+  cfg.device_id = 0;
+  cfg.dtype = MINIKV_DTYPE_F16;
+  cfg.max_sequences = 1;
+  cfg.max_seq_len = 4096;
+  cfg.max_tokens = 0;
+  cfg.heavy_ratio = 0.25f;
+  cfg.recent_ratio = 0.25f;
+  cfg.budget_policy = MINIKV_BUDGET_UNIFORM;
+  cfg.pyramid_depth = 7.0f;
+  cfg.score_mode = MINIKV_SCORE_CUMULATIVE;
+  cfg.window_size = 32;
+  cfg.pool_kernel = 7;
+  cfg.key_bits = 2;
+  cfg.value_bits = 2;
+  cfg.group_size = 16;
+  cfg.residual_length = 128;
+  return cfg;
+}
+
+void config_init(minikv_config *cfg, size_t size) {
+  MINIKV_REQUIRE(cfg != nullptr, "minikv_config_init: cfg is NULL");
+  if (size < kConfigSizeV1 || size > UINT32_MAX) {
+    fail(MINIKV_ERR_VERSION_MISMATCH,
+         "minikv_config_init: struct_size (%zu) must be sizeof(minikv_config) of the caller's "
+         "header, at least %u (the first version)",
+         size, kConfigSizeV1);
+  }
+  const minikv_config defaults = config_defaults();
+  const size_t ours = sizeof(minikv_config);
+  std::memcpy(cfg, &defaults, size < ours ? size : ours);
+  if (size > ours) std::memset(reinterpret_cast<unsigned char *>(cfg) + ours, 0, size - ours);
+  cfg->struct_size = static_cast<uint32_t>(size);
 }
 
 size_t dtype_bytes(minikv_dtype dtype) { return dtype == MINIKV_DTYPE_F32 ? 4 : 2; }
@@ -139,8 +156,7 @@ minikv_config config_read(const minikv_config *user) {
       }
     }
   }
-  minikv_config cfg;
-  config_default(&cfg);
+  minikv_config cfg = config_defaults();
   std::memcpy(&cfg, user, sizeof(minikv_config) < size ? sizeof(minikv_config) : size);
   cfg.struct_size = sizeof(minikv_config);
   validate(cfg);

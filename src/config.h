@@ -8,11 +8,22 @@
 
 namespace minikv {
 
-// Size of the first published minikv_config: callers may not pass less.
-constexpr uint32_t kConfigSizeV1 = sizeof(minikv_config);
+// Size of the first published minikv_config (0.1.0: up to residual_length plus the tail
+// padding its uint64 field implied): callers may not pass less, and the 0.1 entry point
+// minikv_config_default writes exactly this.
+constexpr uint32_t kConfigSizeV1 = 96;
+static_assert(offsetof(minikv_config, reserved_v1_) == 92 &&
+                  offsetof(minikv_config, reserved_v1_) + sizeof(uint32_t) == kConfigSizeV1,
+              "the first version of minikv_config is frozen: append fields, never insert");
 constexpr uint32_t kStatsSizeV1 = sizeof(minikv_memory_stats);
 
-void config_default(minikv_config *cfg);
+// The library's defaults for every field it knows, struct_size = sizeof(minikv_config).
+minikv_config config_defaults();
+
+// minikv_config_init: writes the defaults into the first `size` bytes of *cfg (bytes past
+// this library's struct are zeroed: "not set" for a newer header) and sets struct_size.
+// Throws Error (INVALID_ARGUMENT, VERSION_MISMATCH) before writing anything.
+void config_init(minikv_config *cfg, size_t size);
 
 // Copies the caller's struct (struct_size bytes of it), fills fields the caller's
 // version does not have with defaults and validates every field. Throws Error with

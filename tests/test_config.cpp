@@ -57,7 +57,58 @@ TEST_CASE("config: defaults are the paper's") {
   CHECK(c.value_bits == 2);
   CHECK(c.group_size == 16);
   CHECK(c.residual_length == 128);
-  minikv_config_default(nullptr);  // ignored, must not crash
+  CHECK(minikv_config_default(nullptr) == MINIKV_ERR_INVALID_ARGUMENT);  // and no crash
+}
+
+TEST_CASE("config: init writes only the caller's struct_size bytes") {
+  // The library's struct may grow; a caller's may be the first version's 96 bytes.
+  constexpr size_t kV1 = 96;
+  REQUIRE(sizeof(minikv_config) >= kV1);
+  unsigned char frame[sizeof(minikv_config) + 64];
+  std::memset(frame, 0xA5, sizeof(frame));
+  auto *cfg = reinterpret_cast<minikv_config *>(frame);
+  MKV_REQUIRE_OK(minikv_config_init(cfg, kV1));
+  CHECK(cfg->struct_size == kV1);
+  CHECK(cfg->key_bits == 2);
+  CHECK(cfg->residual_length == 128);
+  for (size_t i = kV1; i < sizeof(frame); ++i) CHECK(frame[i] == 0xA5);
+
+  SUBCASE("the 0.1 symbol fills the first version only") {
+    std::memset(frame, 0xA5, sizeof(frame));
+    (minikv_config_default)(cfg);  // the exported function, not the macro
+    CHECK(cfg->struct_size == kV1);
+    for (size_t i = kV1; i < sizeof(frame); ++i) CHECK(frame[i] == 0xA5);
+  }
+  SUBCASE("a size below the first version writes nothing") {
+    std::memset(frame, 0xA5, sizeof(frame));
+    CHECK(minikv_config_init(cfg, kV1 - 4) == MINIKV_ERR_VERSION_MISMATCH);
+    CHECK(std::string(minikv_last_error_message()).find("struct_size") != std::string::npos);
+    for (unsigned char b : frame) CHECK(b == 0xA5);
+  }
+  SUBCASE("a newer header's extra bytes are zeroed and read as unset") {
+    std::memset(frame, 0xA5, sizeof(frame));
+    MKV_REQUIRE_OK(minikv_config_init(cfg, sizeof(frame)));
+    CHECK(cfg->struct_size == sizeof(frame));
+    for (size_t i = sizeof(minikv_config); i < sizeof(frame); ++i) CHECK(frame[i] == 0);
+    cfg->backend = MINIKV_BACKEND_CPU;
+    cfg->num_layers = 1;
+    cfg->num_heads = cfg->num_kv_heads = 1;
+    cfg->head_dim = 64;
+    minikv_cache *cache = nullptr;
+    MKV_REQUIRE_OK(minikv_cache_create(cfg, &cache));
+    minikv_cache_destroy(cache);
+  }
+  SUBCASE("a first-version struct creates a cache with later fields at their defaults") {
+    std::memset(frame, 0xA5, sizeof(frame));
+    MKV_REQUIRE_OK(minikv_config_init(cfg, kV1));
+    cfg->backend = MINIKV_BACKEND_CPU;
+    cfg->num_layers = 1;
+    cfg->num_heads = cfg->num_kv_heads = 1;
+    cfg->head_dim = 64;
+    minikv_cache *cache = nullptr;
+    MKV_REQUIRE_OK(minikv_cache_create(cfg, &cache));  // the 0xA5 tail is not read
+    minikv_cache_destroy(cache);
+  }
 }
 
 TEST_CASE("config: unset model dimensions are rejected by name") {

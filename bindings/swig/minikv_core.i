@@ -9,7 +9,7 @@
  *    Java until someone adds it here.
  *  - Proxies for the three structs: CacheHandle (the opaque minikv_cache: no constructor,
  *    its destructor is minikv_cache_destroy), ConfigStruct (constructor = calloc +
- *    minikv_config_default, so struct_size is always right) and MemoryStatsStruct
+ *    minikv_config_default, which passes this header's struct size) and MemoryStatsStruct
  *    (constructor sets struct_size).
  *  - minikv_cache_create returns the new handle (%newobject) instead of writing it through
  *    `minikv_cache **out`; minikv_cache_destroy is %delobject.
@@ -46,7 +46,7 @@
 %minikv_expose(minikv_version_string)
 %minikv_expose(minikv_status_string)
 %minikv_expose(minikv_last_error_message)
-%minikv_expose(minikv_config_default)
+%minikv_expose(minikv_config_init)
 %minikv_expose(minikv_cache_create)
 %minikv_expose(minikv_cache_destroy)
 %minikv_expose(minikv_cache_last_error)

@@ -38,6 +38,7 @@ PIN_OFFSET(minikv_config, key_bits, 76);
 PIN_OFFSET(minikv_config, value_bits, 80);
 PIN_OFFSET(minikv_config, group_size, 84);
 PIN_OFFSET(minikv_config, residual_length, 88);
+PIN_OFFSET(minikv_config, reserved_v1_, 92);
 
 #if defined(__x86_64__) || defined(__aarch64__) || defined(__powerpc64__) || \
     (defined(__riscv) && __riscv_xlen == 64)

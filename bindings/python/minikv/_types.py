@@ -124,6 +124,7 @@ class MinikvConfigStruct(ctypes.Structure):
         ("value_bits", ctypes.c_uint32),
         ("group_size", ctypes.c_uint32),
         ("residual_length", ctypes.c_uint32),
+        ("reserved_v1_", ctypes.c_uint32),
     ]
 
 
@@ -233,7 +234,8 @@ def library_default_struct() -> MinikvConfigStruct:
     from ._library import load
 
     s = MinikvConfigStruct()
-    load().minikv_config_default(ctypes.byref(s))
+    # The size of this package's struct: the library fills exactly the fields it has.
+    load().minikv_config_init(ctypes.byref(s), ctypes.sizeof(s))
     return s
 
 

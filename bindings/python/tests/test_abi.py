@@ -79,7 +79,7 @@ def test_versions_agree():
 
 def test_config_defaults_come_from_the_library():
     raw = MinikvConfigStruct()
-    minikv.load().minikv_config_default(ctypes.byref(raw))
+    assert minikv.load().minikv_config_init(ctypes.byref(raw), ctypes.sizeof(raw)) == 0
     assert raw.struct_size == ctypes.sizeof(MinikvConfigStruct)
     cfg = minikv.Config()
     for f in dataclasses.fields(cfg):

@@ -36,22 +36,22 @@ typedef _gostring_ swig_type_3;
 typedef long long swig_type_4;
 typedef long long swig_type_5;
 typedef _gostring_ swig_type_6;
-typedef _goslice_ swig_type_7;
+typedef long long swig_type_7;
 typedef _gostring_ swig_type_8;
-typedef _gostring_ swig_type_9;
+typedef _goslice_ swig_type_9;
 typedef _gostring_ swig_type_10;
-typedef _goslice_ swig_type_11;
-typedef _goslice_ swig_type_12;
-typedef _gostring_ swig_type_13;
+typedef _gostring_ swig_type_11;
+typedef _gostring_ swig_type_12;
+typedef _goslice_ swig_type_13;
 typedef _goslice_ swig_type_14;
 typedef _gostring_ swig_type_15;
 typedef _goslice_ swig_type_16;
 typedef _gostring_ swig_type_17;
-typedef _gostring_ swig_type_18;
+typedef _goslice_ swig_type_18;
 typedef _gostring_ swig_type_19;
-typedef _goslice_ swig_type_20;
-typedef long long swig_type_21;
-typedef long long swig_type_22;
+typedef _gostring_ swig_type_20;
+typedef _gostring_ swig_type_21;
+typedef _goslice_ swig_type_22;
 typedef long long swig_type_23;
 typedef long long swig_type_24;
 typedef long long swig_type_25;
@@ -62,7 +62,9 @@ typedef long long swig_type_29;
 typedef long long swig_type_30;
 typedef long long swig_type_31;
 typedef long long swig_type_32;
-typedef _gostring_ swig_type_33;
+typedef long long swig_type_33;
+typedef long long swig_type_34;
+typedef _gostring_ swig_type_35;
 extern void _wrap_Swig_free_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_capi_68e625ddbd40b45d(swig_intgo arg1);
 extern void _wrap_delete_CacheHandle_capi_68e625ddbd40b45d(uintptr_t arg1);
@@ -136,36 +138,36 @@ extern void _wrap_ConfigStruct_residual_length_set_capi_68e625ddbd40b45d(uintptr
 extern swig_intgo _wrap_ConfigStruct_residual_length_get_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern uintptr_t _wrap_new_ConfigStruct_capi_68e625ddbd40b45d(void);
 extern void _wrap_delete_ConfigStruct_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_config_default_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern swig_type_6 _wrap_cache_create_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_7 arg2);
+extern swig_type_6 _wrap_config_init_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_7 arg2);
+extern swig_type_8 _wrap_cache_create_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_9 arg2);
 extern void _wrap_cache_destroy_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern swig_type_8 _wrap_cache_last_error_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern swig_type_9 _wrap_cache_backend_capi_68e625ddbd40b45d(uintptr_t arg1, swig_voidp arg2);
-extern swig_type_10 _wrap_prefill_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_11 arg3, swig_type_12 arg4, uintptr_t arg5, uintptr_t arg6, uintptr_t arg7, uintptr_t arg8, uintptr_t arg9);
-extern swig_type_13 _wrap_append_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_14 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6);
-extern swig_type_15 _wrap_decode_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_16 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6);
-extern swig_type_17 _wrap_sequence_release_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
-extern swig_type_18 _wrap_sequence_length_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_intgo arg3, swig_voidp arg4, swig_voidp arg5);
-extern swig_type_19 _wrap_kept_positions_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_intgo arg3, swig_intgo arg4, swig_type_20 arg5, swig_voidp arg6);
+extern swig_type_10 _wrap_cache_last_error_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern swig_type_11 _wrap_cache_backend_capi_68e625ddbd40b45d(uintptr_t arg1, swig_voidp arg2);
+extern swig_type_12 _wrap_prefill_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_13 arg3, swig_type_14 arg4, uintptr_t arg5, uintptr_t arg6, uintptr_t arg7, uintptr_t arg8, uintptr_t arg9);
+extern swig_type_15 _wrap_append_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_16 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6);
+extern swig_type_17 _wrap_decode_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_18 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6);
+extern swig_type_19 _wrap_sequence_release_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
+extern swig_type_20 _wrap_sequence_length_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_intgo arg3, swig_voidp arg4, swig_voidp arg5);
+extern swig_type_21 _wrap_kept_positions_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_intgo arg3, swig_intgo arg4, swig_type_22 arg5, swig_voidp arg6);
 extern void _wrap_MemoryStatsStruct_struct_size_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_MemoryStatsStruct_struct_size_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_pool_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_21 arg2);
-extern swig_type_22 _wrap_MemoryStatsStruct_pool_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_used_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_23 arg2);
-extern swig_type_24 _wrap_MemoryStatsStruct_used_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_workspace_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_25 arg2);
-extern swig_type_26 _wrap_MemoryStatsStruct_workspace_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_tokens_seen_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_27 arg2);
-extern swig_type_28 _wrap_MemoryStatsStruct_tokens_seen_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_tokens_cached_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_29 arg2);
-extern swig_type_30 _wrap_MemoryStatsStruct_tokens_cached_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_fp16_equivalent_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_31 arg2);
-extern swig_type_32 _wrap_MemoryStatsStruct_fp16_equivalent_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_pool_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_23 arg2);
+extern swig_type_24 _wrap_MemoryStatsStruct_pool_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_used_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_25 arg2);
+extern swig_type_26 _wrap_MemoryStatsStruct_used_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_workspace_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_27 arg2);
+extern swig_type_28 _wrap_MemoryStatsStruct_workspace_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_tokens_seen_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_29 arg2);
+extern swig_type_30 _wrap_MemoryStatsStruct_tokens_seen_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_tokens_cached_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_31 arg2);
+extern swig_type_32 _wrap_MemoryStatsStruct_tokens_cached_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_fp16_equivalent_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_33 arg2);
+extern swig_type_34 _wrap_MemoryStatsStruct_fp16_equivalent_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern void _wrap_MemoryStatsStruct_compression_ratio_set_capi_68e625ddbd40b45d(uintptr_t arg1, double arg2);
 extern double _wrap_MemoryStatsStruct_compression_ratio_get_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern uintptr_t _wrap_new_MemoryStatsStruct_capi_68e625ddbd40b45d(void);
 extern void _wrap_delete_MemoryStatsStruct_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern swig_type_33 _wrap_memory_stats_get_capi_68e625ddbd40b45d(uintptr_t arg1, uintptr_t arg2);
+extern swig_type_35 _wrap_memory_stats_get_capi_68e625ddbd40b45d(uintptr_t arg1, uintptr_t arg2);
 #undef intgo
 */
 import "C"
@@ -823,9 +825,15 @@ type ConfigStruct interface {
 	GetResidual_length() (_swig_ret uint)
 }
 
-func Config_default(arg1 ConfigStruct) {
+func Config_init(arg1 ConfigStruct, arg2 int64) (_swig_ret error) {
+	var swig_r string
 	_swig_i_0 := getSwigcptr(arg1)
-	C._wrap_config_default_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0))
+	_swig_i_1 := arg2
+	swig_r_p := C._wrap_config_init_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_7(_swig_i_1))
+	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
+	var swig_r_1 error
+	swig_r_1 = swigStatusError(swig_r)
+	return swig_r_1
 }
 
 func Cache_create(arg1 ConfigStruct, arg2 *CacheHandle) (_swig_ret error) {
@@ -833,7 +841,7 @@ func Cache_create(arg1 ConfigStruct, arg2 *CacheHandle) (_swig_ret error) {
 	_swig_i_0 := getSwigcptr(arg1)
 	var _swig_i_1 []uintptr
 	_swig_i_1 = make([]uintptr, 1)
-	swig_r_p := C._wrap_cache_create_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), *(*C.swig_type_7)(unsafe.Pointer(&_swig_i_1)))
+	swig_r_p := C._wrap_cache_create_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), *(*C.swig_type_9)(unsafe.Pointer(&_swig_i_1)))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 
 	if _swig_i_1[0] != 0 {
@@ -885,7 +893,7 @@ func Prefill(arg1 CacheHandle, arg2 uint, arg3 []uint32, arg4 []int32, arg5 uint
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
 	_swig_i_8 := arg9
-	swig_r_p := C._wrap_prefill_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_11)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_12)(unsafe.Pointer(&_swig_i_3)), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.uintptr_t(_swig_i_7), C.uintptr_t(_swig_i_8))
+	swig_r_p := C._wrap_prefill_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_13)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_14)(unsafe.Pointer(&_swig_i_3)), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.uintptr_t(_swig_i_7), C.uintptr_t(_swig_i_8))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
@@ -906,7 +914,7 @@ func Append(arg1 CacheHandle, arg2 uint, arg3 []uint32, arg4 uintptr, arg5 uintp
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r_p := C._wrap_append_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_14)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5))
+	swig_r_p := C._wrap_append_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_16)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
@@ -924,7 +932,7 @@ func Decode(arg1 CacheHandle, arg2 uint, arg3 []uint32, arg4 uintptr, arg5 uintp
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r_p := C._wrap_decode_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_16)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5))
+	swig_r_p := C._wrap_decode_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_18)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
@@ -967,7 +975,7 @@ func Kept_positions(arg1 CacheHandle, arg2 uint, arg3 uint, arg4 uint, arg5 []in
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r_p := C._wrap_kept_positions_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_intgo(_swig_i_3), *(*C.swig_type_20)(unsafe.Pointer(&_swig_i_4)), C.swig_voidp(_swig_i_5))
+	swig_r_p := C._wrap_kept_positions_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_intgo(_swig_i_3), *(*C.swig_type_22)(unsafe.Pointer(&_swig_i_4)), C.swig_voidp(_swig_i_5))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg5
@@ -1002,7 +1010,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetStruct_size() (_swig_ret uint) {
 func (arg1 SwigcptrMemoryStatsStruct) SetPool_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_pool_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_21(_swig_i_1))
+	C._wrap_MemoryStatsStruct_pool_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_23(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetPool_bytes() (_swig_ret uint64) {
@@ -1015,7 +1023,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetPool_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetUsed_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_used_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_23(_swig_i_1))
+	C._wrap_MemoryStatsStruct_used_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_25(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetUsed_bytes() (_swig_ret uint64) {
@@ -1028,7 +1036,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetUsed_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetWorkspace_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_workspace_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_25(_swig_i_1))
+	C._wrap_MemoryStatsStruct_workspace_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_27(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetWorkspace_bytes() (_swig_ret uint64) {
@@ -1041,7 +1049,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetWorkspace_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetTokens_seen(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_tokens_seen_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_27(_swig_i_1))
+	C._wrap_MemoryStatsStruct_tokens_seen_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_29(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetTokens_seen() (_swig_ret uint64) {
@@ -1054,7 +1062,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetTokens_seen() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetTokens_cached(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_tokens_cached_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_29(_swig_i_1))
+	C._wrap_MemoryStatsStruct_tokens_cached_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_31(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetTokens_cached() (_swig_ret uint64) {
@@ -1067,7 +1075,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetTokens_cached() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetFp16_equivalent_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_fp16_equivalent_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_31(_swig_i_1))
+	C._wrap_MemoryStatsStruct_fp16_equivalent_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_33(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetFp16_equivalent_bytes() (_swig_ret uint64) {

@@ -1098,13 +1098,38 @@ void _wrap_delete_ConfigStruct_capi_68e625ddbd40b45d(struct minikv_config *_swig
 }
 
 
-void _wrap_config_default_capi_68e625ddbd40b45d(struct minikv_config *_swig_go_0) {
+_gostring_ _wrap_config_init_capi_68e625ddbd40b45d(struct minikv_config *_swig_go_0, long long _swig_go_1) {
   minikv_config *arg1 = (minikv_config *) 0 ;
+  size_t arg2 ;
+  minikv_status result;
+  _gostring_ _swig_go_result;
   
   arg1 = *(minikv_config **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
   
-  minikv_config_default(arg1);
+  result = (minikv_status)minikv_config_init(arg1,arg2);
   
+  if (result == MINIKV_OK) {
+    _swig_go_result.p = NULL;
+    _swig_go_result.n = 0;
+  } else {
+    const char *msg = minikv_last_error_message();
+    const size_t len = strlen(msg);
+    char *buf = (char *)malloc(len + 2);
+    if (buf) {
+      buf[0] = (char)result;
+      buf[1] = 1;
+      memcpy(buf + 2, msg, len);
+      _swig_go_result.p = buf;
+      _swig_go_result.n = (intgo)(len + 2);
+    } else {
+      const unsigned s = (unsigned)result < 9 ? (unsigned)result : 8;
+      _swig_go_result.p = (char *)minikv_swig_static_errors[s];
+      _swig_go_result.n = 2;
+    }
+  }
+  
+  return _swig_go_result;
 }
 
 

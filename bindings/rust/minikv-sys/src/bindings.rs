@@ -5,6 +5,7 @@ pub const MINIKV_VERSION_MAJOR: u32 = 0;
 pub const MINIKV_VERSION_MINOR: u32 = 1;
 pub const MINIKV_VERSION_PATCH: u32 = 0;
 pub const MINIKV_VERSION_NUMBER: u32 = 100;
+pub type size_t = core::ffi::c_ulong;
 extern "C" {
     #[doc = " CONSTRUCTOR-free query: `major*10000 + minor*100 + patch` of the loaded library."]
     #[doc = "  Never fails; callable from any thread."]
@@ -123,7 +124,7 @@ impl minikv_score_mode {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct minikv_score_mode(pub core::ffi::c_uint);
 #[doc = " Cache configuration. Always initialize with minikv_config_default() (which sets"]
-#[doc = "  struct_size), then set the model dimensions."]
+#[doc = "  struct_size to this header's size), then set the model dimensions."]
 #[repr(C)]
 pub struct minikv_config {
     #[doc = "< sizeof(minikv_config) of the caller's header"]
@@ -175,6 +176,9 @@ pub struct minikv_config {
     #[doc = "< R: tokens kept 16-bit before a flush, a multiple of"]
     #[doc = "group_size; 128"]
     pub residual_length: u32,
+    #[doc = "< the first version's tail padding: ignored (fields are"]
+    #[doc = "appended after it)"]
+    pub reserved_v1_: u32,
 }
 #[test]
 fn bindgen_test_layout_minikv_config() {
@@ -472,10 +476,37 @@ fn bindgen_test_layout_minikv_config() {
         );
     }
     test_field_residual_length();
+    fn test_field_reserved_v1_() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::core::mem::MaybeUninit::<minikv_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::core::ptr::addr_of!((*ptr).reserved_v1_) as usize - ptr as usize
+            },
+            92usize,
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(reserved_v1_))
+        );
+    }
+    test_field_reserved_v1_();
 }
 extern "C" {
-    #[doc = " METHOD: fills every field with its default (see the field comments; model dimensions"]
-    #[doc = "  are 0 and must be set) and cfg->struct_size. NULL is ignored."]
+    #[doc = " METHOD: fills the first `struct_size` bytes of `*cfg` with the defaults (see the field"]
+    #[doc = "  comments; model dimensions are 0 and must be set) and sets cfg->struct_size ="]
+    #[doc = "  struct_size. Pass sizeof(minikv_config) of *your* header: the library never writes more"]
+    #[doc = "  than that, so a program built against an older header stays safe when a newer library"]
+    #[doc = "  appends fields (and a newer header's extra fields are zeroed by an older library, which"]
+    #[doc = "  minikv_cache_create reads as \"not set\"). Most code calls the minikv_config_default()"]
+    #[doc = "  macro below, which passes the size itself."]
+    #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cfg: nothing written);"]
+    #[doc = "          MINIKV_ERR_VERSION_MISMATCH (struct_size below the first version's size: nothing"]
+    #[doc = "          written)."]
+    pub fn minikv_config_init(cfg: *mut minikv_config, struct_size: size_t) -> minikv_status;
+}
+extern "C" {
+    #[doc = " The entry point of version 0.1, kept for programs compiled against it: fills the fields"]
+    #[doc = "  of the first version of minikv_config only (struct_size = that size), so it never"]
+    #[doc = "  writes past an old caller's struct; later fields take their defaults at create. Source"]
+    #[doc = "  code reaches minikv_config_init() through the macro below instead. NULL is ignored."]
     pub fn minikv_config_default(cfg: *mut minikv_config);
 }
 #[repr(C)]

@@ -143,10 +143,11 @@ impl Config {
 
 fn raw_default() -> sys::minikv_config {
     let mut c = MaybeUninit::<sys::minikv_config>::zeroed();
-    // SAFETY: minikv_config_default fills every field of the struct it is given (and the
-    // zeroed start makes every byte initialized regardless).
+    // SAFETY: minikv_config_init writes at most the size it is given, which is this
+    // crate's struct; the zeroed start makes every byte initialized regardless. It fails
+    // only for a NULL pointer or a size below the first version's, neither possible here.
     unsafe {
-        sys::minikv_config_default(c.as_mut_ptr());
+        sys::minikv_config_init(c.as_mut_ptr(), core::mem::size_of::<sys::minikv_config>());
         c.assume_init()
     }
 }
