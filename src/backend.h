@@ -31,6 +31,7 @@ struct CacheView {
   const uint32_t *blocks = nullptr;  // block table (host array)
   uint32_t num_blocks = 0;
   uint32_t residual_slot = 0;
+  uint32_t sinks = 0;      // sink tokens (positions 0..sinks-1) in the slot's sink region
   uint32_t quantized = 0;  // tokens in blocks (a multiple of group_size)
   uint32_t residual = 0;   // tokens in the residual slot
 };

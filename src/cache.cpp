@@ -18,7 +18,8 @@ Cache::Cache(const minikv_config &cfg) : cfg_(cfg) {
                                   cfg.key_bits, cfg.value_bits,
                                   static_cast<uint32_t>(dtype_bytes(cfg.dtype)));
   spec_.residual = make_residual_layout(R, cfg.num_kv_heads, cfg.head_dim,
-                                        static_cast<uint32_t>(dtype_bytes(cfg.dtype)));
+                                        static_cast<uint32_t>(dtype_bytes(cfg.dtype)),
+                                        /*sink_tokens=*/0);
   spec_.max_blocks_per_seq = static_cast<uint32_t>(ceil_div(cfg.max_seq_len, R));
   const uint64_t slots = uint64_t(cfg.max_sequences) * cfg.num_layers;
   const uint64_t blocks = cfg.max_tokens == 0 ? slots * spec_.max_blocks_per_seq

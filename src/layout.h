@@ -18,11 +18,14 @@
 // Scale regions are absent (0 bytes) for 16-bit storage. Every region starts at a
 // multiple of 16 bytes; the block size is a multiple of 256 bytes.
 //
-// Each (sequence, layer) also owns one residual slot of R tokens, stored 16-bit:
-//   k [Hkv][R][D] dtype, v [Hkv][R][D] dtype, positions [Hkv][R] int32.
-// Cached token t (0-based, in cache order) of a (sequence, layer) with `quantized` tokens
-// in blocks lives in block table entry t / R at row t % R when t < quantized, else at row
-// t - quantized of the residual.
+// Each (sequence, layer) also owns one residual slot: the 16-bit residual of R tokens and
+// the attention sinks, the first S prompt positions (S = sink_tokens, 0 = none), kept
+// 16-bit in every layer and KV head:
+//   k [Hkv][R][D] dtype, v [Hkv][R][D] dtype, positions [Hkv][R] int32,
+//   sink_k [Hkv][S][D] dtype, sink_v [Hkv][S][D] dtype (positions 0..S-1, implicit).
+// Cache order of a (sequence, layer) holding `sinks` sink tokens and `quantized` tokens in
+// blocks: sinks first (sink row t), then block table entry (t - sinks) / R at row
+// (t - sinks) % R, then the residual. Positions ascend along that order.
 #pragma once
 
 #include <cstdint>
@@ -94,22 +97,30 @@ inline BlockLayout make_block_layout(uint32_t tokens, uint32_t kv_heads, uint32_
 
 struct ResidualLayout {
   uint32_t tokens, kv_heads, head_dim, elem_bytes;
-  uint64_t k, v, positions, bytes;  // region offsets and slot size
+  uint32_t sink_tokens, pad_;
+  uint64_t k, v, positions, sink_k, sink_v, bytes;  // region offsets and slot size
   MINIKV_HD uint64_t kv_head_stride() const { return uint64_t(tokens) * head_dim * elem_bytes; }
+  MINIKV_HD uint64_t sink_head_stride() const {
+    return uint64_t(sink_tokens) * head_dim * elem_bytes;
+  }
 };
 
 inline ResidualLayout make_residual_layout(uint32_t tokens, uint32_t kv_heads, uint32_t head_dim,
-                                           uint32_t elem_bytes) {
+                                           uint32_t elem_bytes, uint32_t sink_tokens) {
   ResidualLayout r{};
   r.tokens = tokens;
   r.kv_heads = kv_heads;
   r.head_dim = head_dim;
   r.elem_bytes = elem_bytes;
+  r.sink_tokens = sink_tokens;
   const uint64_t kv = uint64_t(tokens) * kv_heads * head_dim * elem_bytes;
+  const uint64_t sinks = uint64_t(sink_tokens) * kv_heads * head_dim * elem_bytes;
   r.k = 0;
   r.v = align_up(kv, 16);
   r.positions = align_up(r.v + kv, 16);
-  r.bytes = align_up(r.positions + uint64_t(tokens) * kv_heads * 4, 256);
+  r.sink_k = align_up(r.positions + uint64_t(tokens) * kv_heads * 4, 16);
+  r.sink_v = align_up(r.sink_k + sinks, 16);
+  r.bytes = align_up(r.sink_v + sinks, 256);
   return r;
 }
 
