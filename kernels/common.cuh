@@ -88,6 +88,24 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Two 16-bit values of a 32-bit word (element 0 in the low half) as floats. Unpacking the
+// words of a loaded uint4 keeps the load a single 16-byte one.
+__device__ __forceinline__ float2 word_to_float2(uint32_t w, __half) {
+  return __half22float2(*reinterpret_cast<const __half2 *>(&w));
+}
+__device__ __forceinline__ float2 word_to_float2(uint32_t w, __nv_bfloat16) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+template <typename T> __device__ __forceinline__ void unpack8(const uint4 v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 t = word_to_float2(w[e], T{});
+    f[2 * e] = t.x;
+    f[2 * e + 1] = t.y;
+  }
+}
+
 // ---- small reductions -----------------------------------------------------------------
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll

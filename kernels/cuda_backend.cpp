@@ -21,6 +21,7 @@
 #include "../src/error.h"
 #include "cuda_check.h"
 #include "cuda_debug.h"
+#include "decode_generic_plan.h"
 #include "launchers.h"
 
 namespace minikv {
@@ -124,20 +125,27 @@ class CudaBackend final : public Backend {
     scores_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill score workspace");
     kept_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill selection workspace");
 
-    // Decode split-K partials: enough rows for every head of a full decode launch plus the
-    // extra splits that fill the GPU when the batch is small.
+    // The decode plan, chosen once: the fast kernel where it applies, else the generic one.
+    // Split-K partials: enough rows for every head of a full decode launch plus the extra
+    // splits that fill the GPU when the batch is small (two rounds of the resident CTAs).
     const uint32_t n_rep = H / Hkv;
-    heads_per_cta_ = n_rep % 8 == 0 ? 8 : n_rep % 4 == 0 ? 4 : n_rep % 2 == 0 ? 2 : 1;
-    fast_decode_ = decode_fast_path(spec.block, n_rep);
+    fast_decode_ = decode_fast_path(spec.block, spec.residual, n_rep);
+    const uint64_t rows = uint64_t(std::min(cfg_.max_sequences, kMaxDecodeSeqs)) * H;
     if (fast_decode_) {
-      // One-warp CTAs: up to two rounds of the resident slots worth of splits.
-      fast_slots_ = num_sms_ * decode_fast_ctas_per_sm(cfg_.dtype, D, n_rep);
-      part_rows_ = uint64_t(std::min(cfg_.max_sequences, kMaxDecodeSeqs)) * H +
-                   2ull * fast_slots_ * n_rep;
+      heads_per_cta_ = n_rep;
+      decode_slots_ = num_sms_ * decode_fast_ctas_per_sm(cfg_.dtype, D, n_rep);
     } else {
-      part_rows_ = uint64_t(std::min(cfg_.max_sequences, kMaxDecodeSeqs)) * H +
-                   uint64_t(kSplitTargetPerSm) * num_sms_ * heads_per_cta_;
+      if (const char *why = decode_generic_unsupported(spec.block)) {
+        fail(MINIKV_ERR_UNSUPPORTED,
+             "minikv_cache_create: this configuration cannot be decoded by the CUDA backend: "
+             "%s (head_dim %u, key_bits %u, value_bits %u)",
+             why, D, cfg_.key_bits, cfg_.value_bits);
+      }
+      heads_per_cta_ = decode_generic_heads_per_cta(n_rep);
+      decode_tile_ = make_generic_decode_plan(spec.block, heads_per_cta_).qtile;
+      decode_slots_ = num_sms_ * configure_decode_generic(cfg_.dtype, spec.block, n_rep);
     }
+    part_rows_ = rows + 2ull * decode_slots_ * heads_per_cta_;
     part_o_ = DeviceBuffer(part_rows_ * D * 4, "decode workspace");
     part_ml_ = DeviceBuffer(part_rows_ * 2 * 4, "decode workspace");
     // Split counters of the fast path's fused merge; the merging CTA leaves them at zero.
@@ -249,29 +257,27 @@ class CudaBackend final : public Backend {
       for (uint32_t b = 0; b < p.n; ++b) {
         const CacheView &view = items[i + b];
         p.slot[b] = view.residual_slot;
+        p.sinks[b] = view.sinks;
         p.quantized[b] = view.quantized;
         p.residual[b] = view.residual;
-        longest = std::max(longest, view.quantized + view.residual);
+        longest = std::max(longest, view.sinks + view.quantized + view.residual);
         longest_quantized = std::max(longest_quantized, view.quantized);
       }
       // Splits depend on sizes only (deterministic, graph-capture friendly) and stay within
       // the workspace.
       const uint64_t max_splits = std::min<uint64_t>(
           std::max<uint64_t>(part_rows_ / (uint64_t(p.n) * H), 1), kDecodeMaxSplits);
-      uint64_t splits;
-      if (fast_decode_) {
-        splits = fast_splits(uint64_t(p.n) * Hkv, ceil_div(longest_quantized, kDecodeFastTile),
-                             max_splits);
-      } else {
-        // Enough CTAs to fill the GPU, at least one tile per split.
-        const uint64_t ctas = uint64_t(p.n) * Hkv * (H / Hkv / heads_per_cta_);
-        splits = (uint64_t(kSplitTargetPerSm) * num_sms_ + ctas - 1) / ctas;
-        splits = std::min<uint64_t>(splits, ceil_div(longest, kDecodeTile));
-        splits = std::min<uint64_t>(splits, kMaxSplits);
-        splits = std::min<uint64_t>(splits, max_splits);
-      }
+      const uint64_t ctas = uint64_t(p.n) * Hkv * ceil_div(H / Hkv, heads_per_cta_);
+      // Generic: the sink and residual segments add up to two tiles (residual ≤ R rows).
+      const uint64_t tiles = fast_decode_ ? ceil_div(longest_quantized, kDecodeFastTile)
+                                          : ceil_div(longest, decode_tile_) + 2;
+      const uint64_t splits = best_splits(ctas, tiles, max_splits);
       p.splits = static_cast<uint32_t>(std::max<uint64_t>(splits, 1));
-      launch_decode(cfg_.dtype, D, p, static_cast<cudaStream_t>(stream));
+      if (fast_decode_) {
+        launch_decode_fast(cfg_.dtype, D, p, static_cast<cudaStream_t>(stream));
+      } else {
+        launch_decode_generic(cfg_.dtype, p, static_cast<cudaStream_t>(stream));
+      }
     }
   }
 
@@ -308,17 +314,14 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  static constexpr uint32_t kSplitTargetPerSm = 2;  // decode CTAs per SM aimed at
-  static constexpr uint32_t kMaxSplits = 64;
-
-  // Fast decode path: the split count s (≤ max_splits, ≤ tiles) that minimizes
-  // rounds(s) × (tiles per CTA + 1), rounds = ceil(pairs · s / resident slots) and the + 1
-  // for a CTA's pipeline fill; ties go to fewer splits (less merge work).
-  uint64_t fast_splits(uint64_t pairs, uint64_t tiles, uint64_t max_splits) const {
+  // The split count s (≤ max_splits, ≤ tiles) that minimizes rounds(s) × (tiles per CTA + 1),
+  // rounds = ceil(ctas · s / resident slots) and the + 1 for a CTA's pipeline fill; ties go
+  // to fewer splits (less merge work).
+  uint64_t best_splits(uint64_t ctas, uint64_t tiles, uint64_t max_splits) const {
     uint64_t best = 1, best_cost = ~0ull;
     const uint64_t top = std::min<uint64_t>(max_splits, std::max<uint64_t>(tiles, 1));
     for (uint64_t s = 1; s <= top; ++s) {
-      const uint64_t rounds = (pairs * s + fast_slots_ - 1) / fast_slots_;
+      const uint64_t rounds = (ctas * s + decode_slots_ - 1) / decode_slots_;
       const uint64_t cost = rounds * ((tiles + s - 1) / s + 1);
       if (cost < best_cost) {
         best = s;
@@ -436,10 +439,11 @@ class CudaBackend final : public Backend {
   int device_;
   uint32_t num_sms_ = 0;
   uint32_t ws_tokens_ = 0;
-  uint32_t heads_per_cta_ = 1;
-  bool fast_decode_ = false;   // decode_fast_path() for this configuration
+  uint32_t heads_per_cta_ = 1;  // query heads of one decode CTA
+  bool fast_decode_ = false;    // the decode plan: decode_fast_path(), else the generic kernel
   bool prefill_wgmma_ = false;  // prefill_wgmma_usable(): the sm_90a forward on this device
-  uint64_t fast_slots_ = 1;    // resident fast-decode CTAs on the device
+  uint64_t decode_slots_ = 1;   // resident decode CTAs on the device
+  uint32_t decode_tile_ = kDecodeFastTile;  // tokens per decode tile (generic: quantized tiles)
   uint64_t part_rows_ = 0;
   DeviceBuffer pool_, residual_, table_;
   DeviceBuffer lse_, scores_, kept_;

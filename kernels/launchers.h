@@ -40,21 +40,33 @@ void launch_set_block_table(const TableParams &p, cudaStream_t stream);
 // append_flush.cu
 void launch_append(minikv_dtype dtype, const AppendParams &p, cudaStream_t stream);
 
-// decode_attention.cu: split-K attention + merge into p.out (the merge is skipped on the
-// fast path when p.splits == 1).
-void launch_decode(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
-                   cudaStream_t stream);
-// The fast decode path (2-bit keys and values, G = 16, head_dim 64/128, 16-bit dtype, GQA
-// group 1/2/4/8) runs one-warp CTAs over tiles of kDecodeFastTile quantized tokens; splits
-// there divide each sequence's tiles.
-bool decode_fast_path(const BlockLayout &bl, uint32_t n_rep);
+// Decode: two strategies and one combine. The backend picks one at create (its plan) and
+// sizes splits and workspaces from it.
+// decode_fast.cu: 2-bit keys and values, G = 16, head_dim 64/128, 16-bit dtype, GQA group
+// 1/2/4/8, no sinks: one-warp CTAs over tiles of kDecodeFastTile quantized tokens; splits
+// divide each sequence's tiles; partials merged in the kernel or by launch_decode_merge.
+bool decode_fast_path(const BlockLayout &bl, const ResidualLayout &rl, uint32_t n_rep);
 // Resident fast-path CTAs per SM (occupancy of the kernel instance), at least 1.
 uint32_t decode_fast_ctas_per_sm(minikv_dtype dtype, uint32_t head_dim, uint32_t n_rep);
+void launch_decode_fast(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
+                        cudaStream_t stream);
+// decode_generic.cu: every other storage configuration (kGenericThreads-thread CTAs over
+// the tiles of decode_generic_plan.h, p.heads_per_cta query heads each).
+// Why a layout cannot be decoded by the generic kernel (nullptr: it can).
+const char *decode_generic_unsupported(const BlockLayout &bl);
+// Query heads per CTA for a GQA group of n_rep (the group in the fewest chunks of at most
+// kGenericMaxHeads).
+uint32_t decode_generic_heads_per_cta(uint32_t n_rep);
+// Raises the kernel's shared-memory limit on the current device; returns resident CTAs per SM.
+uint32_t configure_decode_generic(minikv_dtype dtype, const BlockLayout &bl, uint32_t n_rep);
+void launch_decode_generic(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream);
+// decode_merge.cu: out = the combine of p.splits partials per (sequence, query head).
+void launch_decode_merge(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
+                         cudaStream_t stream);
 
 // Tile sizes the host needs for grids and workspaces.
 constexpr uint32_t kPrefillQueryTile = 128;  // query rows per prefill attention CTA
 constexpr uint32_t kPrefillKeyTile = 128;    // key columns per prefill score CTA
-constexpr uint32_t kDecodeTile = 128;   // cached tokens per decode iteration (= threads)
 constexpr uint32_t kDecodeFastTile = 128;  // quantized tokens per fast-path tile (8 key groups)
 constexpr uint32_t kDecodeMaxSplits = 128; // splits per decode launch (merge kernel bound)
 

@@ -131,6 +131,7 @@ struct DecodeParams {
   float scale_log2;
   uint32_t n;
   uint32_t slot[kMaxDecodeSeqs];
+  uint32_t sinks[kMaxDecodeSeqs];
   uint32_t quantized[kMaxDecodeSeqs];
   uint32_t residual[kMaxDecodeSeqs];
 };

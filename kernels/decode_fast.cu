@@ -1,6 +1,7 @@
 // Decode attention over the compressed cache: flash-decoding with fused dequantization.
 //
-// Two paths, one result (the CPU backend's decode_group, to fp32 rounding):
+// The fast path for the paper's storage (decode_generic.cu serves every other one, with the
+// same result to fp32 rounding: the CPU backend's):
 //
 // decode_fast_kernel (2-bit keys and values, G = 16, head_dim 64/128, GQA group 1/2/4/8):
 //   one warp per CTA, one CTA per (split, KV head, sequence). A split walks tiles of 128
@@ -21,12 +22,8 @@
 //     Σ p · (c·s + m) = Σ (p·s)·c + Σ p·m.
 //   The residual (16-bit, up to R tokens) is folded in by the last split. With one split the
 //   kernel writes the normalized output, else (max, sum, unnormalized out) partials, and
-//   when a pair has few partials the last CTA to finish merges them (merge_if_last).
-// decode_split_kernel (every other configuration): one CTA per (split, KV head × head
-//   chunk, sequence), thread per token for QK̂ and thread per channel for P·V̂, 128-token
-//   tiles; quantized and residual tokens share one softmax; writes partials.
-// decode_merge_kernel: one CTA per (sequence, query head) merges the splits (v1 path, and
-//   fast-path launches with more than kFusedMergeMax partials per (sequence, KV head)).
+//   when a pair has few partials the last CTA to finish merges them (merge_if_last); more
+//   partials go to decode_merge.cu.
 #include <type_traits>
 
 #include "common.cuh"
@@ -38,178 +35,6 @@
 namespace minikv {
 namespace kernels {
 namespace {
-
-constexpr int kThreads = static_cast<int>(kDecodeTile);
-
-/// \tparam T   dtype of q/out and of 16-bit storage (__half or __nv_bfloat16)
-/// \tparam D   head_dim (64 or 128)
-/// \tparam HPC query heads per CTA (a divisor of the GQA group size: 1, 2, 4 or 8)
-template <typename T, int D, int HPC>
-__global__ void __launch_bounds__(kThreads) decode_split_kernel(const __grid_constant__ DecodeParams p) {
-  using Tr = DType<T>;
-  constexpr int kTpc = kThreads / D;  // threads per output channel (1 or 2)
-  __shared__ float q_s[HPC][D];
-  __shared__ float p_s[HPC][kThreads];
-  __shared__ float m_s[HPC], l_s[HPC], corr_s[HPC];
-
-  const uint32_t split = blockIdx.x, seq = blockIdx.z;
-  const uint32_t n_rep = p.num_heads / p.num_kv_heads;
-  const uint32_t chunks = n_rep / HPC;
-  const uint32_t kvh = blockIdx.y / chunks;
-  const uint32_t h0 = kvh * n_rep + (blockIdx.y % chunks) * HPC;
-  const uint32_t nq = p.quantized[seq], n = nq + p.residual[seq];
-  const uint32_t per = (n + p.splits - 1) / p.splits;
-  const uint32_t begin = min(n, split * per), end = min(n, begin + per);
-
-  const BlockLayout &bl = p.st.block;
-  const ResidualLayout &rl = p.st.res;
-  const uint32_t R = bl.tokens, G = bl.group, kb = bl.key_bits, vb = bl.value_bits;
-  const uint32_t slot = p.slot[seq];
-  const int32_t *table = p.st.block_table + uint64_t(slot) * p.st.max_blocks_per_seq;
-  const uint8_t *res_slot = p.st.residual + uint64_t(slot) * rl.bytes;
-  const T *k_res = reinterpret_cast<const T *>(res_slot + rl.k) + uint64_t(kvh) * R * D;
-  const T *v_res = reinterpret_cast<const T *>(res_slot + rl.v) + uint64_t(kvh) * R * D;
-
-  const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const T *q = static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0) * D;
-  for (uint32_t i = tid; i < HPC * D; i += kThreads)
-    q_s[i / D][i % D] = Tr::to_float(q[i]) * p.scale_log2;
-  if (tid < HPC) {
-    m_s[tid] = -INFINITY;
-    l_s[tid] = 0.0f;
-  }
-  __syncthreads();
-
-  const uint32_t c = tid % D, sub = tid / D;
-  float acc[HPC];
-#pragma unroll
-  for (int h = 0; h < HPC; ++h) acc[h] = 0.0f;
-
-  for (uint32_t tile = begin; tile < end; tile += kThreads) {
-    // ---- logits: thread = token ----
-    const uint32_t t = tile + tid;
-    float lg[HPC];
-#pragma unroll
-    for (int h = 0; h < HPC; ++h) lg[h] = t < end ? 0.0f : -INFINITY;
-    if (t < end) {
-      if (t < nq) {
-        const uint8_t *block = p.st.pool + uint64_t(table[t / R]) * bl.bytes;
-        const uint32_t row = t % R;
-        const uint8_t *k_row = block + bl.k_codes + kvh * bl.k_codes_head() + row * bl.k_row_bytes;
-        if (kb == 16) {
-          const T *kr = reinterpret_cast<const T *>(k_row);
-          for (int cc = 0; cc < D; ++cc) {
-            const float kc = Tr::to_float(kr[cc]);
-#pragma unroll
-            for (int h = 0; h < HPC; ++h) lg[h] += q_s[h][cc] * kc;
-          }
-        } else {
-          const T *ks = reinterpret_cast<const T *>(block + bl.k_scale + kvh * bl.k_scale_head()) + (row / G) * D;
-          const T *km = reinterpret_cast<const T *>(block + bl.k_min + kvh * bl.k_scale_head()) + (row / G) * D;
-          const uint32_t *words = reinterpret_cast<const uint32_t *>(k_row);
-          const uint32_t per_word = 32u / kb, levels = quant_levels(kb);
-          for (uint32_t w = 0; w < D / per_word; ++w) {
-            const uint32_t word = words[w];
-            for (uint32_t j = 0; j < per_word; ++j) {
-              const uint32_t cc = w * per_word + j;
-              const float kc = dequantize_code((word >> (j * kb)) & levels, Tr::to_float(km[cc]),
-                                               Tr::to_float(ks[cc]));
-#pragma unroll
-              for (int h = 0; h < HPC; ++h) lg[h] += q_s[h][cc] * kc;
-            }
-          }
-        }
-      } else {
-        const T *kr = k_res + uint64_t(t - nq) * D;
-        for (int cc = 0; cc < D; ++cc) {
-          const float kc = Tr::to_float(kr[cc]);
-#pragma unroll
-          for (int h = 0; h < HPC; ++h) lg[h] += q_s[h][cc] * kc;
-        }
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < HPC; ++h) p_s[h][tid] = lg[h];
-    __syncthreads();
-
-    // ---- online softmax per head: warp w updates heads w, w + 4, ... ----
-    for (uint32_t h = warp; h < HPC; h += kThreads / 32) {
-      float mx = -INFINITY;
-      for (uint32_t i = lane; i < kThreads; i += 32) mx = fmaxf(mx, p_s[h][i]);
-      mx = warp_max(mx);
-      const float m_new = fmaxf(m_s[h], mx);
-      const float base = m_new == -INFINITY ? 0.0f : m_new;
-      float sum = 0.0f;
-      for (uint32_t i = lane; i < kThreads; i += 32) {
-        const float e = exp2f(p_s[h][i] - base);
-        p_s[h][i] = e;
-        sum += e;
-      }
-      sum = warp_sum(sum);
-      __syncwarp();
-      if (lane == 0) {
-        const float corr = exp2f(m_s[h] - base);
-        corr_s[h] = corr;
-        l_s[h] = l_s[h] * corr + sum;
-        m_s[h] = m_new;
-      }
-    }
-    __syncthreads();
-
-    // ---- P · V̂: thread = channel c (and token parity `sub` when D < 128) ----
-#pragma unroll
-    for (int h = 0; h < HPC; ++h) acc[h] *= corr_s[h];
-    const uint32_t n_tile = min(uint32_t(kThreads), end - tile);
-    for (uint32_t i = sub; i < n_tile; i += kTpc) {
-      const uint32_t tt = tile + i;
-      float vc;
-      if (tt < nq) {
-        const uint8_t *block = p.st.pool + uint64_t(table[tt / R]) * bl.bytes;
-        const uint32_t row = tt % R;
-        const uint8_t *v_row = block + bl.v_codes + kvh * bl.v_codes_head() + row * bl.v_row_bytes;
-        if (vb == 16) {
-          vc = Tr::to_float(reinterpret_cast<const T *>(v_row)[c]);
-        } else {
-          const uint32_t per_word = 32u / vb, groups = D / G;
-          const uint32_t code = unpack_code(reinterpret_cast<const uint32_t *>(v_row), c, vb);
-          const uint64_t gi = uint64_t(row) * groups + c / G;
-          const T *vs = reinterpret_cast<const T *>(block + bl.v_scale + kvh * bl.v_scale_head());
-          const T *vm = reinterpret_cast<const T *>(block + bl.v_min + kvh * bl.v_scale_head());
-          (void)per_word;
-          vc = dequantize_code(code, Tr::to_float(vm[gi]), Tr::to_float(vs[gi]));
-        }
-      } else {
-        vc = Tr::to_float(v_res[uint64_t(tt - nq) * D + c]);
-      }
-#pragma unroll
-      for (int h = 0; h < HPC; ++h) acc[h] += p_s[h][i] * vc;
-    }
-    __syncthreads();  // p_s is rewritten by the next tile
-  }
-
-  // ---- partial results ----
-  if (kTpc > 1) {  // fold the token-parity halves (p_s is free now)
-    if (sub == 1)
-#pragma unroll
-      for (int h = 0; h < HPC; ++h) p_s[h][c] = acc[h];
-    __syncthreads();
-  }
-  if (sub == 0) {
-#pragma unroll
-    for (int h = 0; h < HPC; ++h) {
-      const float a = kTpc > 1 ? acc[h] + p_s[h][c] : acc[h];
-      const uint64_t part = (uint64_t(seq) * p.num_heads + h0 + h) * p.splits + split;
-      p.part_o[part * D + c] = a;
-      if (c == 0) {
-        p.part_ml[part * 2] = m_s[h];
-        p.part_ml[part * 2 + 1] = l_s[h];
-      }
-    }
-  }
-}
-
-
-// ===================================== fast path ===========================================
 
 constexpr uint32_t kFullMask = 0xffffffffu;
 
@@ -300,24 +125,6 @@ template <int CPL> struct ValueCodes<CPL, CPL> {
   template <int NREP>
   static __device__ __forceinline__ void finish(float (&)[NREP][CPL], const float (&)[NREP]) {}
 };
-
-// Two 16-bit values of a 32-bit word (element 0 in the low half) as floats. Unpacking the
-// words of a loaded uint4 keeps the load a single 16-byte one.
-__device__ __forceinline__ float2 word_to_float2(uint32_t w, __half) {
-  return __half22float2(*reinterpret_cast<const __half2 *>(&w));
-}
-__device__ __forceinline__ float2 word_to_float2(uint32_t w, __nv_bfloat16) {
-  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-}
-template <typename T> __device__ __forceinline__ void unpack8(const uint4 v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float2 t = word_to_float2(w[e], T{});
-    f[2 * e] = t.x;
-    f[2 * e + 1] = t.y;
-  }
-}
 
 template <int N> __device__ __forceinline__ void load_probs(const float *src, float (&pr)[N]) {
   if constexpr (N % 4 == 0) {
@@ -865,64 +672,12 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
   }
 }
 
-// ===================================== merge ===============================================
-
-/// \tparam T dtype of out
-/// \tparam D head_dim
-/// Weights of all splits first (in parallel, into shared memory), then one thread per
-/// channel sums the splits with independent loads in flight.
-template <typename T, int D>
-__global__ void __launch_bounds__(D) decode_merge_kernel(const __grid_constant__ DecodeParams p) {
-  __shared__ float w_s[kDecodeMaxSplits];
-  __shared__ float red_s[2][D / 32];
-  const uint32_t seq = blockIdx.x, h = blockIdx.y, c = threadIdx.x, warp = c / 32, lane = c % 32;
-  const uint64_t part0 = (uint64_t(seq) * p.num_heads + h) * p.splits;
-  float m = -INFINITY;
-  for (uint32_t s = c; s < p.splits; s += D) m = fmaxf(m, p.part_ml[(part0 + s) * 2]);
-  m = warp_max(m);
-  if (lane == 0) red_s[0][warp] = m;
-  __syncthreads();
-  m = red_s[0][0];
-#pragma unroll
-  for (int w = 1; w < D / 32; ++w) m = fmaxf(m, red_s[0][w]);
-  float l = 0.0f;
-  for (uint32_t s = c; s < p.splits; s += D) {
-    const float ms = p.part_ml[(part0 + s) * 2];
-    const float w = ms == -INFINITY ? 0.0f : exp2f(ms - m);  // empty split: weight 0
-    w_s[s] = w;
-    l += w * p.part_ml[(part0 + s) * 2 + 1];
-  }
-  l = warp_sum(l);
-  if (lane == 0) red_s[1][warp] = l;
-  __syncthreads();
-  l = 0.0f;
-#pragma unroll
-  for (int w = 0; w < D / 32; ++w) l += red_s[1][w];
-  float o = 0.0f;
-#pragma unroll 8
-  for (uint32_t s = 0; s < p.splits; ++s) o = fmaf(w_s[s], p.part_o[(part0 + s) * D + c], o);
-  static_cast<T *>(p.out)[(uint64_t(seq) * p.num_heads + h) * D + c] = DType<T>::from_float(o / l);
-}
-
-template <typename T, int D, int HPC>
-void launch_impl(const DecodeParams &p, cudaStream_t stream) {
-  const uint32_t n_rep = p.num_heads / p.num_kv_heads;
-  const dim3 grid(p.splits, p.num_kv_heads * (n_rep / HPC), p.n);
-  decode_split_kernel<T, D, HPC><<<grid, kThreads, 0, stream>>>(p);
-  check_launch_error("decode_split_kernel");
-  decode_merge_kernel<T, D><<<dim3(p.n, p.num_heads), D, 0, stream>>>(p);
-  check_launch_error("decode_merge_kernel");
-}
-
 template <typename T, int D, int NREP>
-void launch_fast_impl(const DecodeParams &p, cudaStream_t stream) {
+void launch_fast_impl(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream) {
   const dim3 grid(p.splits, p.num_kv_heads, p.n);
   decode_fast_kernel<T, D, NREP><<<grid, 32, 0, stream>>>(p);
   check_launch_error("decode_fast_kernel");
-  if (p.splits > 1 && !fused_merge<NREP>(p.splits)) {
-    decode_merge_kernel<T, D><<<dim3(p.n, p.num_heads), D, 0, stream>>>(p);
-    check_launch_error("decode_merge_kernel");
-  }
+  if (p.splits > 1 && !fused_merge<NREP>(p.splits)) launch_decode_merge(dtype, D, p, stream);
 }
 
 // fn(std::integral_constant<int, NREP>{}) for the compiled GQA group sizes.
@@ -938,8 +693,9 @@ template <typename Fn> void dispatch_n_rep(uint32_t n_rep, Fn &&fn) {
 
 }  // namespace
 
-bool decode_fast_path(const BlockLayout &bl, uint32_t n_rep) {
+bool decode_fast_path(const BlockLayout &bl, const ResidualLayout &rl, uint32_t n_rep) {
   return bl.key_bits == 2 && bl.value_bits == 2 && bl.group == 16 && bl.elem_bytes == 2 &&
+         rl.sink_tokens == 0 &&
          (bl.head_dim == 64 || bl.head_dim == 128) &&
          (n_rep == 1 || n_rep == 2 || n_rep == 4 || n_rep == 8);
 }
@@ -958,26 +714,14 @@ uint32_t decode_fast_ctas_per_sm(minikv_dtype dtype, uint32_t head_dim, uint32_t
   return static_cast<uint32_t>(blocks > 0 ? blocks : 1);
 }
 
-void launch_decode(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
-                   cudaStream_t stream) {
+void launch_decode_fast(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
+                        cudaStream_t stream) {
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    const uint32_t n_rep = p.num_heads / p.num_kv_heads;
-    if (p.splits > kDecodeMaxSplits)
-      fail(MINIKV_ERR_INTERNAL, "minikv_decode: %u splits (at most %u)", p.splits, kDecodeMaxSplits);
-    if (decode_fast_path(p.st.block, n_rep)) {
-      dispatch_n_rep(n_rep, [&](auto nr) { launch_fast_impl<T, D, decltype(nr)::value>(p, stream); });
-      return;
-    }
-    switch (p.heads_per_cta) {
-      case 8: launch_impl<T, D, 8>(p, stream); return;
-      case 4: launch_impl<T, D, 4>(p, stream); return;
-      case 2: launch_impl<T, D, 2>(p, stream); return;
-      case 1: launch_impl<T, D, 1>(p, stream); return;
-      default:
-        fail(MINIKV_ERR_INTERNAL, "minikv_decode: heads_per_cta %u not compiled", p.heads_per_cta);
-    }
+    dispatch_n_rep(p.num_heads / p.num_kv_heads, [&](auto nr) {
+      launch_fast_impl<T, D, decltype(nr)::value>(dtype, p, stream);
+    });
   });
 }
 

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Decode over the configuration matrix against cuDNN attention on the full cache (issue 12).
+
+For every storage configuration (key bits, value bits, group size, sink tokens) and shape
+(query heads / KV heads, head_dim, batch B, context L, 50 % kept), in one process on one GPU:
+  - libminikv decode, one query token per sequence, over a cache of three layers called in
+    rotation (so no layer's cache stays in L2 between its calls);
+  - libminikv append + decode of a new token (the engine's step), same rotation;
+  - cuDNN attention (PyTorch SDPA, SDPBackend.CUDNN_ATTENTION) and flash SDPA on the full
+    16-bit cache of L + 1 tokens, three caches in rotation;
+  - a device-to-device copy: the same-run bandwidth ceiling.
+Bytes per decode = the layer's compressed cache (used_bytes / layers) + q + out. Reported per
+cell: times, GB/s, the fraction of copy bandwidth, and `of_cudnn_rate` = libminikv's bytes/s
+over cuDNN's bytes/s on its full cache (the issue's target is >= 0.85).
+
+  python3 bench/bench_decode_matrix.py --out bench/results/x.json [--quick] [--dtype f16]
+"""
+import argparse
+import ctypes
+import datetime
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bindings", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+sys.path.insert(0, HERE)
+import minikv  # noqa: E402
+from bench_gpu import copy_bandwidth, median_ms  # noqa: E402
+from results import git_commit, write_json  # noqa: E402
+
+DEV = torch.device("cuda")
+LAYERS = 3
+
+# (name, key_bits, value_bits, group_size, sink_tokens)
+STORAGE = [
+    ("K2V2 G16 (paper)", 2, 2, 16, 0),
+    ("K2V2 G32", 2, 2, 32, 0),
+    ("K4V2 G32", 4, 2, 32, 0),
+    ("K4V2 G32 +4 sinks", 4, 2, 32, 4),
+    ("K4V4 G16", 4, 4, 16, 0),
+    ("K8V8 G32", 8, 8, 32, 0),
+    ("K16V16 (eviction)", 16, 16, 16, 0),
+]
+
+
+def sdpa(backend, q, k, v):
+    from torch.nn.attention import sdpa_kernel
+    with sdpa_kernel([backend]):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def rand(shape, tdtype):
+    return torch.randn(shape, device=DEV, dtype=tdtype)
+
+
+def make_cache(dtype, B, H, Hkv, D, L, kb, vb, G, sinks):
+    fields = dict(backend="cuda", dtype=dtype, num_layers=LAYERS, num_heads=H, num_kv_heads=Hkv,
+                  head_dim=D, max_sequences=B, max_seq_len=L + 1024, score_mode="window",
+                  key_bits=kb, value_bits=vb, group_size=G, residual_length=128)
+    if sinks:
+        fields["sink_tokens"] = sinks
+    return minikv.Cache(minikv.Config(**fields))
+
+
+def bench_cell(dtype, tdtype, storage, B, H, Hkv, D, L, copy_gbs, baselines):
+    name, kb, vb, G, sinks = storage
+    cache = make_cache(dtype, B, H, Hkv, D, L, kb, vb, G, sinks)
+    lib, handle = minikv.load(), ctypes.c_void_p(cache.handle)
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream or None)
+    for layer in range(LAYERS):  # one sequence at a time: bounded prompt buffers
+        for s in range(B):
+            q, k, v = rand((L, H, D), tdtype), rand((L, Hkv, D), tdtype), rand((L, Hkv, D), tdtype)
+            cache.prefill(layer, [s], [0, L], q, k, v)
+            del q, k, v
+    ids = list(range(B))
+    kn, vn = rand((B, Hkv, D), tdtype), rand((B, Hkv, D), tdtype)
+    for layer in range(LAYERS):
+        cache.append(layer, ids, kn, vn)
+    torch.cuda.synchronize()
+    used = cache.memory_stats().used_bytes / LAYERS
+    qd, out = rand((B, H, D), tdtype), torch.empty((B, H, D), device=DEV, dtype=tdtype)
+    ids_c = (ctypes.c_uint32 * B)(*ids)
+    qp, op = ctypes.c_void_p(qd.data_ptr()), ctypes.c_void_p(out.data_ptr())
+    kp, vp = ctypes.c_void_p(kn.data_ptr()), ctypes.c_void_p(vn.data_ptr())
+    turn = [0]
+
+    def decode():
+        layer = turn[0] % LAYERS
+        turn[0] += 1
+        if lib.minikv_decode(handle, layer, B, ids_c, qp, op, stream) != 0:
+            raise RuntimeError(lib.minikv_cache_last_error(handle))
+
+    def step():
+        layer = turn[0] % LAYERS
+        turn[0] += 1
+        if lib.minikv_append(handle, layer, B, ids_c, kp, vp, stream) != 0 or \
+                lib.minikv_decode(handle, layer, B, ids_c, qp, op, stream) != 0:
+            raise RuntimeError(lib.minikv_cache_last_error(handle))
+
+    t_dec = median_ms(decode, calls_per_sample=30, samples=11)
+    t_step = median_ms(step, calls_per_sample=15, samples=11, warmup=2)  # 180 appends < 1024
+    cache.close()
+    read = used + 2 * qd.numel() * qd.element_size()
+    gbs = read / (t_dec * 1e-3) / 1e9
+    base = baselines[(B, H, Hkv, D, L)]
+    r = dict(kind="decode", dtype=dtype, storage=name, key_bits=kb, value_bits=vb, group=G,
+             sinks=sinks, B=B, H=H, Hkv=Hkv, D=D, L=L, minikv_ms=t_dec, step_ms=t_step,
+             step_over_decode=t_step / t_dec, compressed_bytes=read, minikv_GBps=gbs,
+             fraction_of_copy=gbs / copy_gbs, **base)
+    if base.get("cudnn_ms"):
+        r["speedup_vs_cudnn"] = base["cudnn_ms"] / t_dec
+        r["of_cudnn_rate"] = gbs / base["cudnn_GBps"]
+    r["speedup_vs_flash"] = base["flash_ms"] / t_dec
+    return r
+
+
+def bench_baselines(tdtype, B, H, Hkv, D, L):
+    from torch.nn.attention import SDPBackend
+    qs = rand((B, H, 1, D), tdtype)
+    caches = [(rand((B, Hkv, L + 1, D), tdtype), rand((B, Hkv, L + 1, D), tdtype))
+              for _ in range(LAYERS)]
+    full = caches[0][0].numel() * caches[0][0].element_size() * 2
+    res = {}
+    for key, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        turn = [0]
+
+        def call():
+            k, v = caches[turn[0] % LAYERS]
+            turn[0] += 1
+            sdpa(backend, qs, k, v)
+        try:
+            ms = median_ms(call, calls_per_sample=30, samples=11)
+        except RuntimeError as e:  # backend refused the shape: recorded, not fatal
+            res[f"{key}_error"] = str(e).splitlines()[0][:200]
+            continue
+        res[f"{key}_ms"] = ms
+        res[f"{key}_GBps"] = full / (ms * 1e-3) / 1e9
+    del qs, caches
+    torch.cuda.empty_cache()
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", default="f16")
+    ap.add_argument("--quick", action="store_true", help="L = 32K only")
+    ap.add_argument("--storage", default="", help="comma-separated indices into STORAGE")
+    args = ap.parse_args()
+    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                device=torch.cuda.get_device_name(), commit=git_commit() or "?",
+                torch=torch.__version__, library=minikv.library_version(), layers=LAYERS)
+    copy_gbs = copy_bandwidth()
+    meta["copy_GBps"] = copy_gbs
+    print(f"{meta['device']}  commit {meta['commit']}  copy {copy_gbs:.0f} GB/s", flush=True)
+    storages = ([STORAGE[int(i)] for i in args.storage.split(",")] if args.storage else STORAGE)
+    # (B, H, Hkv, D, L): MHA, GQA 4, GQA 8, Qwen2.5-7B's 28/4; B = 1; head_dim 64.
+    shapes = [(8, 32, 32, 128, 32768), (8, 32, 8, 128, 32768), (8, 64, 8, 128, 32768),
+              (8, 28, 4, 128, 32768), (1, 32, 32, 128, 32768), (1, 32, 8, 128, 32768),
+              (8, 32, 8, 64, 32768)]
+    if not args.quick:
+        shapes += [(8, 32, 32, 128, 131072), (8, 32, 8, 128, 131072)]
+    rows = []
+    for dtype in args.dtype.split(","):
+        tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        baselines = {s: bench_baselines(tdtype, *s) for s in shapes}
+        for (B, H, Hkv, D, L) in shapes:
+            for st in storages:
+                if st[1] == 16 and st[2] == 16 and D != 128:
+                    continue
+                try:
+                    r = bench_cell(dtype, tdtype, st, B, H, Hkv, D, L, copy_gbs, baselines)
+                except (RuntimeError, TypeError, minikv.MinikvError) as e:
+                    r = dict(kind="decode", dtype=dtype, storage=st[0], B=B, H=H, Hkv=Hkv, D=D,
+                             L=L, error=str(e)[:300])
+                    print(f"{dtype} {st[0]:20} B={B} {H}/{Hkv} D={D} L={L}: {r['error']}", flush=True)
+                    rows.append(r)
+                    continue
+                rows.append(r)
+                print(f"{dtype} {st[0]:20} B={B} {H:2}/{Hkv:2} D={D:3} L={L:6}: "
+                      f"{r['minikv_ms']:.4f} ms {100 * r['fraction_of_copy']:3.0f}% copy  "
+                      f"step/decode {r['step_over_decode']:.2f}  cudnn {r.get('cudnn_ms', float('nan')):.4f} ms "
+                      f"x{r.get('speedup_vs_cudnn', float('nan')):.2f}  "
+                      f"of cudnn rate {100 * r.get('of_cudnn_rate', float('nan')):3.0f}%", flush=True)
+                torch.cuda.empty_cache()
+                write_json(args.out, dict(meta=meta, results=rows))
+    write_json(args.out, dict(meta=meta, results=rows))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

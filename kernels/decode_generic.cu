@@ -1,0 +1,502 @@
+// Decode attention for every storage configuration: key and value codes of 2, 4 or 8 bits
+// or 16-bit rows, any group size, attention sinks, the 16-bit residual, and GQA groups of
+// up to kGenericMaxHeads query heads per CTA (larger groups take several CTAs).
+//
+// One CTA (four warps) per (split, KV head × head chunk, sequence). A split walks its tiles
+// in cache order — sinks, quantized blocks, residual (decode_generic_plan.h sizes them) —
+// with the next tile's bytes in flight by cp.async while this one is computed:
+//   1. quantized keys: q ⊙ s_k and q · m_k of each key group of the tile (fp32), so that a
+//      logit is Σ_d (q ⊙ s_k)_d · c_d + q · m_k with the integer code c exact in fp32;
+//   2. logits: thread = (token, lane), partial dots summed through shared memory;
+//   3. online softmax per head, fp32, log2 units;
+//   4. P·V̂: thread = (8 consecutive channels, token subset): Σ p·(c·s_v + m_v) is
+//      accumulated as Σ (p·s_v)·c + Σ p·m_v.
+// No intermediate is rounded to 16 bits: results agree with the CPU backend to fp32 rounding.
+// A CTA with one split writes the normalized output, otherwise (max, sum, unnormalized
+// output) partials that decode_merge.cu combines.
+#include <type_traits>
+
+#include "common.cuh"
+#include "decode_generic_plan.h"
+#include "dispatch.cuh"
+#include "launchers.h"
+
+namespace minikv {
+namespace kernels {
+namespace {
+
+enum : uint32_t { kSegSinks = 0, kSegQuantized = 1, kSegResidual = 2 };
+
+struct TileRef {
+  uint32_t segment;
+  uint32_t first;  // first token of the tile inside its segment
+  uint32_t count;  // tokens of the tile (the last tile of a segment may be short)
+};
+
+// The tiles of one sequence's cache, in cache order.
+struct SequenceTiles {
+  uint32_t sinks, quantized, residual;
+  uint32_t sink_tiles, quant_tiles, total;
+
+  __device__ SequenceTiles(uint32_t s, uint32_t q, uint32_t r, const GenericDecodePlan &g)
+      : sinks(s), quantized(q), residual(r) {
+    sink_tiles = (s + g.ptile - 1) / g.ptile;
+    quant_tiles = (q + g.qtile - 1) / g.qtile;
+    total = sink_tiles + quant_tiles + (r + g.ptile - 1) / g.ptile;
+  }
+  __device__ TileRef tile(uint32_t i, const GenericDecodePlan &g) const {
+    if (i < sink_tiles) return {kSegSinks, i * g.ptile, min(g.ptile, sinks - i * g.ptile)};
+    i -= sink_tiles;
+    if (i < quant_tiles) return {kSegQuantized, i * g.qtile, min(g.qtile, quantized - i * g.qtile)};
+    i -= quant_tiles;
+    return {kSegResidual, i * g.ptile, min(g.ptile, residual - i * g.ptile)};
+  }
+};
+
+// `rows` rows of `row_bytes` (a multiple of 16) into rows of `stride` bytes.
+__device__ __forceinline__ void copy_rows(uint8_t *dst, uint32_t stride, const uint8_t *src,
+                                          uint64_t row_bytes, uint32_t rows) {
+  const uint32_t units = static_cast<uint32_t>(row_bytes / 16);
+  for (uint32_t x = threadIdx.x; x < rows * units; x += kGenericThreads) {
+    const uint32_t r = x / units, u = x % units;
+    cp_async_16(dst + r * stride + u * 16, src + r * row_bytes + u * 16, true);
+  }
+}
+__device__ __forceinline__ void copy_bytes(uint8_t *dst, const uint8_t *src, uint64_t bytes) {
+  for (uint32_t u = threadIdx.x; u < bytes / 16; u += kGenericThreads)
+    cp_async_16(dst + u * 16, src + u * 16, true);
+}
+
+// Issues the cp.async copies of one tile of KV head `kvh` into `stage`.
+__device__ void stage_tile(const DecodeParams &p, const GenericDecodePlan &g, const TileRef &tr,
+                           const int32_t *table, const uint8_t *res_slot, uint32_t kvh,
+                           uint8_t *stage) {
+  const BlockLayout &bl = p.st.block;
+  const ResidualLayout &rl = p.st.res;
+  const uint64_t D = bl.head_dim, e = bl.elem_bytes, G = bl.group;
+  if (tr.segment == kSegQuantized) {
+    // A tile never crosses a block: qtile divides R.
+    const uint32_t R = bl.tokens, row0 = tr.first % R;
+    const uint8_t *block = p.st.pool + uint64_t(table[tr.first / R]) * bl.bytes;
+    copy_rows(stage, g.k_stride, block + bl.k_codes + kvh * bl.k_codes_head() + row0 * bl.k_row_bytes,
+              bl.k_row_bytes, tr.count);
+    copy_rows(stage + g.q_vcodes, g.v_stride,
+              block + bl.v_codes + kvh * bl.v_codes_head() + row0 * bl.v_row_bytes, bl.v_row_bytes,
+              tr.count);
+    if (bl.key_bits != 16) {
+      const uint64_t groups = (tr.count + G - 1) / G, at = (row0 / G) * D * e;
+      copy_bytes(stage + g.q_kscale, block + bl.k_scale + kvh * bl.k_scale_head() + at, groups * D * e);
+      copy_bytes(stage + g.q_kmin, block + bl.k_min + kvh * bl.k_scale_head() + at, groups * D * e);
+    }
+    if (bl.value_bits != 16) {
+      const uint64_t at = row0 * (D / G) * e, bytes = tr.count * (D / G) * e;
+      copy_bytes(stage + g.q_vscale, block + bl.v_scale + kvh * bl.v_scale_head() + at, bytes);
+      copy_bytes(stage + g.q_vmin, block + bl.v_min + kvh * bl.v_scale_head() + at, bytes);
+    }
+  } else {
+    const uint8_t *k, *v;
+    if (tr.segment == kSegSinks) {
+      k = res_slot + rl.sink_k + kvh * rl.sink_head_stride();
+      v = res_slot + rl.sink_v + kvh * rl.sink_head_stride();
+    } else {
+      k = res_slot + rl.k + kvh * rl.kv_head_stride();
+      v = res_slot + rl.v + kvh * rl.kv_head_stride();
+    }
+    copy_rows(stage, g.p_stride, k + tr.first * D * e, D * e, tr.count);
+    copy_rows(stage + g.p_v, g.p_stride, v + tr.first * D * e, D * e, tr.count);
+  }
+}
+
+// An integer code (< 2^23) as its exact float: the code in the mantissa of 2^23, minus 2^23.
+__device__ __forceinline__ float code_to_float(uint32_t code) {
+  return __int_as_float(0x4B000000u | code) - 8388608.0f;
+}
+
+/// Partial logits of one token over the 16-byte units u = j, j + L, ... of its key row.
+/// \tparam T  dtype of 16-bit rows
+/// \tparam D  head_dim
+/// \tparam NR query heads of the CTA
+/// \tparam B  key bits (2, 4, 8: codes against qs = q ⊙ s_k; 16: values against q)
+template <typename T, int D, int NR, int B>
+__device__ __forceinline__ void key_dots(const uint8_t *row, const float *qv, uint32_t j,
+                                         uint32_t lanes, float (&lg)[NR]) {
+  if constexpr (B == 16) {
+#pragma unroll 1
+    for (uint32_t u = j; u < D / 8; u += lanes) {
+      float f[8];
+      unpack8<T>(*reinterpret_cast<const uint4 *>(row + u * 16), f);
+#pragma unroll
+      for (int h = 0; h < NR; ++h) {
+        const float4 a = *reinterpret_cast<const float4 *>(qv + h * D + u * 8);
+        const float4 b = *reinterpret_cast<const float4 *>(qv + h * D + u * 8 + 4);
+        lg[h] = fmaf(a.x, f[0], lg[h]);
+        lg[h] = fmaf(a.y, f[1], lg[h]);
+        lg[h] = fmaf(a.z, f[2], lg[h]);
+        lg[h] = fmaf(a.w, f[3], lg[h]);
+        lg[h] = fmaf(b.x, f[4], lg[h]);
+        lg[h] = fmaf(b.y, f[5], lg[h]);
+        lg[h] = fmaf(b.z, f[6], lg[h]);
+        lg[h] = fmaf(b.w, f[7], lg[h]);
+      }
+    }
+  } else {
+    constexpr uint32_t kPerWord = 32 / B, kMask = (1u << B) - 1u;
+#pragma unroll 1
+    for (uint32_t u = j; u < D * B / 128; u += lanes) {
+      const uint4 w4 = *reinterpret_cast<const uint4 *>(row + u * 16);
+      // Not unrolled: where the unit loop runs once (D = 64) ptxas would otherwise hoist
+      // every qs load of the row and spill.
+#pragma unroll 1
+      for (uint32_t wi = 0; wi < 4; ++wi) {
+        const uint32_t word = wi == 0 ? w4.x : wi == 1 ? w4.y : wi == 2 ? w4.z : w4.w;
+#pragma unroll
+        for (uint32_t c = 0; c < kPerWord; c += 4) {
+          const uint32_t d = u * (128 / B) + wi * kPerWord + c;
+          float f[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) f[k] = code_to_float((word >> ((c + k) * B)) & kMask);
+#pragma unroll
+          for (int h = 0; h < NR; ++h) {
+            const float4 a = *reinterpret_cast<const float4 *>(qv + h * D + d);
+            lg[h] = fmaf(a.x, f[0], lg[h]);
+            lg[h] = fmaf(a.y, f[1], lg[h]);
+            lg[h] = fmaf(a.z, f[2], lg[h]);
+            lg[h] = fmaf(a.w, f[3], lg[h]);
+          }
+        }
+      }
+    }
+  }
+}
+
+/// P·V̂ of one token for 8 consecutive channels.
+/// \tparam B value bits (2, 4, 8: codes, with the group's scale folded into p; 16: values)
+template <typename T, int NR, int B>
+__device__ __forceinline__ void value_fma(const uint8_t *row, uint32_t lane8, const float (&pr)[NR],
+                                          float s, float m, float (&acc)[NR][8], float (&bm)[NR]) {
+  float f[8];
+  if constexpr (B == 16) {
+    unpack8<T>(*reinterpret_cast<const uint4 *>(row + lane8 * 16), f);
+#pragma unroll
+    for (int h = 0; h < NR; ++h)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[h][k] = fmaf(pr[h], f[k], acc[h][k]);
+  } else {
+    uint32_t w0, w1 = 0;
+    if constexpr (B == 2) {
+      w0 = *reinterpret_cast<const uint16_t *>(row + lane8 * 2);
+    } else if constexpr (B == 4) {
+      w0 = *reinterpret_cast<const uint32_t *>(row + lane8 * 4);
+    } else {
+      const uint2 w = *reinterpret_cast<const uint2 *>(row + lane8 * 8);
+      w0 = w.x;
+      w1 = w.y;
+    }
+    constexpr uint32_t kMask = (1u << B) - 1u;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t word = (B == 8 && k >= 4) ? w1 : w0;
+      const uint32_t shift = (B == 8 ? (k % 4) : k) * B;
+      f[k] = code_to_float((word >> shift) & kMask);
+    }
+#pragma unroll
+    for (int h = 0; h < NR; ++h) {
+      const float ps = pr[h] * s;
+      bm[h] = fmaf(pr[h], m, bm[h]);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[h][k] = fmaf(ps, f[k], acc[h][k]);
+    }
+  }
+}
+
+/// \tparam T  dtype of q/out and of 16-bit storage (__half or __nv_bfloat16)
+/// \tparam D  head_dim
+/// \tparam NR query heads per CTA (p.heads_per_cta of them are used)
+template <typename T, int D, int NR>
+__global__ void __launch_bounds__(kGenericThreads)
+    decode_generic_kernel(const __grid_constant__ DecodeParams p) {
+  using Tr = DType<T>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const BlockLayout &bl = p.st.block;
+  const GenericDecodePlan g = make_generic_decode_plan(bl, NR);
+  const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const uint32_t split = blockIdx.x, seq = blockIdx.z;
+  const uint32_t n_rep = p.num_heads / p.num_kv_heads, per = p.heads_per_cta;
+  const uint32_t chunks = (n_rep + per - 1) / per;
+  const uint32_t kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
+  const uint32_t h0 = kvh * n_rep + chunk * per, nh = min(per, n_rep - chunk * per);
+  const uint32_t G = bl.group;
+
+  float *q_s = reinterpret_cast<float *>(smem + g.q);           // [NR][D]
+  float *qs_s = reinterpret_cast<float *>(smem + g.qs);         // [key_groups][NR][D]
+  float *bias_s = reinterpret_cast<float *>(smem + g.bias);     // [key_groups][NR]
+  float *lg_s = reinterpret_cast<float *>(smem + g.logits);     // [lanes][NR][kGenericMaxTile]
+  float *m_s = reinterpret_cast<float *>(smem + g.state), *l_s = m_s + NR, *c_s = m_s + 2 * NR;
+
+  const T *q = static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0) * D;
+  for (uint32_t i = tid; i < NR * D; i += kGenericThreads)
+    q_s[i] = i / D < nh ? Tr::to_float(q[i]) : 0.0f;
+  if (tid < NR) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.0f;
+    c_s[tid] = 0.0f;
+  }
+
+  const SequenceTiles tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], g);
+  const uint32_t per_split = (tiles.total + p.splits - 1) / p.splits;
+  const uint32_t t_begin = min(tiles.total, split * per_split);
+  const uint32_t t_end = min(tiles.total, t_begin + per_split);
+  const uint32_t slot = p.slot[seq];
+  const int32_t *table = p.st.block_table + uint64_t(slot) * p.st.max_blocks_per_seq;
+  const uint8_t *res_slot = p.st.residual + uint64_t(slot) * p.st.res.bytes;
+
+  // P·V̂ roles: kLanesPerRow lanes own 8 channels each of a token row; token subsets stride.
+  constexpr uint32_t kLanesPerRow = D / 8, kSubsets = kGenericThreads / kLanesPerRow;
+  const uint32_t lane8 = tid % kLanesPerRow, subset = tid / kLanesPerRow;
+  float acc[NR][8], bm[NR];
+#pragma unroll
+  for (int h = 0; h < NR; ++h) {
+    bm[h] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[h][k] = 0.0f;
+  }
+
+  if (t_begin < t_end) stage_tile(p, g, tiles.tile(t_begin, g), table, res_slot, kvh, smem);
+  cp_async_commit();
+  for (uint32_t ti = t_begin; ti < t_end; ++ti) {
+    uint8_t *stage = smem + ((ti - t_begin) & 1) * g.stage_bytes;
+    cp_async_wait<0>();
+    __syncthreads();  // this tile landed; the previous one is fully consumed
+    if (ti + 1 < t_end)
+      stage_tile(p, g, tiles.tile(ti + 1, g), table, res_slot, kvh,
+                 smem + ((ti + 1 - t_begin) & 1) * g.stage_bytes);
+    cp_async_commit();
+
+    const TileRef tr = tiles.tile(ti, g);
+    const bool quantized = tr.segment == kSegQuantized;
+    const uint32_t kb = quantized ? bl.key_bits : 16, vb = quantized ? bl.value_bits : 16;
+    const uint32_t tile_tokens = quantized ? g.qtile : g.ptile;
+    const uint32_t first_group = tr.first / G;
+
+    // 1. q ⊙ s_k and q · m_k of each key group in the tile.
+    if (kb != 16) {
+      const uint32_t groups = (tr.count + G - 1) / G;
+      const T *ks = reinterpret_cast<const T *>(stage + g.q_kscale);
+      const T *km = reinterpret_cast<const T *>(stage + g.q_kmin);
+      for (uint32_t i = tid; i < groups * NR * D; i += kGenericThreads) {
+        const uint32_t gl = i / (NR * D), h = (i / D) % NR, d = i % D;
+        qs_s[i] = q_s[h * D + d] * Tr::to_float(ks[gl * D + d]);
+      }
+      for (uint32_t pair = warp; pair < groups * NR; pair += kGenericThreads / 32) {
+        const uint32_t gl = pair / NR, h = pair % NR;
+        float b = 0.0f;
+        for (uint32_t d = lane; d < D; d += 32) b = fmaf(q_s[h * D + d], Tr::to_float(km[gl * D + d]), b);
+        b = warp_sum(b);
+        if (lane == 0) bias_s[pair] = b;
+      }
+      __syncthreads();
+    }
+
+    // 2. Partial logits: eight consecutive threads take eight consecutive tokens (one
+    //    16-byte unit index each: conflict-free with the odd row strides).
+    {
+      const uint32_t lanes = kGenericThreads / tile_tokens;
+      const uint32_t t = tid % 8 + 8 * (tid / (8 * lanes)), j = (tid / 8) % lanes;
+      float lg[NR];
+#pragma unroll
+      for (int h = 0; h < NR; ++h) lg[h] = 0.0f;
+      if (t < tr.count) {
+        const uint8_t *row = stage + t * (quantized ? g.k_stride : g.p_stride);
+        const float *qv = qs_s + ((tr.first + t) / G - first_group) * NR * D;
+        switch (kb) {
+          case 2: key_dots<T, D, NR, 2>(row, qv, j, lanes, lg); break;
+          case 4: key_dots<T, D, NR, 4>(row, qv, j, lanes, lg); break;
+          case 8: key_dots<T, D, NR, 8>(row, qv, j, lanes, lg); break;
+          default: key_dots<T, D, NR, 16>(row, q_s, j, lanes, lg); break;
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < NR; ++h) lg_s[(j * NR + h) * kGenericMaxTile + t] = lg[h];
+    }
+    __syncthreads();
+
+    // 3. Online softmax: warp w updates heads w, w + 4; probabilities overwrite lane 0's
+    //    partial logits.
+    for (uint32_t h = warp; h < nh; h += kGenericThreads / 32) {
+      const uint32_t lanes = kGenericThreads / tile_tokens;
+      float x[kGenericMaxTile / 32];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < int(kGenericMaxTile / 32); ++r) {
+        const uint32_t t = lane + 32 * r;
+        float v = -INFINITY;
+        if (t < tr.count) {
+          v = 0.0f;
+          for (uint32_t j = 0; j < lanes; ++j) v += lg_s[(j * NR + h) * kGenericMaxTile + t];
+          if (kb != 16) v += bias_s[((tr.first + t) / G - first_group) * NR + h];
+          v *= p.scale_log2;
+        }
+        x[r] = v;
+        mx = fmaxf(mx, v);
+      }
+      mx = warp_max(mx);
+      const float m_old = m_s[h], m_new = fmaxf(m_old, mx);
+      const float base = m_new == -INFINITY ? 0.0f : m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int r = 0; r < int(kGenericMaxTile / 32); ++r) {
+        const uint32_t t = lane + 32 * r;
+        const float e = exp2f(x[r] - base);
+        if (t < kGenericMaxTile) lg_s[h * kGenericMaxTile + t] = e;
+        sum += e;
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        const float corr = exp2f(m_old - base);
+        c_s[h] = corr;
+        l_s[h] = l_s[h] * corr + sum;
+        m_s[h] = m_new;
+      }
+    }
+    __syncthreads();
+
+    // 4. P·V̂.
+    if (subset < kSubsets) {
+#pragma unroll
+      for (int h = 0; h < NR; ++h) {
+        const float corr = c_s[h];
+        bm[h] *= corr;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[h][k] *= corr;
+      }
+      const uint8_t *vrows = stage + (quantized ? g.q_vcodes : g.p_v);
+      const uint32_t stride = quantized ? g.v_stride : g.p_stride;
+      const T *vs = reinterpret_cast<const T *>(stage + g.q_vscale);
+      const T *vm = reinterpret_cast<const T *>(stage + g.q_vmin);
+      const uint32_t vgroups = D / G, my_group = lane8 * 8 / G;
+#pragma unroll 1
+      for (uint32_t t = subset; t < tr.count; t += kSubsets) {
+        float pr[NR];
+#pragma unroll
+        for (int h = 0; h < NR; ++h) pr[h] = lg_s[h * kGenericMaxTile + t];
+        const uint8_t *row = vrows + t * stride;
+        float s = 1.0f, m = 0.0f;
+        if (vb != 16) {
+          s = Tr::to_float(vs[t * vgroups + my_group]);
+          m = Tr::to_float(vm[t * vgroups + my_group]);
+        }
+        switch (vb) {
+          case 2: value_fma<T, NR, 2>(row, lane8, pr, s, m, acc, bm); break;
+          case 4: value_fma<T, NR, 4>(row, lane8, pr, s, m, acc, bm); break;
+          case 8: value_fma<T, NR, 8>(row, lane8, pr, s, m, acc, bm); break;
+          default: value_fma<T, NR, 16>(row, lane8, pr, s, m, acc, bm); break;
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the stages are free: they hold the subset sums now
+
+  float *red = reinterpret_cast<float *>(smem);  // [kSubsets][NR][D]
+  if (subset < kSubsets) {
+#pragma unroll
+    for (int h = 0; h < NR; ++h)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) red[(subset * NR + h) * D + lane8 * 8 + k] = acc[h][k] + bm[h];
+  }
+  __syncthreads();
+  for (uint32_t i = tid; i < nh * D; i += kGenericThreads) {
+    const uint32_t h = i / D, d = i % D;
+    float o = 0.0f;
+    for (uint32_t s = 0; s < kSubsets; ++s) o += red[(s * NR + h) * D + d];
+    const uint64_t head = uint64_t(seq) * p.num_heads + h0 + h;
+    if (p.splits == 1) {
+      static_cast<T *>(p.out)[head * D + d] = Tr::from_float(o / l_s[h]);
+    } else {
+      const uint64_t part = head * p.splits + split;
+      p.part_o[part * D + d] = o;
+      if (d == 0) {
+        p.part_ml[part * 2] = m_s[h];
+        p.part_ml[part * 2 + 1] = l_s[h];
+      }
+    }
+  }
+}
+
+// fn(std::integral_constant<int, NR>{}) for the heads-per-CTA tile that holds `per` heads.
+template <typename Fn> void dispatch_heads(uint32_t per, Fn &&fn) {
+  if (per <= 1) return fn(std::integral_constant<int, 1>{});
+  if (per <= 2) return fn(std::integral_constant<int, 2>{});
+  if (per <= 4) return fn(std::integral_constant<int, 4>{});
+  if (per <= 8) return fn(std::integral_constant<int, 8>{});
+  fail(MINIKV_ERR_INTERNAL, "minikv_decode: %u query heads per CTA (at most %u)", per,
+       kGenericMaxHeads);
+}
+
+template <typename Fn>
+void dispatch_generic(minikv_dtype dtype, uint32_t head_dim, uint32_t per, Fn &&fn) {
+  dispatch_dtype(dtype, "minikv_decode", [&](auto tag) {
+    dispatch_heads(per, [&](auto nr) {
+      switch (head_dim) {
+        case 64: fn(decode_generic_kernel<decltype(tag), 64, decltype(nr)::value>, nr); return;
+        case 128: fn(decode_generic_kernel<decltype(tag), 128, decltype(nr)::value>, nr); return;
+        default:
+          fail(MINIKV_ERR_UNSUPPORTED,
+               "minikv_decode: head_dim %u is not compiled into the CUDA decode kernels "
+               "(supported: 64, 128)",
+               head_dim);
+      }
+    });
+  });
+}
+
+}  // namespace
+
+uint32_t decode_generic_heads_per_cta(uint32_t n_rep) {
+  const uint32_t chunks = (n_rep + kGenericMaxHeads - 1) / kGenericMaxHeads;
+  return (n_rep + chunks - 1) / chunks;
+}
+
+const char *decode_generic_unsupported(const BlockLayout &bl) {
+  if (bl.elem_bytes != 2) return "the CUDA backend computes in F16 or BF16";
+  if (bl.head_dim != 64 && bl.head_dim != 128) return "head_dim must be 64 or 128";
+  if (bl.k_row_bytes % 16 != 0 || bl.v_row_bytes % 16 != 0)
+    return "code rows must be a multiple of 16 bytes (head_dim * bits / 8)";
+  return nullptr;
+}
+
+uint32_t decode_generic_smem_bytes(const BlockLayout &bl, uint32_t n_rep) {
+  uint32_t bytes = 0;
+  dispatch_heads(decode_generic_heads_per_cta(n_rep), [&](auto nr) {
+    bytes = make_generic_decode_plan(bl, decltype(nr)::value).total;
+  });
+  return bytes;
+}
+
+uint32_t configure_decode_generic(minikv_dtype dtype, const BlockLayout &bl, uint32_t n_rep) {
+  const uint32_t per = decode_generic_heads_per_cta(n_rep);
+  const uint32_t smem = decode_generic_smem_bytes(bl, n_rep);
+  int blocks = 0;
+  dispatch_generic(dtype, bl.head_dim, per, [&](auto kernel, auto) {
+    MINIKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+    MINIKV_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGenericThreads, smem));
+  });
+  return static_cast<uint32_t>(blocks > 0 ? blocks : 1);
+}
+
+void launch_decode_generic(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream) {
+  const BlockLayout &bl = p.st.block;
+  const uint32_t n_rep = p.num_heads / p.num_kv_heads;
+  const uint32_t chunks = (n_rep + p.heads_per_cta - 1) / p.heads_per_cta;
+  const uint32_t smem = decode_generic_smem_bytes(bl, n_rep);
+  dispatch_generic(dtype, bl.head_dim, p.heads_per_cta, [&](auto kernel, auto) {
+    kernel<<<dim3(p.splits, p.num_kv_heads * chunks, p.n), kGenericThreads, smem, stream>>>(p);
+    check_launch_error("decode_generic_kernel");
+  });
+  if (p.splits > 1) launch_decode_merge(dtype, bl.head_dim, p, stream);
+}
+
+}  // namespace kernels
+}  // namespace minikv

@@ -1,0 +1,120 @@
+// Shared-memory plan of the generic decode kernel (decode_generic.cu): how many tokens one
+// tile stages and where each staged region lives. Computed from the storage layout alone,
+// identically on the host (dynamic shared-memory size, occupancy) and in the kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "../src/layout.h"
+
+namespace minikv {
+namespace kernels {
+
+constexpr uint32_t kGenericThreads = 128;       // one CTA: four warps
+constexpr uint32_t kGenericMaxTile = 64;        // tokens per tile, at most
+constexpr uint32_t kGenericStageBudget = 24576; // bytes one pipeline stage may take
+constexpr uint32_t kGenericMaxHeads = 8;        // query heads of one CTA (NR)
+
+// Staged rows get an odd number of 16-byte units: eight consecutive rows read at the same
+// unit index then fall in eight distinct bank groups (conflict-free 16-byte loads).
+MINIKV_HD uint32_t generic_row_stride(uint64_t row_bytes) {
+  const uint32_t units = static_cast<uint32_t>((row_bytes + 15) / 16);
+  return (units | 1u) * 16u;
+}
+
+struct GenericDecodePlan {
+  uint32_t qtile;        // tokens per tile of quantized storage: divides R, 16..64
+  uint32_t ptile;        // tokens per tile of 16-bit rows (sinks, residual): 16 or 32
+  uint32_t k_stride;     // staged bytes per quantized-storage key row (codes or values)
+  uint32_t v_stride;     // same for values
+  uint32_t p_stride;     // staged bytes per 16-bit row
+  uint32_t key_groups;   // key (scale, min) rows one quantized tile spans: max(1, qtile / G)
+  // Offsets inside one stage, quantized tile:
+  uint32_t q_vcodes, q_kscale, q_kmin, q_vscale, q_vmin;
+  // ... and 16-bit tile: K rows at 0, V rows at p_v.
+  uint32_t p_v;
+  uint32_t stage_bytes;  // one stage (two are in flight)
+  // Offsets after the two stages:
+  uint32_t qs;           // [key_groups][NR][D] fp32: q ⊙ key scale of each group
+  uint32_t bias;         // [key_groups][NR] fp32: q · key minimum of each group
+  uint32_t logits;       // [lanes][NR][kGenericMaxTile] fp32 partial logits, then probabilities
+  uint32_t state;        // [3][NR] fp32: running max, running sum, rescale of this tile
+  uint32_t q;            // [NR][D] fp32 query rows
+  uint32_t total;        // dynamic shared memory of one CTA
+};
+
+MINIKV_HD uint32_t generic_align16(uint64_t x) { return static_cast<uint32_t>((x + 15) / 16 * 16); }
+
+// Largest power of two <= cap that divides n (n a multiple of 16 here).
+MINIKV_HD uint32_t generic_pow2_divisor(uint32_t n, uint32_t cap) {
+  uint32_t t = cap;
+  while (t > 16 && n % t != 0) t /= 2;
+  return t;
+}
+
+MINIKV_HD GenericDecodePlan make_generic_decode_plan(const BlockLayout &bl, uint32_t nr) {
+  GenericDecodePlan g{};
+  const uint32_t D = bl.head_dim, e = bl.elem_bytes, G = bl.group;
+  g.k_stride = generic_row_stride(bl.k_row_bytes);
+  g.v_stride = generic_row_stride(bl.v_row_bytes);
+  g.p_stride = generic_row_stride(uint64_t(D) * e);
+
+  // Quantized tile: the largest power of two dividing R whose staged rows fit the budget.
+  uint32_t qtile = generic_pow2_divisor(bl.tokens, kGenericMaxTile);
+  auto quant_bytes = [&](uint32_t t, GenericDecodePlan &out) {
+    const uint32_t groups = bl.key_bits == 16 ? 0 : (t >= G ? t / G : 1);
+    out.key_groups = groups > 0 ? groups : 1;
+    uint32_t off = generic_align16(uint64_t(t) * g.k_stride);
+    out.q_vcodes = off;
+    off = generic_align16(off + uint64_t(t) * g.v_stride);
+    out.q_kscale = off;
+    off = generic_align16(off + uint64_t(groups) * D * e);
+    out.q_kmin = off;
+    off = generic_align16(off + uint64_t(groups) * D * e);
+    const uint32_t vgroups = bl.value_bits == 16 ? 0 : D / G;
+    out.q_vscale = off;
+    off = generic_align16(off + uint64_t(t) * vgroups * e);
+    out.q_vmin = off;
+    off = generic_align16(off + uint64_t(t) * vgroups * e);
+    return off;
+  };
+  while (qtile > 16 && quant_bytes(qtile, g) > kGenericStageBudget) qtile /= 2;
+  g.qtile = qtile;
+  const uint32_t qbytes = quant_bytes(qtile, g);
+
+  g.ptile = 2 * 32 * g.p_stride <= kGenericStageBudget ? 32 : 16;
+  g.p_v = generic_align16(uint64_t(g.ptile) * g.p_stride);
+  const uint32_t pbytes = generic_align16(uint64_t(g.p_v) + uint64_t(g.ptile) * g.p_stride);
+  g.stage_bytes = qbytes > pbytes ? qbytes : pbytes;
+
+  uint32_t off = 2 * g.stage_bytes;
+  g.qs = off;
+  off = generic_align16(off + uint64_t(g.key_groups) * nr * D * 4);
+  g.bias = off;
+  off = generic_align16(off + uint64_t(g.key_groups) * nr * 4);
+  g.logits = off;
+  // Partial logits of every lane of a token: kGenericThreads / tile lanes per token.
+  const uint32_t min_tile = g.qtile < g.ptile ? g.qtile : g.ptile;
+  off = generic_align16(off + uint64_t(kGenericThreads / min_tile) * nr * kGenericMaxTile * 4);
+  g.state = off;
+  off = generic_align16(off + 3ull * nr * 4);
+  g.q = off;
+  off = generic_align16(off + uint64_t(nr) * D * 4);
+  // The end-of-split reduction over token subsets reuses the stages: make sure they hold
+  // [subsets][NR][D] floats (subsets = threads / (D / 8)).
+  const uint32_t reduce = (kGenericThreads / (D / 8)) * nr * D * 4;
+  if (2 * g.stage_bytes < reduce) {
+    const uint32_t grow = reduce - 2 * g.stage_bytes;
+    g.qs += grow;
+    g.bias += grow;
+    g.logits += grow;
+    g.state += grow;
+    g.q += grow;
+    off += grow;
+  }
+  g.total = off;
+  return g;
+}
+
+}  // namespace kernels
+}  // namespace minikv

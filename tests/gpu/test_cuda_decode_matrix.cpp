@@ -1,0 +1,67 @@
+// Decode over the configuration space against the CPU backend, on every output element:
+// key and value bits drawn from {2, 4, 16} independently, group sizes 16 to 128, head_dim
+// 64 and 128, GQA groups of 1 to 16 query heads (3, 5, 6, 7 and 12 included: groups that
+// are not a power of two, and groups split over several CTAs), fp16 and bf16, ragged
+// batches with prompts shorter than a group, decode steps across residual flushes. Each
+// dimension's values are all hit by the sampled cases. Skipped when no CUDA device is present.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "cpu_gpu_pair.h"
+
+namespace {
+
+struct Shape {
+  uint32_t key_bits, value_bits, group, head_dim, n_rep;
+  minikv_dtype dtype;
+};
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+
+TEST_CASE("decode matches the CPU backend across bits and groups and head_dim and GQA") {
+  GPU_OR_SKIP();
+  const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
+  const Shape shapes[] = {
+      {2, 2, 32, 128, 4, F16},  {2, 2, 16, 64, 3, BF16},  {4, 4, 16, 128, 8, BF16},
+      {4, 4, 64, 64, 1, F16},   {4, 2, 32, 128, 4, F16},  {4, 2, 32, 64, 12, BF16},
+      {2, 4, 128, 128, 2, BF16}, {16, 2, 16, 128, 5, F16}, {2, 16, 32, 64, 6, F16},
+      {16, 4, 64, 128, 7, BF16}, {4, 16, 16, 64, 16, F16}, {16, 16, 16, 128, 8, F16},
+      {2, 2, 64, 128, 1, BF16},  {4, 2, 128, 64, 2, F16},
+  };
+  for (const Shape &s : shapes) {
+    const std::string name = "K" + std::to_string(s.key_bits) + "V" + std::to_string(s.value_bits) +
+                             " G" + std::to_string(s.group) + " hd" + std::to_string(s.head_dim) +
+                             " n_rep " + std::to_string(s.n_rep) +
+                             (s.dtype == F16 ? " f16" : " bf16");
+    SUBCASE(name.c_str()) {
+      const uint32_t kv_heads = s.n_rep >= 8 ? 1 : 2;
+      const gt::Case c{name.c_str(), s.dtype, s.head_dim, kv_heads * s.n_rep, kv_heads,
+                       MINIKV_SCORE_CUMULATIVE, s.key_bits, s.value_bits, s.group,
+                       /*residual=*/s.group * 2, MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f,
+                       {1, s.group - 1, s.group + 1, 333, 1200}, 2 * s.group + 9};
+      gt::run_case(c);
+    }
+  }
+}
+
+TEST_CASE("decode matches the CPU backend with extreme query magnitudes in every strategy") {
+  GPU_OR_SKIP();
+  // Large logits (softmax near one-hot) and tiny ones (near uniform), on the fast path's
+  // storage and on the generic kernel's.
+  for (const float q_scale : {1e-3f, 40.0f}) {
+    for (const uint32_t bits : {2u, 4u}) {
+      const std::string name = std::to_string(bits) + "-bit q_scale " + std::to_string(q_scale);
+      SUBCASE(name.c_str()) {
+        gt::Case c{name.c_str(), MINIKV_DTYPE_F16, 128, 8, 2, MINIKV_SCORE_CUMULATIVE, bits, 2,
+                   16, 64, MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f, {700, 90}, 20};
+        c.q_scale = q_scale;
+        gt::run_case(c);
+      }
+    }
+  }
+}
+
+}  // TEST_SUITE
