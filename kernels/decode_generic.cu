@@ -169,42 +169,55 @@ __device__ __forceinline__ void key_dots(const uint8_t *row, const float *qv, ui
   }
 }
 
-/// P·V̂ of one token for 8 consecutive channels.
-/// \tparam B value bits (2, 4, 8: codes, with the group's scale folded into p; 16: values)
+/// P·V̂ of a warp's tokens t = sub, sub + subs, ... < count for 8 consecutive channels.
+/// \tparam B value bits (2, 4, 8: codes, with the token's group scale folded into p;
+///           16: values)
 template <typename T, int NR, int B>
-__device__ __forceinline__ void value_fma(const uint8_t *row, uint32_t lane8, const float (&pr)[NR],
-                                          float s, float m, float (&acc)[NR][8], float (&bm)[NR]) {
-  float f[8];
-  if constexpr (B == 16) {
-    unpack8<T>(*reinterpret_cast<const uint4 *>(row + lane8 * 16), f);
+__device__ __forceinline__ void value_tokens(const uint8_t *rows, uint32_t stride, const T *vs,
+                                             const T *vm, uint32_t vgroups, uint32_t my_group,
+                                             const float *probs, uint32_t count, uint32_t sub,
+                                             uint32_t subs, uint32_t lane8, float (&acc)[NR][8],
+                                             float (&bm)[NR]) {
+  using Tr = DType<T>;
+  constexpr uint32_t kMask = B == 16 ? 0u : (1u << B) - 1u;
+#pragma unroll 2
+  for (uint32_t t = sub; t < count; t += subs) {
+    float pr[NR];
 #pragma unroll
-    for (int h = 0; h < NR; ++h)
+    for (int h = 0; h < NR; ++h) pr[h] = probs[h * kGenericWarpTokens + t];
+    const uint8_t *row = rows + t * stride;
+    float f[8];
+    if constexpr (B == 16) {
+      unpack8<T>(*reinterpret_cast<const uint4 *>(row + lane8 * 16), f);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc[h][k] = fmaf(pr[h], f[k], acc[h][k]);
-  } else {
-    uint32_t w0, w1 = 0;
-    if constexpr (B == 2) {
-      w0 = *reinterpret_cast<const uint16_t *>(row + lane8 * 2);
-    } else if constexpr (B == 4) {
-      w0 = *reinterpret_cast<const uint32_t *>(row + lane8 * 4);
+      for (int h = 0; h < NR; ++h)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[h][k] = fmaf(pr[h], f[k], acc[h][k]);
     } else {
-      const uint2 w = *reinterpret_cast<const uint2 *>(row + lane8 * 8);
-      w0 = w.x;
-      w1 = w.y;
-    }
-    constexpr uint32_t kMask = (1u << B) - 1u;
+      uint32_t w0, w1 = 0;
+      if constexpr (B == 2) {
+        w0 = *reinterpret_cast<const uint16_t *>(row + lane8 * 2);
+      } else if constexpr (B == 4) {
+        w0 = *reinterpret_cast<const uint32_t *>(row + lane8 * 4);
+      } else {
+        const uint2 w = *reinterpret_cast<const uint2 *>(row + lane8 * 8);
+        w0 = w.x;
+        w1 = w.y;
+      }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t word = (B == 8 && k >= 4) ? w1 : w0;
-      const uint32_t shift = (B == 8 ? (k % 4) : k) * B;
-      f[k] = code_to_float((word >> shift) & kMask);
-    }
+      for (int k = 0; k < 8; ++k) {
+        const uint32_t word = (B == 8 && k >= 4) ? w1 : w0;
+        f[k] = code_to_float((word >> ((B == 8 ? k % 4 : k) * B)) & kMask);
+      }
+      const float s = Tr::to_float(vs[t * vgroups + my_group]);
+      const float m = Tr::to_float(vm[t * vgroups + my_group]);
 #pragma unroll
-    for (int h = 0; h < NR; ++h) {
-      const float ps = pr[h] * s;
-      bm[h] = fmaf(pr[h], m, bm[h]);
+      for (int h = 0; h < NR; ++h) {
+        const float ps = pr[h] * s;
+        bm[h] = fmaf(pr[h], m, bm[h]);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc[h][k] = fmaf(ps, f[k], acc[h][k]);
+        for (int k = 0; k < 8; ++k) acc[h][k] = fmaf(ps, f[k], acc[h][k]);
+      }
     }
   }
 }
@@ -212,6 +225,10 @@ __device__ __forceinline__ void value_fma(const uint8_t *row, uint32_t lane8, co
 /// \tparam T  dtype of q/out and of 16-bit storage (__half or __nv_bfloat16)
 /// \tparam D  head_dim
 /// \tparam NR query heads per CTA (p.heads_per_cta of them are used)
+///
+/// Each warp takes a quarter of every tile and keeps its own softmax state (running max and
+/// sum per head, its P·V̂ accumulators), so the only CTA-wide barrier of a tile is the one
+/// that hands over the staged bytes; the four warps' states are merged at the end.
 template <typename T, int D, int NR>
 __global__ void __launch_bounds__(kGenericThreads)
     decode_generic_kernel(const __grid_constant__ DecodeParams p) {
@@ -227,20 +244,14 @@ __global__ void __launch_bounds__(kGenericThreads)
   const uint32_t h0 = kvh * n_rep + chunk * per, nh = min(per, n_rep - chunk * per);
   const uint32_t G = bl.group;
 
-  float *q_s = reinterpret_cast<float *>(smem + g.q);           // [NR][D]
-  float *qs_s = reinterpret_cast<float *>(smem + g.qs);         // [key_groups][NR][D]
-  float *bias_s = reinterpret_cast<float *>(smem + g.bias);     // [key_groups][NR]
-  float *lg_s = reinterpret_cast<float *>(smem + g.logits);     // [lanes][NR][kGenericMaxTile]
-  float *m_s = reinterpret_cast<float *>(smem + g.state), *l_s = m_s + NR, *c_s = m_s + 2 * NR;
+  float *q_s = reinterpret_cast<float *>(smem + g.q);                                // [NR][D]
+  float *qs_w = reinterpret_cast<float *>(smem + g.qs) + warp * NR * D;               // [NR][D]
+  float *probs_w = reinterpret_cast<float *>(smem + g.probs) + warp * NR * kGenericWarpTokens;
+  float *ml_s = reinterpret_cast<float *>(smem + g.ml);                               // [4][2][NR]
 
   const T *q = static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0) * D;
   for (uint32_t i = tid; i < NR * D; i += kGenericThreads)
     q_s[i] = i / D < nh ? Tr::to_float(q[i]) : 0.0f;
-  if (tid < NR) {
-    m_s[tid] = -INFINITY;
-    l_s[tid] = 0.0f;
-    c_s[tid] = 0.0f;
-  }
 
   const SequenceTiles tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], g);
   const uint32_t per_split = (tiles.total + p.splits - 1) / p.splits;
@@ -250,23 +261,30 @@ __global__ void __launch_bounds__(kGenericThreads)
   const int32_t *table = p.st.block_table + uint64_t(slot) * p.st.max_blocks_per_seq;
   const uint8_t *res_slot = p.st.residual + uint64_t(slot) * p.st.res.bytes;
 
-  // P·V̂ roles: kLanesPerRow lanes own 8 channels each of a token row; token subsets stride.
-  constexpr uint32_t kLanesPerRow = D / 8, kSubsets = kGenericThreads / kLanesPerRow;
-  const uint32_t lane8 = tid % kLanesPerRow, subset = tid / kLanesPerRow;
-  float acc[NR][8], bm[NR];
+  // P·V̂ roles inside the warp: kLanesPerRow lanes own 8 channels each of a token row.
+  constexpr uint32_t kLanesPerRow = D / 8 < 32 ? D / 8 : 32;
+  constexpr uint32_t kSubsets = 32 / kLanesPerRow;
+  static_assert(D / 8 <= 32, "one warp covers a row in P.V");
+  const uint32_t lane8 = lane % kLanesPerRow, sub = lane / kLanesPerRow;
+
+  float m_run[NR], l_run[NR], bias[NR], acc[NR][8], bm[NR];
 #pragma unroll
   for (int h = 0; h < NR; ++h) {
+    m_run[h] = -INFINITY;
+    l_run[h] = 0.0f;
+    bias[h] = 0.0f;
     bm[h] = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc[h][k] = 0.0f;
   }
+  uint32_t qs_group = ~0u;  // quantized key group whose q ⊙ s_k the warp holds
 
   if (t_begin < t_end) stage_tile(p, g, tiles.tile(t_begin, g), table, res_slot, kvh, smem);
   cp_async_commit();
   for (uint32_t ti = t_begin; ti < t_end; ++ti) {
-    uint8_t *stage = smem + ((ti - t_begin) & 1) * g.stage_bytes;
+    const uint8_t *stage = smem + ((ti - t_begin) & 1) * g.stage_bytes;
     cp_async_wait<0>();
-    __syncthreads();  // this tile landed; the previous one is fully consumed
+    __syncthreads();  // this tile landed; every warp is done with the previous one
     if (ti + 1 < t_end)
       stage_tile(p, g, tiles.tile(ti + 1, g), table, res_slot, kvh,
                  smem + ((ti + 1 - t_begin) & 1) * g.stage_bytes);
@@ -275,149 +293,139 @@ __global__ void __launch_bounds__(kGenericThreads)
     const TileRef tr = tiles.tile(ti, g);
     const bool quantized = tr.segment == kSegQuantized;
     const uint32_t kb = quantized ? bl.key_bits : 16, vb = quantized ? bl.value_bits : 16;
-    const uint32_t tile_tokens = quantized ? g.qtile : g.ptile;
-    const uint32_t first_group = tr.first / G;
+    const uint32_t wtok = (quantized ? g.qtile : g.ptile) / kGenericWarps;  // S
+    const uint32_t w0 = warp * wtok;
+    const uint32_t count = tr.count > w0 ? min(wtok, tr.count - w0) : 0;
+    if (count == 0) continue;
 
-    // 1. q ⊙ s_k and q · m_k of each key group in the tile.
+    // 1. The warp's tokens share one key group (G >= 16 >= S): its q ⊙ s_k and q · m_k.
     if (kb != 16) {
-      const uint32_t groups = (tr.count + G - 1) / G;
-      const T *ks = reinterpret_cast<const T *>(stage + g.q_kscale);
-      const T *km = reinterpret_cast<const T *>(stage + g.q_kmin);
-      for (uint32_t i = tid; i < groups * NR * D; i += kGenericThreads) {
-        const uint32_t gl = i / (NR * D), h = (i / D) % NR, d = i % D;
-        qs_s[i] = q_s[h * D + d] * Tr::to_float(ks[gl * D + d]);
+      const uint32_t group = (tr.first + w0) / G, gl = group - tr.first / G;
+      if (group != qs_group) {
+        qs_group = group;
+        const T *ks = reinterpret_cast<const T *>(stage + g.q_kscale) + gl * D;
+        const T *km = reinterpret_cast<const T *>(stage + g.q_kmin) + gl * D;
+        for (uint32_t i = lane; i < NR * D; i += 32) qs_w[i] = q_s[i] * Tr::to_float(ks[i % D]);
+#pragma unroll
+        for (int h = 0; h < NR; ++h) {
+          float b = 0.0f;
+          for (uint32_t d = lane; d < D; d += 32) b = fmaf(q_s[h * D + d], Tr::to_float(km[d]), b);
+          bias[h] = warp_sum(b);
+        }
+        __syncwarp();
       }
-      for (uint32_t pair = warp; pair < groups * NR; pair += kGenericThreads / 32) {
-        const uint32_t gl = pair / NR, h = pair % NR;
-        float b = 0.0f;
-        for (uint32_t d = lane; d < D; d += 32) b = fmaf(q_s[h * D + d], Tr::to_float(km[gl * D + d]), b);
-        b = warp_sum(b);
-        if (lane == 0) bias_s[pair] = b;
-      }
-      __syncthreads();
+    } else {
+#pragma unroll
+      for (int h = 0; h < NR; ++h) bias[h] = 0.0f;
     }
 
-    // 2. Partial logits: eight consecutive threads take eight consecutive tokens (one
-    //    16-byte unit index each: conflict-free with the odd row strides).
-    {
-      const uint32_t lanes = kGenericThreads / tile_tokens;
-      const uint32_t t = tid % 8 + 8 * (tid / (8 * lanes)), j = (tid / 8) % lanes;
-      float lg[NR];
+    // 2. Logits: `lanes` lanes per token, eight consecutive lanes on eight consecutive
+    //    tokens (one 16-byte unit index each: conflict-free with the odd row strides).
+    const uint32_t lanes = 32 / wtok, tl = wtok < 8 ? wtok : 8;
+    const uint32_t t = lane % tl + tl * (lane / (tl * lanes)), j = (lane / tl) % lanes;
+    float x[NR];
 #pragma unroll
-      for (int h = 0; h < NR; ++h) lg[h] = 0.0f;
-      if (t < tr.count) {
-        const uint8_t *row = stage + t * (quantized ? g.k_stride : g.p_stride);
-        const float *qv = qs_s + ((tr.first + t) / G - first_group) * NR * D;
-        switch (kb) {
-          case 2: key_dots<T, D, NR, 2>(row, qv, j, lanes, lg); break;
-          case 4: key_dots<T, D, NR, 4>(row, qv, j, lanes, lg); break;
-          case 8: key_dots<T, D, NR, 8>(row, qv, j, lanes, lg); break;
-          default: key_dots<T, D, NR, 16>(row, q_s, j, lanes, lg); break;
-        }
+    for (int h = 0; h < NR; ++h) x[h] = 0.0f;
+    if (t < count) {
+      const uint8_t *row = stage + (w0 + t) * (quantized ? g.k_stride : g.p_stride);
+      switch (kb) {
+        case 2: key_dots<T, D, NR, 2>(row, qs_w, j, lanes, x); break;
+        case 4: key_dots<T, D, NR, 4>(row, qs_w, j, lanes, x); break;
+        case 8: key_dots<T, D, NR, 8>(row, qs_w, j, lanes, x); break;
+        default: key_dots<T, D, NR, 16>(row, q_s, j, lanes, x); break;
       }
-#pragma unroll
-      for (int h = 0; h < NR; ++h) lg_s[(j * NR + h) * kGenericMaxTile + t] = lg[h];
     }
-    __syncthreads();
-
-    // 3. Online softmax: warp w updates heads w, w + 4; probabilities overwrite lane 0's
-    //    partial logits.
-    for (uint32_t h = warp; h < nh; h += kGenericThreads / 32) {
-      const uint32_t lanes = kGenericThreads / tile_tokens;
-      float x[kGenericMaxTile / 32];
-      float mx = -INFINITY;
 #pragma unroll
-      for (int r = 0; r < int(kGenericMaxTile / 32); ++r) {
-        const uint32_t t = lane + 32 * r;
-        float v = -INFINITY;
-        if (t < tr.count) {
-          v = 0.0f;
-          for (uint32_t j = 0; j < lanes; ++j) v += lg_s[(j * NR + h) * kGenericMaxTile + t];
-          if (kb != 16) v += bias_s[((tr.first + t) / G - first_group) * NR + h];
-          v *= p.scale_log2;
-        }
-        x[r] = v;
-        mx = fmaxf(mx, v);
-      }
-      mx = warp_max(mx);
-      const float m_old = m_s[h], m_new = fmaxf(m_old, mx);
+    for (int h = 0; h < NR; ++h) {
+      for (uint32_t o = tl; o < tl * lanes; o <<= 1) x[h] += __shfl_xor_sync(0xffffffffu, x[h], o);
+      x[h] = t < count ? (x[h] + bias[h]) * p.scale_log2 : -INFINITY;
+    }
+
+    // 3. Online softmax of the warp's tokens, per head.
+    float corr[NR];
+#pragma unroll
+    for (int h = 0; h < NR; ++h) {
+      const float m_new = fmaxf(m_run[h], warp_max(x[h]));
       const float base = m_new == -INFINITY ? 0.0f : m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int r = 0; r < int(kGenericMaxTile / 32); ++r) {
-        const uint32_t t = lane + 32 * r;
-        const float e = exp2f(x[r] - base);
-        if (t < kGenericMaxTile) lg_s[h * kGenericMaxTile + t] = e;
-        sum += e;
-      }
-      sum = warp_sum(sum);
-      if (lane == 0) {
-        const float corr = exp2f(m_old - base);
-        c_s[h] = corr;
-        l_s[h] = l_s[h] * corr + sum;
-        m_s[h] = m_new;
-      }
+      const float e = exp2f(x[h] - base);
+      const float sum = warp_sum(j == 0 ? e : 0.0f);
+      corr[h] = exp2f(m_run[h] - base);
+      l_run[h] = l_run[h] * corr[h] + sum;
+      m_run[h] = m_new;
+      if (j == 0 && t < wtok) probs_w[h * kGenericWarpTokens + t] = e;
     }
-    __syncthreads();
+    __syncwarp();
 
-    // 4. P·V̂.
-    if (subset < kSubsets) {
+    // 4. P·V̂ of the warp's tokens.
 #pragma unroll
-      for (int h = 0; h < NR; ++h) {
-        const float corr = c_s[h];
-        bm[h] *= corr;
+    for (int h = 0; h < NR; ++h) {
+      bm[h] *= corr[h];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) acc[h][k] *= corr;
-      }
-      const uint8_t *vrows = stage + (quantized ? g.q_vcodes : g.p_v);
-      const uint32_t stride = quantized ? g.v_stride : g.p_stride;
-      const T *vs = reinterpret_cast<const T *>(stage + g.q_vscale);
-      const T *vm = reinterpret_cast<const T *>(stage + g.q_vmin);
-      const uint32_t vgroups = D / G, my_group = lane8 * 8 / G;
-#pragma unroll 1
-      for (uint32_t t = subset; t < tr.count; t += kSubsets) {
-        float pr[NR];
-#pragma unroll
-        for (int h = 0; h < NR; ++h) pr[h] = lg_s[h * kGenericMaxTile + t];
-        const uint8_t *row = vrows + t * stride;
-        float s = 1.0f, m = 0.0f;
-        if (vb != 16) {
-          s = Tr::to_float(vs[t * vgroups + my_group]);
-          m = Tr::to_float(vm[t * vgroups + my_group]);
-        }
-        switch (vb) {
-          case 2: value_fma<T, NR, 2>(row, lane8, pr, s, m, acc, bm); break;
-          case 4: value_fma<T, NR, 4>(row, lane8, pr, s, m, acc, bm); break;
-          case 8: value_fma<T, NR, 8>(row, lane8, pr, s, m, acc, bm); break;
-          default: value_fma<T, NR, 16>(row, lane8, pr, s, m, acc, bm); break;
-        }
-      }
+      for (int k = 0; k < 8; ++k) acc[h][k] *= corr[h];
+    }
+    const uint32_t stride = quantized ? g.v_stride : g.p_stride;
+    const uint8_t *vrows = stage + (quantized ? g.q_vcodes : g.p_v) + w0 * stride;
+    const uint32_t vgroups = D / G, my_group = lane8 * 8 / G;
+    const T *vs = reinterpret_cast<const T *>(stage + g.q_vscale) + w0 * vgroups;
+    const T *vm = reinterpret_cast<const T *>(stage + g.q_vmin) + w0 * vgroups;
+    switch (vb) {
+      case 2: value_tokens<T, NR, 2>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, acc, bm); break;
+      case 4: value_tokens<T, NR, 4>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, acc, bm); break;
+      case 8: value_tokens<T, NR, 8>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, acc, bm); break;
+      default: value_tokens<T, NR, 16>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, acc, bm); break;
     }
   }
   cp_async_wait<0>();
-  __syncthreads();  // the stages are free: they hold the subset sums now
 
-  float *red = reinterpret_cast<float *>(smem);  // [kSubsets][NR][D]
-  if (subset < kSubsets) {
+  // Merge: token subsets inside the warp, then the four warps.
+#pragma unroll
+  for (int h = 0; h < NR; ++h)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float a = acc[h][k] + bm[h];
+      for (uint32_t o = kLanesPerRow; o < 32; o <<= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+      acc[h][k] = a;
+    }
+  __syncthreads();  // qs slices are free: they take the warps' outputs
+  float *o_w = reinterpret_cast<float *>(smem + g.qs) + warp * NR * D;
+  if (sub == 0) {
 #pragma unroll
     for (int h = 0; h < NR; ++h)
 #pragma unroll
-      for (int k = 0; k < 8; ++k) red[(subset * NR + h) * D + lane8 * 8 + k] = acc[h][k] + bm[h];
+      for (int k = 0; k < 8; ++k) o_w[h * D + lane8 * 8 + k] = acc[h][k];
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int h = 0; h < NR; ++h) {
+      ml_s[(warp * 2) * NR + h] = m_run[h];
+      ml_s[(warp * 2 + 1) * NR + h] = l_run[h];
+    }
   }
   __syncthreads();
+  const float *o_all = reinterpret_cast<const float *>(smem + g.qs);
   for (uint32_t i = tid; i < nh * D; i += kGenericThreads) {
     const uint32_t h = i / D, d = i % D;
-    float o = 0.0f;
-    for (uint32_t s = 0; s < kSubsets; ++s) o += red[(s * NR + h) * D + d];
+    float m = -INFINITY;
+#pragma unroll
+    for (uint32_t w = 0; w < kGenericWarps; ++w) m = fmaxf(m, ml_s[(w * 2) * NR + h]);
+    float o = 0.0f, l = 0.0f;
+    if (m != -INFINITY) {
+#pragma unroll
+      for (uint32_t w = 0; w < kGenericWarps; ++w) {
+        const float wt = exp2f(ml_s[(w * 2) * NR + h] - m);  // 0 for a warp with no tokens
+        o = fmaf(wt, o_all[(w * NR + h) * D + d], o);
+        l = fmaf(wt, ml_s[(w * 2 + 1) * NR + h], l);
+      }
+    }
     const uint64_t head = uint64_t(seq) * p.num_heads + h0 + h;
     if (p.splits == 1) {
-      static_cast<T *>(p.out)[head * D + d] = Tr::from_float(o / l_s[h]);
+      static_cast<T *>(p.out)[head * D + d] = Tr::from_float(o / l);
     } else {
       const uint64_t part = head * p.splits + split;
       p.part_o[part * D + d] = o;
       if (d == 0) {
-        p.part_ml[part * 2] = m_s[h];
-        p.part_ml[part * 2 + 1] = l_s[h];
+        p.part_ml[part * 2] = m;
+        p.part_ml[part * 2 + 1] = l;
       }
     }
   }

@@ -14,6 +14,8 @@ constexpr uint32_t kGenericThreads = 128;       // one CTA: four warps
 constexpr uint32_t kGenericMaxTile = 64;        // tokens per tile, at most
 constexpr uint32_t kGenericStageBudget = 24576; // bytes one pipeline stage may take
 constexpr uint32_t kGenericMaxHeads = 8;        // query heads of one CTA (NR)
+constexpr uint32_t kGenericWarps = kGenericThreads / 32;
+constexpr uint32_t kGenericWarpTokens = kGenericMaxTile / kGenericWarps;  // a warp's tokens, at most
 
 // Staged rows get an odd number of 16-byte units: eight consecutive rows read at the same
 // unit index then fall in eight distinct bank groups (conflict-free 16-byte loads).
@@ -28,17 +30,16 @@ struct GenericDecodePlan {
   uint32_t k_stride;     // staged bytes per quantized-storage key row (codes or values)
   uint32_t v_stride;     // same for values
   uint32_t p_stride;     // staged bytes per 16-bit row
-  uint32_t key_groups;   // key (scale, min) rows one quantized tile spans: max(1, qtile / G)
   // Offsets inside one stage, quantized tile:
   uint32_t q_vcodes, q_kscale, q_kmin, q_vscale, q_vmin;
   // ... and 16-bit tile: K rows at 0, V rows at p_v.
   uint32_t p_v;
   uint32_t stage_bytes;  // one stage (two are in flight)
-  // Offsets after the two stages:
-  uint32_t qs;           // [key_groups][NR][D] fp32: q ⊙ key scale of each group
-  uint32_t bias;         // [key_groups][NR] fp32: q · key minimum of each group
-  uint32_t logits;       // [lanes][NR][kGenericMaxTile] fp32 partial logits, then probabilities
-  uint32_t state;        // [3][NR] fp32: running max, running sum, rescale of this tile
+  // Offsets after the two stages (each warp owns one slice of the first three):
+  uint32_t qs;           // [4 warps][NR][D] fp32: q ⊙ key scale of the warp's key group;
+                         // at the end, the warps' unnormalized outputs
+  uint32_t probs;        // [4 warps][NR][kGenericWarpTokens] fp32 probabilities
+  uint32_t ml;           // [4 warps][2][NR] fp32 running max and sum, at the end
   uint32_t q;            // [NR][D] fp32 query rows
   uint32_t total;        // dynamic shared memory of one CTA
 };
@@ -63,7 +64,6 @@ MINIKV_HD GenericDecodePlan make_generic_decode_plan(const BlockLayout &bl, uint
   uint32_t qtile = generic_pow2_divisor(bl.tokens, kGenericMaxTile);
   auto quant_bytes = [&](uint32_t t, GenericDecodePlan &out) {
     const uint32_t groups = bl.key_bits == 16 ? 0 : (t >= G ? t / G : 1);
-    out.key_groups = groups > 0 ? groups : 1;
     uint32_t off = generic_align16(uint64_t(t) * g.k_stride);
     out.q_vcodes = off;
     off = generic_align16(off + uint64_t(t) * g.v_stride);
@@ -89,29 +89,13 @@ MINIKV_HD GenericDecodePlan make_generic_decode_plan(const BlockLayout &bl, uint
 
   uint32_t off = 2 * g.stage_bytes;
   g.qs = off;
-  off = generic_align16(off + uint64_t(g.key_groups) * nr * D * 4);
-  g.bias = off;
-  off = generic_align16(off + uint64_t(g.key_groups) * nr * 4);
-  g.logits = off;
-  // Partial logits of every lane of a token: kGenericThreads / tile lanes per token.
-  const uint32_t min_tile = g.qtile < g.ptile ? g.qtile : g.ptile;
-  off = generic_align16(off + uint64_t(kGenericThreads / min_tile) * nr * kGenericMaxTile * 4);
-  g.state = off;
-  off = generic_align16(off + 3ull * nr * 4);
+  off = generic_align16(off + uint64_t(kGenericWarps) * nr * D * 4);
+  g.probs = off;
+  off = generic_align16(off + uint64_t(kGenericWarps) * nr * kGenericWarpTokens * 4);
+  g.ml = off;
+  off = generic_align16(off + uint64_t(kGenericWarps) * 2 * nr * 4);
   g.q = off;
   off = generic_align16(off + uint64_t(nr) * D * 4);
-  // The end-of-split reduction over token subsets reuses the stages: make sure they hold
-  // [subsets][NR][D] floats (subsets = threads / (D / 8)).
-  const uint32_t reduce = (kGenericThreads / (D / 8)) * nr * D * 4;
-  if (2 * g.stage_bytes < reduce) {
-    const uint32_t grow = reduce - 2 * g.stage_bytes;
-    g.qs += grow;
-    g.bias += grow;
-    g.logits += grow;
-    g.state += grow;
-    g.q += grow;
-    off += grow;
-  }
   g.total = off;
   return g;
 }
