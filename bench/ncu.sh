@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Nsight Compute profiles of the hot kernels, on the GPU machine (kernels/NOTES.md reads them):
-# decode fast path at B=8 L=32K (GQA-4 and MHA) and the prefill forward + score kernels at
-# L=32K MHA, fp16. Builds the library (sm_90a) unless MINIKV_LIBRARY names one; writes
+# Nsight Compute profiles of the hot kernels, on the GPU machine: decode fast path at B=8
+# L=32K (GQA-4 and MHA), the generic decode kernel (4-bit keys, 2-bit values, G=32; MHA and
+# GQA-8) and the prefill forward + score kernels at L=32K MHA, fp16. Builds the library (sm_90a) unless MINIKV_LIBRARY names one; writes
 # <name>.txt (the details page, then the warp-stall breakdown per issued instruction) to
 # $OUT/ncu, and <name>.ncu-rep when NCU_KEEP_REPORTS=1.
 #
 #   bench/ncu.sh [build-dir] [name...]   (default build-ncu; names: decode-gqa4 decode-mha
-#                                         prefill-mha; default all)
+#                                         generic-mha generic-gqa8 prefill-mha; default all)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${1:-$root/build-ncu}
@@ -22,7 +22,7 @@ fi
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 drv="python3 $root/bench/ncu_driver.py"
 shift || true
-wanted=" ${*:-decode-gqa4 decode-mha prefill-mha} "
+wanted=" ${*:-decode-gqa4 decode-mha generic-mha generic-gqa8 prefill-mha} "
 profile() {  # profile <name> <kernel regex> <launches to skip> <count> <driver args...>
   local name=$1 regex=$2 skip=$3 count=$4
   shift 4
@@ -39,4 +39,6 @@ profile() {  # profile <name> <kernel regex> <launches to skip> <count> <driver 
 }
 profile decode-gqa4 decode_fast_kernel 1 1 decode --B 8 --H 32 --Hkv 8
 profile decode-mha decode_fast_kernel 1 1 decode --B 8 --H 32 --Hkv 32
+profile generic-mha decode_generic_kernel 1 1 decode --B 8 --H 32 --Hkv 32 --mode window --key-bits 4 --group 32
+profile generic-gqa8 decode_generic_kernel 1 1 decode --B 8 --H 64 --Hkv 8 --mode window --key-bits 4 --group 32
 profile prefill-mha 'prefill_(attention|scores)_kernel' 2 2 prefill --H 32 --Hkv 32 --reps 2

@@ -29,13 +29,17 @@ def main():
     ap.add_argument("--mode", default="cumulative")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--trace", action="store_true")
+    ap.add_argument("--key-bits", type=int, default=2)
+    ap.add_argument("--value-bits", type=int, default=2)
+    ap.add_argument("--group", type=int, default=16)
     a = ap.parse_args()
     tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     B = 1 if a.what == "prefill" else a.B
     D, dev = 128, torch.device("cuda")
     cache = minikv.Cache(minikv.Config(
         backend="cuda", dtype=a.dtype, num_layers=1, num_heads=a.H, num_kv_heads=a.Hkv,
-        head_dim=D, max_sequences=B, max_seq_len=a.L + 16, score_mode=a.mode))
+        head_dim=D, max_sequences=B, max_seq_len=a.L + 16, score_mode=a.mode,
+        key_bits=a.key_bits, value_bits=a.value_bits, group_size=a.group))
     ids, cu = list(range(B)), [i * a.L for i in range(B + 1)]
     q = torch.randn((B * a.L, a.H, D), device=dev, dtype=tdtype)
     k = torch.randn((B * a.L, a.Hkv, D), device=dev, dtype=tdtype)
