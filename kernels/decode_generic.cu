@@ -57,6 +57,12 @@ struct SequenceTiles {
 __device__ __forceinline__ void copy_rows(uint8_t *dst, uint32_t stride, const uint8_t *src,
                                           uint64_t row_bytes, uint32_t rows) {
   const uint32_t units = static_cast<uint32_t>(row_bytes / 16);
+  if ((units & (units - 1)) == 0 && units <= kGenericThreads) {  // the usual case: no division
+    const uint32_t u = threadIdx.x & (units - 1), step = kGenericThreads / units;
+    for (uint32_t r = threadIdx.x / units; r < rows; r += step)
+      cp_async_16(dst + r * stride + u * 16, src + r * row_bytes + u * 16, true);
+    return;
+  }
   for (uint32_t x = threadIdx.x; x < rows * units; x += kGenericThreads) {
     const uint32_t r = x / units, u = x % units;
     cp_async_16(dst + r * stride + u * 16, src + r * row_bytes + u * 16, true);
@@ -107,9 +113,20 @@ __device__ void stage_tile(const DecodeParams &p, const GenericDecodePlan &g, co
   }
 }
 
-// An integer code (< 2^23) as its exact float: the code in the mantissa of 2^23, minus 2^23.
-__device__ __forceinline__ float code_to_float(uint32_t code) {
-  return __int_as_float(0x4B000000u | code) - 8388608.0f;
+// Codes are read without conversion: a B-bit code c at bit offset o < 16 of a 32-bit
+// pattern, masked in place, is the fp32 denormal c · 2^(o - 149) (one LOP3). The other
+// operand carries 2^(64 - o), so a product is c · x · 2^-85, a normal float whenever
+// |c · x| >= 2^-41 (a smaller term is off by at most 2^-64 in true units), and 2^85 is
+// applied once to the sum. fp32 FMAs keep denormal operands (no --use_fast_math, no FTZ).
+__device__ __forceinline__ float pow2f(int e) { return __int_as_float((127 + e) << 23); }
+constexpr float kCodeUnscale = 38685626227668133590597632.0f;  // 2^85
+
+// Offset (< 16) of code i within its 16-bit half of a word, and the half it lies in.
+template <int B> __host__ __device__ constexpr uint32_t code_offset(uint32_t i) { return (i * B) % 16; }
+template <int B> __device__ __forceinline__ float code_denormal(uint32_t word, uint32_t i) {
+  constexpr uint32_t kMask = (1u << B) - 1u;
+  const uint32_t half = i * B >= 16 ? word >> 16 : word;
+  return __uint_as_float(half & (kMask << code_offset<B>(i)));
 }
 
 /// Partial logits of one token over the 16-byte units u = j, j + L, ... of its key row.
@@ -140,7 +157,7 @@ __device__ __forceinline__ void key_dots(const uint8_t *row, const float *qv, ui
       }
     }
   } else {
-    constexpr uint32_t kPerWord = 32 / B, kMask = (1u << B) - 1u;
+    constexpr uint32_t kPerWord = 32 / B;
 #pragma unroll 1
     for (uint32_t u = j; u < D * B / 128; u += lanes) {
       const uint4 w4 = *reinterpret_cast<const uint4 *>(row + u * 16);
@@ -154,7 +171,7 @@ __device__ __forceinline__ void key_dots(const uint8_t *row, const float *qv, ui
           const uint32_t d = u * (128 / B) + wi * kPerWord + c;
           float f[4];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) f[k] = code_to_float((word >> ((c + k) * B)) & kMask);
+          for (int k = 0; k < 4; ++k) f[k] = code_denormal<B>(word, c + k);
 #pragma unroll
           for (int h = 0; h < NR; ++h) {
             const float4 a = *reinterpret_cast<const float4 *>(qv + h * D + d);
@@ -176,10 +193,10 @@ template <typename T, int NR, int B>
 __device__ __forceinline__ void value_tokens(const uint8_t *rows, uint32_t stride, const T *vs,
                                              const T *vm, uint32_t vgroups, uint32_t my_group,
                                              const float *probs, uint32_t count, uint32_t sub,
-                                             uint32_t subs, uint32_t lane8, float (&acc)[NR][8],
+                                             uint32_t subs, uint32_t lane8,
+                                             const float (&plain_scale)[8], float (&acc)[NR][8],
                                              float (&bm)[NR]) {
   using Tr = DType<T>;
-  constexpr uint32_t kMask = B == 16 ? 0u : (1u << B) - 1u;
 #pragma unroll 2
   for (uint32_t t = sub; t < count; t += subs) {
     float pr[NR];
@@ -189,6 +206,8 @@ __device__ __forceinline__ void value_tokens(const uint8_t *rows, uint32_t strid
     float f[8];
     if constexpr (B == 16) {
       unpack8<T>(*reinterpret_cast<const uint4 *>(row + lane8 * 16), f);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) f[k] *= plain_scale[k];
 #pragma unroll
       for (int h = 0; h < NR; ++h)
 #pragma unroll
@@ -205,11 +224,8 @@ __device__ __forceinline__ void value_tokens(const uint8_t *rows, uint32_t strid
         w1 = w.y;
       }
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const uint32_t word = (B == 8 && k >= 4) ? w1 : w0;
-        f[k] = code_to_float((word >> ((B == 8 ? k % 4 : k) * B)) & kMask);
-      }
-      const float s = Tr::to_float(vs[t * vgroups + my_group]);
+      for (int k = 0; k < 8; ++k) f[k] = code_denormal<B>(B == 8 && k >= 4 ? w1 : w0, B == 8 ? k % 4 : k);
+      const float s = Tr::to_float(vs[t * vgroups + my_group]) * pow2f(64);
       const float m = Tr::to_float(vm[t * vgroups + my_group]);
 #pragma unroll
       for (int h = 0; h < NR; ++h) {
@@ -222,6 +238,11 @@ __device__ __forceinline__ void value_tokens(const uint8_t *rows, uint32_t strid
   }
 }
 
+// Offset of value code k of a lane's 8 channels (see code_denormal).
+__device__ __forceinline__ uint32_t value_code_offset(uint32_t bits, uint32_t k) {
+  return ((bits == 8 ? k % 4 : k) * bits) % 16;
+}
+
 /// \tparam T  dtype of q/out and of 16-bit storage (__half or __nv_bfloat16)
 /// \tparam D  head_dim
 /// \tparam NR query heads per CTA (p.heads_per_cta of them are used)
@@ -230,7 +251,7 @@ __device__ __forceinline__ void value_tokens(const uint8_t *rows, uint32_t strid
 /// sum per head, its P·V̂ accumulators), so the only CTA-wide barrier of a tile is the one
 /// that hands over the staged bytes; the four warps' states are merged at the end.
 template <typename T, int D, int NR>
-__global__ void __launch_bounds__(kGenericThreads)
+__global__ void __launch_bounds__(kGenericThreads, NR >= 8 ? 3 : 1)
     decode_generic_kernel(const __grid_constant__ DecodeParams p) {
   using Tr = DType<T>;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -266,6 +287,13 @@ __global__ void __launch_bounds__(kGenericThreads)
   constexpr uint32_t kSubsets = 32 / kLanesPerRow;
   static_assert(D / 8 <= 32, "one warp covers a row in P.V");
   const uint32_t lane8 = lane % kLanesPerRow, sub = lane / kLanesPerRow;
+  // With quantized values the accumulators hold code products in units of 2^(o_k - 85)
+  // (code_denormal); 16-bit rows (sinks, residual) join them scaled the same way.
+  const bool scaled_values = bl.value_bits != 16;
+  float plain_scale[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    plain_scale[k] = scaled_values ? pow2f(int(value_code_offset(bl.value_bits, k)) - 85) : 1.0f;
 
   float m_run[NR], l_run[NR], bias[NR], acc[NR][8], bm[NR];
 #pragma unroll
@@ -305,7 +333,10 @@ __global__ void __launch_bounds__(kGenericThreads)
         qs_group = group;
         const T *ks = reinterpret_cast<const T *>(stage + g.q_kscale) + gl * D;
         const T *km = reinterpret_cast<const T *>(stage + g.q_kmin) + gl * D;
-        for (uint32_t i = lane; i < NR * D; i += 32) qs_w[i] = q_s[i] * Tr::to_float(ks[i % D]);
+        for (uint32_t i = lane; i < NR * D; i += 32) {
+          const uint32_t d = i % D;
+          qs_w[i] = q_s[i] * Tr::to_float(ks[d]) * pow2f(64 - int((d * kb) % 16));
+        }
 #pragma unroll
         for (int h = 0; h < NR; ++h) {
           float b = 0.0f;
@@ -326,6 +357,7 @@ __global__ void __launch_bounds__(kGenericThreads)
     float x[NR];
 #pragma unroll
     for (int h = 0; h < NR; ++h) x[h] = 0.0f;
+    const float unscale = kb != 16 ? kCodeUnscale : 1.0f;
     if (t < count) {
       const uint8_t *row = stage + (w0 + t) * (quantized ? g.k_stride : g.p_stride);
       switch (kb) {
@@ -338,7 +370,7 @@ __global__ void __launch_bounds__(kGenericThreads)
 #pragma unroll
     for (int h = 0; h < NR; ++h) {
       for (uint32_t o = tl; o < tl * lanes; o <<= 1) x[h] += __shfl_xor_sync(0xffffffffu, x[h], o);
-      x[h] = t < count ? (x[h] + bias[h]) * p.scale_log2 : -INFINITY;
+      x[h] = t < count ? fmaf(x[h], unscale, bias[h]) * p.scale_log2 : -INFINITY;
     }
 
     // 3. Online softmax of the warp's tokens, per head.
@@ -369,10 +401,10 @@ __global__ void __launch_bounds__(kGenericThreads)
     const T *vs = reinterpret_cast<const T *>(stage + g.q_vscale) + w0 * vgroups;
     const T *vm = reinterpret_cast<const T *>(stage + g.q_vmin) + w0 * vgroups;
     switch (vb) {
-      case 2: value_tokens<T, NR, 2>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, acc, bm); break;
-      case 4: value_tokens<T, NR, 4>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, acc, bm); break;
-      case 8: value_tokens<T, NR, 8>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, acc, bm); break;
-      default: value_tokens<T, NR, 16>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, acc, bm); break;
+      case 2: value_tokens<T, NR, 2>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, plain_scale, acc, bm); break;
+      case 4: value_tokens<T, NR, 4>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, plain_scale, acc, bm); break;
+      case 8: value_tokens<T, NR, 8>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, plain_scale, acc, bm); break;
+      default: value_tokens<T, NR, 16>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, plain_scale, acc, bm); break;
     }
   }
   cp_async_wait<0>();
@@ -382,7 +414,7 @@ __global__ void __launch_bounds__(kGenericThreads)
   for (int h = 0; h < NR; ++h)
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      float a = acc[h][k] + bm[h];
+      float a = acc[h][k] / plain_scale[k] + bm[h];  // a power of two: exact
       for (uint32_t o = kLanesPerRow; o < 32; o <<= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
       acc[h][k] = a;
     }
