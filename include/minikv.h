@@ -187,6 +187,17 @@ typedef struct minikv_config {
                                      group_size; 128 */
   uint32_t reserved_v1_;        /**< the first version's tail padding: ignored (fields are
                                      appended after it) */
+  /* ---- appended after the first version (struct_size 104) ---- */
+  uint32_t sink_tokens;         /**< S attention sinks: the first S positions of every prompt
+                                     are always kept, unquantized (dtype), in every layer and
+                                     KV head, counted inside the heavy-hitter budget (the
+                                     heavy hitters of a layer are floor(h_l*L) - S, chosen
+                                     among the positions after the sinks); a prompt of at
+                                     most S tokens keeps all of them as sinks. 0..64; 0 */
+  uint32_t reserved_v2_;        /**< must be 0: fills the tail to the struct's 8-byte
+                                     alignment, so that a later field appended here changes
+                                     sizeof and an older library rejects it instead of
+                                     ignoring it */
 } minikv_config;
 
 /** METHOD: fills the first `struct_size` bytes of `*cfg` with the defaults (see the field

@@ -513,6 +513,12 @@ std::unique_ptr<Backend> make_cuda_backend(const StorageSpec &spec) {
          "64, 128)",
          cfg.head_dim);
   }
+  if (cfg.sink_tokens > 0) {
+    fail(MINIKV_ERR_UNSUPPORTED,
+         "minikv_cache_create: sink_tokens = %u is not supported by the CUDA backend yet (its "
+         "decode does not attend to sink tokens); use sink_tokens = 0 or the CPU backend",
+         cfg.sink_tokens);
+  }
   return std::make_unique<CudaBackend>(spec);
 }
 

@@ -28,6 +28,7 @@ minikv_config config_defaults() {
   cfg.value_bits = 2;
   cfg.group_size = 16;
   cfg.residual_length = 128;
+  cfg.sink_tokens = 0;
   return cfg;
 }
 
@@ -131,6 +132,8 @@ void validate(const minikv_config &c) {
                      c.residual_length <= 4096,
                  "residual_length (%u) must be a multiple of group_size (%u), at most 4096",
                  c.residual_length, c.group_size);
+  MINIKV_REQUIRE(c.sink_tokens <= kMaxSinkTokens, "sink_tokens (%u) must be in [0, %u]",
+                 c.sink_tokens, kMaxSinkTokens);
 }
 
 }  // namespace
@@ -158,6 +161,12 @@ minikv_config config_read(const minikv_config *user) {
   }
   minikv_config cfg = config_defaults();
   std::memcpy(&cfg, user, sizeof(minikv_config) < size ? sizeof(minikv_config) : size);
+  if (cfg.reserved_v2_ != 0) {
+    fail(MINIKV_ERR_VERSION_MISMATCH,
+         "config sets reserved_v2_ (%u): a field this library (version %s) does not know; it "
+         "must be 0",
+         cfg.reserved_v2_, minikv_version_string());
+  }
   cfg.struct_size = sizeof(minikv_config);
   validate(cfg);
   return cfg;

@@ -169,6 +169,8 @@ TEST_CASE("config: every bad field gives INVALID_ARGUMENT naming it") {
       {"residual_length", [](minikv_config &c) { c.residual_length = 24; }},  // not k*G
       {"residual_length", [](minikv_config &c) { c.residual_length = 0; }},
       {"residual_length", [](minikv_config &c) { c.residual_length = 8; }},  // < G
+      {"sink_tokens", [](minikv_config &c) { c.sink_tokens = 65; }},
+      {"sink_tokens", [](minikv_config &c) { c.sink_tokens = UINT32_MAX; }},
   };
   for (const Bad &b : bad) {
     minikv_config c = valid();
@@ -229,6 +231,7 @@ TEST_CASE("config: accepted edge values") {
     c.score_mode = MINIKV_SCORE_WINDOW;
     c.pool_kernel = 1;
   }
+  SUBCASE("sink_tokens 64, the largest") { c.sink_tokens = 64; }
   SUBCASE("head_dim 16 and 256") {
     c.head_dim = 256;
     minikv_config d = valid();
@@ -260,7 +263,7 @@ TEST_CASE("config: struct_size versioning") {
 
   SUBCASE("too small is VERSION_MISMATCH") {
     minikv_config c = valid();
-    for (uint32_t size : {0u, 4u, uint32_t(sizeof(minikv_config) - 4)}) {
+    for (uint32_t size : {0u, 4u, 92u}) {  // below the first version (96 bytes)
       c.struct_size = size;
       CAPTURE(size);
       CHECK(create_status(c, "struct_size") == MINIKV_ERR_VERSION_MISMATCH);
@@ -276,6 +279,10 @@ TEST_CASE("config: struct_size versioning") {
     big.cfg.struct_size = sizeof(Bigger);
     big.future_fields[3] = 1;
     CHECK(create_status(big.cfg, "struct_size") == MINIKV_ERR_VERSION_MISMATCH);
+  }
+  SUBCASE("a non-zero reserved_v2_ is a field this library does not know") {
+    big.cfg.reserved_v2_ = 1;
+    CHECK(create_status(big.cfg, "reserved_v2_") == MINIKV_ERR_VERSION_MISMATCH);
   }
   SUBCASE("a tail byte just past our struct counts") {
     big.cfg.struct_size = sizeof(minikv_config) + 1;

@@ -64,6 +64,7 @@ type Config struct {
 	ValueBits      uint32 // 2, 4 or 16
 	GroupSize      uint32 // 16, 32, 64 or 128
 	ResidualLength uint32 // a multiple of GroupSize
+	SinkTokens     uint32 // first prompt positions always kept unquantized, inside the budget; 0..64
 }
 
 // DefaultConfig returns the library's defaults (minikv_config_default): F16, 2-bit keys and
@@ -94,6 +95,7 @@ func DefaultConfig() Config {
 		ValueBits:      uint32(c.GetValue_bits()),
 		GroupSize:      uint32(c.GetGroup_size()),
 		ResidualLength: uint32(c.GetResidual_length()),
+		SinkTokens:     uint32(c.GetSink_tokens()),
 	}
 }
 
@@ -121,6 +123,7 @@ func (cfg *Config) toC() capi.ConfigStruct {
 	c.SetValue_bits(uint(cfg.ValueBits))
 	c.SetGroup_size(uint(cfg.GroupSize))
 	c.SetResidual_length(uint(cfg.ResidualLength))
+	c.SetSink_tokens(uint(cfg.SinkTokens))
 	return c
 }
 

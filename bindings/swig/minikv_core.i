@@ -120,6 +120,7 @@
 %minikv_keep(minikv_config::value_bits)
 %minikv_keep(minikv_config::group_size)
 %minikv_keep(minikv_config::residual_length)
+%minikv_keep(minikv_config::sink_tokens)
 %rename(ConfigStruct) minikv_config::minikv_config;
 %minikv_keep(minikv_config::~minikv_config)
 

@@ -125,6 +125,8 @@ class MinikvConfigStruct(ctypes.Structure):
         ("group_size", ctypes.c_uint32),
         ("residual_length", ctypes.c_uint32),
         ("reserved_v1_", ctypes.c_uint32),
+        ("sink_tokens", ctypes.c_uint32),
+        ("reserved_v2_", ctypes.c_uint32),
     ]
 
 
@@ -185,6 +187,7 @@ class Config:
     value_bits: int = LIBRARY_DEFAULT
     group_size: int = LIBRARY_DEFAULT
     residual_length: int = LIBRARY_DEFAULT
+    sink_tokens: int = LIBRARY_DEFAULT
 
     def __post_init__(self) -> None:
         defaults = None

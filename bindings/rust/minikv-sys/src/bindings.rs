@@ -179,12 +179,24 @@ pub struct minikv_config {
     #[doc = "< the first version's tail padding: ignored (fields are"]
     #[doc = "appended after it)"]
     pub reserved_v1_: u32,
+    #[doc = "< S attention sinks: the first S positions of every prompt"]
+    #[doc = "are always kept, unquantized (dtype), in every layer and"]
+    #[doc = "KV head, counted inside the heavy-hitter budget (the"]
+    #[doc = "heavy hitters of a layer are floor(h_l*L) - S, chosen"]
+    #[doc = "among the positions after the sinks); a prompt of at"]
+    #[doc = "most S tokens keeps all of them as sinks. 0..64; 0"]
+    pub sink_tokens: u32,
+    #[doc = "< must be 0: fills the tail to the struct's 8-byte"]
+    #[doc = "alignment, so that a later field appended here changes"]
+    #[doc = "sizeof and an older library rejects it instead of"]
+    #[doc = "ignoring it"]
+    pub reserved_v2_: u32,
 }
 #[test]
 fn bindgen_test_layout_minikv_config() {
     assert_eq!(
         ::core::mem::size_of::<minikv_config>(),
-        96usize,
+        104usize,
         concat!("Size of: ", stringify!(minikv_config))
     );
     assert_eq!(
@@ -488,6 +500,30 @@ fn bindgen_test_layout_minikv_config() {
         );
     }
     test_field_reserved_v1_();
+    fn test_field_sink_tokens() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::core::mem::MaybeUninit::<minikv_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::core::ptr::addr_of!((*ptr).sink_tokens) as usize - ptr as usize
+            },
+            96usize,
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(sink_tokens))
+        );
+    }
+    test_field_sink_tokens();
+    fn test_field_reserved_v2_() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::core::mem::MaybeUninit::<minikv_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::core::ptr::addr_of!((*ptr).reserved_v2_) as usize - ptr as usize
+            },
+            100usize,
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(reserved_v2_))
+        );
+    }
+    test_field_reserved_v2_();
 }
 extern "C" {
     #[doc = " METHOD: fills the first `struct_size` bytes of `*cfg` with the defaults (see the field"]

@@ -90,6 +90,9 @@ pub struct Config {
     pub value_bits: u32,
     pub group_size: u32,
     pub residual_length: u32,
+    /// Attention sinks: the first `sink_tokens` prompt positions kept unquantized in every
+    /// layer, counted inside the heavy-hitter budget; 0..=64.
+    pub sink_tokens: u32,
 }
 
 impl Config {
@@ -137,6 +140,7 @@ impl Config {
         c.value_bits = self.value_bits;
         c.group_size = self.group_size;
         c.residual_length = self.residual_length;
+        c.sink_tokens = self.sink_tokens;
         c
     }
 }
@@ -194,6 +198,7 @@ impl Default for Config {
             value_bits: c.value_bits,
             group_size: c.group_size,
             residual_length: c.residual_length,
+            sink_tokens: c.sink_tokens,
         }
     }
 }

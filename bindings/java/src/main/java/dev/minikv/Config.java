@@ -16,7 +16,8 @@ public final class Config {
   private final BudgetPolicy budgetPolicy;
   private final float pyramidDepth;
   private final ScoreMode scoreMode;
-  private final int windowSize, poolKernel, keyBits, valueBits, groupSize, residualLength;
+  private final int windowSize, poolKernel, keyBits, valueBits, groupSize, residualLength,
+      sinkTokens;
 
   private Config(Builder b) {
     backend = b.backend;
@@ -40,6 +41,7 @@ public final class Config {
     valueBits = b.valueBits;
     groupSize = b.groupSize;
     residualLength = b.residualLength;
+    sinkTokens = b.sinkTokens;
   }
 
   /** A builder holding the library's defaults ({@code minikv_config_default}). */
@@ -71,6 +73,7 @@ public final class Config {
     b.valueBits = valueBits;
     b.groupSize = groupSize;
     b.residualLength = residualLength;
+    b.sinkTokens = sinkTokens;
     return b;
   }
 
@@ -98,6 +101,7 @@ public final class Config {
     c.setValue_bits(valueBits);
     c.setGroup_size(groupSize);
     c.setResidual_length(residualLength);
+    c.setSink_tokens(sinkTokens);
     return c;
   }
 
@@ -124,6 +128,7 @@ public final class Config {
     b.valueBits = c.getValue_bits();
     b.groupSize = c.getGroup_size();
     b.residualLength = c.getResidual_length();
+    b.sinkTokens = c.getSink_tokens();
     return b.build();
   }
 
@@ -148,6 +153,8 @@ public final class Config {
   public int valueBits() { return valueBits; }
   public int groupSize() { return groupSize; }
   public int residualLength() { return residualLength; }
+  /** Attention sinks: the first prompt positions kept unquantized, inside the budget. */
+  public int sinkTokens() { return sinkTokens; }
 
   @Override
   public String toString() {
@@ -156,7 +163,8 @@ public final class Config {
         + ", maxSequences=" + maxSequences + ", maxSeqLen=" + maxSeqLen
         + ", maxTokens=" + maxTokens + ", heavy=" + heavyRatio + ", recent=" + recentRatio
         + ", " + budgetPolicy + ", " + scoreMode + ", bits=" + keyBits + "/" + valueBits
-        + ", group=" + groupSize + ", residual=" + residualLength + "}";
+        + ", group=" + groupSize + ", residual=" + residualLength + ", sinks=" + sinkTokens
+        + "}";
   }
 
   /** Mutable builder; every setter returns {@code this}. Unsigned C fields take Java ints. */
@@ -170,7 +178,8 @@ public final class Config {
     private BudgetPolicy budgetPolicy;
     private float pyramidDepth;
     private ScoreMode scoreMode;
-    private int windowSize, poolKernel, keyBits, valueBits, groupSize, residualLength;
+    private int windowSize, poolKernel, keyBits, valueBits, groupSize, residualLength,
+        sinkTokens;
 
     private Builder(boolean defaults) {
       if (defaults) {
@@ -210,6 +219,7 @@ public final class Config {
       valueBits = d.valueBits;
       groupSize = d.groupSize;
       residualLength = d.residualLength;
+      sinkTokens = d.sinkTokens;
     }
 
     public Builder backend(Backend v) { backend = java.util.Objects.requireNonNull(v); return this; }
@@ -233,6 +243,7 @@ public final class Config {
     public Builder valueBits(int v) { valueBits = v; return this; }
     public Builder groupSize(int v) { groupSize = v; return this; }
     public Builder residualLength(int v) { residualLength = v; return this; }
+    public Builder sinkTokens(int v) { sinkTokens = v; return this; }
 
     /** The immutable configuration (validated later, by the library, at cache creation). */
     public Config build() {
