@@ -4,7 +4,7 @@
  * libminikv stores the KV cache of a transformer compressed with the MiniKV method
  * (arXiv 2411.18077): at the end of each prompt's prefill it keeps, per layer and KV
  * head, a recent window plus the "heavy hitter" tokens that received the most
- * attention, quantizes what it keeps to 2 (or 4) bits KIVI-style, and computes decode
+ * attention, quantizes what it keeps to 2, 4 or 8 bits KIVI-style, and computes decode
  * attention directly over the compressed cache.
  *
  * Introduction / lifecycle
@@ -180,8 +180,8 @@ typedef struct minikv_config {
   minikv_score_mode score_mode; /**< CUMULATIVE */
   uint32_t window_size;         /**< WINDOW mode: scoring queries (always kept); 32 */
   uint32_t pool_kernel;         /**< WINDOW mode: odd max-pool width, 1 = none; 7 */
-  uint32_t key_bits;            /**< 2, 4, or 16 (= unquantized, dtype); 2 */
-  uint32_t value_bits;          /**< 2, 4, or 16; 2 */
+  uint32_t key_bits;            /**< 2, 4, 8, or 16 (= unquantized, dtype); 2 */
+  uint32_t value_bits;          /**< 2, 4, 8, or 16; 2 */
   uint32_t group_size;          /**< quantization group G: 16, 32, 64 or 128; 16 */
   uint32_t residual_length;     /**< R: tokens kept 16-bit before a flush, a multiple of
                                      group_size; 128 */

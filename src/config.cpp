@@ -61,8 +61,8 @@ const char *dtype_name(minikv_dtype dtype) {
 namespace {
 
 void check_bits(const char *field, uint32_t bits) {
-  MINIKV_REQUIRE(bits == 2 || bits == 4 || bits == 16,
-                 "%s (%u) must be 2, 4 or 16 (16 = unquantized)", field, bits);
+  MINIKV_REQUIRE(bits == 2 || bits == 4 || bits == 8 || bits == 16,
+                 "%s (%u) must be 2, 4, 8 or 16 (16 = unquantized)", field, bits);
 }
 
 void check_ratio(const char *field, float value) {

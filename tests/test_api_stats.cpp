@@ -53,7 +53,7 @@ TEST_CASE("stats: used bytes equal the hand-computed size at every step") {
       // Sinks: 4 of them inside the budget; 64, more than a 77-token prompt's heavy share
       // (that prompt keeps everything: 64 sinks and 13 more).
       {MINIKV_DTYPE_F16, 4, 2, 32, 64, 64, 2, 4},  {MINIKV_DTYPE_F32, 2, 2, 16, 16, 64, 2, 64},
-      {MINIKV_DTYPE_BF16, 4, 4, 32, 32, 64, 1, 7},
+      {MINIKV_DTYPE_BF16, 8, 8, 32, 32, 64, 1, 7}, {MINIKV_DTYPE_F16, 8, 2, 16, 32, 128, 2},
   };
   for (const Case &cs : cases) {
     CAPTURE(cs.kb);

@@ -161,7 +161,9 @@ TEST_CASE("config: every bad field gives INVALID_ARGUMENT naming it") {
       {"pool_kernel", [](minikv_config &c) { c.pool_kernel = 0; }},
       {"pool_kernel", [](minikv_config &c) { c.pool_kernel = 4; }},  // must be odd
       {"key_bits", [](minikv_config &c) { c.key_bits = 3; }},
-      {"key_bits", [](minikv_config &c) { c.key_bits = 8; }},
+      {"key_bits", [](minikv_config &c) { c.key_bits = 32; }},
+      {"key_bits", [](minikv_config &c) { c.key_bits = 5; }},
+      {"value_bits", [](minikv_config &c) { c.value_bits = 6; }},
       {"value_bits", [](minikv_config &c) { c.value_bits = 1; }},
       {"value_bits", [](minikv_config &c) { c.value_bits = 0; }},
       {"group_size", [](minikv_config &c) { c.group_size = 8; }},
@@ -215,6 +217,10 @@ TEST_CASE("config: accepted edge values") {
   SUBCASE("bits 4 and 16, mixed") {
     c.key_bits = 4;
     c.value_bits = 16;
+  }
+  SUBCASE("bits 8 and 2, mixed") {
+    c.key_bits = 8;
+    c.value_bits = 2;
   }
   SUBCASE("group 128 with head_dim 128") {
     c.head_dim = 128;

@@ -60,8 +60,8 @@ type Config struct {
 	ScoreMode      ScoreMode
 	WindowSize     uint32
 	PoolKernel     uint32
-	KeyBits        uint32 // 2, 4 or 16 (unquantized)
-	ValueBits      uint32 // 2, 4 or 16
+	KeyBits        uint32 // 2, 4, 8 or 16 (unquantized)
+	ValueBits      uint32 // 2, 4, 8 or 16
 	GroupSize      uint32 // 16, 32, 64 or 128
 	ResidualLength uint32 // a multiple of GroupSize
 	SinkTokens     uint32 // first prompt positions always kept unquantized, inside the budget; 0..64

@@ -44,7 +44,7 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=200, help="decoded tokens")
     ap.add_argument("--prompts", type=int, nargs="+", default=[1500, 700])
-    ap.add_argument("--bits", type=int, default=2, choices=[2, 4, 16], help="key and value bits")
+    ap.add_argument("--bits", type=int, default=2, choices=[2, 4, 8, 16], help="key and value bits")
     args = ap.parse_args()
 
     H, HKV, D = 8, 2, 128

@@ -585,13 +585,18 @@ class CpuBackend final : public Backend {
   }
 
   // Codes of a packed row as floats (exact small integers).
+  template <uint32_t kBits>
+  static void unpack_words(const uint32_t *words, uint32_t n, float *out) {
+    constexpr uint32_t per_word = 32 / kBits, mask = (1u << kBits) - 1u;
+    for (uint32_t w = 0; w < n / per_word; ++w)
+      for (uint32_t i = 0; i < per_word; ++i)
+        out[w * per_word + i] = static_cast<float>((words[w] >> (kBits * i)) & mask);
+  }
   static void unpack_row(const uint32_t *words, uint32_t bits, uint32_t n, float *out) {
-    if (bits == 2) {
-      for (uint32_t w = 0; w < n / 16; ++w)
-        for (uint32_t i = 0; i < 16; ++i) out[w * 16 + i] = static_cast<float>((words[w] >> (2 * i)) & 3u);
-    } else {
-      for (uint32_t w = 0; w < n / 8; ++w)
-        for (uint32_t i = 0; i < 8; ++i) out[w * 8 + i] = static_cast<float>((words[w] >> (4 * i)) & 15u);
+    switch (bits) {
+      case 2: unpack_words<2>(words, n, out); break;
+      case 4: unpack_words<4>(words, n, out); break;
+      default: unpack_words<8>(words, n, out); break;
     }
   }
 

@@ -858,9 +858,9 @@ minikv_config decode_config(fuzz::Input &in, bool &extreme) {
   cfg.heavy_ratio = static_cast<float>(b6 % 9) / 8.0f;
   cfg.recent_ratio = static_cast<float>((b6 / 9) % 9) / 8.0f;
   const uint8_t b7 = in.u8();
-  static const uint32_t kBits[3] = {2, 4, 16};
-  cfg.key_bits = kBits[b7 % 3];
-  cfg.value_bits = kBits[(b7 / 3) % 3];
+  static const uint32_t kBits[4] = {2, 4, 16, 8};
+  cfg.key_bits = kBits[b7 % 4];
+  cfg.value_bits = kBits[(b7 / 4) % 4];
   const uint8_t b8 = in.u8();
   cfg.window_size = 1 + b8 % 16;
   cfg.pool_kernel = 1 + 2 * ((b8 >> 4) % 4);

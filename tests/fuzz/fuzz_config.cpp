@@ -48,7 +48,7 @@ bool documented_valid(const minikv_config &c) {
   const int32_t backend = raw(c.backend), dtype = raw(c.dtype), policy = raw(c.budget_policy),
                 score = raw(c.score_mode);
   const auto ratio_ok = [](float x) { return std::isfinite(x) && x >= 0.0f && x <= 1.0f; };
-  const auto bits_ok = [](uint32_t b) { return b == 2 || b == 4 || b == 16; };
+  const auto bits_ok = [](uint32_t b) { return b == 2 || b == 4 || b == 8 || b == 16; };
   return (backend == MINIKV_BACKEND_AUTO || backend == MINIKV_BACKEND_CPU) && c.device_id >= 0 &&
          (dtype == MINIKV_DTYPE_F16 || dtype == MINIKV_DTYPE_BF16 || dtype == MINIKV_DTYPE_F32) &&
          c.num_layers >= 1 && c.num_kv_heads >= 1 && c.num_heads >= 1 &&

@@ -167,9 +167,9 @@ pub struct minikv_config {
     pub window_size: u32,
     #[doc = "< WINDOW mode: odd max-pool width, 1 = none; 7"]
     pub pool_kernel: u32,
-    #[doc = "< 2, 4, or 16 (= unquantized, dtype); 2"]
+    #[doc = "< 2, 4, 8, or 16 (= unquantized, dtype); 2"]
     pub key_bits: u32,
-    #[doc = "< 2, 4, or 16; 2"]
+    #[doc = "< 2, 4, 8, or 16; 2"]
     pub value_bits: u32,
     #[doc = "< quantization group G: 16, 32, 64 or 128; 16"]
     pub group_size: u32,

@@ -84,9 +84,9 @@ pub struct Config {
     pub score_mode: ScoreMode,
     pub window_size: u32,
     pub pool_kernel: u32,
-    /// 2, 4, or 16 (= unquantized).
+    /// 2, 4, 8, or 16 (= unquantized).
     pub key_bits: u32,
-    /// 2, 4, or 16 (= unquantized).
+    /// 2, 4, 8, or 16 (= unquantized).
     pub value_bits: u32,
     pub group_size: u32,
     pub residual_length: u32,
