@@ -72,6 +72,7 @@ TEST_CASE("stats: used bytes equal the hand-computed size at every step") {
     c.max_sequences = 2;
     c.max_seq_len = 400;
     c.sink_tokens = cs.sinks;
+    c.budget_policy = MINIKV_BUDGET_UNIFORM;  // both layers keep half their prompt
     test::CachePtr cache = test::make_cache(c);
     const minikv_memory_stats empty = stats_of(cache.get());
     const std::vector<uint32_t> lens = {203, 77};
@@ -144,7 +145,7 @@ TEST_CASE("stats: the paper's setting compresses by ~86%") {
   // One layer and one head: the ratio does not depend on either.
   const uint32_t L = 4096, gen = 512, D = 128;
   minikv_config c = test::cpu_config(1, 1, 1, D, MINIKV_DTYPE_F16);
-  c.max_seq_len = L + gen;  // defaults: h = r = 0.25, 2-bit, G = 16, R = 128
+  c.max_seq_len = L + gen;  // the paper's: h = r = 0.25, 2-bit, G = 16, R = 128
   test::CachePtr cache = test::make_cache(c);
   test::Rng rng(42);
   test::Buf q(c.dtype, size_t(L) * D), k(c.dtype, size_t(L) * D), v(c.dtype, size_t(L) * D),

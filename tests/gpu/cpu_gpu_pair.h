@@ -30,6 +30,7 @@ struct Case {
 inline minikv_config make_config(const Case &c, minikv_backend backend) {
   minikv_config cfg;
   minikv_config_default(&cfg);
+  minikv_config_preset(&cfg, MINIKV_PRESET_PAPER);  // 2-bit, G = 16, no sinks
   cfg.backend = backend;
   cfg.dtype = c.dtype;
   cfg.num_layers = 2;

@@ -214,6 +214,7 @@ TEST_CASE("CUDA backend: unsupported configurations and argument errors") {
   GPU_OR_SKIP();
   minikv_config cfg;
   minikv_config_default(&cfg);
+  minikv_config_preset(&cfg, MINIKV_PRESET_PAPER);  // 2-bit, G = 16, no sinks
   cfg.backend = MINIKV_BACKEND_CUDA;
   cfg.num_layers = 1;
   cfg.num_heads = 4;

@@ -1158,6 +1158,89 @@ _gostring_ _wrap_config_init_capi_68e625ddbd40b45d(struct minikv_config *_swig_g
 }
 
 
+intgo _wrap_MINIKV_PRESET_BALANCED_capi_68e625ddbd40b45d() {
+  enum minikv_preset result;
+  intgo _swig_go_result;
+  
+  
+  result = MINIKV_PRESET_BALANCED;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_MINIKV_PRESET_PAPER_capi_68e625ddbd40b45d() {
+  enum minikv_preset result;
+  intgo _swig_go_result;
+  
+  
+  result = MINIKV_PRESET_PAPER;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_MINIKV_PRESET_QUALITY_capi_68e625ddbd40b45d() {
+  enum minikv_preset result;
+  intgo _swig_go_result;
+  
+  
+  result = MINIKV_PRESET_QUALITY;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_MINIKV_PRESET_EVICTION_ONLY_capi_68e625ddbd40b45d() {
+  enum minikv_preset result;
+  intgo _swig_go_result;
+  
+  
+  result = MINIKV_PRESET_EVICTION_ONLY;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_config_preset_capi_68e625ddbd40b45d(struct minikv_config *_swig_go_0, intgo _swig_go_1) {
+  minikv_config *arg1 = (minikv_config *) 0 ;
+  minikv_preset arg2 ;
+  minikv_status result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = *(minikv_config **)&_swig_go_0; 
+  arg2 = (minikv_preset)_swig_go_1; 
+  
+  result = (minikv_status)minikv_config_preset(arg1,arg2);
+  
+  if (result == MINIKV_OK) {
+    _swig_go_result.p = NULL;
+    _swig_go_result.n = 0;
+  } else {
+    const char *msg = minikv_last_error_message();
+    const size_t len = strlen(msg);
+    char *buf = (char *)malloc(len + 2);
+    if (buf) {
+      buf[0] = (char)result;
+      buf[1] = 1;
+      memcpy(buf + 2, msg, len);
+      _swig_go_result.p = buf;
+      _swig_go_result.n = (intgo)(len + 2);
+    } else {
+      const unsigned s = (unsigned)result < 9 ? (unsigned)result : 8;
+      _swig_go_result.p = (char *)minikv_swig_static_errors[s];
+      _swig_go_result.n = 2;
+    }
+  }
+  
+  return _swig_go_result;
+}
+
+
 _gostring_ _wrap_cache_create_capi_68e625ddbd40b45d(struct minikv_config *_swig_go_0, _goslice_ _swig_go_1) {
   minikv_config *arg1 = (minikv_config *) 0 ;
   minikv_cache **arg2 = (minikv_cache **) 0 ;
