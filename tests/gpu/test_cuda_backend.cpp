@@ -1,9 +1,9 @@
 // The CUDA backend against the CPU backend through the public C API, on identical inputs:
 // prefill outputs on every element, kept positions (also against a float64 reference
 // selection), decode outputs at every step of a generation across residual flushes, for
-// ragged batches, GQA 1/2/4/8, both score modes, 2/4/16 bits, fp16/bf16, head_dim 64/128;
+// ragged batches, GQA 1/2/4/8, both score modes, 2/4/8/16 bits, fp16/bf16, head_dim 64/128;
 // sequence release and reuse; CAPACITY_EXCEEDED; CUDA graph capture of append + decode;
-// unsupported configurations. Skipped when no CUDA device is present.
+// unsupported configurations (sink tokens until the decode reads them). Skipped when no CUDA device is present.
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -56,6 +56,11 @@ TEST_CASE("CUDA matches CPU on prefill + selection + decode across flushes") {
       {"bf16 hd64 recent-only G64", BF16, 64, 4, 4, CUM, 2, 2, 64, 128, UNI, 0.0f, 0.3f, {333}, 140},
       // a long prompt: many prefill tiles, decode split across CTAs
       {"f16 hd128 mha long", F16, 128, 4, 4, CUM, 2, 2, 16, 128, UNI, 0.25f, 0.25f, {2100}, 12},
+      // 8-bit keys and values (the generic decode), and 8-bit keys with 2-bit values
+      {"f16 hd128 gqa4 8/8 G32", F16, 128, 8, 2, CUM, 8, 8, 32, 64, UNI, 0.25f, 0.25f,
+       {1, 64, 300}, 80},
+      {"bf16 hd64 gqa2 8/2 G16", BF16, 64, 4, 2, WIN, 8, 2, 16, 32, PYR, 0.25f, 0.25f,
+       {200, 45}, 40},
       // a batch larger than one launch holds (64 prefill/append, 128 decode sequences)
       {"f16 hd64 gqa2 batch of 150", F16, 64, 4, 2, CUM, 2, 2, 16, 32, UNI, 0.25f, 0.25f,
        batch_lens(150), 35},
@@ -226,6 +231,17 @@ TEST_CASE("CUDA backend: unsupported configurations and argument errors") {
     cfg.dtype = MINIKV_DTYPE_F32;
     CHECK_EQ(minikv_cache_create(&cfg, &c), MINIKV_ERR_UNSUPPORTED);
     CHECK(std::string(minikv_last_error_message()).find("F32") != std::string::npos);
+  }
+  SUBCASE("sink tokens (the decode does not read them yet); AUTO falls back to the CPU") {
+    cfg.sink_tokens = 4;
+    CHECK_EQ(minikv_cache_create(&cfg, &c), MINIKV_ERR_UNSUPPORTED);
+    CHECK(std::string(minikv_last_error_message()).find("sink_tokens") != std::string::npos);
+    cfg.backend = MINIKV_BACKEND_AUTO;
+    MKV_OK(minikv_cache_create(&cfg, &c));
+    minikv_backend chosen = MINIKV_BACKEND_AUTO;
+    MKV_OK(minikv_cache_backend(c, &chosen));
+    CHECK_EQ(chosen, MINIKV_BACKEND_CPU);
+    minikv_cache_destroy(c);
   }
   SUBCASE("head_dim 256 (not compiled); AUTO falls back to the CPU") {
     cfg.head_dim = 256;
