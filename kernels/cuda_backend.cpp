@@ -11,7 +11,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -41,9 +40,6 @@ void check_launch_error(const char *kernel_name) {
 namespace {
 
 using namespace kernels;
-
-// cuda_debug_allow_storage_only (white-box storage tests): accept sink_tokens > 0 at create.
-std::atomic<bool> g_storage_only_allowed{false};
 
 // Makes `device` current for the scope (the caller's thread may use another device).
 class DeviceGuard {
@@ -241,11 +237,6 @@ class CudaBackend final : public Backend {
               void *stream) override {
     check_aligned("minikv_decode", "q", q);
     check_aligned("minikv_decode", "out", out);
-    for (const CacheView &view : items) {
-      if (view.sinks > 0)
-        fail(MINIKV_ERR_UNSUPPORTED,
-             "minikv_decode: the CUDA decode does not attend to sink tokens yet (sink_tokens)");
-    }
     DeviceGuard guard(device_);
     const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
     const uint64_t row = uint64_t(H) * D * dtype_bytes(cfg_.dtype);
@@ -479,8 +470,6 @@ std::vector<float> cuda_debug_scores(const Backend &backend, uint32_t kv_head, u
   return out;
 }
 
-void cuda_debug_allow_storage_only(bool allow) { g_storage_only_allowed.store(allow); }
-
 bool cuda_backend_available(int device_id) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
@@ -525,12 +514,6 @@ std::unique_ptr<Backend> make_cuda_backend(const StorageSpec &spec) {
          "minikv_cache_create: head_dim %u is not compiled into the CUDA backend (supported: "
          "64, 128)",
          cfg.head_dim);
-  }
-  if (cfg.sink_tokens > 0 && !g_storage_only_allowed.load()) {
-    fail(MINIKV_ERR_UNSUPPORTED,
-         "minikv_cache_create: sink_tokens = %u is not supported by the CUDA backend yet (its "
-         "decode does not attend to sink tokens); use sink_tokens = 0 or the CPU backend",
-         cfg.sink_tokens);
   }
   return std::make_unique<CudaBackend>(spec);
 }

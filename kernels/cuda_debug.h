@@ -14,9 +14,4 @@ namespace minikv {
 // `backend` is not the CUDA backend.
 std::vector<float> cuda_debug_scores(const Backend &backend, uint32_t kv_head, uint32_t count);
 
-// While set, minikv_cache_create accepts sink_tokens > 0 for the CUDA backend, whose decode
-// does not read the sink region yet (minikv_decode refuses such a cache), so that the
-// storage tests can compare prefill and append bytes with the CPU backend's.
-void cuda_debug_allow_storage_only(bool allow);
-
 }  // namespace minikv

@@ -3,7 +3,7 @@
 // selection), decode outputs at every step of a generation across residual flushes, for
 // ragged batches, GQA 1/2/4/8, both score modes, 2/4/8/16 bits, fp16/bf16, head_dim 64/128;
 // sequence release and reuse; CAPACITY_EXCEEDED; CUDA graph capture of append + decode;
-// unsupported configurations (sink tokens until the decode reads them). Skipped when no CUDA device is present.
+// attention sinks; unsupported configurations. Skipped when no CUDA device is present.
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -61,6 +61,14 @@ TEST_CASE("CUDA matches CPU on prefill + selection + decode across flushes") {
        {1, 64, 300}, 80},
       {"bf16 hd64 gqa2 8/2 G16", BF16, 64, 4, 2, WIN, 8, 2, 16, 32, PYR, 0.25f, 0.25f,
        {200, 45}, 40},
+      // attention sinks (the generic decode's sink segment): the default preset's storage,
+      // more sinks than a 16-row tile, prompts no longer than the sinks, keep-all
+      {"f16 hd128 gqa4 4/2 G32 4 sinks", F16, 128, 8, 2, CUM, 4, 2, 32, 128, UNI, 0.25f, 0.25f,
+       {1, 4, 5, 300, 1000}, 140, 1.0f, 4},
+      {"bf16 hd64 gqa2 2/2 G16 40 sinks window", BF16, 64, 4, 2, WIN, 2, 2, 16, 32, PYR, 0.25f,
+       0.25f, {40, 41, 250}, 40, 1.0f, 40},
+      {"f16 hd64 mha 16/16 keep-all 17 sinks", F16, 64, 4, 4, CUM, 16, 16, 16, 32, UNI, 0.6f, 0.5f,
+       {100, 7}, 20, 1.0f, 17},
       // a batch larger than one launch holds (64 prefill/append, 128 decode sequences)
       {"f16 hd64 gqa2 batch of 150", F16, 64, 4, 2, CUM, 2, 2, 16, 32, UNI, 0.25f, 0.25f,
        batch_lens(150), 35},
@@ -231,17 +239,6 @@ TEST_CASE("CUDA backend: unsupported configurations and argument errors") {
     cfg.dtype = MINIKV_DTYPE_F32;
     CHECK_EQ(minikv_cache_create(&cfg, &c), MINIKV_ERR_UNSUPPORTED);
     CHECK(std::string(minikv_last_error_message()).find("F32") != std::string::npos);
-  }
-  SUBCASE("sink tokens (the decode does not read them yet); AUTO falls back to the CPU") {
-    cfg.sink_tokens = 4;
-    CHECK_EQ(minikv_cache_create(&cfg, &c), MINIKV_ERR_UNSUPPORTED);
-    CHECK(std::string(minikv_last_error_message()).find("sink_tokens") != std::string::npos);
-    cfg.backend = MINIKV_BACKEND_AUTO;
-    MKV_OK(minikv_cache_create(&cfg, &c));
-    minikv_backend chosen = MINIKV_BACKEND_AUTO;
-    MKV_OK(minikv_cache_backend(c, &chosen));
-    CHECK_EQ(chosen, MINIKV_BACKEND_CPU);
-    minikv_cache_destroy(c);
   }
   SUBCASE("head_dim 256 (not compiled); AUTO falls back to the CPU") {
     cfg.head_dim = 256;

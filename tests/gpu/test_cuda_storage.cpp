@@ -31,12 +31,6 @@ struct WCase {
   uint32_t sinks = 0;
 };
 
-// Lets the CUDA backend take sink_tokens > 0 for the scope (its decode does not read the
-// sink region yet; these tests compare storage only).
-struct AllowStorageOnly {
-  AllowStorageOnly() { minikv::cuda_debug_allow_storage_only(true); }
-  ~AllowStorageOnly() { minikv::cuda_debug_allow_storage_only(false); }
-};
 
 minikv_config make_config(const WCase &c, minikv_backend backend) {
   minikv_config cfg;
@@ -94,7 +88,6 @@ void run_storage_case(const WCase &c) {
   INFO("case " << c.name);
   const minikv_config cfg_c = make_config(c, MINIKV_BACKEND_CPU);
   const minikv_config cfg_g = make_config(c, MINIKV_BACKEND_CUDA);
-  AllowStorageOnly allow;
   minikv::Cache cpu(cfg_c), gpu(cfg_g);
   const minikv::BlockLayout bl = minikv::make_block_layout(
       c.residual, c.kv_heads, c.head_dim, c.group, c.key_bits, c.value_bits, 2);
