@@ -53,7 +53,7 @@ def main():
                         num_layers=args.layers, num_heads=H, num_kv_heads=HKV, head_dim=D,
                         max_sequences=len(args.prompts),
                         max_seq_len=max(args.prompts) + args.steps,
-                        key_bits=args.bits, value_bits=args.bits)  # the rest: paper defaults
+                        key_bits=args.bits, value_bits=args.bits)  # the rest: the defaults
     if args.cuda:
         import torch
         to_dev = lambda a: torch.from_numpy(a).cuda()  # noqa: E731

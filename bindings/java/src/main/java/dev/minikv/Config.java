@@ -2,9 +2,11 @@ package dev.minikv;
 
 /**
  * An immutable cache configuration ({@code minikv_config}). Build one with {@link #builder()},
- * which starts from the library's defaults (the paper's: F16, 2-bit keys and values, group 16,
- * residual 128, heavy and recent ratios 0.25, backend AUTO); the model dimensions must be set.
- * The library validates it in {@link KvCache#KvCache(Config)}.
+ * which starts from the library's defaults ({@link Preset#BALANCED}: F16, 4-bit keys and 2-bit
+ * values, group 32, 4 sink tokens, residual 128, heavy and recent ratios 0.25, backend AUTO);
+ * {@link Builder#preset(Preset)} switches the compression fields to another named setting
+ * (the paper's exact MiniKV: {@link Preset#PAPER}); the model dimensions must be set. The
+ * library validates it in {@link KvCache#KvCache(Config)}.
  */
 public final class Config {
   private final Backend backend;
@@ -244,6 +246,22 @@ public final class Config {
     public Builder groupSize(int v) { groupSize = v; return this; }
     public Builder residualLength(int v) { residualLength = v; return this; }
     public Builder sinkTokens(int v) { sinkTokens = v; return this; }
+
+    /**
+     * Sets the compression fields (bits, group size, sink tokens, budgets, score mode,
+     * residual length) to a named setting ({@code minikv_config_preset}); dimensions,
+     * backend, dtype and sizes keep their values.
+     */
+    public Builder preset(Preset p) {
+      ConfigStruct c = new Config(this).toNative();
+      try {
+        MinikvNative.config_preset(c, java.util.Objects.requireNonNull(p).code);
+        copyFrom(fromNative(c).toBuilder());
+      } finally {
+        c.delete();
+      }
+      return this;
+    }
 
     /** The immutable configuration (validated later, by the library, at cache creation). */
     public Config build() {
