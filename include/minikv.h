@@ -4,13 +4,14 @@
  * libminikv stores the KV cache of a transformer compressed with the MiniKV method
  * (arXiv 2411.18077): at the end of each prompt's prefill it keeps, per layer and KV
  * head, a recent window plus the "heavy hitter" tokens that received the most
- * attention, quantizes what it keeps to 2 (or 4) bits KIVI-style, and computes decode
+ * attention, quantizes what it keeps to 2, 4 or 8 bits KIVI-style, and computes decode
  * attention directly over the compressed cache.
  *
  * Introduction / lifecycle
  * ------------------------
  *   minikv_config cfg;
  *   minikv_config_default(&cfg);              // defaults + cfg.struct_size (this header's)
+ *   // minikv_config_preset(&cfg, MINIKV_PRESET_PAPER);  // the MiniKV paper's exact setting
  *   cfg.num_layers = 32; cfg.num_heads = 32; cfg.num_kv_heads = 8; cfg.head_dim = 128;
  *   cfg.max_sequences = 16; cfg.max_seq_len = 8192;
  *   minikv_cache *cache;
@@ -156,7 +157,9 @@ typedef enum minikv_score_mode {
 } minikv_score_mode;
 
 /** Cache configuration. Always initialize with minikv_config_default() (which sets
- *  struct_size to this header's size), then set the model dimensions. */
+ *  struct_size to this header's size), optionally pick other compression settings with
+ *  minikv_config_preset(), then set the model dimensions. The defaults below are
+ *  MINIKV_PRESET_BALANCED; the MiniKV paper's exact setting is MINIKV_PRESET_PAPER. */
 typedef struct minikv_config {
   uint32_t struct_size;         /**< sizeof(minikv_config) of the caller's header */
   minikv_backend backend;       /**< AUTO */
@@ -175,18 +178,32 @@ typedef struct minikv_config {
                                      max_seq_len */
   float heavy_ratio;            /**< heavy-hitter budget h as a fraction of the prompt; 0.25 */
   float recent_ratio;           /**< recent-window budget r as a fraction of the prompt; 0.25 */
-  minikv_budget_policy budget_policy; /**< UNIFORM */
+  minikv_budget_policy budget_policy; /**< UNIFORM (measured better than PYRAMID on
+                                            SmolLM2-135M at 4 bits per element) */
   float pyramid_depth;          /**< PYRAMID depth delta >= 1; 7 */
   minikv_score_mode score_mode; /**< CUMULATIVE */
   uint32_t window_size;         /**< WINDOW mode: scoring queries (always kept); 32 */
   uint32_t pool_kernel;         /**< WINDOW mode: odd max-pool width, 1 = none; 7 */
-  uint32_t key_bits;            /**< 2, 4, or 16 (= unquantized, dtype); 2 */
-  uint32_t value_bits;          /**< 2, 4, or 16; 2 */
-  uint32_t group_size;          /**< quantization group G: 16, 32, 64 or 128; 16 */
+  uint32_t key_bits;            /**< 2, 4, 8, or 16 (= unquantized, dtype); 4 (keys are the
+                                     sensitive side) */
+  uint32_t value_bits;          /**< 2, 4, 8, or 16; 2 */
+  uint32_t group_size;          /**< quantization group G of keys and values: 16, 32, 64 or
+                                     128 (values need head_dim a multiple of G); 32 */
   uint32_t residual_length;     /**< R: tokens kept 16-bit before a flush, a multiple of
                                      group_size; 128 */
   uint32_t reserved_v1_;        /**< the first version's tail padding: ignored (fields are
                                      appended after it) */
+  /* ---- appended after the first version (struct_size 104) ---- */
+  uint32_t sink_tokens;         /**< S attention sinks: the first S positions of every prompt
+                                     are always kept, unquantized (dtype), in every layer and
+                                     KV head, counted inside the heavy-hitter budget (the
+                                     heavy hitters of a layer are floor(h_l*L) - S, chosen
+                                     among the positions after the sinks); a prompt of at
+                                     most S tokens keeps all of them as sinks. 0..64; 4 */
+  uint32_t reserved_v2_;        /**< must be 0: fills the tail to the struct's 8-byte
+                                     alignment, so that a later field appended here changes
+                                     sizeof and an older library rejects it instead of
+                                     ignoring it */
 } minikv_config;
 
 /** METHOD: fills the first `struct_size` bytes of `*cfg` with the defaults (see the field
@@ -211,6 +228,38 @@ MINIKV_API void minikv_config_default(minikv_config *cfg);
  *  (zlib's deflateInit pattern: the size is taken where the struct is declared).
  *  Evaluates to a minikv_status (MINIKV_OK unless cfg is NULL). */
 #define minikv_config_default(cfg) minikv_config_init((cfg), sizeof(minikv_config))
+
+/** Named compression settings (values pinned, append-only). "Bits per element" counts the
+ *  codes plus each group's 16-bit scale and minimum, averaged over keys and values; the
+ *  16-bit sink and residual tokens come on top. The budget keeps 50% of each prompt
+ *  (heavy_ratio = recent_ratio = 0.25), so the cache is about bits / 32 of an fp16 cache.
+ *  The README's accuracy section compares them on real models. */
+typedef enum minikv_preset {
+  MINIKV_PRESET_BALANCED = 0,     /**< the default: 4-bit keys, 2-bit values, G = 32, 4 sinks,
+                                       UNIFORM, CUMULATIVE scores: 4 bits per element (~87%
+                                       smaller than fp16), the paper's memory at a fraction
+                                       of its accuracy cost */
+  MINIKV_PRESET_PAPER = 1,        /**< MiniKV exactly: 2-bit keys and values, G = 16, no
+                                       sinks, PYRAMID depth 7, CUMULATIVE scores: 4 bits per
+                                       element */
+  MINIKV_PRESET_QUALITY = 2,      /**< 8-bit keys and values, G = 32, 4 sinks, UNIFORM,
+                                       CUMULATIVE: 9 bits per element (~72% smaller);
+                                       quantization is near lossless, eviction remains */
+  MINIKV_PRESET_EVICTION_ONLY = 3 /**< no quantization (16-bit), no sinks, UNIFORM,
+                                       CUMULATIVE: H2O-style eviction alone (50% smaller) */
+} minikv_preset;
+
+/** METHOD: sets the compression fields of `*cfg` to a named setting: key_bits, value_bits,
+ *  group_size, residual_length (128), sink_tokens, heavy_ratio, recent_ratio,
+ *  budget_policy, pyramid_depth (7), score_mode, window_size (32) and pool_kernel (7).
+ *  Model dimensions, backend, device, dtype and sizes are left as they are, so call it
+ *  after minikv_config_default() and before or after setting them.
+ *  Writes only those fields, all within cfg->struct_size (which must cover sink_tokens:
+ *  initialize with minikv_config_default() of this header or later).
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cfg, or a preset value this
+ *          library does not know: nothing written); MINIKV_ERR_VERSION_MISMATCH
+ *          (cfg->struct_size too small to hold sink_tokens: nothing written). */
+MINIKV_API minikv_status minikv_config_preset(minikv_config *cfg, minikv_preset preset);
 
 /* ---- the cache handle ------------------------------------------------------------- */
 /** Opaque handle: the compressed KV cache of up to max_sequences sequences, all layers. */

@@ -417,10 +417,12 @@ class CudaBackend final : public Backend {
       add_seq(sel.seqs, 0);
       sel.mode[b] = plan.keep_all ? 0 : scored ? 2 : 1;
       sel.candidates[b] = plan.keep_all ? L : plan.candidates;
+      sel.n_sink[b] = plan.n_sink;
       sel.n_heavy[b] = plan.keep_all ? 0 : plan.n_heavy;
       sel.n_keep[b] = plan.n_keep;
 
       add_seq(store.seqs, 0);
+      store.sinks[b] = it.dst.sinks;
       store.quantized[b] = it.dst.quantized;
       store.n_keep[b] = plan.n_keep;
       store.slot[b] = it.dst.residual_slot;

@@ -66,29 +66,33 @@ struct PrefillScoreParams {
   uint32_t col_end[kMaxPrefillSeqs];
 };
 
-// Selection of the kept positions per (sequence, KV head), ascending, into kept.
+// Selection of the kept positions per (sequence, KV head), ascending, into kept: the sinks
+// [0, n_sink), the n_heavy best of [n_sink, candidates), the suffix [candidates, L).
 struct SelectParams {
   const float *scores;  // [num_kv_heads][ws_tokens]
   int32_t *kept;        // [num_kv_heads][ws_tokens]
   uint32_t ws_tokens;
   uint32_t pool_kernel;  // WINDOW max-pool width (1 = none)
   PrefillSeqs seqs;
-  uint32_t candidates[kMaxPrefillSeqs];
+  uint32_t candidates[kMaxPrefillSeqs];  // end of the candidate range (keep all: L)
+  uint32_t n_sink[kMaxPrefillSeqs];
   uint32_t n_heavy[kMaxPrefillSeqs];
   uint32_t n_keep[kMaxPrefillSeqs];
   uint32_t scored_prefix[kMaxPrefillSeqs];  // pooled range (WINDOW with pool_kernel > 1), else 0
   uint8_t mode[kMaxPrefillSeqs];            // 0 keep all, 1 recent only, 2 scored
 };
 
-// Quantize + store of the kept tokens: whole groups into blocks, the tail into the residual.
+// Store of the kept tokens in cache order: the sinks into the slot's sink region, whole
+// groups quantized into blocks, the tail into the residual.
 struct StoreParams {
   const void *k, *v;
   const int32_t *kept;  // [num_kv_heads][ws_tokens]
   DeviceStorage st;
   uint32_t ws_tokens;
   PrefillSeqs seqs;
+  uint32_t sinks[kMaxPrefillSeqs];      // kept[0, sinks): positions 0..sinks-1
   uint32_t quantized[kMaxPrefillSeqs];  // tokens that go to blocks (multiple of G)
-  uint32_t n_keep[kMaxPrefillSeqs];
+  uint32_t n_keep[kMaxPrefillSeqs];     // sinks included
   uint32_t slot[kMaxPrefillSeqs];       // residual slot = block-table row
 };
 

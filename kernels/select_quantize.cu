@@ -1,17 +1,18 @@
 // Selection of the kept tokens on the GPU (no host round trip of the scores) and their
 // quantized store into the pool.
 //
-// select_kernel: one CTA per (sequence, KV head). The n_heavy best candidates are found by
-//   a 4-pass radix select (8-bit digits) on order-preserving 32-bit keys of the scores
+// select_kernel: one CTA per (sequence, KV head). The kept list starts with the sinks
+//   [0, n_sink); the n_heavy best candidates of [n_sink, candidates) are found by a
+//   4-pass radix select (8-bit digits) on order-preserving 32-bit keys of the scores
 //   (WINDOW max-pool applied on the fly), which yields the exact key of the n_heavy-th
 //   best and how many of the candidates equal to it are still needed; a compaction in
-//   position order then writes the kept positions ascending. The order is the one of
-//   src/policy.cpp select_kept: higher score first, ties to the lower position, NaN lowest
-//   (as -inf), -0 equal to +0.
-// store_kept_kernel: one CTA per (sequence, KV head, group of G kept tokens): gathers the
-//   rows from the caller's k/v, quantizes and packs them into their pool block
-//   (quantize.cuh); the task after the last group copies the tail (< G tokens) into the
-//   16-bit residual.
+//   position order then writes them ascending, followed by the protected suffix. The
+//   order is the one of src/policy.cpp select_kept: higher score first, ties to the lower
+//   position, NaN lowest (as -inf), -0 equal to +0.
+// store_kept_kernel: one CTA per (sequence, KV head, group of G kept tokens after the
+//   sinks): gathers the rows from the caller's k/v, quantizes and packs them into their
+//   pool block (quantize.cuh); the task after the last group copies the sinks into the
+//   slot's sink region and the tail (< G tokens) into the 16-bit residual.
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
@@ -71,14 +72,15 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
 
   const uint32_t seq = blockIdx.x, kvh = blockIdx.y;
   const uint32_t L = p.seqs.len[seq], off = p.seqs.ws_offset[seq];
-  const uint32_t n = p.candidates[seq], k = p.n_heavy[seq];
+  const uint32_t n = p.candidates[seq], k = p.n_heavy[seq], first = p.n_sink[seq];
   int32_t *kept = p.kept + uint64_t(kvh) * p.ws_tokens + off;
   const uint32_t tid = threadIdx.x;
 
-  if (p.mode[seq] == 0) {  // keep everything
+  if (p.mode[seq] == 0) {  // keep everything (the sinks are its first positions)
     for (uint32_t t = tid; t < L; t += kSelectThreads) kept[t] = static_cast<int32_t>(t);
     return;
   }
+  for (uint32_t t = tid; t < first; t += kSelectThreads) kept[t] = static_cast<int32_t>(t);
   uint32_t heavy = 0;
   if (p.mode[seq] == 2) {
     const float *sc = p.scores + uint64_t(kvh) * p.ws_tokens + off;
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       const int shift = 24 - 8 * pass;
       for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[b] = 0;
       __syncthreads();
-      for (uint32_t j = tid; j < n; j += kSelectThreads) {
+      for (uint32_t j = first + tid; j < n; j += kSelectThreads) {
         const uint32_t key = order_key(candidate_score(sc, j, pool, prefix));
         if ((key & mask) == prefix_key) atomicAdd(&hist[(key >> shift) & 255u], 1u);
       }
@@ -110,8 +112,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       __syncthreads();
     }
     // Keys > threshold are kept; of the keys == threshold, the `need` lowest positions.
-    uint32_t out = 0, eq_seen = 0;
-    for (uint32_t base = 0; base < n; base += kSelectThreads) {
+    uint32_t out = first, eq_seen = 0;
+    for (uint32_t base = first; base < n; base += kSelectThreads) {
       const uint32_t j = base + tid;
       const uint32_t key = j < n ? order_key(candidate_score(sc, j, pool, prefix)) : 0u;
       const bool gt = j < n && key > prefix_key, eq = j < n && key == prefix_key;
@@ -127,7 +129,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
     heavy = k;
   }
   // The protected suffix [candidates, L).
-  for (uint32_t t = tid; t < L - n; t += kSelectThreads) kept[heavy + t] = static_cast<int32_t>(n + t);
+  for (uint32_t t = tid; t < L - n; t += kSelectThreads) kept[first + heavy + t] = static_cast<int32_t>(n + t);
 }
 
 /// \tparam T dtype of k/v and of 16-bit storage (__half or __nv_bfloat16)
@@ -137,7 +139,7 @@ __global__ void __launch_bounds__(kStoreThreads) store_kept_kernel(const __grid_
   const uint32_t task = blockIdx.x, head = blockIdx.y, seq = blockIdx.z;
   const BlockLayout &bl = p.st.block;
   const uint32_t G = bl.group, D = bl.head_dim, R = bl.tokens, Hkv = bl.kv_heads;
-  const uint32_t quantized = p.quantized[seq], n_keep = p.n_keep[seq];
+  const uint32_t sinks = p.sinks[seq], quantized = p.quantized[seq], n_keep = p.n_keep[seq];
   const int32_t *kept = p.kept + uint64_t(head) * p.ws_tokens + p.seqs.ws_offset[seq];
   const int64_t tb = p.seqs.token_begin[seq];
   const T *k = static_cast<const T *>(p.k);
@@ -145,26 +147,35 @@ __global__ void __launch_bounds__(kStoreThreads) store_kept_kernel(const __grid_
   auto src_row = [&](const T *x, uint32_t t) { return x + ((tb + kept[t]) * Hkv + head) * D; };
 
   if (task < quantized / G) {
-    const uint32_t t0 = task * G;
+    const uint32_t t0 = task * G;  // block index; kept index sinks + t0
     const int32_t block_id = p.st.block_table[uint64_t(p.slot[seq]) * p.st.max_blocks_per_seq + t0 / R];
     uint8_t *block = p.st.pool + uint64_t(block_id) * bl.bytes;
+    const int32_t *group = kept + sinks + t0;
     store_group<T>(
-        bl, block, head, t0 % R, [&](uint32_t t) { return src_row(k, t0 + t); },
-        [&](uint32_t t) { return src_row(v, t0 + t); }, [&](uint32_t t) { return kept[t0 + t]; },
+        bl, block, head, t0 % R, [&](uint32_t t) { return src_row(k, sinks + t0 + t); },
+        [&](uint32_t t) { return src_row(v, sinks + t0 + t); }, [&](uint32_t t) { return group[t]; },
         s_scale, s_min);
   } else if (task == quantized / G && n_keep > quantized) {
     const ResidualLayout &rl = p.st.res;
     uint8_t *slot = p.st.residual + uint64_t(p.slot[seq]) * rl.bytes;
+    const uint64_t S = rl.sink_tokens;
+    T *k_sink = reinterpret_cast<T *>(slot + rl.sink_k) + uint64_t(head) * S * D;
+    T *v_sink = reinterpret_cast<T *>(slot + rl.sink_v) + uint64_t(head) * S * D;
+    for (uint32_t i = threadIdx.x; i < sinks * D; i += kStoreThreads) {
+      const uint32_t t = i / D, c = i % D;
+      k_sink[uint64_t(t) * D + c] = src_row(k, t)[c];
+      v_sink[uint64_t(t) * D + c] = src_row(v, t)[c];
+    }
     T *k_res = reinterpret_cast<T *>(slot + rl.k) + uint64_t(head) * R * D;
     T *v_res = reinterpret_cast<T *>(slot + rl.v) + uint64_t(head) * R * D;
     int32_t *pos = reinterpret_cast<int32_t *>(slot + rl.positions) + uint64_t(head) * R;
-    const uint32_t tail = n_keep - quantized;
+    const uint32_t first = sinks + quantized, tail = n_keep - first;
     for (uint32_t i = threadIdx.x; i < tail * D; i += kStoreThreads) {
       const uint32_t t = i / D, c = i % D;
-      k_res[uint64_t(t) * D + c] = src_row(k, quantized + t)[c];
-      v_res[uint64_t(t) * D + c] = src_row(v, quantized + t)[c];
+      k_res[uint64_t(t) * D + c] = src_row(k, first + t)[c];
+      v_res[uint64_t(t) * D + c] = src_row(v, first + t)[c];
     }
-    for (uint32_t t = threadIdx.x; t < tail; t += kStoreThreads) pos[t] = kept[quantized + t];
+    for (uint32_t t = threadIdx.x; t < tail; t += kStoreThreads) pos[t] = kept[first + t];
   }
 }
 

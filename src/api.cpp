@@ -102,6 +102,10 @@ minikv_status minikv_config_init(minikv_config *cfg, size_t struct_size) {
   return guarded(nullptr, "minikv_config_init", [&] { minikv::config_init(cfg, struct_size); });
 }
 
+minikv_status minikv_config_preset(minikv_config *cfg, minikv_preset preset) {
+  return guarded(nullptr, "minikv_config_preset", [&] { minikv::config_preset(cfg, preset); });
+}
+
 // The 0.1 symbol (the header now maps the name to minikv_config_init): such a caller's
 // struct has exactly the first version's fields.
 #undef minikv_config_default

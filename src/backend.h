@@ -39,7 +39,8 @@ struct CacheView {
 struct PrefillItem {
   int64_t token_begin = 0;  // first row of this sequence in the packed q/k/v/out
   SelectionPlan plan;
-  CacheView dst;  // quantized = plan.n_keep rounded down to G; residual = the rest
+  CacheView dst;  // sinks = plan.n_sink; quantized = the other kept tokens rounded down to
+                  // G; residual = the rest
 };
 
 struct AppendItem {
@@ -61,7 +62,8 @@ class Backend {
                       const void *v, void *stream) = 0;
   virtual void decode(uint32_t layer, const std::vector<CacheView> &items, const void *q,
                       void *out, void *stream) = 0;
-  // Positions of cached tokens [0, count) of one KV head, into host memory.
+  // Positions of the tokens in blocks and residual [0, count) of one KV head (cache order
+  // after the sinks, whose positions are implicit), into host memory.
   virtual void read_positions(const CacheView &view, uint32_t kv_head, uint32_t count,
                               int32_t *out) const = 0;
   // White-box tests: copies the whole block pool and every residual slot into host memory

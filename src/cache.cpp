@@ -19,7 +19,7 @@ Cache::Cache(const minikv_config &cfg) : cfg_(cfg) {
                                   static_cast<uint32_t>(dtype_bytes(cfg.dtype)));
   spec_.residual = make_residual_layout(R, cfg.num_kv_heads, cfg.head_dim,
                                         static_cast<uint32_t>(dtype_bytes(cfg.dtype)),
-                                        /*sink_tokens=*/0);
+                                        cfg.sink_tokens);
   spec_.max_blocks_per_seq = static_cast<uint32_t>(ceil_div(cfg.max_seq_len, R));
   const uint64_t slots = uint64_t(cfg.max_sequences) * cfg.num_layers;
   const uint64_t blocks = cfg.max_tokens == 0 ? slots * spec_.max_blocks_per_seq
@@ -82,6 +82,7 @@ CacheView Cache::view(uint32_t seq, uint32_t layer) const {
   v.blocks = table(seq, layer);
   v.num_blocks = s.num_blocks;
   v.residual_slot = seq * cfg_.num_layers + layer;
+  v.sinks = s.sinks;
   v.quantized = s.quantized;
   v.residual = s.residual;
   return v;
@@ -175,8 +176,10 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
     it.token_begin = cu_seqlens[i];
     it.plan = plan_selection(cfg_, heavy_ratios_[layer],
                              static_cast<uint32_t>(cu_seqlens[i + 1] - cu_seqlens[i]));
-    it.dst.quantized = it.plan.n_keep - it.plan.n_keep % cfg_.group_size;
-    it.dst.residual = it.plan.n_keep - it.dst.quantized;
+    it.dst.sinks = it.plan.n_sink;
+    const uint32_t rest = it.plan.n_keep - it.plan.n_sink;
+    it.dst.quantized = rest - rest % cfg_.group_size;
+    it.dst.residual = rest - it.dst.quantized;
     it.dst.residual_slot = seq_ids[i] * cfg_.num_layers + layer;
     need += blocks_for(it.dst.quantized);
   }
@@ -206,6 +209,7 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
     s.prompt_len = items[i].plan.prompt_len;
     s.kept_prompt = items[i].plan.n_keep;
     s.generated = 0;
+    s.sinks = items[i].dst.sinks;
     s.quantized = items[i].dst.quantized;
     s.residual = items[i].dst.residual;
   }
@@ -277,7 +281,7 @@ void Cache::decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
   items.assign(n_seqs, CacheView());  // within the capacity reserved at create
   for (uint32_t i = 0; i < n_seqs; ++i) {
     items[i] = view(seq_ids[i], layer);
-    if (items[i].quantized + items[i].residual == 0) {
+    if (items[i].sinks + items[i].quantized + items[i].residual == 0) {
       fail(MINIKV_ERR_BAD_STATE,
            "%s: sequence %u has no cached token in layer %u (its prompt kept none): append "
            "the token's K/V before decoding",
@@ -307,7 +311,7 @@ void Cache::sequence_length(uint32_t seq_id, uint32_t layer, uint64_t *seen,
                  cfg_.num_layers);
   const LayerState &s = state(seq_id, layer);
   if (seen) *seen = uint64_t(s.prompt_len) + s.generated;
-  if (cached) *cached = uint64_t(s.quantized) + s.residual;
+  if (cached) *cached = uint64_t(s.sinks) + s.quantized + s.residual;
 }
 
 void Cache::kept_positions(uint32_t seq_id, uint32_t layer, uint32_t kv_head,
@@ -327,8 +331,11 @@ void Cache::kept_positions(uint32_t seq_id, uint32_t layer, uint32_t kv_head,
     fail(MINIKV_ERR_BAD_STATE, "%s: sequence %u has not been prefilled for layer %u", call,
          seq_id, layer);
   }
+  // Sinks first, at their implicit positions 0..sinks-1; then blocks and residual.
   const uint32_t n = std::min(capacity, s.kept_prompt);
-  if (n > 0) backend_->read_positions(view(seq_id, layer), kv_head, n, positions);
+  const uint32_t sinks = std::min(n, s.sinks);
+  for (uint32_t t = 0; t < sinks; ++t) positions[t] = static_cast<int32_t>(t);
+  if (n > sinks) backend_->read_positions(view(seq_id, layer), kv_head, n - sinks, positions + sinks);
   *count = s.kept_prompt;
 }
 
@@ -337,13 +344,15 @@ minikv_memory_stats Cache::stats() const {
   st.struct_size = sizeof(st);
   st.pool_bytes = backend_->pool_bytes();
   st.workspace_bytes = backend_->workspace_bytes();
-  const uint64_t residual_token_bytes =
+  // Sink and residual tokens are stored unquantized, in the caller's dtype.
+  const uint64_t dense_token_bytes =
       2ull * cfg_.num_kv_heads * cfg_.head_dim * dtype_bytes(cfg_.dtype);
   for (const LayerState &s : states_) {
     if (!s.prefilled) continue;
     st.tokens_seen += uint64_t(s.prompt_len) + s.generated;
-    st.tokens_cached += uint64_t(s.quantized) + s.residual;
-    st.used_bytes += quantized_bytes(spec_.block, s.quantized) + residual_token_bytes * s.residual;
+    st.tokens_cached += uint64_t(s.sinks) + s.quantized + s.residual;
+    st.used_bytes += quantized_bytes(spec_.block, s.quantized) +
+                     dense_token_bytes * (uint64_t(s.sinks) + s.residual);
   }
   st.fp16_equivalent_bytes = st.tokens_seen * cfg_.num_kv_heads * cfg_.head_dim * 2ull * 2ull;
   st.compression_ratio =

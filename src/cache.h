@@ -48,6 +48,7 @@ class Cache {
     uint32_t prompt_len = 0;
     uint32_t kept_prompt = 0;  // n_keep
     uint32_t generated = 0;
+    uint32_t sinks = 0;
     uint32_t quantized = 0;
     uint32_t residual = 0;
     uint32_t num_blocks = 0;  // entries used in this pair's row of tables_

@@ -7,6 +7,53 @@
 
 namespace minikv {
 
+namespace {
+
+// The value a C caller stored in an enum field, read without an enum-typed load: any int
+// may arrive there, and loading one outside the enum's range is undefined behaviour in C++
+// (UBSan -fsanitize=enum, found by tests/fuzz/fuzz_config).
+template <typename E>
+int32_t raw_enum(const E &field) {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums in the ABI are 32-bit");
+  int32_t v;
+  std::memcpy(&v, &field, sizeof(v));
+  return v;
+}
+
+// The compression fields that differ between presets (minikv.h documents each; the README
+// gives the measurements behind BALANCED), indexed by the preset's value. Every preset
+// has h = r = 0.25, CUMULATIVE scores and R = 128.
+struct PresetFields {
+  uint32_t key_bits, value_bits, group_size, sink_tokens;
+  minikv_budget_policy budget_policy;
+};
+constexpr PresetFields kPresets[] = {
+    /* BALANCED      */ {4, 2, 32, 4, MINIKV_BUDGET_UNIFORM},
+    /* PAPER         */ {2, 2, 16, 0, MINIKV_BUDGET_PYRAMID},
+    /* QUALITY       */ {8, 8, 32, 4, MINIKV_BUDGET_UNIFORM},
+    /* EVICTION_ONLY */ {16, 16, 16, 0, MINIKV_BUDGET_UNIFORM},
+};
+constexpr int32_t kNumPresets = sizeof(kPresets) / sizeof(kPresets[0]);
+static_assert(MINIKV_PRESET_EVICTION_ONLY == kNumPresets - 1, "a preset without fields");
+
+void set_compression(minikv_config &c, int32_t preset) {
+  const PresetFields &p = kPresets[preset];
+  c.heavy_ratio = 0.25f;
+  c.recent_ratio = 0.25f;
+  c.budget_policy = p.budget_policy;
+  c.pyramid_depth = 7.0f;
+  c.score_mode = MINIKV_SCORE_CUMULATIVE;
+  c.window_size = 32;
+  c.pool_kernel = 7;
+  c.key_bits = p.key_bits;
+  c.value_bits = p.value_bits;
+  c.group_size = p.group_size;
+  c.residual_length = 128;
+  c.sink_tokens = p.sink_tokens;
+}
+
+}  // namespace
+
 minikv_config config_defaults() {
   minikv_config cfg;
   std::memset(&cfg, 0, sizeof(cfg));
@@ -17,18 +64,26 @@ minikv_config config_defaults() {
   cfg.max_sequences = 1;
   cfg.max_seq_len = 4096;
   cfg.max_tokens = 0;
-  cfg.heavy_ratio = 0.25f;
-  cfg.recent_ratio = 0.25f;
-  cfg.budget_policy = MINIKV_BUDGET_UNIFORM;
-  cfg.pyramid_depth = 7.0f;
-  cfg.score_mode = MINIKV_SCORE_CUMULATIVE;
-  cfg.window_size = 32;
-  cfg.pool_kernel = 7;
-  cfg.key_bits = 2;
-  cfg.value_bits = 2;
-  cfg.group_size = 16;
-  cfg.residual_length = 128;
+  set_compression(cfg, MINIKV_PRESET_BALANCED);
   return cfg;
+}
+
+void config_preset(minikv_config *cfg, minikv_preset preset) {
+  MINIKV_REQUIRE(cfg != nullptr, "minikv_config_preset: cfg is NULL");
+  const int32_t p = raw_enum(preset);
+  MINIKV_REQUIRE(p >= 0 && p < kNumPresets,
+                 "minikv_config_preset: preset (%d) must be MINIKV_PRESET_BALANCED (0), _PAPER "
+                 "(1), _QUALITY (2) or _EVICTION_ONLY (3)",
+                 p);
+  constexpr size_t needed = offsetof(minikv_config, sink_tokens) + sizeof(uint32_t);
+  if (cfg->struct_size < needed) {
+    fail(MINIKV_ERR_VERSION_MISMATCH,
+         "minikv_config_preset: cfg->struct_size (%u) must be at least %zu (the preset sets "
+         "sink_tokens): initialize cfg with minikv_config_default() of this header",
+         cfg->struct_size, needed);
+  }
+  // Every field written lies below `needed`, within the caller's struct.
+  set_compression(*cfg, p);
 }
 
 void config_init(minikv_config *cfg, size_t size) {
@@ -60,24 +115,13 @@ const char *dtype_name(minikv_dtype dtype) {
 namespace {
 
 void check_bits(const char *field, uint32_t bits) {
-  MINIKV_REQUIRE(bits == 2 || bits == 4 || bits == 16,
-                 "%s (%u) must be 2, 4 or 16 (16 = unquantized)", field, bits);
+  MINIKV_REQUIRE(bits == 2 || bits == 4 || bits == 8 || bits == 16,
+                 "%s (%u) must be 2, 4, 8 or 16 (16 = unquantized)", field, bits);
 }
 
 void check_ratio(const char *field, float value) {
   MINIKV_REQUIRE(std::isfinite(value) && value >= 0.0f && value <= 1.0f,
                  "%s (%g) must be in [0, 1]", field, static_cast<double>(value));
-}
-
-// The value a C caller stored in an enum field, read without an enum-typed load: any int
-// may arrive there, and loading one outside the enum's range is undefined behaviour in C++
-// (UBSan -fsanitize=enum, found by tests/fuzz/fuzz_config).
-template <typename E>
-int32_t raw_enum(const E &field) {
-  static_assert(sizeof(E) == sizeof(int32_t), "C enums in the ABI are 32-bit");
-  int32_t v;
-  std::memcpy(&v, &field, sizeof(v));
-  return v;
 }
 
 void validate(const minikv_config &c) {
@@ -125,12 +169,14 @@ void validate(const minikv_config &c) {
                  "group_size (%u) must be 16, 32, 64 or 128", c.group_size);
   MINIKV_REQUIRE(c.value_bits == 16 || c.head_dim % c.group_size == 0,
                  "head_dim (%u) must be a multiple of group_size (%u): values are quantized in "
-                 "groups of group_size channels",
+                 "groups of group_size channels (group_size 16 fits every head_dim)",
                  c.head_dim, c.group_size);
   MINIKV_REQUIRE(c.residual_length >= c.group_size && c.residual_length % c.group_size == 0 &&
                      c.residual_length <= 4096,
                  "residual_length (%u) must be a multiple of group_size (%u), at most 4096",
                  c.residual_length, c.group_size);
+  MINIKV_REQUIRE(c.sink_tokens <= kMaxSinkTokens, "sink_tokens (%u) must be in [0, %u]",
+                 c.sink_tokens, kMaxSinkTokens);
 }
 
 }  // namespace
@@ -158,6 +204,12 @@ minikv_config config_read(const minikv_config *user) {
   }
   minikv_config cfg = config_defaults();
   std::memcpy(&cfg, user, sizeof(minikv_config) < size ? sizeof(minikv_config) : size);
+  if (cfg.reserved_v2_ != 0) {
+    fail(MINIKV_ERR_VERSION_MISMATCH,
+         "config sets reserved_v2_ (%u): a field this library (version %s) does not know; it "
+         "must be 0",
+         cfg.reserved_v2_, minikv_version_string());
+  }
   cfg.struct_size = sizeof(minikv_config);
   validate(cfg);
   return cfg;

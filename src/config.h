@@ -15,10 +15,19 @@ constexpr uint32_t kConfigSizeV1 = 96;
 static_assert(offsetof(minikv_config, reserved_v1_) == 92 &&
                   offsetof(minikv_config, reserved_v1_) + sizeof(uint32_t) == kConfigSizeV1,
               "the first version of minikv_config is frozen: append fields, never insert");
+static_assert(offsetof(minikv_config, sink_tokens) == kConfigSizeV1 &&
+                  offsetof(minikv_config, reserved_v2_) == 100 && sizeof(minikv_config) == 104,
+              "fields are appended after reserved_v1_, never inserted");
+constexpr uint32_t kMaxSinkTokens = 64;
 constexpr uint32_t kStatsSizeV1 = sizeof(minikv_memory_stats);
 
-// The library's defaults for every field it knows, struct_size = sizeof(minikv_config).
+// The library's defaults for every field it knows (the compression fields of
+// MINIKV_PRESET_BALANCED), struct_size = sizeof(minikv_config).
 minikv_config config_defaults();
+
+// minikv_config_preset: sets the compression fields of *cfg to `preset`. Throws Error
+// (INVALID_ARGUMENT, VERSION_MISMATCH) before writing anything.
+void config_preset(minikv_config *cfg, minikv_preset preset);
 
 // minikv_config_init: writes the defaults into the first `size` bytes of *cfg (bytes past
 // this library's struct are zeroed: "not set" for a newer header) and sets struct_size.

@@ -45,8 +45,8 @@ struct BlockLayout {
   uint32_t kv_heads;   // Hkv
   uint32_t head_dim;   // D
   uint32_t group;      // G
-  uint32_t key_bits;   // 2, 4, 16
-  uint32_t value_bits; // 2, 4, 16
+  uint32_t key_bits;   // 2, 4, 8, 16
+  uint32_t value_bits; // 2, 4, 8, 16
   uint32_t elem_bytes; // 2 (F16/BF16) or 4 (F32)
   uint32_t pad_;
   uint64_t k_row_bytes, v_row_bytes;  // one token, one head

@@ -32,6 +32,7 @@ std::vector<double> layer_heavy_ratios(const minikv_config &cfg) {
 SelectionPlan plan_selection(const minikv_config &cfg, double heavy_ratio, uint32_t prompt_len) {
   SelectionPlan p;
   p.prompt_len = prompt_len;
+  p.n_sink = std::min(cfg.sink_tokens, prompt_len);
   const uint32_t n_heavy = budget_tokens(heavy_ratio, prompt_len);
   uint32_t n_protected = budget_tokens(cfg.recent_ratio, prompt_len);
   if (cfg.score_mode == MINIKV_SCORE_WINDOW) {
@@ -43,14 +44,14 @@ SelectionPlan plan_selection(const minikv_config &cfg, double heavy_ratio, uint3
   // h_l <= 1 - r turns into 1 - r) keeps everything, even where floor(h_l L) + floor(r L)
   // rounds down to L - 1.
   const bool whole = heavy_ratio + static_cast<double>(cfg.recent_ratio) >= 1.0 - 1e-12;
-  if (whole || static_cast<uint64_t>(n_heavy) + n_protected >= prompt_len) {
+  if (whole || static_cast<uint64_t>(std::max(n_heavy, p.n_sink)) + n_protected >= prompt_len) {
     p.keep_all = true;
     p.n_keep = prompt_len;
     return p;
   }
-  p.n_heavy = n_heavy;
+  p.n_heavy = n_heavy - std::min(n_heavy, p.n_sink);
   p.candidates = prompt_len - n_protected;
-  p.n_keep = n_heavy + n_protected;
+  p.n_keep = p.n_sink + p.n_heavy + n_protected;
   return p;
 }
 
@@ -61,8 +62,10 @@ void select_kept(const SelectionPlan &plan, const float *scores, int32_t *kept,
     for (uint32_t j = 0; j < plan.prompt_len; ++j) kept[n++] = static_cast<int32_t>(j);
     return;
   }
+  for (uint32_t j = 0; j < plan.n_sink; ++j) kept[n++] = static_cast<int32_t>(j);
   if (plan.n_heavy > 0) {
-    for (uint32_t j = 0; j < plan.candidates; ++j) scratch[j] = j;
+    const uint32_t count = plan.candidates - plan.n_sink;
+    for (uint32_t i = 0; i < count; ++i) scratch[i] = plan.n_sink + i;
     auto key = [&](uint32_t j) {
       const float s = scores[j];
       return std::isnan(s) ? -INFINITY : s;
@@ -71,7 +74,7 @@ void select_kept(const SelectionPlan &plan, const float *scores, int32_t *kept,
       const float sa = key(a), sb = key(b);
       return sa > sb || (sa == sb && a < b);
     };
-    std::nth_element(scratch, scratch + (plan.n_heavy - 1), scratch + plan.candidates, better);
+    std::nth_element(scratch, scratch + (plan.n_heavy - 1), scratch + count, better);
     std::sort(scratch, scratch + plan.n_heavy);
     for (uint32_t i = 0; i < plan.n_heavy; ++i) kept[n++] = static_cast<int32_t>(scratch[i]);
   }

@@ -14,23 +14,30 @@ namespace minikv {
 std::vector<double> layer_heavy_ratios(const minikv_config &cfg);
 
 // What one (sequence, layer) keeps of an L-token prompt. Sizes only, so every backend and
-// the host bookkeeping agree without looking at data.
+// the host bookkeeping agree without looking at data. Kept positions, ascending: the sinks
+// [0, n_sink), the n_heavy heavy hitters of [n_sink, candidates), the protected suffix
+// [candidates, L) (keep_all: every position, the first n_sink of them sinks).
 struct SelectionPlan {
   uint32_t prompt_len = 0;   // L
-  uint32_t n_heavy = 0;      // heavy hitters chosen among [0, candidates)
-  uint32_t candidates = 0;   // L - protected suffix; 0 when everything is kept
-  uint32_t n_keep = 0;       // kept per KV head
+  uint32_t n_sink = 0;       // min(sink_tokens, L): stored unquantized, in the sink region
+  uint32_t n_heavy = 0;      // heavy hitters chosen among [n_sink, candidates)
+  uint32_t candidates = 0;   // end of the candidate range: L - protected suffix; 0 when
+                             // everything is kept
+  uint32_t n_keep = 0;       // kept per KV head, sinks included
   bool keep_all = false;
   uint32_t scored_prefix = 0;  // WINDOW mode: keys [0, scored_prefix) get window scores
 };
 
-// n_hh = floor(h_l * L), n_rw = floor(r * L); WINDOW mode also protects the last
-// min(window_size, L) tokens. Keeps everything when n_hh + protected >= L.
+// n_sink = min(S, L), n_hh = floor(h_l * L), n_rw = floor(r * L); WINDOW mode also
+// protects the last min(window_size, L) tokens. The sinks count inside the heavy-hitter
+// budget: n_heavy = max(0, n_hh - n_sink). Keeps everything when n_hh + protected >= L or
+// when the sinks and the protected suffix cover the prompt.
 SelectionPlan plan_selection(const minikv_config &cfg, double heavy_ratio, uint32_t prompt_len);
 
-// Picks the n_heavy best of scores[0, candidates) (higher score first, ties to the lower
-// position, NaN lowest), appends the protected suffix [candidates, L) and writes the
-// n_keep kept positions in ascending order. `scratch` must hold `candidates` entries.
+// Writes the n_keep kept positions in ascending order: the sinks, the n_heavy best of
+// scores[n_sink, candidates) (higher score first, ties to the lower position, NaN lowest)
+// and the protected suffix [candidates, L). `scores` is indexed by position; `scratch`
+// must hold `candidates` entries.
 void select_kept(const SelectionPlan &plan, const float *scores, int32_t *kept,
                  uint32_t *scratch);
 

@@ -1,11 +1,13 @@
 // The oracle's model of what one (sequence, layer) holds, per MINIKV.md §4: after prefill
-// the kept prompt tokens in ascending position order, of which the first
-// n_keep - n_keep % G are quantized and the tail stays 16-bit in the residual; every
+// the kept prompt tokens in ascending position order, of which the first min(S, L) are
+// 16-bit sinks (S = sink_tokens), the next (n_keep - sinks) rounded down to G are
+// quantized and the tail stays 16-bit in the residual; every
 // appended token goes to the residual, and when the residual reaches R tokens they are
 // quantized as one flush (before that token's decode). Decode oracles in float64 over the
 // exact rows or over the rows as the reference quantizer dequantizes them.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "reference/attention_ref.hpp"
@@ -15,13 +17,13 @@
 namespace test {
 
 struct SeqModel {
-  uint32_t Hkv = 0, D = 0, G = 16, R = 128;
+  uint32_t Hkv = 0, D = 0, G = 16, R = 128, S = 0;
   std::vector<std::vector<float>> k, v;  // [Hkv] -> rows [n][D], cache order, dtype values
-  uint32_t n = 0, quantized = 0, residual = 0;
+  uint32_t n = 0, sinks = 0, quantized = 0, residual = 0;
 
   SeqModel() = default;
-  SeqModel(uint32_t hkv, uint32_t d, uint32_t g, uint32_t r)
-      : Hkv(hkv), D(d), G(g), R(r), k(hkv), v(hkv) {}
+  SeqModel(uint32_t hkv, uint32_t d, uint32_t g, uint32_t r, uint32_t sink_tokens = 0)
+      : Hkv(hkv), D(d), G(g), R(r), S(sink_tokens), k(hkv), v(hkv) {}
 
   // kept[h]: kept prompt positions of KV head h (ascending, same count for every head);
   // k_in/v_in: the prompt's [L][Hkv][D] rows, starting at token `first`.
@@ -30,12 +32,14 @@ struct SeqModel {
     n = static_cast<uint32_t>(kept[0].size());
     for (uint32_t h = 0; h < Hkv; ++h) {
       REQUIRE(kept[h].size() == n);
+      for (uint32_t t = 0; t < std::min(S, n); ++t) REQUIRE(kept[h][t] == int32_t(t));
       k[h].clear();
       v[h].clear();
       for (int32_t p : kept[h]) push(h, k_in, v_in, (first + size_t(p)) * Hkv + h);
     }
-    quantized = n - n % G;
-    residual = n - quantized;
+    sinks = std::min(S, n);  // every prompt keeps its first min(S, L) positions
+    quantized = (n - sinks) - (n - sinks) % G;
+    residual = n - sinks - quantized;
   }
 
   // Rows [Hkv][D] of one appended token at element offset `row` * Hkv * D.
@@ -55,7 +59,7 @@ struct SeqModel {
     for (uint32_t h = 0; h < Hkv; ++h) {
       if (dequantized) {
         ref::dequantize_cache(k[h], v[h], n, quantized, D, G, key_bits, value_bits, dt, keys[h],
-                              values[h]);
+                              values[h], sinks);
       } else {
         keys[h].assign(k[h].begin(), k[h].end());
         values[h].assign(v[h].begin(), v[h].end());

@@ -81,11 +81,13 @@ class Buf {
   std::vector<uint8_t> bytes_;
 };
 
-// A CPU-backend config with the paper's defaults and the given dimensions.
+// A CPU-backend config with the MiniKV paper's setting (MINIKV_PRESET_PAPER: 2-bit keys and
+// values, G = 16, no sinks, PYRAMID budgets, h = r = 0.25) and the given dimensions.
 inline minikv_config cpu_config(uint32_t layers, uint32_t heads, uint32_t kv_heads,
                                 uint32_t head_dim, minikv_dtype dt = MINIKV_DTYPE_F32) {
   minikv_config c;
   minikv_config_default(&c);
+  REQUIRE(minikv_config_preset(&c, MINIKV_PRESET_PAPER) == MINIKV_OK);
   c.backend = MINIKV_BACKEND_CPU;
   c.dtype = dt;
   c.num_layers = layers;

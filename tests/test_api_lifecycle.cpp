@@ -28,6 +28,7 @@ minikv_config config(uint32_t layers = 2, uint32_t seqs = 2) {
   c.max_sequences = seqs;
   c.max_seq_len = 160;
   c.residual_length = 32;
+  c.budget_policy = MINIKV_BUDGET_UNIFORM;  // every layer keeps half its prompt
   return c;
 }
 

@@ -2,9 +2,11 @@
 // FP16-equivalent size, token counts, the struct_size contract, and the paper's headline
 // compression (MHA, head_dim 128, 4096-token prompt + 512 generated, 50% budget, 2-bit,
 // G = 16, fp16: ~86%).
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "reference/attention_ref.hpp"
 #include "support.hpp"
 
 namespace {
@@ -21,20 +23,21 @@ minikv_memory_stats stats_of(const minikv_cache *c) {
 // per quantized token: key codes D*kb/8 + value codes D*vb/8 (a 16-bit side stores D
 // elements of the dtype instead); per group of G quantized tokens: a (scale, min) pair
 // per key channel, 2*D elements; per quantized token: a (scale, min) pair per group of G
-// value channels, 2*D/G elements; per residual token: K and V rows, 2*D elements.
+// value channels, 2*D/G elements; per sink or residual token: K and V rows, 2*D elements.
 uint64_t head_bytes(uint32_t D, uint32_t G, uint32_t kb, uint32_t vb, uint32_t elem,
-                    uint64_t quantized, uint64_t residual) {
+                    uint64_t sinks, uint64_t quantized, uint64_t residual) {
   const uint64_t k_codes = kb == 16 ? uint64_t(D) * elem : uint64_t(D) * kb / 8;
   const uint64_t v_codes = vb == 16 ? uint64_t(D) * elem : uint64_t(D) * vb / 8;
   uint64_t bytes = quantized * (k_codes + v_codes);
   if (kb != 16) bytes += quantized / G * 2ull * D * elem;
   if (vb != 16) bytes += quantized * 2ull * (D / G) * elem;
-  return bytes + residual * 2ull * D * elem;
+  return bytes + (sinks + residual) * 2ull * D * elem;
 }
 
 struct Case {
   minikv_dtype dt;
   uint32_t kb, vb, G, R, D, Hkv;
+  uint32_t sinks = 0;
 };
 
 }  // namespace
@@ -47,6 +50,10 @@ TEST_CASE("stats: used bytes equal the hand-computed size at every step") {
       {MINIKV_DTYPE_F32, 2, 2, 16, 16, 64, 2},   {MINIKV_DTYPE_BF16, 2, 16, 16, 32, 64, 4},
       {MINIKV_DTYPE_F16, 16, 4, 64, 64, 128, 2}, {MINIKV_DTYPE_F16, 16, 16, 16, 16, 64, 1},
       {MINIKV_DTYPE_F32, 4, 2, 128, 128, 128, 1},
+      // Sinks: 4 of them inside the budget; 64, more than a 77-token prompt's heavy share
+      // (that prompt keeps everything: 64 sinks and 13 more).
+      {MINIKV_DTYPE_F16, 4, 2, 32, 64, 64, 2, 4},  {MINIKV_DTYPE_F32, 2, 2, 16, 16, 64, 2, 64},
+      {MINIKV_DTYPE_BF16, 8, 8, 32, 32, 64, 1, 7}, {MINIKV_DTYPE_F16, 8, 2, 16, 32, 128, 2},
   };
   for (const Case &cs : cases) {
     CAPTURE(cs.kb);
@@ -54,6 +61,7 @@ TEST_CASE("stats: used bytes equal the hand-computed size at every step") {
     CAPTURE(cs.G);
     CAPTURE(cs.R);
     CAPTURE(cs.D);
+    CAPTURE(cs.sinks);
     const uint32_t H = cs.Hkv * 2, layers = 2;
     const uint32_t elem = static_cast<uint32_t>(ref::dtype_size(cs.dt));
     minikv_config c = test::cpu_config(layers, H, cs.Hkv, cs.D, cs.dt);
@@ -63,6 +71,8 @@ TEST_CASE("stats: used bytes equal the hand-computed size at every step") {
     c.residual_length = cs.R;
     c.max_sequences = 2;
     c.max_seq_len = 400;
+    c.sink_tokens = cs.sinks;
+    c.budget_policy = MINIKV_BUDGET_UNIFORM;  // both layers keep half their prompt
     test::CachePtr cache = test::make_cache(c);
     const minikv_memory_stats empty = stats_of(cache.get());
     const std::vector<uint32_t> lens = {203, 77};
@@ -80,22 +90,25 @@ TEST_CASE("stats: used bytes equal the hand-computed size at every step") {
     const int32_t cu1[2] = {0, 77};
     MKV_REQUIRE_OK(minikv_prefill(cache.get(), 1, 1, &ids[1], cu1, q.data(), k.data(), v.data(),
                                   out.data(), nullptr));
-    // Bookkeeping per (seq, layer): kept = 0.5 L, quantized = kept - kept % G, then appends.
+    // Bookkeeping per (seq, layer): kept = 0.5 L (the oracle's budget, sinks inside it),
+    // the sinks apart, quantized = the rest rounded down to G, then appends.
     struct St {
-      uint64_t seen, quantized, residual;
+      uint64_t seen, sinks, quantized, residual;
     };
-    auto prefilled = [&](uint64_t L) {
-      const uint64_t kept = L / 4 + L / 4;
-      return St{L, kept - kept % cs.G, kept % cs.G};
+    auto prefilled = [&](uint32_t L) {
+      const ref::Budget b = ref::budget(0.25, 0.25, L, false, 0, cs.sinks);
+      CHECK(b.kept() == (b.keep_all ? L : std::max(L / 4, b.n_sink) + L / 4));
+      const uint64_t rest = b.kept() - b.n_sink;
+      return St{L, b.n_sink, rest - rest % cs.G, rest % cs.G};
     };
     std::vector<St> st = {prefilled(203), prefilled(77), prefilled(77)};  // (0,0) (1,0) (1,1)
     auto check = [&]() {
       const minikv_memory_stats s = stats_of(cache.get());
       uint64_t used = 0, seen = 0, cached = 0;
       for (const St &x : st) {
-        used += cs.Hkv * head_bytes(cs.D, cs.G, cs.kb, cs.vb, elem, x.quantized, x.residual);
+        used += cs.Hkv * head_bytes(cs.D, cs.G, cs.kb, cs.vb, elem, x.sinks, x.quantized, x.residual);
         seen += x.seen;
-        cached += x.quantized + x.residual;
+        cached += x.sinks + x.quantized + x.residual;
       }
       CHECK(s.used_bytes == used);
       CHECK(s.tokens_seen == seen);
@@ -132,7 +145,7 @@ TEST_CASE("stats: the paper's setting compresses by ~86%") {
   // One layer and one head: the ratio does not depend on either.
   const uint32_t L = 4096, gen = 512, D = 128;
   minikv_config c = test::cpu_config(1, 1, 1, D, MINIKV_DTYPE_F16);
-  c.max_seq_len = L + gen;  // defaults: h = r = 0.25, 2-bit, G = 16, R = 128
+  c.max_seq_len = L + gen;  // the paper's: h = r = 0.25, 2-bit, G = 16, R = 128
   test::CachePtr cache = test::make_cache(c);
   test::Rng rng(42);
   test::Buf q(c.dtype, size_t(L) * D), k(c.dtype, size_t(L) * D), v(c.dtype, size_t(L) * D),

@@ -1,5 +1,6 @@
-// minikv_config: the paper's defaults, validation of every field (status + a message that
-// names the field), struct_size versioning.
+// minikv_config: the defaults (MINIKV_PRESET_BALANCED), the presets, validation of every
+// field (status + a message that names the field), struct_size versioning.
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -31,7 +32,7 @@ minikv_status create_status(const minikv_config &cfg, const char *field) {
 
 TEST_SUITE("cpu") {
 
-TEST_CASE("config: defaults are the paper's") {
+TEST_CASE("config: defaults are MINIKV_PRESET_BALANCED") {
   minikv_config c;
   std::memset(&c, 0xab, sizeof(c));
   minikv_config_default(&c);
@@ -53,11 +54,171 @@ TEST_CASE("config: defaults are the paper's") {
   CHECK(c.score_mode == MINIKV_SCORE_CUMULATIVE);
   CHECK(c.window_size == 32);
   CHECK(c.pool_kernel == 7);
-  CHECK(c.key_bits == 2);
+  CHECK(c.key_bits == 4);
   CHECK(c.value_bits == 2);
-  CHECK(c.group_size == 16);
+  CHECK(c.group_size == 32);
   CHECK(c.residual_length == 128);
+  CHECK(c.sink_tokens == 4);
+  CHECK(c.reserved_v2_ == 0);
   CHECK(minikv_config_default(nullptr) == MINIKV_ERR_INVALID_ARGUMENT);  // and no crash
+  // The same bytes as the BALANCED preset applied on top.
+  minikv_config b = c;
+  MKV_REQUIRE_OK(minikv_config_preset(&b, MINIKV_PRESET_BALANCED));
+  CHECK(std::memcmp(&b, &c, sizeof(c)) == 0);
+}
+
+namespace {
+
+// The compression fields a preset sets (include/minikv.h documents each preset).
+struct PresetFields {
+  minikv_preset preset;
+  uint32_t key_bits, value_bits, group_size, sink_tokens;
+  minikv_budget_policy policy;
+};
+
+const PresetFields kPresets[] = {
+    {MINIKV_PRESET_BALANCED, 4, 2, 32, 4, MINIKV_BUDGET_UNIFORM},
+    {MINIKV_PRESET_PAPER, 2, 2, 16, 0, MINIKV_BUDGET_PYRAMID},
+    {MINIKV_PRESET_QUALITY, 8, 8, 32, 4, MINIKV_BUDGET_UNIFORM},
+    {MINIKV_PRESET_EVICTION_ONLY, 16, 16, 16, 0, MINIKV_BUDGET_UNIFORM},
+};
+
+}  // namespace
+
+TEST_CASE("config: each preset sets exactly its compression fields") {
+  for (const PresetFields &p : kPresets) {
+    CAPTURE(p.preset);
+    // Every other field keeps what the caller had, including unusual values.
+    minikv_config c;
+    minikv_config_default(&c);
+    c.backend = MINIKV_BACKEND_CPU;
+    c.device_id = 3;
+    c.dtype = MINIKV_DTYPE_BF16;
+    c.num_layers = 7;
+    c.num_heads = 12;
+    c.num_kv_heads = 4;
+    c.head_dim = 96;
+    c.max_sequences = 5;
+    c.max_seq_len = 777;
+    c.max_tokens = 12345;
+    c.reserved_v1_ = 0xdead;
+    // ... and every compression field is overwritten, whatever it held.
+    c.heavy_ratio = c.recent_ratio = 0.9f;
+    c.budget_policy = p.policy == MINIKV_BUDGET_UNIFORM ? MINIKV_BUDGET_PYRAMID : MINIKV_BUDGET_UNIFORM;
+    c.pyramid_depth = 2.0f;
+    c.score_mode = MINIKV_SCORE_WINDOW;
+    c.window_size = 5;
+    c.pool_kernel = 3;
+    c.key_bits = c.value_bits = 3;
+    c.group_size = 64;
+    c.residual_length = 512;
+    c.sink_tokens = 63;
+    const minikv_config before = c;
+    MKV_REQUIRE_OK(minikv_config_preset(&c, p.preset));
+    CHECK(c.struct_size == before.struct_size);
+    CHECK(c.backend == before.backend);
+    CHECK(c.device_id == 3);
+    CHECK(c.dtype == MINIKV_DTYPE_BF16);
+    CHECK(c.num_layers == 7);
+    CHECK(c.num_heads == 12);
+    CHECK(c.num_kv_heads == 4);
+    CHECK(c.head_dim == 96);
+    CHECK(c.max_sequences == 5);
+    CHECK(c.max_seq_len == 777);
+    CHECK(c.max_tokens == 12345);
+    CHECK(c.reserved_v1_ == 0xdead);
+    CHECK(c.reserved_v2_ == 0);
+    CHECK(c.key_bits == p.key_bits);
+    CHECK(c.value_bits == p.value_bits);
+    CHECK(c.group_size == p.group_size);
+    CHECK(c.sink_tokens == p.sink_tokens);
+    CHECK(c.budget_policy == p.policy);
+    CHECK(c.heavy_ratio == 0.25f);
+    CHECK(c.recent_ratio == 0.25f);
+    CHECK(c.pyramid_depth == 7.0f);
+    CHECK(c.score_mode == MINIKV_SCORE_CUMULATIVE);
+    CHECK(c.window_size == 32);
+    CHECK(c.pool_kernel == 7);
+    CHECK(c.residual_length == 128);
+  }
+}
+
+TEST_CASE("config: every preset creates a cache that prefills and decodes") {
+  for (const PresetFields &p : kPresets) {
+    CAPTURE(p.preset);
+    minikv_config c = valid();
+    MKV_REQUIRE_OK(minikv_config_preset(&c, p.preset));
+    c.max_seq_len = 300;
+    test::CachePtr cache = test::make_cache(c);
+    test::Rng rng(17);
+    const uint32_t L = 200, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+    test::Buf q(c.dtype, size_t(L) * H * D), k(c.dtype, size_t(L) * Hkv * D),
+        v(c.dtype, size_t(L) * Hkv * D), out(c.dtype, size_t(L) * H * D), o1(c.dtype, size_t(H) * D);
+    q.fill_normal(rng);
+    k.fill_normal(rng);
+    v.fill_normal(rng);
+    const uint32_t seq = 0;
+    const int32_t cu[2] = {0, static_cast<int32_t>(L)};
+    for (uint32_t layer = 0; layer < c.num_layers; ++layer)
+      MKV_REQUIRE_OK(minikv_prefill(cache.get(), layer, 1, &seq, cu, q.data(), k.data(), v.data(),
+                                    out.data(), nullptr));
+    MKV_REQUIRE_OK(minikv_decode(cache.get(), 1, 1, &seq, q.data(), o1.data(), nullptr));
+    for (double x : o1.doubles()) CHECK(std::isfinite(x));
+    const std::vector<int32_t> kept = test::kept_positions(cache.get(), 0, 0, 0);
+    for (uint32_t t = 0; t < p.sink_tokens; ++t) CHECK(kept[t] == int32_t(t));
+  }
+}
+
+TEST_CASE("config: a preset writes only within struct_size and checks its arguments") {
+  unsigned char frame[sizeof(minikv_config) + 64];
+  auto *cfg = reinterpret_cast<minikv_config *>(frame);
+  unsigned char before[sizeof(frame)];
+  auto unchanged = [&] { return std::memcmp(frame, before, sizeof(frame)) == 0; };
+  SUBCASE("a struct_size that covers sink_tokens but not reserved_v2_") {
+    std::memset(frame, 0xA5, sizeof(frame));
+    MKV_REQUIRE_OK(minikv_config_init(cfg, 100));
+    MKV_REQUIRE_OK(minikv_config_preset(cfg, MINIKV_PRESET_PAPER));
+    CHECK(cfg->sink_tokens == 0);
+    CHECK(cfg->key_bits == 2);
+    for (size_t i = 100; i < sizeof(frame); ++i) CHECK(frame[i] == 0xA5);
+  }
+  SUBCASE("a newer, larger struct: its tail is left alone") {
+    std::memset(frame, 0xA5, sizeof(frame));
+    MKV_REQUIRE_OK(minikv_config_init(cfg, sizeof(frame)));
+    std::memset(frame + sizeof(minikv_config), 0x5A, sizeof(frame) - sizeof(minikv_config));
+    MKV_REQUIRE_OK(minikv_config_preset(cfg, MINIKV_PRESET_QUALITY));
+    CHECK(cfg->key_bits == 8);
+    for (size_t i = sizeof(minikv_config); i < sizeof(frame); ++i) CHECK(frame[i] == 0x5A);
+  }
+  SUBCASE("the first version's struct has no sink_tokens: VERSION_MISMATCH, nothing written") {
+    std::memset(frame, 0xA5, sizeof(frame));
+    MKV_REQUIRE_OK(minikv_config_init(cfg, 96));
+    std::memcpy(before, frame, sizeof(frame));
+    CHECK(minikv_config_preset(cfg, MINIKV_PRESET_PAPER) == MINIKV_ERR_VERSION_MISMATCH);
+    CHECK(std::string(minikv_last_error_message()).find("struct_size") != std::string::npos);
+    CHECK(unchanged());
+    cfg->struct_size = 0;
+    std::memcpy(before, frame, sizeof(frame));
+    CHECK(minikv_config_preset(cfg, MINIKV_PRESET_BALANCED) == MINIKV_ERR_VERSION_MISMATCH);
+    CHECK(unchanged());
+  }
+  SUBCASE("an unknown preset: INVALID_ARGUMENT naming it, nothing written") {
+    std::memset(frame, 0xA5, sizeof(frame));
+    MKV_REQUIRE_OK(minikv_config_init(cfg, sizeof(minikv_config)));
+    std::memcpy(before, frame, sizeof(frame));
+    for (int bad : {-1, 4, 99, INT32_MIN}) {
+      CAPTURE(bad);
+      minikv_preset p;
+      std::memcpy(&p, &bad, sizeof(p));  // any int a C caller may pass
+      CHECK(minikv_config_preset(cfg, p) == MINIKV_ERR_INVALID_ARGUMENT);
+      CHECK(std::string(minikv_last_error_message()).find("preset") != std::string::npos);
+      CHECK(unchanged());
+    }
+  }
+  SUBCASE("NULL") {
+    CHECK(minikv_config_preset(nullptr, MINIKV_PRESET_PAPER) == MINIKV_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(minikv_last_error_message()).find("cfg") != std::string::npos);
+  }
 }
 
 TEST_CASE("config: init writes only the caller's struct_size bytes") {
@@ -69,7 +230,7 @@ TEST_CASE("config: init writes only the caller's struct_size bytes") {
   auto *cfg = reinterpret_cast<minikv_config *>(frame);
   MKV_REQUIRE_OK(minikv_config_init(cfg, kV1));
   CHECK(cfg->struct_size == kV1);
-  CHECK(cfg->key_bits == 2);
+  CHECK(cfg->key_bits == 4);
   CHECK(cfg->residual_length == 128);
   for (size_t i = kV1; i < sizeof(frame); ++i) CHECK(frame[i] == 0xA5);
 
@@ -161,7 +322,9 @@ TEST_CASE("config: every bad field gives INVALID_ARGUMENT naming it") {
       {"pool_kernel", [](minikv_config &c) { c.pool_kernel = 0; }},
       {"pool_kernel", [](minikv_config &c) { c.pool_kernel = 4; }},  // must be odd
       {"key_bits", [](minikv_config &c) { c.key_bits = 3; }},
-      {"key_bits", [](minikv_config &c) { c.key_bits = 8; }},
+      {"key_bits", [](minikv_config &c) { c.key_bits = 32; }},
+      {"key_bits", [](minikv_config &c) { c.key_bits = 5; }},
+      {"value_bits", [](minikv_config &c) { c.value_bits = 6; }},
       {"value_bits", [](minikv_config &c) { c.value_bits = 1; }},
       {"value_bits", [](minikv_config &c) { c.value_bits = 0; }},
       {"group_size", [](minikv_config &c) { c.group_size = 8; }},
@@ -169,6 +332,8 @@ TEST_CASE("config: every bad field gives INVALID_ARGUMENT naming it") {
       {"residual_length", [](minikv_config &c) { c.residual_length = 24; }},  // not k*G
       {"residual_length", [](minikv_config &c) { c.residual_length = 0; }},
       {"residual_length", [](minikv_config &c) { c.residual_length = 8; }},  // < G
+      {"sink_tokens", [](minikv_config &c) { c.sink_tokens = 65; }},
+      {"sink_tokens", [](minikv_config &c) { c.sink_tokens = UINT32_MAX; }},
   };
   for (const Bad &b : bad) {
     minikv_config c = valid();
@@ -214,6 +379,10 @@ TEST_CASE("config: accepted edge values") {
     c.key_bits = 4;
     c.value_bits = 16;
   }
+  SUBCASE("bits 8 and 2, mixed") {
+    c.key_bits = 8;
+    c.value_bits = 2;
+  }
   SUBCASE("group 128 with head_dim 128") {
     c.head_dim = 128;
     c.group_size = 128;
@@ -229,6 +398,7 @@ TEST_CASE("config: accepted edge values") {
     c.score_mode = MINIKV_SCORE_WINDOW;
     c.pool_kernel = 1;
   }
+  SUBCASE("sink_tokens 64, the largest") { c.sink_tokens = 64; }
   SUBCASE("head_dim 16 and 256") {
     c.head_dim = 256;
     minikv_config d = valid();
@@ -260,7 +430,7 @@ TEST_CASE("config: struct_size versioning") {
 
   SUBCASE("too small is VERSION_MISMATCH") {
     minikv_config c = valid();
-    for (uint32_t size : {0u, 4u, uint32_t(sizeof(minikv_config) - 4)}) {
+    for (uint32_t size : {0u, 4u, 92u}) {  // below the first version (96 bytes)
       c.struct_size = size;
       CAPTURE(size);
       CHECK(create_status(c, "struct_size") == MINIKV_ERR_VERSION_MISMATCH);
@@ -276,6 +446,10 @@ TEST_CASE("config: struct_size versioning") {
     big.cfg.struct_size = sizeof(Bigger);
     big.future_fields[3] = 1;
     CHECK(create_status(big.cfg, "struct_size") == MINIKV_ERR_VERSION_MISMATCH);
+  }
+  SUBCASE("a non-zero reserved_v2_ is a field this library does not know") {
+    big.cfg.reserved_v2_ = 1;
+    CHECK(create_status(big.cfg, "reserved_v2_") == MINIKV_ERR_VERSION_MISMATCH);
   }
   SUBCASE("a tail byte just past our struct counts") {
     big.cfg.struct_size = sizeof(minikv_config) + 1;

@@ -3,6 +3,7 @@
 // reference oracles of tests/reference/attention_ref.hpp.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -203,6 +204,51 @@ TEST_CASE("policy: select_kept matches the oracle on random scores") {
       const std::vector<int32_t> want = ref::select(sd, L, ref::budget(0.25, 0.25, L, false, 0));
       CHECK(got == want);
       CHECK(std::is_sorted(got.begin(), got.end()));
+    }
+  }
+}
+
+TEST_CASE("policy: sinks in plan_selection and select_kept match the oracle") {
+  // Every prompt length around the thresholds, sink counts below, at and above the
+  // heavy-hitter share, both score modes; scores with many ties and with the sinks scored
+  // highest (they must not also be picked as heavy hitters).
+  test::Rng rng(13);
+  for (minikv_score_mode mode : {MINIKV_SCORE_CUMULATIVE, MINIKV_SCORE_WINDOW}) {
+    for (uint32_t sinks : {1u, 4u, 13u, 64u}) {
+      for (float h : {0.0f, 0.1f, 0.25f, 0.75f}) {
+        minikv_config c = cfg_with(1, h, 0.25f, MINIKV_BUDGET_UNIFORM, 7.0f);
+        c.sink_tokens = sinks;
+        c.score_mode = mode;
+        c.window_size = 8;
+        for (uint32_t L = 1; L <= 160; L += (L < 80 ? 1 : 7)) {
+          CAPTURE(mode);
+          CAPTURE(sinks);
+          CAPTURE(h);
+          CAPTURE(L);
+          const minikv::SelectionPlan p = minikv::plan_selection(c, h, L);
+          const bool window = mode == MINIKV_SCORE_WINDOW;
+          const ref::Budget b = ref::budget(h, 0.25, L, window, 8, sinks);
+          CHECK(p.n_sink == std::min(sinks, L));
+          CHECK(p.n_sink == b.n_sink);
+          CHECK(p.keep_all == b.keep_all);
+          CHECK(p.n_keep == b.kept());
+          if (!p.keep_all) {
+            CHECK(p.n_heavy == b.n_heavy);
+            CHECK(p.candidates == L - b.n_protected);
+            CHECK(p.n_heavy + p.n_sink == std::max<uint32_t>(uint32_t(std::floor(h * L + 1e-7)), p.n_sink));
+          }
+          std::vector<float> s(L);
+          std::vector<double> sd(L);
+          for (uint32_t j = 0; j < L; ++j) {
+            s[j] = j < sinks ? 1e6f : static_cast<float>(rng.below(5));
+            sd[j] = s[j];
+          }
+          const std::vector<int32_t> got = run_select(p, s);
+          CHECK(got == ref::select(sd, L, b));
+          for (uint32_t t = 0; t < p.n_sink; ++t) CHECK(got[t] == int32_t(t));
+          CHECK(std::adjacent_find(got.begin(), got.end(), std::greater_equal<int32_t>()) == got.end());
+        }
+      }
     }
   }
 }

@@ -20,6 +20,7 @@ struct Shape {
   minikv_score_mode mode = MINIKV_SCORE_CUMULATIVE;
   uint32_t window = 32, pool = 7;
   float heavy = 0.25f, recent = 0.25f;
+  uint32_t sinks = 0;    // sink_tokens
   double q_scale = 1.5;  // sharper than uniform attention
 };
 
@@ -35,7 +36,8 @@ std::string describe(const Shape &s) {
   std::string lens;
   for (uint32_t l : s.lens) lens += std::to_string(l) + " ";
   return std::string(ref::dtype_label(s.dt)) + " H=" + std::to_string(s.H) + " Hkv=" +
-         std::to_string(s.Hkv) + " D=" + std::to_string(s.D) + " lens=" + lens +
+         std::to_string(s.Hkv) + " D=" + std::to_string(s.D) + " sinks=" +
+         std::to_string(s.sinks) + " lens=" + lens +
          (s.mode == MINIKV_SCORE_WINDOW ? "WINDOW" : "CUMULATIVE");
 }
 
@@ -63,14 +65,15 @@ void check_selection(const std::vector<int32_t> &got, const std::vector<double> 
   if (got == want) return;
   const uint32_t candidates = L - b.n_protected;
   double max_score = 0.0;
-  for (uint32_t j = 0; j < candidates; ++j) max_score = std::max(max_score, std::fabs(scores[j]));
+  for (uint32_t j = b.n_sink; j < candidates; ++j)
+    max_score = std::max(max_score, std::fabs(scores[j]));
   const double tol = 1e-5 * max_score + 1e-7;
   std::set<int32_t> kept(got.begin(), got.end());
   double min_kept = INFINITY, max_dropped = -INFINITY;
   for (uint32_t j = 0; j < L; ++j) {
     const bool k = kept.count(static_cast<int32_t>(j)) > 0;
-    if (j >= candidates) {
-      CHECK_MESSAGE(k, "protected position ", j, " not kept");
+    if (j < b.n_sink || j >= candidates) {
+      CHECK_MESSAGE(k, "sink or protected position ", j, " not kept");
       continue;
     }
     if (k) min_kept = std::min(min_kept, scores[j]);
@@ -110,6 +113,7 @@ void run_and_check(const Shape &s, const Inputs &in, bool check_kept = true) {
   c.pool_kernel = s.pool;
   c.heavy_ratio = s.heavy;
   c.recent_ratio = s.recent;
+  c.sink_tokens = s.sinks;
   test::CachePtr cache = test::make_cache(c);
   std::vector<uint32_t> ids(n);
   for (uint32_t i = 0; i < n; ++i) ids[i] = n - 1 - i;
@@ -128,11 +132,13 @@ void run_and_check(const Shape &s, const Inputs &in, bool check_kept = true) {
     MKV_CHECK_CLOSE(got, r.out, atol_for(s.dt), rtol_for(s.dt));
     if (!check_kept) continue;
     const double h_l = ref::layer_ratios(false, 1, s.heavy, s.recent, 7.0)[0];
-    const ref::Budget b = ref::budget(h_l, s.recent, L, s.mode == MINIKV_SCORE_WINDOW, s.window);
+    const ref::Budget b =
+        ref::budget(h_l, s.recent, L, s.mode == MINIKV_SCORE_WINDOW, s.window, s.sinks);
     uint64_t seen = 0, cached = 0;
     MKV_REQUIRE_OK(minikv_sequence_length(cache.get(), ids[i], 0, &seen, &cached));
     CHECK(seen == L);
-    CHECK(cached == (b.keep_all ? L : b.n_heavy + b.n_protected));
+    CHECK(cached == b.kept());
+    if (b.keep_all) CHECK(cached == L);
     for (uint32_t g = 0; g < s.Hkv; ++g) {
       CAPTURE(g);
       const std::vector<int32_t> kept = test::kept_positions(cache.get(), ids[i], 0, g);
@@ -231,6 +237,53 @@ TEST_CASE("prefill: other budgets (h = 0.1, r = 0.05; keep-all; nothing but the 
   s.heavy = 0.0f;
   s.recent = 0.5f;
   run_and_check(s, random_inputs(s, 331, 72));
+}
+
+TEST_CASE("prefill: attention sinks are kept and counted inside the budget") {
+  // S in {1, 4, 64}: prompts shorter than S (all sinks), equal to S, just above the
+  // keep-all threshold, and long; both score modes; budgets where the sinks exceed the
+  // heavy-hitter share (h L < S: no heavy hitters, the sinks are still kept).
+  for (uint32_t sinks : {1u, 4u, 64u}) {
+    for (minikv_score_mode mode : {MINIKV_SCORE_CUMULATIVE, MINIKV_SCORE_WINDOW}) {
+      Shape s;
+      s.sinks = sinks;
+      s.mode = mode;
+      s.window = 16;
+      s.lens = {1, 3, sinks, sinks + 1, 2 * sinks + 3, 90, 300};
+      run_and_check(s, random_inputs(s, 398 + 4 * sinks, 100 + sinks + mode));
+      s.heavy = 0.05f;
+      s.recent = 0.1f;
+      run_and_check(s, random_inputs(s, 398 + 4 * sinks, 110 + sinks + mode));
+    }
+  }
+}
+
+TEST_CASE("prefill: sinks take their place in the heavy-hitter budget") {
+  // L = 100, h = r = 0.25: 25 heavy-hitter slots, 4 of them the sinks, 25 recent.
+  Shape s;
+  s.sinks = 4;
+  s.lens = {100};
+  const Inputs in = random_inputs(s, 100, 120);
+  minikv_config c = test::cpu_config(1, s.H, s.Hkv, s.D, s.dt);
+  c.sink_tokens = 4;
+  c.max_seq_len = 100;
+  test::CachePtr cache = test::make_cache(c);
+  test::Buf out(s.dt, size_t(100) * s.H * s.D);
+  const uint32_t seq = 0;
+  const int32_t cu[2] = {0, 100};
+  MKV_REQUIRE_OK(minikv_prefill(cache.get(), 0, 1, &seq, cu, in.q.data(), in.k.data(),
+                                in.v.data(), out.data(), nullptr));
+  for (uint32_t g = 0; g < s.Hkv; ++g) {
+    const std::vector<int32_t> kept = test::kept_positions(cache.get(), 0, 0, g);
+    REQUIRE(kept.size() == 50);
+    for (int32_t t = 0; t < 4; ++t) CHECK(kept[size_t(t)] == t);
+    const size_t heavy = std::count_if(kept.begin(), kept.end(), [](int32_t p) { return p >= 4 && p < 75; });
+    CHECK(heavy == 21);
+    for (int32_t t = 75; t < 100; ++t) CHECK(kept[size_t(t - 50)] == t);
+  }
+  uint64_t cached = 0;
+  MKV_REQUIRE_OK(minikv_sequence_length(cache.get(), 0, 0, nullptr, &cached));
+  CHECK(cached == 50);
 }
 
 TEST_CASE("prefill: PYRAMID budgets per layer") {

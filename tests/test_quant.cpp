@@ -19,7 +19,7 @@ TEST_SUITE("cpu") {
 
 TEST_CASE("quant: quantize_code matches the reference on random inputs") {
   test::Rng rng(3);
-  for (uint32_t bits : {2u, 4u}) {
+  for (uint32_t bits : {2u, 4u, 8u}) {
     for (int i = 0; i < 20000; ++i) {
       const float mn = static_cast<float>(rng.normal());
       const float scale = static_cast<float>(std::fabs(rng.normal()) + 1e-3);
@@ -82,7 +82,7 @@ TEST_CASE("quant: dequantize_code is q * scale + min in float32") {
 
 TEST_CASE("quant: unpack_code reads 32/b codes per word, element 0 lowest") {
   test::Rng rng(9);
-  for (uint32_t bits : {2u, 4u}) {
+  for (uint32_t bits : {2u, 4u, 8u}) {
     const uint32_t n = 128, per_word = 32 / bits;
     std::vector<uint32_t> codes(n), words(n / per_word, 0);
     for (uint32_t i = 0; i < n; ++i) {
@@ -102,7 +102,7 @@ TEST_CASE("quant: unpack_code reads 32/b codes per word, element 0 lowest") {
 
 TEST_CASE("quant: reference quantizer error is at most scale/2 (F32 storage)") {
   test::Rng rng(13);
-  for (uint32_t bits : {2u, 4u}) {
+  for (uint32_t bits : {2u, 4u, 8u}) {
     for (int g = 0; g < 500; ++g) {
       std::vector<float> x(16);
       for (float &v : x) v = static_cast<float>(rng.normal() * 3.0);
@@ -202,7 +202,7 @@ void expected_rows(const ProbeCache &p, uint32_t group, std::vector<float> &k,
 
 TEST_CASE("quant: value codes and scales written by the CPU backend, read back exactly") {
   for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
-    for (uint32_t bits : {2u, 4u}) {
+    for (uint32_t bits : {2u, 4u, 8u}) {
       for (uint32_t group : {16u, 32u}) {
         for (uint32_t appended : {0u, 20u, 32u, 40u}) {
           const std::string dtype_name = ref::dtype_label(dt);
@@ -250,7 +250,7 @@ TEST_CASE("quant: value codes and scales written by the CPU backend, read back e
 
 TEST_CASE("quant: key codes and scales written by the CPU backend (per channel over G tokens)") {
   for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16}) {
-    for (uint32_t bits : {2u, 4u}) {
+    for (uint32_t bits : {2u, 4u, 8u}) {
       for (uint32_t group : {16u, 32u}) {
         for (uint32_t appended : {0u, 32u}) {
           const std::string dtype_name = ref::dtype_label(dt);

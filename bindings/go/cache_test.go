@@ -86,10 +86,13 @@ const (
 	tLayers      = 2
 )
 
-// exactConfig keeps every prompt token (heavy_ratio 1, recent 0) unquantized (bits 16)
-// with a small residual so decoding crosses many flushes.
+// exactConfig keeps every prompt token (heavy_ratio 1, recent 0) unquantized (bits 16,
+// no sinks: PresetEvictionOnly) with a small residual so decoding crosses many flushes.
 func exactConfig(dtype minikv.Dtype) minikv.Config {
 	cfg := minikv.DefaultConfig()
+	if err := cfg.ApplyPreset(minikv.PresetEvictionOnly); err != nil {
+		panic(err)
+	}
 	cfg.Backend = minikv.BackendCPU
 	cfg.Dtype = dtype
 	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = tLayers, tH, tHkv, tD
@@ -387,12 +390,22 @@ func expectedUsed(cfg minikv.Config, prompt, steps int) (used, cached uint64) {
 		x := float64(ratio) * float64(prompt)
 		return uint64(math.Floor(x + 1e-9*(1+x)))
 	}
-	keep := budget(cfg.HeavyRatio) + budget(cfg.RecentRatio) // UNIFORM: no clipping
+	// UNIFORM (no clipping); the sinks take heavy-hitter slots.
+	sinks := uint64(cfg.SinkTokens)
+	if sinks > uint64(prompt) {
+		sinks = uint64(prompt)
+	}
+	heavy, recent := budget(cfg.HeavyRatio), budget(cfg.RecentRatio)
+	if heavy < sinks {
+		heavy = sinks // the sinks fill the heavy-hitter share and may exceed it
+	}
+	keep := heavy + recent
 	if keep >= uint64(prompt) {
 		keep = uint64(prompt)
 	}
 	G, R := uint64(cfg.GroupSize), uint64(cfg.ResidualLength)
-	quantized, residual := keep-keep%G, keep%G
+	rest := keep - sinks
+	quantized, residual := rest-rest%G, rest%G
 	for i := 0; i < steps; i++ {
 		if residual+1 == R {
 			quantized, residual = quantized+R, 0
@@ -400,8 +413,8 @@ func expectedUsed(cfg minikv.Config, prompt, steps int) (used, cached uint64) {
 			residual++
 		}
 	}
-	residualBytes := residual * 2 * uint64(cfg.NumKVHeads) * uint64(cfg.HeadDim) * elem
-	return quantizedBytes(cfg, quantized) + residualBytes, quantized + residual
+	denseBytes := (sinks + residual) * 2 * uint64(cfg.NumKVHeads) * uint64(cfg.HeadDim) * elem
+	return quantizedBytes(cfg, quantized) + denseBytes, sinks + quantized + residual
 }
 
 func u16tensor(rng *rand.Rand, n int) []uint16 {
@@ -419,6 +432,9 @@ func TestCompressionPaperSetting(t *testing.T) {
 		t.Skip("4096-token prefill")
 	}
 	cfg := minikv.DefaultConfig()
+	if err := cfg.ApplyPreset(minikv.PresetPaper); err != nil {
+		t.Fatal(err)
+	}
 	cfg.Backend = minikv.BackendCPU
 	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = 1, 1, 1, 128
 	cfg.MaxSeqLen = 4096 + 512
@@ -456,13 +472,14 @@ func TestCompressionPaperSetting(t *testing.T) {
 	t.Logf("compression %.4f (used %d of %d fp16 bytes)", st.CompressionRatio, st.UsedBytes, fp16)
 }
 
-// Defaults (2-bit, budget 50%) on a ragged batch with residual_length 16: the byte count
-// follows the layout through many flushes, per sequence and layer.
+// Defaults (PresetBalanced: 4-bit keys, 2-bit values, G 32, 4 sinks, budget 50%) on a
+// ragged batch with residual_length 32: the byte count follows the layout through many
+// flushes, per sequence and layer.
 func TestCompressionRaggedDefaults(t *testing.T) {
 	cfg := minikv.DefaultConfig()
 	cfg.Backend = minikv.BackendCPU
 	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = tLayers, tH, tHkv, 64
-	cfg.MaxSequences, cfg.MaxSeqLen, cfg.ResidualLength = 3, 512, 16
+	cfg.MaxSequences, cfg.MaxSeqLen, cfg.ResidualLength = 3, 512, 32
 	c := mustNew(t, cfg)
 	defer c.Close()
 	rng := rand.New(rand.NewSource(4))
@@ -736,5 +753,116 @@ func TestHalfConversions(t *testing.T) {
 	}
 	if got := minikv.BF16Bits(1.01171875); got != 0x3f82 { // 1 + 3*2^-8: halfway, rounds up to even
 		t.Errorf("BF16Bits(1+3*2^-8) = %#04x, want 0x3f82", got)
+	}
+}
+
+// ---- presets and sinks -------------------------------------------------------------------
+
+// Each preset sets its compression fields and leaves the rest; an unknown one is an error
+// that changes nothing.
+func TestPresets(t *testing.T) {
+	cases := []struct {
+		p                         minikv.Preset
+		keyBits, valueBits, group uint32
+		sinks                     uint32
+		policy                    minikv.BudgetPolicy
+	}{
+		{minikv.PresetBalanced, 4, 2, 32, 4, minikv.BudgetUniform},
+		{minikv.PresetPaper, 2, 2, 16, 0, minikv.BudgetPyramid},
+		{minikv.PresetQuality, 8, 8, 32, 4, minikv.BudgetUniform},
+		{minikv.PresetEvictionOnly, 16, 16, 16, 0, minikv.BudgetUniform},
+	}
+	for _, tc := range cases {
+		cfg := minikv.DefaultConfig()
+		cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim, cfg.MaxSeqLen = 3, 8, 2, 96, 777
+		cfg.Dtype, cfg.Backend = minikv.DtypeBF16, minikv.BackendCPU
+		cfg.HeavyRatio, cfg.ResidualLength, cfg.ScoreMode = 0.9, 512, minikv.ScoreWindow
+		if err := cfg.ApplyPreset(tc.p); err != nil {
+			t.Fatalf("preset %d: %v", tc.p, err)
+		}
+		if cfg.KeyBits != tc.keyBits || cfg.ValueBits != tc.valueBits || cfg.GroupSize != tc.group ||
+			cfg.SinkTokens != tc.sinks || cfg.BudgetPolicy != tc.policy || cfg.HeavyRatio != 0.25 ||
+			cfg.RecentRatio != 0.25 || cfg.ResidualLength != 128 || cfg.ScoreMode != minikv.ScoreCumulative {
+			t.Fatalf("preset %d gave %+v", tc.p, cfg)
+		}
+		if cfg.NumLayers != 3 || cfg.NumHeads != 8 || cfg.NumKVHeads != 2 || cfg.HeadDim != 96 ||
+			cfg.MaxSeqLen != 777 || cfg.Dtype != minikv.DtypeBF16 || cfg.Backend != minikv.BackendCPU {
+			t.Fatalf("preset %d changed a non-compression field: %+v", tc.p, cfg)
+		}
+	}
+	if d, b := minikv.DefaultConfig(), minikv.DefaultConfig(); b.ApplyPreset(minikv.PresetBalanced) != nil || d != b {
+		t.Fatalf("the default is not PresetBalanced: %+v vs %+v", d, b)
+	}
+	cfg := minikv.DefaultConfig()
+	before := cfg
+	err := cfg.ApplyPreset(minikv.Preset(7))
+	var me *minikv.Error
+	if !errors.As(err, &me) || me.Status != minikv.StatusInvalidArgument || !strings.Contains(me.Message, "preset (7)") {
+		t.Fatalf("unknown preset: %v", err)
+	}
+	if cfg != before {
+		t.Fatalf("a failed ApplyPreset changed the config: %+v", cfg)
+	}
+}
+
+// Sink tokens are the first kept positions of every head, inside the budget; a prompt
+// shorter than the sinks keeps all of it; decode (bits 16) attends over exactly the kept
+// rows.
+func TestSinkTokens(t *testing.T) {
+	cfg := exactConfig(minikv.DtypeF32)
+	cfg.NumLayers = 1
+	cfg.HeavyRatio, cfg.RecentRatio, cfg.SinkTokens = 0.25, 0.25, 6
+	c := mustNew(t, cfg)
+	defer c.Close()
+	rng := rand.New(rand.NewSource(21))
+	lens := []int{80, 3}
+	total := lens[0] + lens[1]
+	q, _ := tensor(rng, total*tH*tD, identity)
+	k, kd := tensor(rng, total*tHkv*tD, identity)
+	v, vd := tensor(rng, total*tHkv*tD, identity)
+	if err := c.Prefill(0, []uint32{0, 1}, []int32{0, 80, 83}, q, k, v, make([]float32, total*tH*tD)); err != nil {
+		t.Fatal(err)
+	}
+	for h := 0; h < tHkv; h++ {
+		kept, err := c.KeptPositions(0, 0, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(kept) != 20+20 { // 20 heavy-hitter slots (6 of them the sinks) + 20 recent
+			t.Fatalf("head %d kept %d positions", h, len(kept))
+		}
+		for i := 0; i < 6; i++ {
+			if kept[i] != int32(i) {
+				t.Fatalf("head %d: kept[%d] = %d, want the sink %d", h, i, kept[i], i)
+			}
+		}
+		short, err := c.KeptPositions(1, 0, h)
+		if err != nil || len(short) != 3 || short[0] != 0 || short[2] != 2 {
+			t.Fatalf("a 3-token prompt with 6 sinks kept %v (%v)", short, err)
+		}
+	}
+	// Decode over exactly the kept rows of sequence 0.
+	qn, qnd := tensor(rng, tH*tD, identity)
+	out := make([]float32, tH*tD)
+	if err := c.Decode(0, []uint32{0}, qn, out); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float64, tH*tD)
+	for g := 0; g < tHkv; g++ {
+		kept, _ := c.KeptPositions(0, 0, g)
+		keys, vals := make([][]float64, len(kept)), make([][]float64, len(kept))
+		for i, p := range kept {
+			keys[i] = make([]float64, tHkv*tD)
+			vals[i] = make([]float64, tHkv*tD)
+			copy(keys[i][g*tD:], kd[(int(p)*tHkv+g)*tD:(int(p)*tHkv+g+1)*tD])
+			copy(vals[i][g*tD:], vd[(int(p)*tHkv+g)*tD:(int(p)*tHkv+g+1)*tD])
+		}
+		full := attend(qnd, keys, vals, tH, tHkv, tD)
+		for h := g * (tH / tHkv); h < (g+1)*(tH/tHkv); h++ {
+			copy(want[h*tD:(h+1)*tD], full[h*tD:(h+1)*tD])
+		}
+	}
+	if worst := maxAbsDiff(t, "decode over sinks + kept", out, want); worst > 1e-5 {
+		t.Fatalf("decode differs from attention over the kept rows by %g", worst)
 	}
 }

@@ -40,8 +40,18 @@ const (
 	ScoreWindow     ScoreMode = 1 // SnapKV: last WindowSize queries, max-pooled
 )
 
-// Config mirrors minikv_config. Start from DefaultConfig (the paper's defaults), then set
-// the model dimensions; a zero Config is not valid.
+// Preset names a compression setting (minikv_preset; include/minikv.h documents each).
+type Preset int32
+
+const (
+	PresetBalanced     Preset = 0 // the default: 4-bit keys, 2-bit values, G 32, 4 sinks, uniform
+	PresetPaper        Preset = 1 // MiniKV exactly: 2-bit keys and values, G 16, pyramid, no sinks
+	PresetQuality      Preset = 2 // 8-bit keys and values, G 32, 4 sinks, uniform
+	PresetEvictionOnly Preset = 3 // 16-bit, no sinks, uniform (H2O-style eviction alone)
+)
+
+// Config mirrors minikv_config. Start from DefaultConfig (PresetBalanced), optionally
+// ApplyPreset, then set the model dimensions; a zero Config is not valid.
 type Config struct {
 	Backend        Backend
 	DeviceID       int32
@@ -60,18 +70,38 @@ type Config struct {
 	ScoreMode      ScoreMode
 	WindowSize     uint32
 	PoolKernel     uint32
-	KeyBits        uint32 // 2, 4 or 16 (unquantized)
-	ValueBits      uint32 // 2, 4 or 16
+	KeyBits        uint32 // 2, 4, 8 or 16 (unquantized)
+	ValueBits      uint32 // 2, 4, 8 or 16
 	GroupSize      uint32 // 16, 32, 64 or 128
 	ResidualLength uint32 // a multiple of GroupSize
+	SinkTokens     uint32 // first prompt positions always kept unquantized, inside the budget; 0..64
 }
 
-// DefaultConfig returns the library's defaults (minikv_config_default): F16, 2-bit keys and
-// values, group 16, residual 128, heavy and recent ratios 0.25, Backend Auto. Model
-// dimensions are zero and must be set.
+// DefaultConfig returns the library's defaults (minikv_config_default, PresetBalanced): F16,
+// 4-bit keys and 2-bit values, group 32, 4 sink tokens, residual 128, heavy and recent
+// ratios 0.25, Backend Auto. Model dimensions are zero and must be set.
 func DefaultConfig() Config {
 	c := capi.NewConfigStruct()
 	defer capi.DeleteConfigStruct(c)
+	return configFromC(c)
+}
+
+// ApplyPreset sets the compression fields (bits, group size, sinks, budget, score mode,
+// residual length) to a named setting (minikv_config_preset), leaving the dimensions,
+// backend, dtype and sizes as they are. An unknown preset is an *Error with
+// StatusInvalidArgument, and cfg is unchanged.
+func (cfg *Config) ApplyPreset(p Preset) error {
+	c := cfg.toC()
+	defer capi.DeleteConfigStruct(c)
+	if err := capi.Config_preset(c, capi.Enum_SS_minikv_preset(p)); err != nil {
+		return convert(err)
+	}
+	*cfg = configFromC(c)
+	return nil
+}
+
+// configFromC reads every field of a C config.
+func configFromC(c capi.ConfigStruct) Config {
 	return Config{
 		Backend:        Backend(c.GetBackend()),
 		DeviceID:       int32(c.GetDevice_id()),
@@ -94,6 +124,7 @@ func DefaultConfig() Config {
 		ValueBits:      uint32(c.GetValue_bits()),
 		GroupSize:      uint32(c.GetGroup_size()),
 		ResidualLength: uint32(c.GetResidual_length()),
+		SinkTokens:     uint32(c.GetSink_tokens()),
 	}
 }
 
@@ -121,6 +152,7 @@ func (cfg *Config) toC() capi.ConfigStruct {
 	c.SetValue_bits(uint(cfg.ValueBits))
 	c.SetGroup_size(uint(cfg.GroupSize))
 	c.SetResidual_length(uint(cfg.ResidualLength))
+	c.SetSink_tokens(uint(cfg.SinkTokens))
 	return c
 }
 

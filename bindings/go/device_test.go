@@ -183,8 +183,8 @@ func TestDeviceExactAttention(t *testing.T) {
 	t.Logf("CUDA worst error vs float64 attention: %.3g", worst)
 }
 
-// The defaults (2-bit) on CUDA and on CPU, fed the same data: identical memory statistics
-// and close decode outputs.
+// The defaults (PresetBalanced: 4-bit keys, 2-bit values, 4 sinks) on CUDA and on CPU, fed
+// the same data: identical memory statistics and close decode outputs.
 func TestDeviceMatchesCPU(t *testing.T) {
 	cfg := minikv.DefaultConfig()
 	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = 1, 8, 2, 128

@@ -47,6 +47,7 @@
 %minikv_expose(minikv_status_string)
 %minikv_expose(minikv_last_error_message)
 %minikv_expose(minikv_config_init)
+%minikv_expose(minikv_config_preset)
 %minikv_expose(minikv_cache_create)
 %minikv_expose(minikv_cache_destroy)
 %minikv_expose(minikv_cache_last_error)
@@ -95,6 +96,11 @@
 %minikv_keep(minikv_score_mode)
 %minikv_keep(MINIKV_SCORE_CUMULATIVE)
 %minikv_keep(MINIKV_SCORE_WINDOW)
+%minikv_keep(minikv_preset)
+%minikv_keep(MINIKV_PRESET_BALANCED)
+%minikv_keep(MINIKV_PRESET_PAPER)
+%minikv_keep(MINIKV_PRESET_QUALITY)
+%minikv_keep(MINIKV_PRESET_EVICTION_ONLY)
 
 /* Structs and their fields, one by one. */
 %rename(ConfigStruct) minikv_config;
@@ -120,6 +126,7 @@
 %minikv_keep(minikv_config::value_bits)
 %minikv_keep(minikv_config::group_size)
 %minikv_keep(minikv_config::residual_length)
+%minikv_keep(minikv_config::sink_tokens)
 %rename(ConfigStruct) minikv_config::minikv_config;
 %minikv_keep(minikv_config::~minikv_config)
 

@@ -86,6 +86,7 @@ typedef struct options {
   float depth;
   minikv_score_mode mode;
   uint32_t bits, key_bits, value_bits, group, residual; /* key/value_bits 0 = --bits */
+  uint32_t sinks;
   float heavy, recent;
   int backend; /* 0 auto, 1 cpu, 2 cuda (as requested on the command line) */
   uint64_t seed;
@@ -116,11 +117,12 @@ static void usage(FILE *f) {
           "  --policy P        uniform | pyramid (heavy budget per layer) (pyramid)\n"
           "  --depth X         pyramid depth delta                      (7)\n"
           "  --mode M          cumulative (H2O) | window (SnapKV) scores (cumulative)\n"
-          "  --bits B          key and value bits: 2 | 4 | 16           (2)\n"
+          "  --bits B          key and value bits: 2 | 4 | 8 | 16       (2)\n"
           "  --key-bits B      override --bits for keys\n"
           "  --value-bits B    override --bits for values\n"
           "  --group G         quantization group: 16 | 32 | 64 | 128   (16)\n"
           "  --residual R      16-bit residual tokens per flush         (128)\n"
+          "  --sinks S         first prompt tokens always kept 16-bit   (0)\n"
           "  --heavy X         heavy-hitter ratio h                     (0.25)\n"
           "  --recent X        recent-window ratio r                    (0.25)\n"
           "run\n"
@@ -210,6 +212,7 @@ static void parse_options(int argc, char **argv, options *o) {
     else if (!strcmp(name, "--value-bits")) o->value_bits = (uint32_t)parse_uint(name, value, u32);
     else if (!strcmp(name, "--group")) o->group = (uint32_t)parse_uint(name, value, u32);
     else if (!strcmp(name, "--residual")) o->residual = (uint32_t)parse_uint(name, value, u32);
+    else if (!strcmp(name, "--sinks")) o->sinks = (uint32_t)parse_uint(name, value, u32);
     else if (!strcmp(name, "--every")) o->every = (uint32_t)parse_uint(name, value, u32);
     else if (!strcmp(name, "--ablation")) o->ablation = (int)parse_uint(name, value, 1);
     else if (!strcmp(name, "--heavy")) o->heavy = parse_float(name, value);
@@ -749,6 +752,7 @@ int main(int argc, char **argv) {
     c->value_bits = o.value_bits;
     c->group_size = o.group;
     c->residual_length = o.residual;
+    c->sink_tokens = o.sinks;
   }
   vars[V_MINIKV].name = "MiniKV";
   /* The exact reference: nothing evicted (a budget of the whole prompt keeps every token),
@@ -783,8 +787,8 @@ int main(int argc, char **argv) {
   printf("  work     %u sequence(s) x %u prompt tokens, then %u decode steps; backend %s%s\n",
          B, L, G, dev.cuda ? "cuda" : "cpu", backend_note);
   printf("  MiniKV   %u-bit keys (per channel), %u-bit values (per token), group %u, residual %u;\n"
-         "           heavy %.3g + recent %.3g of the prompt, %s budgets",
-         o.key_bits, o.value_bits, o.group, o.residual, o.heavy, o.recent,
+         "           %u sinks, heavy %.3g + recent %.3g of the prompt, %s budgets",
+         o.key_bits, o.value_bits, o.group, o.residual, o.sinks, o.heavy, o.recent,
          o.policy == MINIKV_BUDGET_PYRAMID ? "pyramid" : "uniform");
   if (o.policy == MINIKV_BUDGET_PYRAMID) printf(" (depth %.3g)", o.depth);
   printf(", %s scores\n", o.mode == MINIKV_SCORE_WINDOW ? "window (SnapKV)" : "cumulative (H2O)");

@@ -31,12 +31,13 @@ var (
 )
 
 func main() {
-	cfg := minikv.DefaultConfig() // F16, 2-bit, G=16, R=128, h=r=0.25
+	cfg := minikv.DefaultConfig() // PresetBalanced: F16, K4V2, G=32, 4 sinks, R=128, h=r=0.25
 	cfg.Backend = minikv.BackendCPU
 	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = 1, heads, kvHeads, headDim
 	cfg.MaxSequences, cfg.MaxSeqLen = 2, 2048
-	fmt.Printf("libminikv %s: %d-bit keys/values, group %d, residual %d, heavy %.2f, recent %.2f\n",
-		minikv.Version(), cfg.KeyBits, cfg.GroupSize, cfg.ResidualLength, cfg.HeavyRatio, cfg.RecentRatio)
+	fmt.Printf("libminikv %s: %d-bit keys, %d-bit values, group %d, %d sinks, residual %d, heavy %.2f, recent %.2f\n",
+		minikv.Version(), cfg.KeyBits, cfg.ValueBits, cfg.GroupSize, cfg.SinkTokens, cfg.ResidualLength,
+		cfg.HeavyRatio, cfg.RecentRatio)
 
 	for h := range topic {
 		n := 0.0

@@ -25,7 +25,7 @@ public final class MinikvExample {
 
   public static void main(String[] args) {
     Config cfg = Config.builder().backend(Backend.CPU).numLayers(1).numHeads(H).numKvHeads(HKV)
-        .headDim(D).maxSequences(2).maxSeqLen(2048).build(); // F16, 2-bit: the defaults
+        .headDim(D).maxSequences(2).maxSeqLen(2048).build(); // the defaults: Preset.BALANCED
     System.out.println("libminikv " + KvCache.version() + ": " + cfg);
     for (float[] t : TOPIC) {
       double n = 0;

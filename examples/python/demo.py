@@ -44,7 +44,7 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=200, help="decoded tokens")
     ap.add_argument("--prompts", type=int, nargs="+", default=[1500, 700])
-    ap.add_argument("--bits", type=int, default=2, choices=[2, 4, 16], help="key and value bits")
+    ap.add_argument("--bits", type=int, default=2, choices=[2, 4, 8, 16], help="key and value bits")
     args = ap.parse_args()
 
     H, HKV, D = 8, 2, 128
@@ -53,7 +53,7 @@ def main():
                         num_layers=args.layers, num_heads=H, num_kv_heads=HKV, head_dim=D,
                         max_sequences=len(args.prompts),
                         max_seq_len=max(args.prompts) + args.steps,
-                        key_bits=args.bits, value_bits=args.bits)  # the rest: paper defaults
+                        key_bits=args.bits, value_bits=args.bits)  # the rest: the defaults
     if args.cuda:
         import torch
         to_dev = lambda a: torch.from_numpy(a).cuda()  # noqa: E731

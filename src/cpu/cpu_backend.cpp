@@ -229,6 +229,10 @@ class CpuBackend final : public Backend {
   T *residual_row(uint8_t *slot, uint64_t region, uint32_t head, uint32_t row) const {
     return reinterpret_cast<T *>(slot + region) + (uint64_t(head) * rl_.tokens + row) * rl_.head_dim;
   }
+  template <typename T>
+  T *sink_row(uint8_t *slot, uint64_t region, uint32_t head, uint32_t row) const {
+    return reinterpret_cast<T *>(slot + region) + (uint64_t(head) * rl_.sink_tokens + row) * rl_.head_dim;
+  }
   int32_t *residual_positions(uint8_t *slot, uint32_t head) const {
     return reinterpret_cast<int32_t *>(slot + rl_.positions) + uint64_t(head) * rl_.tokens;
   }
@@ -345,10 +349,21 @@ class CpuBackend final : public Backend {
         ws.v[uint64_t(t) * D + c] = to_float(v[src + c]);
       }
     }
-    store_tokens<T>(it.dst, kvh, 0, it.dst.quantized, ws.k.data(), ws.v.data(), ws.kept.data());
+    // Cache order: sinks [0, sinks), blocks, residual.
+    const uint32_t sinks = it.dst.sinks, first_residual = sinks + it.dst.quantized;
     uint8_t *slot = residual_slot(it.dst.residual_slot);
-    for (uint32_t t = it.dst.quantized; t < n_keep; ++t) {
-      const uint32_t row = t - it.dst.quantized;
+    for (uint32_t t = 0; t < sinks; ++t) {
+      T *k_sink = sink_row<T>(slot, rl_.sink_k, kvh, t);
+      T *v_sink = sink_row<T>(slot, rl_.sink_v, kvh, t);
+      for (uint32_t c = 0; c < D; ++c) {
+        k_sink[c] = from_float<T>(ws.k[uint64_t(t) * D + c]);
+        v_sink[c] = from_float<T>(ws.v[uint64_t(t) * D + c]);
+      }
+    }
+    store_tokens<T>(it.dst, kvh, 0, it.dst.quantized, ws.k.data() + uint64_t(sinks) * D,
+                    ws.v.data() + uint64_t(sinks) * D, ws.kept.data() + sinks);
+    for (uint32_t t = first_residual; t < n_keep; ++t) {
+      const uint32_t row = t - first_residual;
       T *k_res = residual_row<T>(slot, rl_.k, kvh, row);
       T *v_res = residual_row<T>(slot, rl_.v, kvh, row);
       for (uint32_t c = 0; c < D; ++c) {
@@ -453,9 +468,9 @@ class CpuBackend final : public Backend {
   }
 
   // ---- decode -----------------------------------------------------------------------
-  // Online softmax of the n_rep query heads of KV head `kvh` over the quantized tokens
-  // (decoded on the fly, one key group of G tokens at a time: no dequantized copy of the
-  // cache) and then the 16-bit residual.
+  // Online softmax of the n_rep query heads of KV head `kvh` over the cache in cache order:
+  // the 16-bit sinks, the quantized tokens (decoded on the fly, one key group of G tokens
+  // at a time: no dequantized copy of the cache), the 16-bit residual.
   template <typename T>
   void decode_group(const CacheView &view, uint32_t kvh, const T *q_in, T *out, Scratch &ws) {
     const uint32_t D = cfg_.head_dim, G = cfg_.group_size, R = bl_.tokens;
@@ -494,6 +509,24 @@ class CpuBackend final : public Backend {
         }
       }
     };
+
+    // Unquantized rows k_rows/v_rows [n][D], in chunks of at most R (the logits buffer).
+    auto attend_dense = [&](const T *k_rows, const T *v_rows, uint32_t n) {
+      for (uint32_t t0 = 0; t0 < n; t0 += R) {
+        const uint32_t count = std::min(R, n - t0);
+        for (uint32_t t = 0; t < count; ++t) {
+          convert_row(k_rows + uint64_t(t0 + t) * D, D, row);
+          for (uint32_t r = 0; r < n_rep; ++r) logits[r * R + t] = dot(q + r * D, row, D) * scale;
+        }
+        accumulate(count, [&](uint32_t t) -> const float * {
+          convert_row(v_rows + uint64_t(t0 + t) * D, D, row);
+          return row;
+        });
+      }
+    };
+    uint8_t *slot = residual_slot(view.residual_slot);
+    attend_dense(sink_row<T>(slot, rl_.sink_k, kvh, 0), sink_row<T>(slot, rl_.sink_v, kvh, 0),
+                 view.sinks);
 
     for (uint32_t t0 = 0; t0 < view.quantized; t0 += G) {
       const uint8_t *block = block_ptr(view.blocks[t0 / R]);
@@ -538,17 +571,8 @@ class CpuBackend final : public Backend {
       });
     }
 
-    if (view.residual > 0) {
-      uint8_t *slot = residual_slot(view.residual_slot);
-      for (uint32_t t = 0; t < view.residual; ++t) {
-        convert_row(residual_row<T>(slot, rl_.k, kvh, t), D, row);
-        for (uint32_t r = 0; r < n_rep; ++r) logits[r * R + t] = dot(q + r * D, row, D) * scale;
-      }
-      accumulate(view.residual, [&](uint32_t t) -> const float * {
-        convert_row(residual_row<T>(slot, rl_.v, kvh, t), D, row);
-        return row;
-      });
-    }
+    attend_dense(residual_row<T>(slot, rl_.k, kvh, 0), residual_row<T>(slot, rl_.v, kvh, 0),
+                 view.residual);
     for (uint32_t r = 0; r < n_rep; ++r) {
       const float inv = 1.0f / l[r];
       for (uint32_t c = 0; c < D; ++c) out[r * D + c] = from_float<T>(acc[r * D + c] * inv);
@@ -561,13 +585,18 @@ class CpuBackend final : public Backend {
   }
 
   // Codes of a packed row as floats (exact small integers).
+  template <uint32_t kBits>
+  static void unpack_words(const uint32_t *words, uint32_t n, float *out) {
+    constexpr uint32_t per_word = 32 / kBits, mask = (1u << kBits) - 1u;
+    for (uint32_t w = 0; w < n / per_word; ++w)
+      for (uint32_t i = 0; i < per_word; ++i)
+        out[w * per_word + i] = static_cast<float>((words[w] >> (kBits * i)) & mask);
+  }
   static void unpack_row(const uint32_t *words, uint32_t bits, uint32_t n, float *out) {
-    if (bits == 2) {
-      for (uint32_t w = 0; w < n / 16; ++w)
-        for (uint32_t i = 0; i < 16; ++i) out[w * 16 + i] = static_cast<float>((words[w] >> (2 * i)) & 3u);
-    } else {
-      for (uint32_t w = 0; w < n / 8; ++w)
-        for (uint32_t i = 0; i < 8; ++i) out[w * 8 + i] = static_cast<float>((words[w] >> (4 * i)) & 15u);
+    switch (bits) {
+      case 2: unpack_words<2>(words, n, out); break;
+      case 4: unpack_words<4>(words, n, out); break;
+      default: unpack_words<8>(words, n, out); break;
     }
   }
 

@@ -53,10 +53,11 @@ struct Pair {
   bool prefilled = false;
   uint32_t prompt_len = 0, generated = 0;
   uint32_t n_keep = 0;     // prompt tokens kept (the selection plan)
+  uint32_t sinks = 0;      // of those, the 16-bit sinks (positions 0..sinks-1)
   uint32_t quantized = 0;  // tokens in pool blocks (a multiple of group_size)
   uint32_t residual = 0;   // tokens in the 16-bit residual (< residual_length)
   uint64_t seen() const { return uint64_t(prompt_len) + generated; }
-  uint64_t cached() const { return uint64_t(quantized) + residual; }
+  uint64_t cached() const { return uint64_t(sinks) + quantized + residual; }
 };
 
 // Everything observable about the cache, for "nothing changed" comparisons.
@@ -125,6 +126,12 @@ class Harness {
  private:
   Pair &pair(uint32_t seq, uint32_t layer) { return pairs_[size_t(seq) * L_ + layer]; }
   size_t pair_index(uint32_t seq, uint32_t layer) const { return size_t(seq) * L_ + layer; }
+
+  // Prompt tokens that go to pool blocks: the kept ones after the sinks, whole groups.
+  uint32_t quantized_of(const minikv::SelectionPlan &plan) const {
+    const uint32_t rest = plan.n_keep - plan.n_sink;
+    return rest - rest % G_;
+  }
 
   uint64_t used_blocks() const {
     uint64_t n = 0;
@@ -423,8 +430,7 @@ class Harness {
       uint64_t need = 0;
       for (uint32_t i = 0; i < n; ++i) {
         plans.push_back(minikv::plan_selection(cfg_, ratios_[layer], static_cast<uint32_t>(cu[i + 1] - cu[i])));
-        const uint32_t q = plans.back().n_keep - plans.back().n_keep % G_;
-        need += (q + R_ - 1) / R_;
+        need += (quantized_of(plans.back()) + R_ - 1) / R_;
       }
       if (need > free_blocks()) faults |= bit(MINIKV_ERR_CAPACITY_EXCEEDED);
     }
@@ -453,15 +459,16 @@ class Harness {
       p.prefilled = true;
       p.prompt_len = plan.prompt_len;
       p.n_keep = plan.n_keep;
-      p.quantized = plan.n_keep - plan.n_keep % G_;
-      p.residual = plan.n_keep % G_;
+      p.sinks = plan.n_sink;
+      p.quantized = quantized_of(plan);
+      p.residual = plan.n_keep - plan.n_sink - p.quantized;
       touched[pair_index(ids[i], layer)] = true;
     }
     check_finite(out, total * H_ * D_, "prefill out");
     const Snapshot after = snapshot();
     compare(before, after, touched, "a successful minikv_prefill");
-    // The kept positions follow the plan: ascending, the protected suffix entirely, and
-    // exactly n_heavy of the candidates.
+    // The kept positions follow the plan: ascending, the sinks and the protected suffix
+    // entirely, and exactly n_heavy of the candidates.
     for (uint32_t i = 0; i < n; ++i) {
       const minikv::SelectionPlan &plan = plans[i];
       for (uint32_t h = 0; h < Hkv_; ++h) {
@@ -471,7 +478,10 @@ class Harness {
           FUZZ_CHECK(pos[t] >= 0 && uint32_t(pos[t]) < plan.prompt_len && (t == 0 || pos[t] > pos[t - 1]),
                      "op %u: kept positions of seq %u layer %u head %u not ascending in [0, %u)",
                      op_, ids[i], layer, h, plan.prompt_len);
-          if (!plan.keep_all && uint32_t(pos[t]) < plan.candidates) ++heavy;
+          if (!plan.keep_all && uint32_t(pos[t]) >= plan.n_sink && uint32_t(pos[t]) < plan.candidates) ++heavy;
+          FUZZ_CHECK(t >= plan.n_sink || pos[t] == int32_t(t),
+                     "op %u: seq %u layer %u head %u: sink %zu at position %d", op_, ids[i], layer,
+                     h, t, pos[t]);
         }
         const uint32_t expect_heavy = plan.keep_all ? 0 : plan.n_heavy;
         FUZZ_CHECK(heavy == expect_heavy && pos.size() == plan.n_keep,
@@ -848,12 +858,14 @@ minikv_config decode_config(fuzz::Input &in, bool &extreme) {
   cfg.heavy_ratio = static_cast<float>(b6 % 9) / 8.0f;
   cfg.recent_ratio = static_cast<float>((b6 / 9) % 9) / 8.0f;
   const uint8_t b7 = in.u8();
-  static const uint32_t kBits[3] = {2, 4, 16};
-  cfg.key_bits = kBits[b7 % 3];
-  cfg.value_bits = kBits[(b7 / 3) % 3];
+  static const uint32_t kBits[4] = {2, 4, 16, 8};
+  cfg.key_bits = kBits[b7 % 4];
+  cfg.value_bits = kBits[(b7 / 4) % 4];
   const uint8_t b8 = in.u8();
   cfg.window_size = 1 + b8 % 16;
   cfg.pool_kernel = 1 + 2 * ((b8 >> 4) % 4);
+  static const uint32_t kSinks[4] = {0, 1, 4, 17};
+  cfg.sink_tokens = kSinks[b8 >> 6];
   cfg.pyramid_depth = 1.0f + static_cast<float>(in.u8() % 8);
   return cfg;
 }
@@ -874,6 +886,7 @@ void corrupted_create(fuzz::Input &in, const minikv_config &valid) {
       {offsetof(minikv_config, window_size), 4, true},  {offsetof(minikv_config, pool_kernel), 4, false},
       {offsetof(minikv_config, key_bits), 4, false},    {offsetof(minikv_config, value_bits), 4, false},
       {offsetof(minikv_config, group_size), 4, false},  {offsetof(minikv_config, residual_length), 4, true},
+      {offsetof(minikv_config, sink_tokens), 4, true},  {offsetof(minikv_config, reserved_v2_), 4, false},
   };
   // The struct lives in a larger zeroed buffer, so a struct_size above sizeof still names
   // readable bytes (the caller's side of the contract).
@@ -895,7 +908,7 @@ void corrupted_create(fuzz::Input &in, const minikv_config &valid) {
   minikv_cache *c = reinterpret_cast<minikv_cache *>(uintptr_t(0x1));
   const minikv_status st = minikv_cache_create(reinterpret_cast<const minikv_config *>(buf), &c);
   if (field == 0) {
-    const bool mismatch = value < sizeof(minikv_config) || tail_set;
+    const bool mismatch = value < 96 || tail_set;  // 96: the first version's size
     FUZZ_CHECK(mismatch == (st == MINIKV_ERR_VERSION_MISMATCH),
                "create with struct_size %u (tail byte set: %d) returned %s", value, int(tail_set),
                minikv_status_string(st));
@@ -934,11 +947,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (in.u8() >= 224) corrupted_create(in, cfg);
   if (std::getenv("FUZZ_TRACE"))
     std::fprintf(stderr, "config: dtype %d layers %u heads %u/%u D %u G %u R %u seqs %u max_seq_len %u "
-                 "max_tokens %llu h %.3f r %.3f policy %d score %d bits %u/%u extreme %d\n",
+                 "max_tokens %llu h %.3f r %.3f policy %d score %d bits %u/%u sinks %u extreme %d\n",
                  int(cfg.dtype), cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                  cfg.group_size, cfg.residual_length, cfg.max_sequences, cfg.max_seq_len,
                  (unsigned long long)cfg.max_tokens, cfg.heavy_ratio, cfg.recent_ratio,
-                 int(cfg.budget_policy), int(cfg.score_mode), cfg.key_bits, cfg.value_bits, int(extreme));
+                 int(cfg.budget_policy), int(cfg.score_mode), cfg.key_bits, cfg.value_bits,
+                 cfg.sink_tokens, int(extreme));
   Harness h(cfg, extreme, in.u64());
   h.run(in);
   return 0;

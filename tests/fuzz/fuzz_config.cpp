@@ -3,8 +3,9 @@
 // by raw values — with a random struct_size, inside a larger buffer so that any
 // struct_size up to sizeof + 64 names readable bytes. Checks:
 //   1. the status is a documented one for minikv_cache_create;
-//   2. VERSION_MISMATCH exactly when struct_size is below the first version or larger with
-//      a non-zero byte past this library's struct;
+//   2. VERSION_MISMATCH exactly when struct_size is below the first version (96 bytes),
+//      or covers reserved_v2_ and it is non-zero, or is larger with a non-zero byte past
+//      this library's struct;
 //   3. a failed create sets *out = NULL and a message;
 //   4. an accepted config satisfies every constraint minikv.h documents, and a modest
 //      config that satisfies them is accepted (or fails with OUT_OF_MEMORY, never INVALID);
@@ -47,7 +48,7 @@ bool documented_valid(const minikv_config &c) {
   const int32_t backend = raw(c.backend), dtype = raw(c.dtype), policy = raw(c.budget_policy),
                 score = raw(c.score_mode);
   const auto ratio_ok = [](float x) { return std::isfinite(x) && x >= 0.0f && x <= 1.0f; };
-  const auto bits_ok = [](uint32_t b) { return b == 2 || b == 4 || b == 16; };
+  const auto bits_ok = [](uint32_t b) { return b == 2 || b == 4 || b == 8 || b == 16; };
   return (backend == MINIKV_BACKEND_AUTO || backend == MINIKV_BACKEND_CPU) && c.device_id >= 0 &&
          (dtype == MINIKV_DTYPE_F16 || dtype == MINIKV_DTYPE_BF16 || dtype == MINIKV_DTYPE_F32) &&
          c.num_layers >= 1 && c.num_kv_heads >= 1 && c.num_heads >= 1 &&
@@ -60,7 +61,7 @@ bool documented_valid(const minikv_config &c) {
          c.window_size >= 1 && c.pool_kernel % 2 == 1 && bits_ok(c.key_bits) && bits_ok(c.value_bits) &&
          (c.group_size == 16 || c.group_size == 32 || c.group_size == 64 || c.group_size == 128) &&
          (c.value_bits == 16 || c.head_dim % c.group_size == 0) && c.residual_length >= c.group_size &&
-         c.residual_length % c.group_size == 0;
+         c.residual_length % c.group_size == 0 && c.sink_tokens <= 64;
 }
 
 bool modest(const minikv_config &c) {
@@ -179,9 +180,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     buf[at] = static_cast<uint8_t>(1 + in.u8() % 255);
     tail_set = at < struct_size;
   }
+  // What the library reads: the caller's struct_size bytes, defaults past them.
+  constexpr uint32_t kFirstVersion = 96;
   minikv_config cfg;
-  std::memcpy(&cfg, buf, sizeof(cfg));
-  const bool readable = struct_size >= sizeof(minikv_config) && !tail_set;
+  minikv_config_default(&cfg);
+  std::memcpy(&cfg, buf, std::min<size_t>(struct_size, sizeof(cfg)));
+  const bool reserved_set = struct_size >= offsetof(minikv_config, reserved_v2_) + 4 &&
+                            cfg.reserved_v2_ != 0;
+  const bool readable = struct_size >= kFirstVersion && !tail_set && !reserved_set;
 
   minikv_cache *cache = reinterpret_cast<minikv_cache *>(uintptr_t(0x1));
   minikv_status st;

@@ -18,7 +18,8 @@ import struct
 HERE = os.path.dirname(os.path.abspath(__file__))
 F32, F16, BF16 = 0, 1, 2
 DIMS = [16, 32, 48, 64]
-BITS = [2, 4, 16]
+BITS = [2, 4, 16, 8]
+SINKS = [0, 1, 4, 17]
 
 
 def search(pred):
@@ -33,7 +34,8 @@ class Seq:
 
     def __init__(self, dtype=F16, extreme=False, pyramid=False, window=False, layers=2, kv=2, rep=2,
                  head_dim=32, group=16, r_mult=2, seqs=3, max_seq_len=96, max_tokens=0, heavy=2,
-                 recent=2, key_bits=2, value_bits=2, window_size=8, pool_kernel=3, depth=7, seed=1):
+                 recent=2, key_bits=2, value_bits=2, window_size=8, pool_kernel=3, depth=7, seed=1,
+                 sinks=0):
         # heavy/recent are in eighths (ratio = x / 8).
         self.S, self.L, self.max_seq_len = seqs, layers, max_seq_len
         b = bytearray()
@@ -48,8 +50,9 @@ class Seq:
         assert max_tokens == 0 or (max_tokens % 4 != 0 and max_tokens < 256)
         b.append(max_tokens)
         b.append(search(lambda x: x % 9 == heavy and (x // 9) % 9 == recent))
-        b.append(search(lambda x: BITS[x % 3] == key_bits and BITS[(x // 3) % 3] == value_bits))
-        b.append(search(lambda x: 1 + x % 16 == window_size and 1 + 2 * ((x >> 4) % 4) == pool_kernel))
+        b.append(search(lambda x: BITS[x % 4] == key_bits and BITS[(x // 4) % 4] == value_bits))
+        b.append(search(lambda x: 1 + x % 16 == window_size and 1 + 2 * ((x >> 4) % 4) == pool_kernel
+                        and SINKS[x >> 6] == sinks))
         b.append(depth - 1)
         self.b = b
         self.no_corruption()
@@ -233,15 +236,15 @@ def api_seeds():
     write("fuzz_api_sequence", "seed-08-max-seq-len", s.b)
 
     # 9. Corrupted configurations handed to create (then the valid one runs).
-    for field in range(22):
+    for field in range(24):
         s = Seq(dtype=F16, seqs=2, max_seq_len=32)
         s.b[10] = 230  # corrupted_create: field index, value, tail flag, then the seed
         base = s.b[:11]
         value = [0, 2, 0xFFFFFFFF, 9, 0, 7, 3, 40, 0, 0, 5, 0x7FC00000, 0x40000000, 4, 0x3F000000,
-                 2, 0, 4, 3, 8, 24, 48][field]
+                 2, 0, 4, 3, 8, 24, 48, 65, 1][field]
         if field == 0:  # struct_size: a u32 (unused), then below(sizeof + 65)
             body = bytes([0]) + struct.pack("<I", 0) + bytes([90])
-        elif field in (4, 5, 6, 7, 8, 9, 10, 16, 21):  # sizes: u16 % 2048
+        elif field in (4, 5, 6, 7, 8, 9, 10, 16, 21, 22):  # sizes: u16 % 2048
             body = bytes([field]) + struct.pack("<H", value)
         else:
             body = bytes([field]) + struct.pack("<I", value)
@@ -250,6 +253,13 @@ def api_seeds():
         s.prefill([0], 0, [30])
         s.generate(3)
         write("fuzz_api_sequence", "seed-09-create-field-%02d" % field, s.b)
+
+    # 10. Attention sinks (17: more than some prompts hold) with 8-bit keys, 4-bit values.
+    s = Seq(dtype=BF16, seqs=3, max_seq_len=90, r_mult=1, key_bits=8, value_bits=4, sinks=17)
+    s.prefill([0, 1, 2], 0, [90, 12, 17])
+    s.prefill([2, 1], 1, [40, 3])
+    s.generate(30)
+    write("fuzz_api_sequence", "seed-10-sinks-8bit", s.b)
 
 
 def config_seeds():

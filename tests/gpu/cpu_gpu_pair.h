@@ -25,11 +25,13 @@ struct Case {
   std::vector<uint32_t> lens;
   uint32_t steps;
   float q_scale = 1.0f;  // std of the decode queries (extreme magnitudes: tiny or large logits)
+  uint32_t sinks = 0;    // sink_tokens
 };
 
 inline minikv_config make_config(const Case &c, minikv_backend backend) {
   minikv_config cfg;
   minikv_config_default(&cfg);
+  minikv_config_preset(&cfg, MINIKV_PRESET_PAPER);  // 2-bit, G = 16, no sinks
   cfg.backend = backend;
   cfg.dtype = c.dtype;
   cfg.num_layers = 2;
@@ -46,6 +48,7 @@ inline minikv_config make_config(const Case &c, minikv_backend backend) {
   cfg.budget_policy = c.policy;
   cfg.heavy_ratio = c.heavy;
   cfg.recent_ratio = c.recent;
+  cfg.sink_tokens = c.sinks;
   return cfg;
 }
 

@@ -175,8 +175,9 @@ inline std::vector<double> reference_scores(const Tensor &q, const Tensor &k, ui
   return scores;
 }
 
-// The reference selection of one KV head (ascending positions), or an empty vector (and
-// *separated = false) when the boundary gap is below 1e-4 relative.
+// The reference selection of one KV head (ascending positions: the sinks, the heavy
+// hitters, the protected suffix), or an empty vector (and *separated = false) when the
+// boundary gap is below 1e-4 relative.
 inline std::vector<int32_t> reference_kept(const minikv::SelectionPlan &plan,
                                            const minikv_config &cfg, const double *scores,
                                            bool *separated) {
@@ -186,8 +187,9 @@ inline std::vector<int32_t> reference_kept(const minikv::SelectionPlan &plan,
     for (uint32_t j = 0; j < plan.prompt_len; ++j) kept.push_back(static_cast<int32_t>(j));
     return kept;
   }
+  for (uint32_t j = 0; j < plan.n_sink; ++j) kept.push_back(static_cast<int32_t>(j));
   if (plan.n_heavy > 0) {
-    std::vector<double> sc(scores, scores + plan.candidates);
+    std::vector<double> sc(scores, scores + plan.candidates);  // by position
     if (cfg.score_mode == MINIKV_SCORE_WINDOW && cfg.pool_kernel > 1) {
       const int64_t half = cfg.pool_kernel / 2, n = plan.scored_prefix;
       for (int64_t j = 0; j < static_cast<int64_t>(plan.candidates); ++j) {
@@ -197,8 +199,8 @@ inline std::vector<int32_t> reference_kept(const minikv::SelectionPlan &plan,
         sc[j] = m;
       }
     }
-    std::vector<uint32_t> order(plan.candidates);
-    for (uint32_t j = 0; j < plan.candidates; ++j) order[j] = j;
+    std::vector<uint32_t> order;  // the candidates [n_sink, candidates)
+    for (uint32_t j = plan.n_sink; j < plan.candidates; ++j) order.push_back(j);
     std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return sc[a] > sc[b]; });
     const double a = sc[order[plan.n_heavy - 1]], b = sc[order[plan.n_heavy]];
     // Equal pooled values come from one underlying score: both backends see them equal.

@@ -1,9 +1,9 @@
 // The CUDA backend against the CPU backend through the public C API, on identical inputs:
 // prefill outputs on every element, kept positions (also against a float64 reference
 // selection), decode outputs at every step of a generation across residual flushes, for
-// ragged batches, GQA 1/2/4/8, both score modes, 2/4/16 bits, fp16/bf16, head_dim 64/128;
+// ragged batches, GQA 1/2/4/8, both score modes, 2/4/8/16 bits, fp16/bf16, head_dim 64/128;
 // sequence release and reuse; CAPACITY_EXCEEDED; CUDA graph capture of append + decode;
-// unsupported configurations. Skipped when no CUDA device is present.
+// attention sinks; unsupported configurations. Skipped when no CUDA device is present.
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -56,6 +56,19 @@ TEST_CASE("CUDA matches CPU on prefill + selection + decode across flushes") {
       {"bf16 hd64 recent-only G64", BF16, 64, 4, 4, CUM, 2, 2, 64, 128, UNI, 0.0f, 0.3f, {333}, 140},
       // a long prompt: many prefill tiles, decode split across CTAs
       {"f16 hd128 mha long", F16, 128, 4, 4, CUM, 2, 2, 16, 128, UNI, 0.25f, 0.25f, {2100}, 12},
+      // 8-bit keys and values (the generic decode), and 8-bit keys with 2-bit values
+      {"f16 hd128 gqa4 8/8 G32", F16, 128, 8, 2, CUM, 8, 8, 32, 64, UNI, 0.25f, 0.25f,
+       {1, 64, 300}, 80},
+      {"bf16 hd64 gqa2 8/2 G16", BF16, 64, 4, 2, WIN, 8, 2, 16, 32, PYR, 0.25f, 0.25f,
+       {200, 45}, 40},
+      // attention sinks (the generic decode's sink segment): the default preset's storage,
+      // more sinks than a 16-row tile, prompts no longer than the sinks, keep-all
+      {"f16 hd128 gqa4 4/2 G32 4 sinks", F16, 128, 8, 2, CUM, 4, 2, 32, 128, UNI, 0.25f, 0.25f,
+       {1, 4, 5, 300, 1000}, 140, 1.0f, 4},
+      {"bf16 hd64 gqa2 2/2 G16 40 sinks window", BF16, 64, 4, 2, WIN, 2, 2, 16, 32, PYR, 0.25f,
+       0.25f, {40, 41, 250}, 40, 1.0f, 40},
+      {"f16 hd64 mha 16/16 keep-all 17 sinks", F16, 64, 4, 4, CUM, 16, 16, 16, 32, UNI, 0.6f, 0.5f,
+       {100, 7}, 20, 1.0f, 17},
       // a batch larger than one launch holds (64 prefill/append, 128 decode sequences)
       {"f16 hd64 gqa2 batch of 150", F16, 64, 4, 2, CUM, 2, 2, 16, 32, UNI, 0.25f, 0.25f,
        batch_lens(150), 35},
@@ -214,6 +227,7 @@ TEST_CASE("CUDA backend: unsupported configurations and argument errors") {
   GPU_OR_SKIP();
   minikv_config cfg;
   minikv_config_default(&cfg);
+  minikv_config_preset(&cfg, MINIKV_PRESET_PAPER);  // 2-bit, G = 16, no sinks
   cfg.backend = MINIKV_BACKEND_CUDA;
   cfg.num_layers = 1;
   cfg.num_heads = 4;

@@ -21,6 +21,7 @@ struct Run {
 Run run_once(minikv_dtype dtype, minikv_score_mode mode) {
   minikv_config c;
   minikv_config_default(&c);
+  minikv_config_preset(&c, MINIKV_PRESET_PAPER);  // 2-bit, G = 16, no sinks
   c.backend = MINIKV_BACKEND_CUDA;
   c.dtype = dtype;
   c.num_layers = 2;

@@ -1,7 +1,8 @@
 // minikv-test: white-box. The CUDA backend writes the same bytes as the CPU backend: the
 // whole block pool (codes, scales, minima, positions) and every residual slot are compared
-// byte for byte after prefill and after appends across flushes, for 2/4/16 bits, groups of
-// 16/32/64, fp16/bf16, head_dim 64/128, both score modes. The GPU importance scores are
+// byte for byte after prefill and after appends across flushes, for 2/4/8/16 bits, groups
+// of 16/32/64, fp16/bf16, head_dim 64/128, both score modes, with and without sink tokens
+// (the sink region of each residual slot). The GPU importance scores are
 // checked against a float64 reference (1e-3 relative), two ragged prompts in one launch.
 // Skipped when no CUDA device is present.
 #include <doctest/doctest.h>
@@ -27,11 +28,14 @@ struct WCase {
   uint32_t key_bits, value_bits, group, residual;
   std::vector<uint32_t> lens;
   uint32_t steps;
+  uint32_t sinks = 0;
 };
+
 
 minikv_config make_config(const WCase &c, minikv_backend backend) {
   minikv_config cfg;
   minikv_config_default(&cfg);
+  minikv_config_preset(&cfg, MINIKV_PRESET_PAPER);  // 2-bit, G = 16, no sinks
   cfg.backend = backend;
   cfg.dtype = c.dtype;
   cfg.num_layers = 1;
@@ -45,6 +49,7 @@ minikv_config make_config(const WCase &c, minikv_backend backend) {
   cfg.value_bits = c.value_bits;
   cfg.group_size = c.group;
   cfg.residual_length = c.residual;
+  cfg.sink_tokens = c.sinks;
   return minikv::config_read(&cfg);
 }
 
@@ -138,6 +143,13 @@ TEST_CASE("CUDA pool and residual bytes equal the CPU backend's") {
       {"f16 hd128 2/4 G128 R128", F16, 128, 4, 2, WIN, 2, 4, 128, 128, {700}, 130},
       {"bf16 hd64 16/16 G16 R32", BF16, 64, 4, 2, CUM, 16, 16, 16, 32, {150, 33}, 40},
       {"f16 hd128 16/2 G16 R32", F16, 128, 4, 2, CUM, 16, 2, 16, 32, {120}, 40},
+      {"f16 hd128 8/8 G32 R64", F16, 128, 8, 2, CUM, 8, 8, 32, 64, {300, 45, 1}, 70},
+      {"bf16 hd64 8/2 G16 R32", BF16, 64, 4, 4, WIN, 8, 2, 16, 32, {200}, 40},
+      // Sinks: short prompts (all sinks), sinks beyond the heavy-hitter share, keep-all.
+      {"f16 hd128 4/2 G32 R128 4 sinks", F16, 128, 8, 2, CUM, 4, 2, 32, 128, {300, 45, 3, 1}, 140, 4},
+      {"bf16 hd64 8/4 G32 R64 64 sinks", BF16, 64, 4, 4, WIN, 8, 4, 32, 64, {400, 97, 64, 40}, 70, 64},
+      {"f16 hd64 16/16 G16 R32 17 sinks", F16, 64, 4, 2, CUM, 16, 16, 16, 32, {150, 20}, 40, 17},
+      {"bf16 hd128 2/2 G16 R32 1 sink", BF16, 128, 4, 1, CUM, 2, 2, 16, 32, {257}, 40, 1},
   };
   for (const WCase &c : cases) {
     SUBCASE(c.name) { run_storage_case(c); }

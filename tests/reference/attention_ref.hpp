@@ -89,43 +89,54 @@ inline std::vector<double> layer_ratios(bool pyramid, uint32_t layers, double h,
 }
 
 struct Budget {
-  uint32_t n_heavy = 0;      // chosen by score among [0, L - n_protected)
+  uint32_t n_sink = 0;       // the first positions, always kept (unquantized)
+  uint32_t n_heavy = 0;      // chosen by score among [n_sink, L - n_protected)
   uint32_t n_protected = 0;  // always-kept suffix
   bool keep_all = false;
+  uint32_t kept() const { return n_sink + n_heavy + n_protected; }
 };
 
 // n_hh = floor(h L), n_rw = floor(r L); WINDOW mode protects at least the last w tokens.
-// (The tiny slack absorbs ratios like 0.3f that sit a hair below an exact multiple.)
+// The first min(S, L) positions are sinks, counted inside the heavy-hitter budget: the
+// heavy hitters are n_hh - n_sink (none when the sinks alone exceed it). Everything is
+// kept when the budget, or the sinks and the protected suffix, cover the prompt. (The tiny
+// slack absorbs ratios like 0.3f that sit a hair below an exact multiple.)
 inline Budget budget(double heavy_ratio, double recent_ratio, uint32_t L, bool window_mode,
-                     uint32_t window_size) {
+                     uint32_t window_size, uint32_t sink_tokens = 0) {
   auto fl = [](double x) { return static_cast<uint32_t>(std::floor(x + 1e-7)); };
   Budget b;
-  b.n_heavy = fl(heavy_ratio * L);
+  b.n_sink = std::min(sink_tokens, L);
+  const uint32_t n_hh = fl(heavy_ratio * L);
   b.n_protected = fl(recent_ratio * L);
   if (window_mode) b.n_protected = std::max(b.n_protected, std::min(window_size, L));
   // heavy_ratio + recent_ratio >= 1 is a budget of the whole prompt (floor() must not lose
   // a token of it).
-  if (heavy_ratio + recent_ratio >= 1.0 - 1e-12 || uint64_t(b.n_heavy) + b.n_protected >= L) {
+  if (heavy_ratio + recent_ratio >= 1.0 - 1e-12 || uint64_t(n_hh) + b.n_protected >= L ||
+      uint64_t(b.n_sink) + b.n_protected >= L) {
     b.keep_all = true;
     b.n_heavy = 0;
-    b.n_protected = L;
+    b.n_protected = L - b.n_sink;
+    return b;
   }
+  b.n_heavy = n_hh > b.n_sink ? n_hh - b.n_sink : 0;
   return b;
 }
 
-// Kept positions, ascending: the suffix [L - n_protected, L) plus the n_heavy best of the
-// rest by score (higher first, then lower position; NaN ranks lowest).
+// Kept positions, ascending: the sinks [0, n_sink), the suffix [L - n_protected, L) and
+// the n_heavy best of the rest by score (higher first, then lower position; NaN ranks
+// lowest).
 inline std::vector<int32_t> select(const std::vector<double> &scores, uint32_t L,
                                    const Budget &b) {
   std::vector<int32_t> kept;
+  for (uint32_t j = 0; j < b.n_sink; ++j) kept.push_back(static_cast<int32_t>(j));
   const uint32_t candidates = L - b.n_protected;
-  std::vector<int32_t> order(candidates);
-  std::iota(order.begin(), order.end(), 0);
+  std::vector<int32_t> order;
+  for (uint32_t j = b.n_sink; j < candidates; ++j) order.push_back(static_cast<int32_t>(j));
   auto key = [&](int32_t j) { return std::isnan(scores[j]) ? -INFINITY : scores[j]; };
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t c) {
     return key(a) > key(c);  // stable: equal scores stay in position order
   });
-  kept.assign(order.begin(), order.begin() + b.n_heavy);
+  kept.insert(kept.end(), order.begin(), order.begin() + b.n_heavy);
   for (uint32_t j = candidates; j < L; ++j) kept.push_back(static_cast<int32_t>(j));
   std::sort(kept.begin(), kept.end());
   return kept;

@@ -66,20 +66,22 @@ inline QuantGroup quantize(const float *x, uint32_t n, size_t stride, uint32_t b
 }
 
 // Dequantized copy of a head's cache as the decode kernel sees it. `rows` holds n cached
-// tokens [n][D] (float values of the storage dtype) in cache order; the first `quantized`
-// (a multiple of G) are quantized, keys per channel over groups of G tokens, values per
-// token over groups of G channels; the rest stay as they are (16-bit residual).
+// tokens [n][D] (float values of the storage dtype) in cache order; rows [first, first +
+// quantized) (quantized a multiple of G) are quantized, keys per channel over groups of G
+// tokens, values per token over groups of G channels; the rest stay as they are (16-bit
+// sinks before them, 16-bit residual after).
 inline void dequantize_cache(const std::vector<float> &k_rows, const std::vector<float> &v_rows,
                              uint32_t n, uint32_t quantized, uint32_t D, uint32_t G,
                              uint32_t key_bits, uint32_t value_bits, minikv_dtype dt,
-                             std::vector<double> &k_hat, std::vector<double> &v_hat) {
+                             std::vector<double> &k_hat, std::vector<double> &v_hat,
+                             uint32_t first = 0) {
   k_hat.assign(size_t(n) * D, 0.0);
   v_hat.assign(size_t(n) * D, 0.0);
   for (size_t i = 0; i < size_t(n) * D; ++i) {
     k_hat[i] = k_rows[i];
     v_hat[i] = v_rows[i];
   }
-  for (uint32_t t0 = 0; t0 < quantized; t0 += G) {
+  for (uint32_t t0 = first; t0 < first + quantized; t0 += G) {
     if (key_bits != 16) {
       for (uint32_t c = 0; c < D; ++c) {
         const QuantGroup g = quantize(&k_rows[size_t(t0) * D + c], G, D, key_bits, dt);

@@ -70,6 +70,7 @@ Workload make_workload(minikv_dtype dtype) {
   Workload w;
   minikv_config &c = w.cfg;
   minikv_config_default(&c);
+  minikv_config_preset(&c, MINIKV_PRESET_PAPER);  // 2-bit, G = 16, no sinks
   c.backend = MINIKV_BACKEND_CPU;
   c.dtype = dtype;
   c.num_layers = 2;
@@ -419,6 +420,7 @@ TEST_SUITE("cpu") {
     // the same host path, so graph capture never meets an allocation).
     minikv_config c;
     minikv_config_default(&c);
+    minikv_config_preset(&c, MINIKV_PRESET_PAPER);  // 2-bit, G = 16, no sinks
     c.backend = MINIKV_BACKEND_CPU;
     c.dtype = MINIKV_DTYPE_F32;
     c.num_layers = 2;
@@ -463,6 +465,7 @@ TEST_SUITE("cpu") {
   TEST_CASE("host_calloc seam: set_alloc_failure makes the n-th pool allocation fail") {
     minikv_config c;
     minikv_config_default(&c);
+    minikv_config_preset(&c, MINIKV_PRESET_PAPER);  // 2-bit, G = 16, no sinks
     c.backend = MINIKV_BACKEND_CPU;
     c.num_layers = 1;
     c.num_heads = c.num_kv_heads = 1;

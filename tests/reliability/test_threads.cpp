@@ -38,6 +38,7 @@ struct Result {
 minikv_config workload_config(uint64_t seed) {
   minikv_config c;
   minikv_config_default(&c);
+  minikv_config_preset(&c, MINIKV_PRESET_PAPER);  // 2-bit, G = 16, no sinks
   c.backend = MINIKV_BACKEND_CPU;
   c.dtype = seed % 2 ? MINIKV_DTYPE_F16 : MINIKV_DTYPE_F32;
   c.num_layers = 2;
@@ -184,6 +185,7 @@ class Barrier {
 minikv_cache *small_cache() {
   minikv_config c;
   minikv_config_default(&c);
+  minikv_config_preset(&c, MINIKV_PRESET_PAPER);  // 2-bit, G = 16, no sinks
   c.backend = MINIKV_BACKEND_CPU;
   c.num_layers = 2;
   c.num_heads = c.num_kv_heads = 1;

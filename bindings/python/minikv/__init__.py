@@ -14,13 +14,13 @@ library path, in that order).
         print(cache.memory_stats().compression_ratio)
 """
 from ._library import BINDING_VERSION_MAJOR, candidate_paths, library_path, load
-from ._types import (Backend, BudgetPolicy, Config, DType, MemoryStats, MinikvError,
+from ._types import (Backend, BudgetPolicy, Config, DType, MemoryStats, MinikvError, Preset,
                      ScoreMode, SequenceLength, Status)
 from .cache import Cache, cu_seqlens_from_lengths
 
 __all__ = [
     "Backend", "BudgetPolicy", "Cache", "Config", "DType", "MemoryStats", "MinikvError",
-    "ScoreMode", "SequenceLength", "Status", "cu_seqlens_from_lengths", "library_path",
+    "Preset", "ScoreMode", "SequenceLength", "Status", "cu_seqlens_from_lengths", "library_path",
     "library_version", "load", "status_string", "BINDING_VERSION_MAJOR", "candidate_paths",
     "__version__",
 ]

@@ -77,6 +77,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "minikv_status_string": (ctypes.c_char_p, [ctypes.c_int]),
         "minikv_last_error_message": (ctypes.c_char_p, []),
         "minikv_config_init": (status, [P(MinikvConfigStruct), ctypes.c_size_t]),
+        "minikv_config_preset": (status, [P(MinikvConfigStruct), ctypes.c_int]),
         "minikv_cache_create": (status, [P(MinikvConfigStruct), P(c_void_p)]),
         "minikv_cache_destroy": (None, [c_void_p]),
         "minikv_cache_last_error": (ctypes.c_char_p, [c_void_p]),

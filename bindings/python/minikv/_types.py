@@ -47,6 +47,14 @@ class ScoreMode(enum.IntEnum):
     WINDOW = 1
 
 
+class Preset(enum.IntEnum):
+    """Named compression settings (minikv_preset; include/minikv.h documents each)."""
+    BALANCED = 0       # the default: 4-bit keys, 2-bit values, G = 32, 4 sinks, uniform
+    PAPER = 1          # MiniKV exactly: 2-bit keys and values, G = 16, pyramid, no sinks
+    QUALITY = 2        # 8-bit keys and values, G = 32, 4 sinks, uniform
+    EVICTION_ONLY = 3  # 16-bit, no sinks, uniform (H2O-style eviction alone)
+
+
 _DTYPE_ALIASES = {
     "f16": DType.F16, "fp16": DType.F16, "float16": DType.F16, "half": DType.F16,
     "bf16": DType.BF16, "bfloat16": DType.BF16,
@@ -125,6 +133,8 @@ class MinikvConfigStruct(ctypes.Structure):
         ("group_size", ctypes.c_uint32),
         ("residual_length", ctypes.c_uint32),
         ("reserved_v1_", ctypes.c_uint32),
+        ("sink_tokens", ctypes.c_uint32),
+        ("reserved_v2_", ctypes.c_uint32),
     ]
 
 
@@ -185,6 +195,7 @@ class Config:
     value_bits: int = LIBRARY_DEFAULT
     group_size: int = LIBRARY_DEFAULT
     residual_length: int = LIBRARY_DEFAULT
+    sink_tokens: int = LIBRARY_DEFAULT
 
     def __post_init__(self) -> None:
         defaults = None
@@ -207,6 +218,22 @@ class Config:
     @classmethod
     def from_struct(cls, s: MinikvConfigStruct) -> "Config":
         return cls(**{f.name: getattr(s, f.name) for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def from_preset(cls, preset: Union[Preset, int, str], **fields: Any) -> "Config":
+        """The library's compression setting `preset` (a Preset, its int, or its name:
+        "balanced", "paper", "quality", "eviction_only"; minikv_config_preset), every other
+        field from minikv_config_default(), then `fields` on top. The paper's exact MiniKV:
+        Config.from_preset("paper", num_layers=..., ...)."""
+        from ._library import load
+
+        value = _to_enum(Preset, preset, "preset")
+        s = library_default_struct()
+        lib = load()
+        status = lib.minikv_config_preset(ctypes.byref(s), int(value))
+        if status != Status.OK:
+            raise MinikvError(status, lib.minikv_last_error_message().decode(errors="replace"))
+        return dataclasses.replace(cls.from_struct(s), **fields)
 
 
 def _check_field(name: str, value: Any) -> Any:

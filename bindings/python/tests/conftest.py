@@ -31,5 +31,6 @@ TOLERANCE = {minikv.DType.F16: 2e-3, minikv.DType.F32: 2e-5, minikv.DType.BF16: 
 
 
 def cpu_cache(**fields):
+    """A CPU cache with the paper's setting (Preset.PAPER) under `fields`."""
     fields.setdefault("backend", minikv.Backend.CPU)
-    return minikv.Cache(minikv.Config(**fields))
+    return minikv.Cache(minikv.Config.from_preset("paper", **fields))

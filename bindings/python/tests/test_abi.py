@@ -60,7 +60,8 @@ def test_every_struct_field_is_mirrored():
     (minikv.Backend, "minikv_backend", "MINIKV_BACKEND_"),
     (minikv.DType, "minikv_dtype", "MINIKV_DTYPE_"),
     (minikv.BudgetPolicy, "minikv_budget_policy", "MINIKV_BUDGET_"),
-    (minikv.ScoreMode, "minikv_score_mode", "MINIKV_SCORE_")])
+    (minikv.ScoreMode, "minikv_score_mode", "MINIKV_SCORE_"),
+    (minikv.Preset, "minikv_preset", "MINIKV_PRESET_")])
 def test_enum_values_match_the_header(enum_cls, ctype, prefix):
     body = re.search(r"typedef enum %s \{(.*?)\} %s;" % (ctype, ctype), HEADER.read_text(), re.S).group(1)
     pinned = {m.group(1): int(m.group(2))
@@ -84,8 +85,9 @@ def test_config_defaults_come_from_the_library():
     cfg = minikv.Config()
     for f in dataclasses.fields(cfg):
         assert getattr(cfg, f.name) == pytest.approx(getattr(raw, f.name)), f.name
-    # The paper's defaults, as documented in the header.
-    assert (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.residual_length) == (2, 2, 16, 128)
+    # The defaults documented in the header: MINIKV_PRESET_BALANCED.
+    assert (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.residual_length) == (4, 2, 32, 128)
+    assert cfg.sink_tokens == 4 and cfg.budget_policy is minikv.BudgetPolicy.UNIFORM
     assert cfg.heavy_ratio == 0.25 and cfg.recent_ratio == 0.25
     assert cfg.backend is minikv.Backend.AUTO and cfg.dtype is minikv.DType.F16
     # Round trip, with enums given by name.
@@ -119,3 +121,33 @@ def test_library_discovery():
         assert r.returncode == 0 and r.stdout.strip() == minikv.candidate_paths()[0]
     else:
         assert "cannot find libminikv" in r.stderr
+
+
+@pytest.mark.parametrize("preset,fields", [
+    ("balanced", dict(key_bits=4, value_bits=2, group_size=32, sink_tokens=4, budget_policy=0)),
+    ("paper", dict(key_bits=2, value_bits=2, group_size=16, sink_tokens=0, budget_policy=1)),
+    (minikv.Preset.QUALITY, dict(key_bits=8, value_bits=8, group_size=32, sink_tokens=4, budget_policy=0)),
+    (3, dict(key_bits=16, value_bits=16, group_size=16, sink_tokens=0, budget_policy=0)),
+])
+def test_presets_set_the_compression_fields(preset, fields):
+    cfg = minikv.Config.from_preset(preset, num_layers=3, head_dim=96)
+    for name, value in fields.items():
+        assert getattr(cfg, name) == value, name
+    assert (cfg.heavy_ratio, cfg.recent_ratio, cfg.residual_length) == (0.25, 0.25, 128)
+    assert cfg.score_mode is minikv.ScoreMode.CUMULATIVE and cfg.pyramid_depth == 7.0
+    # Fields given on top win; the rest are minikv_config_default()'s.
+    assert cfg.num_layers == 3 and cfg.head_dim == 96
+    assert cfg.max_seq_len == minikv.Config().max_seq_len and cfg.backend is minikv.Backend.AUTO
+    assert minikv.Config.from_preset(preset, sink_tokens=7).sink_tokens == 7
+
+
+def test_preset_names_and_errors():
+    assert minikv.Config.from_preset("PAPER") == minikv.Config.from_preset(minikv.Preset.PAPER)
+    assert minikv.Config.from_preset("balanced") == minikv.Config()  # the default
+    with pytest.raises(minikv.MinikvError, match="preset") as e:
+        minikv.Config.from_preset("fastest")
+    assert e.value.status == minikv.Status.INVALID_ARGUMENT
+    # An int the binding does not know reaches the library, whose message names it.
+    with pytest.raises(minikv.MinikvError, match=r"preset \(9\)") as e:
+        minikv.Config.from_preset(9)
+    assert e.value.status == minikv.Status.INVALID_ARGUMENT

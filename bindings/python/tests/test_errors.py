@@ -13,8 +13,9 @@ H, HKV, D = 8, 2, 32  # GQA: 4 query heads per KV head
 
 
 def small(**kw):
+    # Uniform budgets: every layer keeps half its prompt (the capacity case counts on it).
     cfg = dict(dtype="f32", num_layers=2, num_heads=H, num_kv_heads=HKV, head_dim=D,
-               max_sequences=2, max_seq_len=64, residual_length=16)
+               max_sequences=2, max_seq_len=64, residual_length=16, budget_policy="uniform")
     cfg.update(kw)
     return cpu_cache(**cfg)
 
@@ -67,7 +68,7 @@ def test_cuda_backend_absent_is_unsupported():
         assert "CUDA" in e.message
         # AUTO falls back to the CPU backend, and says so.
         with minikv.Cache(minikv.Config(num_layers=1, num_heads=2, num_kv_heads=1,
-                                        head_dim=16)) as auto:
+                                        head_dim=64)) as auto:
             assert auto.backend == minikv.Backend.CPU
             assert auto.config.backend == minikv.Backend.CPU
     else:

@@ -19,7 +19,7 @@ LAYERS, H, HKV, D, R = 2, 4, 2, 32, 16
 def exact_config(dtype, **kw):
     cfg = dict(dtype=dtype, num_layers=LAYERS, num_heads=H, num_kv_heads=HKV, head_dim=D,
                max_sequences=4, max_seq_len=160, key_bits=16, value_bits=16, heavy_ratio=1.0, recent_ratio=0.0,
-               group_size=16, residual_length=R)
+               budget_policy="uniform", group_size=16, residual_length=R)
     cfg.update(kw)
     return cfg
 

@@ -89,3 +89,34 @@ def test_pyramid_budgets_per_layer(rng):
             assert len(cache.kept_positions(0, layer, 0)) == expected
         counts = [len(cache.kept_positions(0, layer, 0)) for layer in range(layers)]
         assert counts == sorted(counts, reverse=True) and counts[0] > counts[-1]
+
+
+@pytest.mark.parametrize("sinks", [1, 4, 40])
+def test_sinks_are_kept_inside_the_budget(rng, sinks):
+    """The first `sinks` positions are always kept and take heavy-hitter slots; a prompt
+    no longer than the sinks keeps everything (a 3-token prompt keeps nothing else: its
+    25% + 25% budget rounds down to 0 tokens). Decode (bits 16) attends over exactly the
+    kept positions."""
+    q, k, v = planted_prompt(rng, {0: [30, 31], 1: [45]})
+    with cpu_cache(dtype="f32", num_layers=1, num_heads=H, num_kv_heads=HKV, head_dim=D,
+                   max_seq_len=128, key_bits=16, value_bits=16, residual_length=16,
+                   max_sequences=2, sink_tokens=sinks) as cache:
+        assert cache.config.sink_tokens == sinks
+        short = 3
+        cache.prefill(0, [0, 1], [0, L, L + short],
+                      np.concatenate([q, q[:short]]), np.concatenate([k, k[:short]]),
+                      np.concatenate([v, v[:short]]))
+        n_heavy, n_recent = budget_tokens(0.25, L), budget_tokens(0.25, L)
+        for g in range(HKV):
+            kept = cache.kept_positions(0, 0, g)
+            assert kept[:min(sinks, L)].tolist() == list(range(min(sinks, L)))
+            assert len(kept) == max(n_heavy, sinks) + n_recent
+            assert cache.kept_positions(1, 0, g).tolist() == list(range(min(sinks, short)))
+        assert tuple(cache.sequence_length(1, 0)) == (short, min(sinks, short))
+        qd = rng.standard_normal((1, H, D)).astype(np.float32)
+        out = cache.decode(0, [0], qd)
+        keys = [k[cache.kept_positions(0, 0, g), g] for g in range(HKV)]
+        values = [v[cache.kept_positions(0, 0, g), g] for g in range(HKV)]
+        want = decode_attention(qd[0].astype(np.float64), keys, values)
+        np.testing.assert_allclose(out[0], want, atol=TOLERANCE[minikv.DType.F32],
+                                   rtol=TOLERANCE[minikv.DType.F32])

@@ -70,8 +70,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         format!("{}.{}.{}", n / 10000, n / 100 % 100, n % 100)
     });
 
-    // The paper's defaults (2-bit K/V, group 16, residual 128, 25% heavy + 25% recent),
-    // F16 tensors, CPU backend (host slices).
+    // The defaults (Preset::Balanced: 4-bit keys, 2-bit values, group 32, 4 sink tokens,
+    // residual 128, 25% heavy + 25% recent), F16 tensors, CPU backend (host slices).
     let mut cfg = Config::new(LAYERS, HEADS as u32, KV_HEADS as u32, HEAD_DIM as u32);
     cfg.backend = Backend::Cpu;
     cfg.max_sequences = 4;

@@ -38,21 +38,21 @@ typedef long long swig_type_5;
 typedef _gostring_ swig_type_6;
 typedef long long swig_type_7;
 typedef _gostring_ swig_type_8;
-typedef _goslice_ swig_type_9;
-typedef _gostring_ swig_type_10;
+typedef _gostring_ swig_type_9;
+typedef _goslice_ swig_type_10;
 typedef _gostring_ swig_type_11;
 typedef _gostring_ swig_type_12;
-typedef _goslice_ swig_type_13;
+typedef _gostring_ swig_type_13;
 typedef _goslice_ swig_type_14;
-typedef _gostring_ swig_type_15;
-typedef _goslice_ swig_type_16;
-typedef _gostring_ swig_type_17;
-typedef _goslice_ swig_type_18;
-typedef _gostring_ swig_type_19;
+typedef _goslice_ swig_type_15;
+typedef _gostring_ swig_type_16;
+typedef _goslice_ swig_type_17;
+typedef _gostring_ swig_type_18;
+typedef _goslice_ swig_type_19;
 typedef _gostring_ swig_type_20;
 typedef _gostring_ swig_type_21;
-typedef _goslice_ swig_type_22;
-typedef long long swig_type_23;
+typedef _gostring_ swig_type_22;
+typedef _goslice_ swig_type_23;
 typedef long long swig_type_24;
 typedef long long swig_type_25;
 typedef long long swig_type_26;
@@ -64,7 +64,8 @@ typedef long long swig_type_31;
 typedef long long swig_type_32;
 typedef long long swig_type_33;
 typedef long long swig_type_34;
-typedef _gostring_ swig_type_35;
+typedef long long swig_type_35;
+typedef _gostring_ swig_type_36;
 extern void _wrap_Swig_free_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_capi_68e625ddbd40b45d(swig_intgo arg1);
 extern void _wrap_delete_CacheHandle_capi_68e625ddbd40b45d(uintptr_t arg1);
@@ -136,38 +137,45 @@ extern void _wrap_ConfigStruct_group_size_set_capi_68e625ddbd40b45d(uintptr_t ar
 extern swig_intgo _wrap_ConfigStruct_group_size_get_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern void _wrap_ConfigStruct_residual_length_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_ConfigStruct_residual_length_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_ConfigStruct_sink_tokens_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
+extern swig_intgo _wrap_ConfigStruct_sink_tokens_get_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern uintptr_t _wrap_new_ConfigStruct_capi_68e625ddbd40b45d(void);
 extern void _wrap_delete_ConfigStruct_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern swig_type_6 _wrap_config_init_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_7 arg2);
-extern swig_type_8 _wrap_cache_create_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_9 arg2);
+extern swig_intgo _wrap_MINIKV_PRESET_BALANCED_capi_68e625ddbd40b45d(void);
+extern swig_intgo _wrap_MINIKV_PRESET_PAPER_capi_68e625ddbd40b45d(void);
+extern swig_intgo _wrap_MINIKV_PRESET_QUALITY_capi_68e625ddbd40b45d(void);
+extern swig_intgo _wrap_MINIKV_PRESET_EVICTION_ONLY_capi_68e625ddbd40b45d(void);
+extern swig_type_8 _wrap_config_preset_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
+extern swig_type_9 _wrap_cache_create_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_10 arg2);
 extern void _wrap_cache_destroy_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern swig_type_10 _wrap_cache_last_error_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern swig_type_11 _wrap_cache_backend_capi_68e625ddbd40b45d(uintptr_t arg1, swig_voidp arg2);
-extern swig_type_12 _wrap_prefill_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_13 arg3, swig_type_14 arg4, uintptr_t arg5, uintptr_t arg6, uintptr_t arg7, uintptr_t arg8, uintptr_t arg9);
-extern swig_type_15 _wrap_append_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_16 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6);
-extern swig_type_17 _wrap_decode_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_18 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6);
-extern swig_type_19 _wrap_sequence_release_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
-extern swig_type_20 _wrap_sequence_length_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_intgo arg3, swig_voidp arg4, swig_voidp arg5);
-extern swig_type_21 _wrap_kept_positions_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_intgo arg3, swig_intgo arg4, swig_type_22 arg5, swig_voidp arg6);
+extern swig_type_11 _wrap_cache_last_error_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern swig_type_12 _wrap_cache_backend_capi_68e625ddbd40b45d(uintptr_t arg1, swig_voidp arg2);
+extern swig_type_13 _wrap_prefill_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_14 arg3, swig_type_15 arg4, uintptr_t arg5, uintptr_t arg6, uintptr_t arg7, uintptr_t arg8, uintptr_t arg9);
+extern swig_type_16 _wrap_append_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_17 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6);
+extern swig_type_18 _wrap_decode_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_19 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6);
+extern swig_type_20 _wrap_sequence_release_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
+extern swig_type_21 _wrap_sequence_length_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_intgo arg3, swig_voidp arg4, swig_voidp arg5);
+extern swig_type_22 _wrap_kept_positions_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_intgo arg3, swig_intgo arg4, swig_type_23 arg5, swig_voidp arg6);
 extern void _wrap_MemoryStatsStruct_struct_size_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_MemoryStatsStruct_struct_size_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_pool_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_23 arg2);
-extern swig_type_24 _wrap_MemoryStatsStruct_pool_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_used_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_25 arg2);
-extern swig_type_26 _wrap_MemoryStatsStruct_used_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_workspace_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_27 arg2);
-extern swig_type_28 _wrap_MemoryStatsStruct_workspace_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_tokens_seen_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_29 arg2);
-extern swig_type_30 _wrap_MemoryStatsStruct_tokens_seen_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_tokens_cached_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_31 arg2);
-extern swig_type_32 _wrap_MemoryStatsStruct_tokens_cached_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_fp16_equivalent_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_33 arg2);
-extern swig_type_34 _wrap_MemoryStatsStruct_fp16_equivalent_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_pool_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_24 arg2);
+extern swig_type_25 _wrap_MemoryStatsStruct_pool_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_used_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_26 arg2);
+extern swig_type_27 _wrap_MemoryStatsStruct_used_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_workspace_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_28 arg2);
+extern swig_type_29 _wrap_MemoryStatsStruct_workspace_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_tokens_seen_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_30 arg2);
+extern swig_type_31 _wrap_MemoryStatsStruct_tokens_seen_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_tokens_cached_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_32 arg2);
+extern swig_type_33 _wrap_MemoryStatsStruct_tokens_cached_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_fp16_equivalent_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_34 arg2);
+extern swig_type_35 _wrap_MemoryStatsStruct_fp16_equivalent_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern void _wrap_MemoryStatsStruct_compression_ratio_set_capi_68e625ddbd40b45d(uintptr_t arg1, double arg2);
 extern double _wrap_MemoryStatsStruct_compression_ratio_get_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern uintptr_t _wrap_new_MemoryStatsStruct_capi_68e625ddbd40b45d(void);
 extern void _wrap_delete_MemoryStatsStruct_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern swig_type_35 _wrap_memory_stats_get_capi_68e625ddbd40b45d(uintptr_t arg1, uintptr_t arg2);
+extern swig_type_36 _wrap_memory_stats_get_capi_68e625ddbd40b45d(uintptr_t arg1, uintptr_t arg2);
 #undef intgo
 */
 import "C"
@@ -765,6 +773,19 @@ func (arg1 SwigcptrConfigStruct) GetResidual_length() (_swig_ret uint) {
 	return swig_r
 }
 
+func (arg1 SwigcptrConfigStruct) SetSink_tokens(arg2 uint) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_ConfigStruct_sink_tokens_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1))
+}
+
+func (arg1 SwigcptrConfigStruct) GetSink_tokens() (_swig_ret uint) {
+	var swig_r uint
+	_swig_i_0 := arg1
+	swig_r = (uint)(C._wrap_ConfigStruct_sink_tokens_get_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
 func NewConfigStruct() (_swig_ret ConfigStruct) {
 	var swig_r ConfigStruct
 	swig_r = (ConfigStruct)(SwigcptrConfigStruct(C._wrap_new_ConfigStruct_capi_68e625ddbd40b45d()))
@@ -823,6 +844,8 @@ type ConfigStruct interface {
 	GetGroup_size() (_swig_ret uint)
 	SetResidual_length(arg2 uint)
 	GetResidual_length() (_swig_ret uint)
+	SetSink_tokens(arg2 uint)
+	GetSink_tokens() (_swig_ret uint)
 }
 
 func Config_init(arg1 ConfigStruct, arg2 int64) (_swig_ret error) {
@@ -836,12 +859,57 @@ func Config_init(arg1 ConfigStruct, arg2 int64) (_swig_ret error) {
 	return swig_r_1
 }
 
+type Enum_SS_minikv_preset int
+
+func _swig_getMINIKV_PRESET_BALANCED() (_swig_ret Enum_SS_minikv_preset) {
+	var swig_r Enum_SS_minikv_preset
+	swig_r = (Enum_SS_minikv_preset)(C._wrap_MINIKV_PRESET_BALANCED_capi_68e625ddbd40b45d())
+	return swig_r
+}
+
+var MINIKV_PRESET_BALANCED Enum_SS_minikv_preset = _swig_getMINIKV_PRESET_BALANCED()
+
+func _swig_getMINIKV_PRESET_PAPER() (_swig_ret Enum_SS_minikv_preset) {
+	var swig_r Enum_SS_minikv_preset
+	swig_r = (Enum_SS_minikv_preset)(C._wrap_MINIKV_PRESET_PAPER_capi_68e625ddbd40b45d())
+	return swig_r
+}
+
+var MINIKV_PRESET_PAPER Enum_SS_minikv_preset = _swig_getMINIKV_PRESET_PAPER()
+
+func _swig_getMINIKV_PRESET_QUALITY() (_swig_ret Enum_SS_minikv_preset) {
+	var swig_r Enum_SS_minikv_preset
+	swig_r = (Enum_SS_minikv_preset)(C._wrap_MINIKV_PRESET_QUALITY_capi_68e625ddbd40b45d())
+	return swig_r
+}
+
+var MINIKV_PRESET_QUALITY Enum_SS_minikv_preset = _swig_getMINIKV_PRESET_QUALITY()
+
+func _swig_getMINIKV_PRESET_EVICTION_ONLY() (_swig_ret Enum_SS_minikv_preset) {
+	var swig_r Enum_SS_minikv_preset
+	swig_r = (Enum_SS_minikv_preset)(C._wrap_MINIKV_PRESET_EVICTION_ONLY_capi_68e625ddbd40b45d())
+	return swig_r
+}
+
+var MINIKV_PRESET_EVICTION_ONLY Enum_SS_minikv_preset = _swig_getMINIKV_PRESET_EVICTION_ONLY()
+
+func Config_preset(arg1 ConfigStruct, arg2 Enum_SS_minikv_preset) (_swig_ret error) {
+	var swig_r string
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	swig_r_p := C._wrap_config_preset_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1))
+	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
+	var swig_r_1 error
+	swig_r_1 = swigStatusError(swig_r)
+	return swig_r_1
+}
+
 func Cache_create(arg1 ConfigStruct, arg2 *CacheHandle) (_swig_ret error) {
 	var swig_r string
 	_swig_i_0 := getSwigcptr(arg1)
 	var _swig_i_1 []uintptr
 	_swig_i_1 = make([]uintptr, 1)
-	swig_r_p := C._wrap_cache_create_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), *(*C.swig_type_9)(unsafe.Pointer(&_swig_i_1)))
+	swig_r_p := C._wrap_cache_create_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), *(*C.swig_type_10)(unsafe.Pointer(&_swig_i_1)))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 
 	if _swig_i_1[0] != 0 {
@@ -893,7 +961,7 @@ func Prefill(arg1 CacheHandle, arg2 uint, arg3 []uint32, arg4 []int32, arg5 uint
 	_swig_i_6 := arg7
 	_swig_i_7 := arg8
 	_swig_i_8 := arg9
-	swig_r_p := C._wrap_prefill_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_13)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_14)(unsafe.Pointer(&_swig_i_3)), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.uintptr_t(_swig_i_7), C.uintptr_t(_swig_i_8))
+	swig_r_p := C._wrap_prefill_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_14)(unsafe.Pointer(&_swig_i_2)), *(*C.swig_type_15)(unsafe.Pointer(&_swig_i_3)), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.uintptr_t(_swig_i_7), C.uintptr_t(_swig_i_8))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
@@ -914,7 +982,7 @@ func Append(arg1 CacheHandle, arg2 uint, arg3 []uint32, arg4 uintptr, arg5 uintp
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r_p := C._wrap_append_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_16)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5))
+	swig_r_p := C._wrap_append_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_17)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
@@ -932,7 +1000,7 @@ func Decode(arg1 CacheHandle, arg2 uint, arg3 []uint32, arg4 uintptr, arg5 uintp
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r_p := C._wrap_decode_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_18)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5))
+	swig_r_p := C._wrap_decode_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_19)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
@@ -975,7 +1043,7 @@ func Kept_positions(arg1 CacheHandle, arg2 uint, arg3 uint, arg4 uint, arg5 []in
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r_p := C._wrap_kept_positions_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_intgo(_swig_i_3), *(*C.swig_type_22)(unsafe.Pointer(&_swig_i_4)), C.swig_voidp(_swig_i_5))
+	swig_r_p := C._wrap_kept_positions_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_intgo(_swig_i_3), *(*C.swig_type_23)(unsafe.Pointer(&_swig_i_4)), C.swig_voidp(_swig_i_5))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg5
@@ -1010,7 +1078,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetStruct_size() (_swig_ret uint) {
 func (arg1 SwigcptrMemoryStatsStruct) SetPool_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_pool_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_23(_swig_i_1))
+	C._wrap_MemoryStatsStruct_pool_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_24(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetPool_bytes() (_swig_ret uint64) {
@@ -1023,7 +1091,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetPool_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetUsed_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_used_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_25(_swig_i_1))
+	C._wrap_MemoryStatsStruct_used_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_26(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetUsed_bytes() (_swig_ret uint64) {
@@ -1036,7 +1104,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetUsed_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetWorkspace_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_workspace_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_27(_swig_i_1))
+	C._wrap_MemoryStatsStruct_workspace_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_28(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetWorkspace_bytes() (_swig_ret uint64) {
@@ -1049,7 +1117,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetWorkspace_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetTokens_seen(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_tokens_seen_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_29(_swig_i_1))
+	C._wrap_MemoryStatsStruct_tokens_seen_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_30(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetTokens_seen() (_swig_ret uint64) {
@@ -1062,7 +1130,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetTokens_seen() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetTokens_cached(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_tokens_cached_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_31(_swig_i_1))
+	C._wrap_MemoryStatsStruct_tokens_cached_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_32(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetTokens_cached() (_swig_ret uint64) {
@@ -1075,7 +1143,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetTokens_cached() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetFp16_equivalent_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_fp16_equivalent_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_33(_swig_i_1))
+	C._wrap_MemoryStatsStruct_fp16_equivalent_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_34(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetFp16_equivalent_bytes() (_swig_ret uint64) {

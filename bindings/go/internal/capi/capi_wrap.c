@@ -1077,6 +1077,31 @@ intgo _wrap_ConfigStruct_residual_length_get_capi_68e625ddbd40b45d(struct minikv
 }
 
 
+void _wrap_ConfigStruct_sink_tokens_set_capi_68e625ddbd40b45d(struct minikv_config *_swig_go_0, intgo _swig_go_1) {
+  struct minikv_config *arg1 = (struct minikv_config *) 0 ;
+  uint32_t arg2 ;
+  
+  arg1 = *(struct minikv_config **)&_swig_go_0; 
+  arg2 = (uint32_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->sink_tokens = arg2;
+  
+}
+
+
+intgo _wrap_ConfigStruct_sink_tokens_get_capi_68e625ddbd40b45d(struct minikv_config *_swig_go_0) {
+  struct minikv_config *arg1 = (struct minikv_config *) 0 ;
+  uint32_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(struct minikv_config **)&_swig_go_0; 
+  
+  result = (uint32_t) ((arg1)->sink_tokens);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
 struct minikv_config *_wrap_new_ConfigStruct_capi_68e625ddbd40b45d() {
   struct minikv_config *result = 0 ;
   struct minikv_config *_swig_go_result;
@@ -1108,6 +1133,89 @@ _gostring_ _wrap_config_init_capi_68e625ddbd40b45d(struct minikv_config *_swig_g
   arg2 = (size_t)_swig_go_1; 
   
   result = (minikv_status)minikv_config_init(arg1,arg2);
+  
+  if (result == MINIKV_OK) {
+    _swig_go_result.p = NULL;
+    _swig_go_result.n = 0;
+  } else {
+    const char *msg = minikv_last_error_message();
+    const size_t len = strlen(msg);
+    char *buf = (char *)malloc(len + 2);
+    if (buf) {
+      buf[0] = (char)result;
+      buf[1] = 1;
+      memcpy(buf + 2, msg, len);
+      _swig_go_result.p = buf;
+      _swig_go_result.n = (intgo)(len + 2);
+    } else {
+      const unsigned s = (unsigned)result < 9 ? (unsigned)result : 8;
+      _swig_go_result.p = (char *)minikv_swig_static_errors[s];
+      _swig_go_result.n = 2;
+    }
+  }
+  
+  return _swig_go_result;
+}
+
+
+intgo _wrap_MINIKV_PRESET_BALANCED_capi_68e625ddbd40b45d() {
+  enum minikv_preset result;
+  intgo _swig_go_result;
+  
+  
+  result = MINIKV_PRESET_BALANCED;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_MINIKV_PRESET_PAPER_capi_68e625ddbd40b45d() {
+  enum minikv_preset result;
+  intgo _swig_go_result;
+  
+  
+  result = MINIKV_PRESET_PAPER;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_MINIKV_PRESET_QUALITY_capi_68e625ddbd40b45d() {
+  enum minikv_preset result;
+  intgo _swig_go_result;
+  
+  
+  result = MINIKV_PRESET_QUALITY;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_MINIKV_PRESET_EVICTION_ONLY_capi_68e625ddbd40b45d() {
+  enum minikv_preset result;
+  intgo _swig_go_result;
+  
+  
+  result = MINIKV_PRESET_EVICTION_ONLY;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_config_preset_capi_68e625ddbd40b45d(struct minikv_config *_swig_go_0, intgo _swig_go_1) {
+  minikv_config *arg1 = (minikv_config *) 0 ;
+  minikv_preset arg2 ;
+  minikv_status result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = *(minikv_config **)&_swig_go_0; 
+  arg2 = (minikv_preset)_swig_go_1; 
+  
+  result = (minikv_status)minikv_config_preset(arg1,arg2);
   
   if (result == MINIKV_OK) {
     _swig_go_result.p = NULL;

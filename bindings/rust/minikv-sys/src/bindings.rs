@@ -124,7 +124,9 @@ impl minikv_score_mode {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct minikv_score_mode(pub core::ffi::c_uint);
 #[doc = " Cache configuration. Always initialize with minikv_config_default() (which sets"]
-#[doc = "  struct_size to this header's size), then set the model dimensions."]
+#[doc = "  struct_size to this header's size), optionally pick other compression settings with"]
+#[doc = "  minikv_config_preset(), then set the model dimensions. The defaults below are"]
+#[doc = "  MINIKV_PRESET_BALANCED; the MiniKV paper's exact setting is MINIKV_PRESET_PAPER."]
 #[repr(C)]
 pub struct minikv_config {
     #[doc = "< sizeof(minikv_config) of the caller's header"]
@@ -157,7 +159,8 @@ pub struct minikv_config {
     pub heavy_ratio: f32,
     #[doc = "< recent-window budget r as a fraction of the prompt; 0.25"]
     pub recent_ratio: f32,
-    #[doc = "< UNIFORM"]
+    #[doc = "< UNIFORM (measured better than PYRAMID on"]
+    #[doc = "SmolLM2-135M at 4 bits per element)"]
     pub budget_policy: minikv_budget_policy,
     #[doc = "< PYRAMID depth delta >= 1; 7"]
     pub pyramid_depth: f32,
@@ -167,11 +170,13 @@ pub struct minikv_config {
     pub window_size: u32,
     #[doc = "< WINDOW mode: odd max-pool width, 1 = none; 7"]
     pub pool_kernel: u32,
-    #[doc = "< 2, 4, or 16 (= unquantized, dtype); 2"]
+    #[doc = "< 2, 4, 8, or 16 (= unquantized, dtype); 4 (keys are the"]
+    #[doc = "sensitive side)"]
     pub key_bits: u32,
-    #[doc = "< 2, 4, or 16; 2"]
+    #[doc = "< 2, 4, 8, or 16; 2"]
     pub value_bits: u32,
-    #[doc = "< quantization group G: 16, 32, 64 or 128; 16"]
+    #[doc = "< quantization group G of keys and values: 16, 32, 64 or"]
+    #[doc = "128 (values need head_dim a multiple of G); 32"]
     pub group_size: u32,
     #[doc = "< R: tokens kept 16-bit before a flush, a multiple of"]
     #[doc = "group_size; 128"]
@@ -179,12 +184,24 @@ pub struct minikv_config {
     #[doc = "< the first version's tail padding: ignored (fields are"]
     #[doc = "appended after it)"]
     pub reserved_v1_: u32,
+    #[doc = "< S attention sinks: the first S positions of every prompt"]
+    #[doc = "are always kept, unquantized (dtype), in every layer and"]
+    #[doc = "KV head, counted inside the heavy-hitter budget (the"]
+    #[doc = "heavy hitters of a layer are floor(h_l*L) - S, chosen"]
+    #[doc = "among the positions after the sinks); a prompt of at"]
+    #[doc = "most S tokens keeps all of them as sinks. 0..64; 4"]
+    pub sink_tokens: u32,
+    #[doc = "< must be 0: fills the tail to the struct's 8-byte"]
+    #[doc = "alignment, so that a later field appended here changes"]
+    #[doc = "sizeof and an older library rejects it instead of"]
+    #[doc = "ignoring it"]
+    pub reserved_v2_: u32,
 }
 #[test]
 fn bindgen_test_layout_minikv_config() {
     assert_eq!(
         ::core::mem::size_of::<minikv_config>(),
-        96usize,
+        104usize,
         concat!("Size of: ", stringify!(minikv_config))
     );
     assert_eq!(
@@ -488,6 +505,30 @@ fn bindgen_test_layout_minikv_config() {
         );
     }
     test_field_reserved_v1_();
+    fn test_field_sink_tokens() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::core::mem::MaybeUninit::<minikv_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::core::ptr::addr_of!((*ptr).sink_tokens) as usize - ptr as usize
+            },
+            96usize,
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(sink_tokens))
+        );
+    }
+    test_field_sink_tokens();
+    fn test_field_reserved_v2_() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::core::mem::MaybeUninit::<minikv_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::core::ptr::addr_of!((*ptr).reserved_v2_) as usize - ptr as usize
+            },
+            100usize,
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(reserved_v2_))
+        );
+    }
+    test_field_reserved_v2_();
 }
 extern "C" {
     #[doc = " METHOD: fills the first `struct_size` bytes of `*cfg` with the defaults (see the field"]
@@ -508,6 +549,51 @@ extern "C" {
     #[doc = "  writes past an old caller's struct; later fields take their defaults at create. Source"]
     #[doc = "  code reaches minikv_config_init() through the macro below instead. NULL is ignored."]
     pub fn minikv_config_default(cfg: *mut minikv_config);
+}
+impl minikv_preset {
+    #[doc = "< the default: 4-bit keys, 2-bit values, G = 32, 4 sinks,"]
+    #[doc = "UNIFORM, CUMULATIVE scores: 4 bits per element (~87%"]
+    #[doc = "smaller than fp16), the paper's memory at a fraction"]
+    #[doc = "of its accuracy cost"]
+    pub const MINIKV_PRESET_BALANCED: minikv_preset = minikv_preset(0);
+}
+impl minikv_preset {
+    #[doc = "< MiniKV exactly: 2-bit keys and values, G = 16, no"]
+    #[doc = "sinks, PYRAMID depth 7, CUMULATIVE scores: 4 bits per"]
+    #[doc = "element"]
+    pub const MINIKV_PRESET_PAPER: minikv_preset = minikv_preset(1);
+}
+impl minikv_preset {
+    #[doc = "< 8-bit keys and values, G = 32, 4 sinks, UNIFORM,"]
+    #[doc = "CUMULATIVE: 9 bits per element (~72% smaller);"]
+    #[doc = "quantization is near lossless, eviction remains"]
+    pub const MINIKV_PRESET_QUALITY: minikv_preset = minikv_preset(2);
+}
+impl minikv_preset {
+    #[doc = "< no quantization (16-bit), no sinks, UNIFORM,"]
+    #[doc = "CUMULATIVE: H2O-style eviction alone (50% smaller)"]
+    pub const MINIKV_PRESET_EVICTION_ONLY: minikv_preset = minikv_preset(3);
+}
+#[repr(transparent)]
+#[doc = " Named compression settings (values pinned, append-only). \"Bits per element\" counts the"]
+#[doc = "  codes plus each group's 16-bit scale and minimum, averaged over keys and values; the"]
+#[doc = "  16-bit sink and residual tokens come on top. The budget keeps 50% of each prompt"]
+#[doc = "  (heavy_ratio = recent_ratio = 0.25), so the cache is about bits / 32 of an fp16 cache."]
+#[doc = "  The README's accuracy section compares them on real models."]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct minikv_preset(pub core::ffi::c_uint);
+extern "C" {
+    #[doc = " METHOD: sets the compression fields of `*cfg` to a named setting: key_bits, value_bits,"]
+    #[doc = "  group_size, residual_length (128), sink_tokens, heavy_ratio, recent_ratio,"]
+    #[doc = "  budget_policy, pyramid_depth (7), score_mode, window_size (32) and pool_kernel (7)."]
+    #[doc = "  Model dimensions, backend, device, dtype and sizes are left as they are, so call it"]
+    #[doc = "  after minikv_config_default() and before or after setting them."]
+    #[doc = "  Writes only those fields, all within cfg->struct_size (which must cover sink_tokens:"]
+    #[doc = "  initialize with minikv_config_default() of this header or later)."]
+    #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cfg, or a preset value this"]
+    #[doc = "          library does not know: nothing written); MINIKV_ERR_VERSION_MISMATCH"]
+    #[doc = "          (cfg->struct_size too small to hold sink_tokens: nothing written)."]
+    pub fn minikv_config_preset(cfg: *mut minikv_config, preset: minikv_preset) -> minikv_status;
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

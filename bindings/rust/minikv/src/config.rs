@@ -55,9 +55,23 @@ pub enum ScoreMode {
     Window,
 }
 
-/// Cache configuration. `Config::default()` holds the library's defaults (the paper's
-/// setting: 2-bit keys and values, group 16, residual 128, heavy = recent = 25%) with the
-/// model dimensions at 0; [`Config::new`] sets them. The library validates the whole
+/// Named compression settings (`minikv_preset`; `include/minikv.h` documents each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Preset {
+    /// The default: 4-bit keys, 2-bit values, group 32, 4 sink tokens, uniform budgets.
+    Balanced,
+    /// MiniKV exactly: 2-bit keys and values, group 16, pyramid budgets, no sinks.
+    Paper,
+    /// 8-bit keys and values, group 32, 4 sink tokens, uniform budgets.
+    Quality,
+    /// No quantization (16-bit), no sinks, uniform budgets: H2O-style eviction alone.
+    EvictionOnly,
+}
+
+/// Cache configuration. `Config::default()` holds the library's defaults
+/// ([`Preset::Balanced`]: 4-bit keys, 2-bit values, group 32, 4 sink tokens, residual 128,
+/// heavy = recent = 25%) with the model dimensions at 0; [`Config::new`] sets them and
+/// [`Config::apply_preset`] switches the compression fields to another named setting. The library validates the whole
 /// config in [`KvCache::new`](crate::KvCache::new); a bad field is an
 /// [`Error`](crate::Error) with [`Status::InvalidArgument`](crate::Status) whose message
 /// names the field.
@@ -84,18 +98,42 @@ pub struct Config {
     pub score_mode: ScoreMode,
     pub window_size: u32,
     pub pool_kernel: u32,
-    /// 2, 4, or 16 (= unquantized).
+    /// 2, 4, 8, or 16 (= unquantized).
     pub key_bits: u32,
-    /// 2, 4, or 16 (= unquantized).
+    /// 2, 4, 8, or 16 (= unquantized).
     pub value_bits: u32,
     pub group_size: u32,
     pub residual_length: u32,
+    /// Attention sinks: the first `sink_tokens` prompt positions kept unquantized in every
+    /// layer, counted inside the heavy-hitter budget; 0..=64.
+    pub sink_tokens: u32,
 }
 
 impl Config {
     /// The defaults with the model dimensions set.
     pub fn new(num_layers: u32, num_heads: u32, num_kv_heads: u32, head_dim: u32) -> Config {
         Config { num_layers, num_heads, num_kv_heads, head_dim, ..Config::default() }
+    }
+
+    /// Sets the compression fields (bits, group size, sink tokens, budgets, score mode,
+    /// residual length) to `preset` (`minikv_config_preset`); the dimensions, backend,
+    /// dtype and sizes keep their values. The paper's exact MiniKV:
+    /// `cfg.apply_preset(Preset::Paper)`.
+    pub fn apply_preset(&mut self, preset: Preset) {
+        let mut c = self.to_raw();
+        let p = match preset {
+            Preset::Balanced => sys::minikv_preset::MINIKV_PRESET_BALANCED,
+            Preset::Paper => sys::minikv_preset::MINIKV_PRESET_PAPER,
+            Preset::Quality => sys::minikv_preset::MINIKV_PRESET_QUALITY,
+            Preset::EvictionOnly => sys::minikv_preset::MINIKV_PRESET_EVICTION_ONLY,
+        };
+        // SAFETY: `c` is this crate's whole struct with struct_size set by
+        // minikv_config_init, and the call writes only fields within it. It fails only for
+        // a NULL pointer, an unknown preset or a struct_size without sink_tokens, none of
+        // which can happen here.
+        let status = unsafe { sys::minikv_config_preset(&mut c, p) };
+        debug_assert_eq!(status, sys::minikv_status::MINIKV_OK);
+        *self = Config::from_raw(&c);
     }
 
     /// The C struct, starting from `minikv_config_default` so `struct_size` (and any field
@@ -137,6 +175,7 @@ impl Config {
         c.value_bits = self.value_bits;
         c.group_size = self.group_size;
         c.residual_length = self.residual_length;
+        c.sink_tokens = self.sink_tokens;
         c
     }
 }
@@ -147,17 +186,25 @@ fn raw_default() -> sys::minikv_config {
     // crate's struct; the zeroed start makes every byte initialized regardless. It fails
     // only for a NULL pointer or a size below the first version's, neither possible here.
     unsafe {
-        sys::minikv_config_init(c.as_mut_ptr(), core::mem::size_of::<sys::minikv_config>());
+        sys::minikv_config_init(
+            c.as_mut_ptr(),
+            core::mem::size_of::<sys::minikv_config>() as sys::size_t,
+        );
         c.assume_init()
     }
 }
 
 impl Default for Config {
-    /// `minikv_config_default`: the library's own defaults, model dimensions 0. An enum
-    /// value this crate does not know (impossible within one major version) falls back to
-    /// the header's documented default.
+    /// `minikv_config_default`: the library's own defaults, model dimensions 0.
     fn default() -> Config {
-        let c = raw_default();
+        Config::from_raw(&raw_default())
+    }
+}
+
+impl Config {
+    /// The fields of a C struct. An enum value this crate does not know (impossible within
+    /// one major version) falls back to the header's documented default.
+    fn from_raw(c: &sys::minikv_config) -> Config {
         Config {
             backend: match c.backend {
                 sys::minikv_backend::MINIKV_BACKEND_CPU => Backend::Cpu,
@@ -194,6 +241,7 @@ impl Default for Config {
             value_bits: c.value_bits,
             group_size: c.group_size,
             residual_length: c.residual_length,
+            sink_tokens: c.sink_tokens,
         }
     }
 }

@@ -49,7 +49,7 @@ mod element;
 mod result;
 
 pub use cache::{KvCache, MemoryStats, SequenceLength};
-pub use config::{Backend, BudgetPolicy, Config, Dtype, ScoreMode};
+pub use config::{Backend, BudgetPolicy, Config, Dtype, Preset, ScoreMode};
 pub use element::{Bf16, Element, F16};
 pub use result::{Error, Result, Status};
 

@@ -1,12 +1,14 @@
-//! With the defaults (2-bit keys and values, G = 16, R = 128, heavy = recent = 25%), the
-//! compression ratio the library reports equals the one computed here from the storage
+//! With the paper's preset (2-bit keys and values, G = 16, R = 128, heavy = recent = 25%),
+//! the compression ratio the library reports equals the one computed here from the storage
 //! layout (src/layout.h, `quantized_bytes`), in the paper's setting: MHA, head_dim 128,
-//! a 4096-token prompt and 512 generated tokens, fp16 -> about 86% smaller.
+//! a 4096-token prompt and 512 generated tokens, fp16 -> about 86% smaller. The defaults
+//! (`Preset::Balanced`, with 4 sink tokens) follow the same accounting, and every preset
+//! sets its compression fields.
 
 mod common;
 
 use common::Rng;
-use minikv::{Backend, Config, Dtype, Element, KvCache, F16};
+use minikv::{Backend, BudgetPolicy, Config, Dtype, Element, KvCache, Preset, ScoreMode, F16};
 
 /// Bytes of `n` quantized tokens (a multiple of G) of all KV heads: codes plus the
 /// (scale, min) pairs, as src/layout.h lays them out (positions are bookkeeping).
@@ -24,17 +26,21 @@ fn quantized_bytes(cfg: &Config, n: u64) -> u64 {
 }
 
 /// What one (sequence, layer) holds after a prompt of `prompt` tokens and `generated`
-/// appends, following MINIKV.md: keep floor(h L) + floor(r L) tokens, quantize whole
-/// groups, keep the tail 16-bit, flush the residual when it reaches R tokens.
+/// appends, following MINIKV.md (uniform budgets): keep the first min(S, L) tokens as
+/// 16-bit sinks inside the heavy-hitter share, max(floor(h L), sinks) + floor(r L) tokens
+/// in all, quantize whole groups of the rest, keep the tail 16-bit, flush the residual when
+/// it reaches R tokens.
 fn expected_used_bytes(cfg: &Config, prompt: u64, generated: u64) -> u64 {
-    let keep = ((cfg.heavy_ratio as f64 * prompt as f64).floor()
-        + (cfg.recent_ratio as f64 * prompt as f64).floor()) as u64;
+    let sinks = (cfg.sink_tokens as u64).min(prompt);
+    let heavy = ((cfg.heavy_ratio as f64 * prompt as f64).floor() as u64).max(sinks);
+    let keep = heavy + (cfg.recent_ratio as f64 * prompt as f64).floor() as u64;
     // A budget of the whole prompt (h + r >= 1) keeps every token.
     let whole = cfg.heavy_ratio as f64 + cfg.recent_ratio as f64 >= 1.0;
     let keep = if whole { prompt } else { keep.min(prompt) };
     let g = cfg.group_size as u64;
-    let mut quantized = keep - keep % g;
-    let mut residual = keep % g;
+    let rest = keep - sinks;
+    let mut quantized = rest - rest % g;
+    let mut residual = rest % g;
     for _ in 0..generated {
         if residual + 1 == cfg.residual_length as u64 {
             quantized += cfg.residual_length as u64;
@@ -43,22 +49,22 @@ fn expected_used_bytes(cfg: &Config, prompt: u64, generated: u64) -> u64 {
             residual += 1;
         }
     }
-    let residual_token =
-        2 * cfg.num_kv_heads as u64 * cfg.head_dim as u64 * cfg.dtype.size() as u64;
-    quantized_bytes(cfg, quantized) + residual * residual_token
+    let dense_token = 2 * cfg.num_kv_heads as u64 * cfg.head_dim as u64 * cfg.dtype.size() as u64;
+    quantized_bytes(cfg, quantized) + (sinks + residual) * dense_token
 }
 
 #[test]
-fn default_compression_matches_the_layout() {
+fn paper_compression_matches_the_layout() {
     const PROMPT: usize = 4096;
     const GENERATED: usize = 512;
     let mut cfg = Config::new(1, 2, 2, 128); // MHA: 2 query heads, 2 KV heads
+    cfg.apply_preset(Preset::Paper);
     cfg.backend = Backend::Cpu;
     cfg.max_seq_len = (PROMPT + GENERATED) as u32;
     let defaults = Config::default();
     assert_eq!(
-        (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.residual_length),
-        (2, 2, 16, 128)
+        (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.residual_length, cfg.sink_tokens),
+        (2, 2, 16, 128, 0)
     );
     assert_eq!((cfg.heavy_ratio, cfg.recent_ratio), (0.25, 0.25));
     assert_eq!(cfg.dtype, Dtype::F16);
@@ -116,4 +122,70 @@ fn default_compression_matches_the_layout() {
         s.compression_ratio, s.used_bytes, s.fp16_equivalent_bytes
     );
     assert!((s.compression_ratio - 0.861).abs() < 0.001, "{}", s.compression_ratio);
+}
+
+#[test]
+fn default_compression_with_sinks_matches_the_layout() {
+    const PROMPT: usize = 1000;
+    let mut cfg = Config::new(1, 4, 2, 64);
+    cfg.backend = Backend::Cpu;
+    cfg.max_seq_len = 1200;
+    assert_eq!(
+        (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.sink_tokens),
+        (4, 2, 32, 4),
+        "the defaults are Preset::Balanced"
+    );
+    let mut cache = KvCache::new(&cfg).unwrap();
+    let (q_row, kv_row) = (4 * 64, 2 * 64);
+    let mut rng = Rng::new(12);
+    let mut gen = |n: usize| -> Vec<F16> { rng.vec(n).into_iter().map(F16::from_f32).collect() };
+    let (q, k, v) = (gen(PROMPT * q_row), gen(PROMPT * kv_row), gen(PROMPT * kv_row));
+    let mut out = vec![F16::default(); PROMPT * q_row];
+    cache.prefill(0, &[0], &[0, PROMPT as i32], &q, &k, &v, &mut out).unwrap();
+    for kvh in 0..2 {
+        let kept = cache.kept_positions(0, 0, kvh).unwrap();
+        assert_eq!(kept.len(), 500); // 250 heavy-hitter slots (4 of them the sinks) + 250 recent
+        assert_eq!(kept[..4], [0, 1, 2, 3], "the sinks come first");
+    }
+    let mut dec = vec![F16::default(); q_row];
+    for step in 1..=150u64 {
+        cache.append(0, &[0], &gen(kv_row), &gen(kv_row)).unwrap();
+        cache.decode(0, &[0], &gen(q_row), &mut dec).unwrap();
+        if step % 50 == 0 {
+            let s = cache.memory_stats().unwrap();
+            assert_eq!(s.used_bytes, expected_used_bytes(&cfg, PROMPT as u64, step));
+            assert_eq!(s.tokens_cached, 500 + step);
+        }
+    }
+}
+
+#[test]
+fn presets_set_the_compression_fields() {
+    let cases = [
+        (Preset::Balanced, 4, 2, 32, 4, BudgetPolicy::Uniform),
+        (Preset::Paper, 2, 2, 16, 0, BudgetPolicy::Pyramid),
+        (Preset::Quality, 8, 8, 32, 4, BudgetPolicy::Uniform),
+        (Preset::EvictionOnly, 16, 16, 16, 0, BudgetPolicy::Uniform),
+    ];
+    for (preset, kb, vb, g, sinks, policy) in cases {
+        let mut cfg = Config::new(3, 8, 2, 96);
+        cfg.backend = Backend::Cpu;
+        cfg.dtype = Dtype::Bf16;
+        cfg.max_seq_len = 777;
+        (cfg.heavy_ratio, cfg.residual_length, cfg.score_mode) = (0.9, 512, ScoreMode::Window);
+        cfg.apply_preset(preset);
+        assert_eq!(
+            (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.sink_tokens, cfg.budget_policy),
+            (kb, vb, g, sinks, policy),
+            "{preset:?}"
+        );
+        assert_eq!((cfg.heavy_ratio, cfg.recent_ratio, cfg.residual_length), (0.25, 0.25, 128));
+        assert_eq!(cfg.score_mode, ScoreMode::Cumulative);
+        // Everything else keeps its value.
+        assert_eq!((cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim), (3, 8, 2, 96));
+        assert_eq!((cfg.backend, cfg.dtype, cfg.max_seq_len), (Backend::Cpu, Dtype::Bf16, 777));
+    }
+    let mut balanced = Config::default();
+    balanced.apply_preset(Preset::Balanced);
+    assert_eq!(balanced, Config::default());
 }

@@ -1,10 +1,11 @@
 //! Failures: each gives the right Status and a message that names what is wrong, and a
 //! failed call changes nothing.
 
-use minikv::{Backend, Config, Dtype, Error, KvCache, Status};
+use minikv::{Backend, Config, Dtype, Error, KvCache, Preset, Status};
 
 fn small() -> Config {
     let mut cfg = Config::new(1, 2, 1, 16);
+    cfg.apply_preset(Preset::Paper); // G = 16 fits head_dim 16
     cfg.backend = Backend::Cpu;
     cfg.dtype = Dtype::F32;
     cfg.max_sequences = 2;

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{assert_close, attention, rows, Dims, Rng};
-use minikv::{Backend, Bf16, Config, Dtype, Element, KvCache, F16};
+use minikv::{Backend, Bf16, Config, Dtype, Element, KvCache, Preset, F16};
 
 const LAYERS: u32 = 2;
 const DIMS: Dims = Dims { heads: 4, kv_heads: 2, head_dim: 32 }; // GQA group of 2
@@ -14,6 +14,7 @@ const RESIDUAL: u32 = 16;
 fn lossless_config(dtype: Dtype) -> Config {
     let mut cfg =
         Config::new(LAYERS, DIMS.heads as u32, DIMS.kv_heads as u32, DIMS.head_dim as u32);
+    cfg.apply_preset(Preset::EvictionOnly); // 16-bit, no sinks
     cfg.backend = Backend::Cpu;
     cfg.dtype = dtype;
     cfg.max_sequences = 4;

@@ -2,9 +2,11 @@ package dev.minikv;
 
 /**
  * An immutable cache configuration ({@code minikv_config}). Build one with {@link #builder()},
- * which starts from the library's defaults (the paper's: F16, 2-bit keys and values, group 16,
- * residual 128, heavy and recent ratios 0.25, backend AUTO); the model dimensions must be set.
- * The library validates it in {@link KvCache#KvCache(Config)}.
+ * which starts from the library's defaults ({@link Preset#BALANCED}: F16, 4-bit keys and 2-bit
+ * values, group 32, 4 sink tokens, residual 128, heavy and recent ratios 0.25, backend AUTO);
+ * {@link Builder#preset(Preset)} switches the compression fields to another named setting
+ * (the paper's exact MiniKV: {@link Preset#PAPER}); the model dimensions must be set. The
+ * library validates it in {@link KvCache#KvCache(Config)}.
  */
 public final class Config {
   private final Backend backend;
@@ -16,7 +18,8 @@ public final class Config {
   private final BudgetPolicy budgetPolicy;
   private final float pyramidDepth;
   private final ScoreMode scoreMode;
-  private final int windowSize, poolKernel, keyBits, valueBits, groupSize, residualLength;
+  private final int windowSize, poolKernel, keyBits, valueBits, groupSize, residualLength,
+      sinkTokens;
 
   private Config(Builder b) {
     backend = b.backend;
@@ -40,6 +43,7 @@ public final class Config {
     valueBits = b.valueBits;
     groupSize = b.groupSize;
     residualLength = b.residualLength;
+    sinkTokens = b.sinkTokens;
   }
 
   /** A builder holding the library's defaults ({@code minikv_config_default}). */
@@ -71,6 +75,7 @@ public final class Config {
     b.valueBits = valueBits;
     b.groupSize = groupSize;
     b.residualLength = residualLength;
+    b.sinkTokens = sinkTokens;
     return b;
   }
 
@@ -98,6 +103,7 @@ public final class Config {
     c.setValue_bits(valueBits);
     c.setGroup_size(groupSize);
     c.setResidual_length(residualLength);
+    c.setSink_tokens(sinkTokens);
     return c;
   }
 
@@ -124,6 +130,7 @@ public final class Config {
     b.valueBits = c.getValue_bits();
     b.groupSize = c.getGroup_size();
     b.residualLength = c.getResidual_length();
+    b.sinkTokens = c.getSink_tokens();
     return b.build();
   }
 
@@ -148,6 +155,8 @@ public final class Config {
   public int valueBits() { return valueBits; }
   public int groupSize() { return groupSize; }
   public int residualLength() { return residualLength; }
+  /** Attention sinks: the first prompt positions kept unquantized, inside the budget. */
+  public int sinkTokens() { return sinkTokens; }
 
   @Override
   public String toString() {
@@ -156,7 +165,8 @@ public final class Config {
         + ", maxSequences=" + maxSequences + ", maxSeqLen=" + maxSeqLen
         + ", maxTokens=" + maxTokens + ", heavy=" + heavyRatio + ", recent=" + recentRatio
         + ", " + budgetPolicy + ", " + scoreMode + ", bits=" + keyBits + "/" + valueBits
-        + ", group=" + groupSize + ", residual=" + residualLength + "}";
+        + ", group=" + groupSize + ", residual=" + residualLength + ", sinks=" + sinkTokens
+        + "}";
   }
 
   /** Mutable builder; every setter returns {@code this}. Unsigned C fields take Java ints. */
@@ -170,7 +180,8 @@ public final class Config {
     private BudgetPolicy budgetPolicy;
     private float pyramidDepth;
     private ScoreMode scoreMode;
-    private int windowSize, poolKernel, keyBits, valueBits, groupSize, residualLength;
+    private int windowSize, poolKernel, keyBits, valueBits, groupSize, residualLength,
+        sinkTokens;
 
     private Builder(boolean defaults) {
       if (defaults) {
@@ -210,6 +221,7 @@ public final class Config {
       valueBits = d.valueBits;
       groupSize = d.groupSize;
       residualLength = d.residualLength;
+      sinkTokens = d.sinkTokens;
     }
 
     public Builder backend(Backend v) { backend = java.util.Objects.requireNonNull(v); return this; }
@@ -233,6 +245,23 @@ public final class Config {
     public Builder valueBits(int v) { valueBits = v; return this; }
     public Builder groupSize(int v) { groupSize = v; return this; }
     public Builder residualLength(int v) { residualLength = v; return this; }
+    public Builder sinkTokens(int v) { sinkTokens = v; return this; }
+
+    /**
+     * Sets the compression fields (bits, group size, sink tokens, budgets, score mode,
+     * residual length) to a named setting ({@code minikv_config_preset}); dimensions,
+     * backend, dtype and sizes keep their values.
+     */
+    public Builder preset(Preset p) {
+      ConfigStruct c = new Config(this).toNative();
+      try {
+        MinikvNative.config_preset(c, java.util.Objects.requireNonNull(p).code);
+        copyFrom(fromNative(c).toBuilder());
+      } finally {
+        c.delete();
+      }
+      return this;
+    }
 
     /** The immutable configuration (validated later, by the library, at cache creation). */
     public Config build() {

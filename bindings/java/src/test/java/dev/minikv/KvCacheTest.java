@@ -87,9 +87,10 @@ class KvCacheTest {
     return r;
   }
 
-  /** Keep everything (heavy 1, recent 0), unquantized (bits 16), residual 16. */
+  /** Keep everything (heavy 1, recent 0), unquantized (bits 16, no sinks), residual 16. */
   static Config exact(Dtype dtype) {
-    return Config.builder().backend(Backend.CPU).dtype(dtype).numLayers(LAYERS).numHeads(H)
+    return Config.builder().preset(Preset.EVICTION_ONLY).backend(Backend.CPU).dtype(dtype)
+        .numLayers(LAYERS).numHeads(H)
         .numKvHeads(HKV).headDim(D).maxSequences(4).maxSeqLen(256).heavyRatio(1)
         .recentRatio(0).keyBits(16).valueBits(16).groupSize(16).residualLength(16).build();
   }
@@ -312,10 +313,13 @@ class KvCacheTest {
 
   /** {used bytes, cached tokens} of one (sequence, layer) after prefill + steps appends. */
   static long[] expectedUsed(Config c, int prompt, int steps) {
-    long keep = budget(c.heavyRatio(), prompt) + budget(c.recentRatio(), prompt); // UNIFORM
+    // UNIFORM budgets; the sinks take heavy-hitter slots (and fill them when they outnumber it).
+    long sinks = Math.min(c.sinkTokens(), prompt);
+    long keep = Math.max(budget(c.heavyRatio(), prompt), sinks) + budget(c.recentRatio(), prompt);
     keep = Math.min(keep, prompt);
     long g = c.groupSize(), r = c.residualLength();
-    long quantized = keep - keep % g, residual = keep % g;
+    long rest = keep - sinks;
+    long quantized = rest - rest % g, residual = rest % g;
     for (int i = 0; i < steps; i++) {
       if (residual + 1 == r) {
         quantized += r;
@@ -324,8 +328,8 @@ class KvCacheTest {
         residual++;
       }
     }
-    long residualBytes = residual * 2 * c.numKvHeads() * c.headDim() * c.dtype().bytes();
-    return new long[] {quantizedBytes(c, quantized) + residualBytes, quantized + residual};
+    long denseBytes = (sinks + residual) * 2 * c.numKvHeads() * c.headDim() * c.dtype().bytes();
+    return new long[] {quantizedBytes(c, quantized) + denseBytes, sinks + quantized + residual};
   }
 
   static long budget(double ratio, int prompt) {
@@ -344,8 +348,8 @@ class KvCacheTest {
   /** The paper's setting: MHA, head_dim 128, 4096 prompt, 512 generated, 2-bit, G 16. */
   @Test
   void compressionPaperSetting() {
-    Config cfg = Config.builder().backend(Backend.CPU).numLayers(1).numHeads(1).numKvHeads(1)
-        .headDim(128).maxSeqLen(4096 + 512).build();
+    Config cfg = Config.builder().preset(Preset.PAPER).backend(Backend.CPU).numLayers(1)
+        .numHeads(1).numKvHeads(1).headDim(128).maxSeqLen(4096 + 512).build();
     assertEquals(2, cfg.keyBits());
     assertEquals(16, cfg.groupSize());
     assertEquals(Dtype.F16, cfg.dtype());
@@ -373,11 +377,15 @@ class KvCacheTest {
     }
   }
 
-  /** Defaults on a ragged batch with residual 16: bytes follow the layout through flushes. */
+  /**
+   * Defaults (BALANCED: 4-bit keys, 2-bit values, group 32, 4 sinks) on a ragged batch with
+   * residual 32: bytes follow the layout through flushes.
+   */
   @Test
   void compressionRaggedDefaults() {
     Config cfg = Config.builder().backend(Backend.CPU).numLayers(LAYERS).numHeads(H)
-        .numKvHeads(HKV).headDim(64).maxSequences(3).maxSeqLen(512).residualLength(16).build();
+        .numKvHeads(HKV).headDim(64).maxSequences(3).maxSeqLen(512).residualLength(32).build();
+    assertEquals(4, cfg.sinkTokens());
     try (KvCache cache = new KvCache(cfg)) {
       Random rng = new Random(4);
       int[] seqs = {2, 0, 1};
@@ -599,6 +607,10 @@ class KvCacheTest {
     assertEquals(minikv_dtype.MINIKV_DTYPE_F32, Dtype.F32.code);
     assertEquals(minikv_budget_policy.MINIKV_BUDGET_PYRAMID, BudgetPolicy.PYRAMID.code);
     assertEquals(minikv_score_mode.MINIKV_SCORE_WINDOW, ScoreMode.WINDOW.code);
+    assertEquals(minikv_preset.MINIKV_PRESET_BALANCED, Preset.BALANCED.code);
+    assertEquals(minikv_preset.MINIKV_PRESET_PAPER, Preset.PAPER.code);
+    assertEquals(minikv_preset.MINIKV_PRESET_QUALITY, Preset.QUALITY.code);
+    assertEquals(minikv_preset.MINIKV_PRESET_EVICTION_ONLY, Preset.EVICTION_ONLY.code);
     String v = KvCache.version();
     int n = KvCache.versionNumber();
     assertEquals(n / 10000 + "." + n / 100 % 100 + "." + n % 100, v);
@@ -611,7 +623,7 @@ class KvCacheTest {
         .maxTokens(12345).heavyRatio(0.125f).recentRatio(0.375f)
         .budgetPolicy(BudgetPolicy.PYRAMID).pyramidDepth(3.5f).scoreMode(ScoreMode.WINDOW)
         .windowSize(17).poolKernel(5).keyBits(4).valueBits(16).groupSize(32)
-        .residualLength(64).build();
+        .residualLength(64).sinkTokens(9).build();
     ConfigStruct c = in.toNative();
     try {
       assertTrue(c.getStruct_size() > 0);
@@ -622,16 +634,76 @@ class KvCacheTest {
       assertEquals(in.pyramidDepth(), back.pyramidDepth());
       assertEquals(in.windowSize(), back.windowSize());
       assertEquals(in.poolKernel(), back.poolKernel());
+      assertEquals(9, back.sinkTokens());
     } finally {
       c.delete();
     }
     Config d = Config.builder().build();
-    assertEquals(2, d.keyBits());
+    assertEquals(4, d.keyBits());
     assertEquals(2, d.valueBits());
+    assertEquals(32, d.groupSize());
+    assertEquals(4, d.sinkTokens());
     assertEquals(128, d.residualLength());
     assertEquals(0.25f, d.heavyRatio());
     assertEquals(Backend.AUTO, d.backend());
     assertFalse(d.toString().isEmpty());
+  }
+
+  @Test
+  void presetsSetTheCompressionFields() {
+    Object[][] cases = {
+      {Preset.BALANCED, 4, 2, 32, 4, BudgetPolicy.UNIFORM},
+      {Preset.PAPER, 2, 2, 16, 0, BudgetPolicy.PYRAMID},
+      {Preset.QUALITY, 8, 8, 32, 4, BudgetPolicy.UNIFORM},
+      {Preset.EVICTION_ONLY, 16, 16, 16, 0, BudgetPolicy.UNIFORM},
+    };
+    for (Object[] c : cases) {
+      Config cfg = Config.builder().backend(Backend.CPU).dtype(Dtype.BF16).numLayers(3)
+          .numHeads(8).numKvHeads(2).headDim(96).maxSeqLen(777).heavyRatio(0.9f)
+          .residualLength(512).scoreMode(ScoreMode.WINDOW).preset((Preset) c[0]).build();
+      String what = c[0].toString();
+      assertEquals(c[1], cfg.keyBits(), what);
+      assertEquals(c[2], cfg.valueBits(), what);
+      assertEquals(c[3], cfg.groupSize(), what);
+      assertEquals(c[4], cfg.sinkTokens(), what);
+      assertEquals(c[5], cfg.budgetPolicy(), what);
+      assertEquals(0.25f, cfg.heavyRatio(), what);
+      assertEquals(0.25f, cfg.recentRatio(), what);
+      assertEquals(128, cfg.residualLength(), what);
+      assertEquals(ScoreMode.CUMULATIVE, cfg.scoreMode(), what);
+      // Everything else keeps the builder's values.
+      assertEquals(Backend.CPU, cfg.backend(), what);
+      assertEquals(Dtype.BF16, cfg.dtype(), what);
+      assertEquals(3, cfg.numLayers(), what);
+      assertEquals(96, cfg.headDim(), what);
+      assertEquals(777, cfg.maxSeqLen(), what);
+    }
+    assertEquals(Config.builder().build().toString(),
+        Config.builder().preset(Preset.BALANCED).build().toString(), "the default is BALANCED");
+    assertThrows(NullPointerException.class, () -> Config.builder().preset(null));
+  }
+
+  /** Sinks are the first kept positions of every head, inside the budget. */
+  @Test
+  void sinkTokensAreKeptFirst() {
+    Config cfg = exact(Dtype.F32).toBuilder().heavyRatio(0.25f).recentRatio(0.25f)
+        .sinkTokens(6).build();
+    try (KvCache cache = new KvCache(cfg)) {
+      Random rng = new Random(8);
+      int total = 83;
+      cache.prefill(0, new int[] {0, 1}, new int[] {0, 80, 83}, uniform(rng, total * H * D),
+          uniform(rng, total * HKV * D), uniform(rng, total * HKV * D), new float[total * H * D]);
+      for (int h = 0; h < HKV; h++) {
+        int[] kept = cache.keptPositions(0, 0, h);
+        assertEquals(40, kept.length, "20 heavy-hitter slots (6 of them the sinks) + 20 recent");
+        for (int i = 0; i < 6; i++) {
+          assertEquals(i, kept[i]);
+        }
+        assertArrayEquals(new int[] {0, 1, 2}, cache.keptPositions(1, 0, h),
+            "a prompt shorter than the sinks keeps all of it");
+      }
+      assertEquals(40, cache.sequenceLength(0, 0).tokensCached());
+    }
   }
 
   @Test

@@ -1,0 +1,22 @@
+package dev.minikv;
+
+/**
+ * Named compression settings ({@code minikv_preset}; {@code include/minikv.h} documents each):
+ * {@link Config.Builder#preset(Preset)} sets the compression fields to one of them.
+ */
+public enum Preset {
+  /** The default: 4-bit keys, 2-bit values, group 32, 4 sink tokens, uniform budgets. */
+  BALANCED(0),
+  /** MiniKV exactly: 2-bit keys and values, group 16, pyramid budgets, no sinks. */
+  PAPER(1),
+  /** 8-bit keys and values, group 32, 4 sink tokens, uniform budgets. */
+  QUALITY(2),
+  /** No quantization (16-bit), no sinks, uniform budgets: H2O-style eviction alone. */
+  EVICTION_ONLY(3);
+
+  final int code;
+
+  Preset(int code) {
+    this.code = code;
+  }
+}
