@@ -1,5 +1,5 @@
 // Decode over the configuration space against the CPU backend, on every output element:
-// key and value bits drawn from {2, 4, 16} independently, group sizes 16 to 128, head_dim
+// key and value bits drawn from {2, 4, 8, 16} independently, with and without attention sinks, group sizes 16 to 128, head_dim
 // 64 and 128, GQA groups of 1 to 16 query heads (3, 5, 6, 7 and 12 included: groups that
 // are not a power of two, and groups split over several CTAs), fp16 and bf16, ragged
 // batches with prompts shorter than a group, decode steps across residual flushes. Each
@@ -15,6 +15,7 @@ namespace {
 struct Shape {
   uint32_t key_bits, value_bits, group, head_dim, n_rep;
   minikv_dtype dtype;
+  uint32_t sinks = 0;
 };
 
 }  // namespace
@@ -30,18 +31,24 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
       {2, 4, 128, 128, 2, BF16}, {16, 2, 16, 128, 5, F16}, {2, 16, 32, 64, 6, F16},
       {16, 4, 64, 128, 7, BF16}, {4, 16, 16, 64, 16, F16}, {16, 16, 16, 128, 8, F16},
       {2, 2, 64, 128, 1, BF16},  {4, 2, 128, 128, 2, F16},
+      // 8-bit codes, and the sink segment (the default preset's storage among them)
+      {8, 8, 32, 128, 4, BF16, 4}, {8, 2, 16, 64, 2, F16},   {4, 8, 64, 128, 8, F16, 4},
+      {2, 8, 32, 64, 1, BF16},     {8, 16, 16, 128, 3, F16, 1}, {16, 8, 32, 64, 4, BF16},
+      {4, 2, 32, 128, 4, F16, 4},  {4, 2, 32, 64, 3, BF16, 4}, {2, 2, 16, 128, 1, F16, 20},
   };
   for (const Shape &s : shapes) {
     const std::string name = "K" + std::to_string(s.key_bits) + "V" + std::to_string(s.value_bits) +
                              " G" + std::to_string(s.group) + " hd" + std::to_string(s.head_dim) +
                              " n_rep " + std::to_string(s.n_rep) +
-                             (s.dtype == F16 ? " f16" : " bf16");
+                             (s.dtype == F16 ? " f16" : " bf16") +
+                             (s.sinks ? " sinks " + std::to_string(s.sinks) : "");
     SUBCASE(name.c_str()) {
       const uint32_t kv_heads = s.n_rep >= 8 ? 1 : 2;
-      const gt::Case c{name.c_str(), s.dtype, s.head_dim, kv_heads * s.n_rep, kv_heads,
-                       MINIKV_SCORE_CUMULATIVE, s.key_bits, s.value_bits, s.group,
-                       /*residual=*/s.group * 2, MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f,
-                       {1, s.group - 1, s.group + 1, 333, 1200}, 2 * s.group + 9};
+      gt::Case c{name.c_str(), s.dtype, s.head_dim, kv_heads * s.n_rep, kv_heads,
+                 MINIKV_SCORE_CUMULATIVE, s.key_bits, s.value_bits, s.group,
+                 /*residual=*/s.group * 2, MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f,
+                 {1, s.group - 1, s.group + 1, 333, 1200}, 2 * s.group + 9};
+      c.sinks = s.sinks;
       gt::run_case(c);
     }
   }
