@@ -60,9 +60,8 @@ def rand(shape, tdtype):
 def make_cache(dtype, B, H, Hkv, D, L, kb, vb, G, sinks):
     fields = dict(backend="cuda", dtype=dtype, num_layers=LAYERS, num_heads=H, num_kv_heads=Hkv,
                   head_dim=D, max_sequences=B, max_seq_len=L + 1024, score_mode="window",
-                  key_bits=kb, value_bits=vb, group_size=G, residual_length=128)
-    if sinks:
-        fields["sink_tokens"] = sinks
+                  key_bits=kb, value_bits=vb, group_size=G, residual_length=128,
+                  sink_tokens=sinks)
     return minikv.Cache(minikv.Config(**fields))
 
 

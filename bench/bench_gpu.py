@@ -68,9 +68,9 @@ def sdpa_flash(q, k, v, causal):
 
 
 def make_cache(dtype, B, H, Hkv, L, score_mode, gen=16):
-    return minikv.Cache(minikv.Config(
-        backend="cuda", dtype=dtype, num_layers=1, num_heads=H, num_kv_heads=Hkv, head_dim=128,
-        max_sequences=B, max_seq_len=L + gen, score_mode=score_mode))
+    return minikv.Cache(minikv.Config.from_preset(
+        "paper", backend="cuda", dtype=dtype, num_layers=1, num_heads=H, num_kv_heads=Hkv,
+        head_dim=128, max_sequences=B, max_seq_len=L + gen, score_mode=score_mode))
 
 
 def rand(shape, tdtype):

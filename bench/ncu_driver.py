@@ -36,8 +36,8 @@ def main():
     tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     B = 1 if a.what == "prefill" else a.B
     D, dev = 128, torch.device("cuda")
-    cache = minikv.Cache(minikv.Config(
-        backend="cuda", dtype=a.dtype, num_layers=1, num_heads=a.H, num_kv_heads=a.Hkv,
+    cache = minikv.Cache(minikv.Config.from_preset(
+        "paper", backend="cuda", dtype=a.dtype, num_layers=1, num_heads=a.H, num_kv_heads=a.Hkv,
         head_dim=D, max_sequences=B, max_seq_len=a.L + 16, score_mode=a.mode,
         key_bits=a.key_bits, value_bits=a.value_bits, group_size=a.group))
     ids, cu = list(range(B)), [i * a.L for i in range(B + 1)]

@@ -3,8 +3,9 @@
 
 SmolLM2-135M-Instruct (LLaMA architecture; scripts/fetch-model.sh fetches it) runs through
 minikv.hf.MiniKVGenerator with each libminikv setting, and through its own transformers
-attention with a full cache ("full", the reference). On windows of 2K/4K/8K tokens of Jane
-Austen's novels (../shared/data/corpus) it measures:
+attention with a full cache ("full", the reference). On windows of 2K/4K/8K tokens of a
+corpus (--corpus / MINIKV_CORPUS: a directory, whose *.gz files are the texts, or one gzip
+text file; default ../shared/data/corpus, Jane Austen's six novels) it measures:
   * decode-phase perplexity: prefill the first ctx-257 tokens of a window, then teacher-force
     the next 256 one at a time through minikv_append + minikv_decode; the mean loss of those
     256 predictions (the reference: one causal forward over the window, same positions);
@@ -13,14 +14,20 @@ Austen's novels (../shared/data/corpus) it measures:
   * greedy agreement: the fraction of the first 64 greedily generated tokens equal (position
     by position) to the reference's, and the length of the common prefix;
   * the compression ratio that minikv_memory_stats_get reports (after the perplexity run:
-    prompt + 256 decoded tokens per sequence).
-Prints a table and writes JSON to bench/results/.
+    prompt + 256 decoded tokens per sequence), and from it the bits per element the cache
+    spends on average, 16 * (1 - ratio) (codes, scales, 16-bit sinks and residual, over
+    every position seen, evicted ones included).
+Prints a table, checks the issue's goals, writes JSON to bench/results/ and a Pareto
+figure beside it (PNG: bits per element vs perplexity increase, one point per setting and
+context, the paper's setting and the default marked; needs matplotlib). Every setting
+starts from a library preset (minikv.Preset), so the rows do not move with the defaults.
 
     scripts/fetch-model.sh
     MINIKV_LIBRARY=build-cuda/libminikv.so python3 scripts/eval_accuracy.py            # GPU
     MINIKV_LIBRARY=build-hf/libminikv.so python3 scripts/eval_accuracy.py --device cpu \\
         --contexts 512 --ppl-windows 2 --decode-tokens 32 --passkey-trials 4 \\
-        --greedy-prompts 2 --greedy-tokens 16 --configs minikv16,pyramid-50     # CPU smoke
+        --greedy-prompts 2 --greedy-tokens 16 --configs minikv16,pyramid-50,balanced  # CPU smoke
+    python3 scripts/eval_accuracy.py --plot-only bench/results/<run>.json     # the figure again
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ import argparse
 import datetime
 import gzip
 import inspect
+import json
 import math
 import os
 import platform
@@ -48,64 +56,113 @@ from results import git_commit, write_json  # noqa: E402
 from minikv.gguf_llama import default_model_path, load_gguf_llama  # noqa: E402
 from minikv.hf import MiniKVGenerator  # noqa: E402
 
-# MINIKV_CORPUS: where the novels are when ../shared is not beside the checkout (a GPU box).
-CORPUS = os.environ.get("MINIKV_CORPUS") or os.path.join(ROOT, "..", "shared", "data", "corpus")
-NOVELS = ["emma", "mansfieldpark", "northangerabbey", "persuasion", "prideprejudice",
-          "sensesensibility"]
+# The default corpus: Jane Austen's novels beside the checkout (MINIKV_CORPUS or --corpus
+# elsewhere, e.g. on a GPU box, or to measure on held-out text).
+DEFAULT_CORPUS = os.path.join(ROOT, "..", "shared", "data", "corpus")
+
+KEEP_ALL = dict(heavy_ratio=1.0, recent_ratio=0.0, budget_policy="uniform")
 
 
-def budget(total, policy="uniform", bits=2, **extra):
-    """A libminikv setting keeping `total` of the prompt: heavy hitters and recent window
-    half each (the paper's split), `bits`-bit keys and values, G = 16."""
-    return dict(heavy_ratio=total / 2, recent_ratio=total / 2, budget_policy=policy,
-                key_bits=bits, value_bits=bits, group_size=16, **extra)
+def budget(total, policy="uniform", **extra):
+    """A budget keeping `total` of the prompt: heavy hitters and recent window half each
+    (the paper's split)."""
+    return dict(heavy_ratio=total / 2, recent_ratio=total / 2, budget_policy=policy, **extra)
 
 
-# name -> (what it is, minikv.Config fields)
+def setting(preset, **fields):
+    """minikv.Config fields: `preset`'s compression fields with `fields` on top."""
+    return dict(preset=preset, **fields)
+
+
+def quant(kb, vb, group, sinks=0, **extra):
+    return setting("paper", key_bits=kb, value_bits=vb, group_size=group, sink_tokens=sinks, **extra)
+
+
+# name -> (what it is, MiniKVGenerator arguments: a preset and minikv.Config fields on top)
 CONFIGS = {
-    "minikv16": ("16-bit, keep all (adapter check: = full)",
-                 dict(key_bits=16, value_bits=16, heavy_ratio=1.0, recent_ratio=0.0)),
-    "kivi-2bit": ("2-bit G16, keep all (quantization only)",
-                  dict(key_bits=2, value_bits=2, heavy_ratio=1.0, recent_ratio=0.0)),
-    "kivi-4bit": ("4-bit G16, keep all (quantization only)",
-                  dict(key_bits=4, value_bits=4, heavy_ratio=1.0, recent_ratio=0.0)),
-    "uniform-25": ("MiniKV uniform 25%, 2-bit G16", budget(0.25)),
-    "uniform-50": ("MiniKV uniform 50%, 2-bit G16", budget(0.50)),
-    "uniform-75": ("MiniKV uniform 75%, 2-bit G16", budget(0.75)),
-    "pyramid-25": ("MiniKV pyramid 25%, 2-bit G16", budget(0.25, "pyramid")),
-    "pyramid-50": ("MiniKV pyramid 50%, 2-bit G16", budget(0.50, "pyramid")),
-    "pyramid-75": ("MiniKV pyramid 75%, 2-bit G16", budget(0.75, "pyramid")),
-    "pyramid-50-4bit": ("MiniKV pyramid 50%, 4-bit G16", budget(0.50, "pyramid", bits=4)),
-    "h2o-50-16bit": ("H2O-like: uniform 50%, cumulative scores, 16-bit", budget(0.50, bits=16)),
+    "minikv16": ("16-bit, keep all (adapter check: = full)", setting("eviction_only", **KEEP_ALL)),
+    # Quantization alone (keep all): the issue's table, at ~4-9 bits per element.
+    "kivi-2bit": ("K2V2 G16, keep all (the paper's quantization)", quant(2, 2, 16, **KEEP_ALL)),
+    "k2v2-g16-s4": ("K2V2 G16 + 4 sinks, keep all", quant(2, 2, 16, 4, **KEEP_ALL)),
+    "k2v2-g32": ("K2V2 G32, keep all", quant(2, 2, 32, **KEEP_ALL)),
+    "k2v4-g16": ("K2V4 G16, keep all", quant(2, 4, 16, **KEEP_ALL)),
+    "k4v2-g16": ("K4V2 G16, keep all", quant(4, 2, 16, **KEEP_ALL)),
+    "k4v2-g32": ("K4V2 G32, keep all", quant(4, 2, 32, **KEEP_ALL)),
+    "k4v2-g32-s4": ("K4V2 G32 + 4 sinks, keep all (BALANCED's quantization)",
+                    quant(4, 2, 32, 4, **KEEP_ALL)),
+    "kivi-4bit": ("K4V4 G16, keep all", quant(4, 4, 16, **KEEP_ALL)),
+    "k8v8-g32": ("K8V8 G32, keep all (QUALITY's quantization)", quant(8, 8, 32, **KEEP_ALL)),
+    # The paper's 2-bit MiniKV at several budgets; pyramid-50 is MINIKV_PRESET_PAPER.
+    "uniform-25": ("MiniKV uniform 25%, K2V2 G16", quant(2, 2, 16, **budget(0.25))),
+    "uniform-50": ("MiniKV uniform 50%, K2V2 G16", quant(2, 2, 16, **budget(0.50))),
+    "uniform-75": ("MiniKV uniform 75%, K2V2 G16", quant(2, 2, 16, **budget(0.75))),
+    "pyramid-25": ("MiniKV pyramid 25%, K2V2 G16", quant(2, 2, 16, **budget(0.25, "pyramid"))),
+    "pyramid-50": ("MiniKV pyramid 50%, K2V2 G16 (PAPER preset)", setting("paper")),
+    "pyramid-75": ("MiniKV pyramid 75%, K2V2 G16", quant(2, 2, 16, **budget(0.75, "pyramid"))),
+    "pyramid-50-4bit": ("MiniKV pyramid 50%, K4V4 G16", quant(4, 4, 16, **budget(0.50, "pyramid"))),
+    # 50% eviction with the issue's better quantization.
+    "balanced": ("uniform 50%, K4V2 G32 + 4 sinks (BALANCED preset, the default)",
+                 setting("balanced")),
+    "balanced-pyramid": ("pyramid 50%, K4V2 G32 + 4 sinks",
+                         setting("balanced", budget_policy="pyramid")),
+    "uniform-50-k4v2-g32": ("uniform 50%, K4V2 G32, no sinks", quant(4, 2, 32, **budget(0.50))),
+    "quality": ("uniform 50%, K8V8 G32 + 4 sinks (QUALITY preset)", setting("quality")),
+    # Eviction alone.
+    "h2o-50-16bit": ("H2O-like: uniform 50%, cumulative scores, 16-bit (EVICTION_ONLY preset)",
+                     setting("eviction_only")),
     "snapkv-50-16bit": ("SnapKV-like: uniform 50%, window scores, 16-bit",
-                        budget(0.50, bits=16, score_mode="window")),
+                        setting("eviction_only", score_mode="window")),
 }
+# The rows the goals and the figure single out.
+PAPER, DEFAULT = "pyramid-50", "balanced"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 # ---- text --------------------------------------------------------------------------------
-def novel_paragraphs(name):
-    """The novel's paragraphs, each reflowed onto one line (the corpus keeps printed lines)."""
-    with gzip.open(os.path.join(CORPUS, f"austen_{name}.txt.gz"), "rt", encoding="utf-8") as f:
+def corpus_files(path):
+    """The gzip texts of a corpus: every *.gz file of a directory (sorted by name), or one
+    file."""
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".gz"))
+    elif os.path.isfile(path):
+        files = [path]
+    else:
+        sys.exit(f"corpus {path}: no such file or directory (set --corpus or MINIKV_CORPUS)")
+    if not files:
+        sys.exit(f"corpus {path}: no *.gz text in it")
+    return files
+
+
+def text_paragraphs(path):
+    """A text's paragraphs (blank-line separated), each reflowed onto one line (printed
+    books keep their line breaks)."""
+    with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
         text = f.read()
     paras = [re.sub(r"\s*\n\s*", " ", p).strip() for p in re.split(r"\n\s*\n", text)]
     return [p for p in paras if p]
 
 
 class Corpus:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, path):
         self.tok = tokenizer
-        # Per novel: the token ids of each paragraph ("text\n\n"), and all of them joined.
-        self.paras = {n: [tokenizer.encode(p + "\n\n") for p in novel_paragraphs(n)] for n in NOVELS}
+        # Per text: the token ids of each paragraph ("text\n\n"), and all of them joined.
+        self.paras = {}
+        for f in corpus_files(path):
+            name = os.path.basename(f).split(".")[0]
+            self.paras[name] = [tokenizer.encode(p + "\n\n") for p in text_paragraphs(f)]
         self.stream = {n: [t for p in ps for t in p] for n, ps in self.paras.items()}
+        self.names = list(self.paras)
 
     def windows(self, length, count, rng):
-        """`count` windows of `length` consecutive tokens, from the novels in turn."""
+        """`count` windows of `length` consecutive tokens, from the texts long enough in
+        turn."""
+        names = [n for n in self.names if len(self.stream[n]) >= length]
+        if not names:
+            raise ValueError(f"no text of the corpus has {length} tokens "
+                             f"(longest: {max(map(len, self.stream.values()))})")
         out = []
         for i in range(count):
-            s = self.stream[NOVELS[i % len(NOVELS)]]
-            if len(s) < length:
-                raise ValueError(f"a novel has only {len(s)} tokens, fewer than {length}")
+            s = self.stream[names[i % len(names)]]
             start = rng.randrange(len(s) - length + 1)
             out.append(s[start:start + length])
         return out
@@ -120,8 +177,8 @@ class Corpus:
         needle = tok.encode(f"The pass key is {key}. Remember it. {key} is the pass key.\n\n")
         tail = tok.encode("What is the pass key? The pass key is")
         room = ctx - len(head) - len(needle) - len(tail)
-        paras = self.paras[NOVELS[rng.randrange(len(NOVELS))]]
-        i = rng.randrange(len(paras) // 2)
+        paras = self.paras[self.names[rng.randrange(len(self.names))]]
+        i = rng.randrange(max(len(paras) // 2, 1))
         hay = []
         while sum(map(len, hay)) < room:
             hay.append(paras[i % len(paras)])
@@ -204,7 +261,7 @@ def evaluate(args, save=lambda rows: None):
           f"{model.config.num_key_value_heads} heads x {model.config.head_dim}), {args.dtype} on {device}, "
           f"loaded in {time.time() - t0:.1f} s", flush=True)
     t0 = time.time()
-    corpus = Corpus(tok)
+    corpus = Corpus(tok, args.corpus)
     print(f"corpus: {', '.join(f'{n} {len(s)}' for n, s in corpus.stream.items())} tokens "
           f"({time.time() - t0:.1f} s)", flush=True)
     full = Full(model)
@@ -289,8 +346,18 @@ def by_depth(trials, ok):
     return {d: float(np.mean(v)) for d, v in out.items()}
 
 
-HEADER = (f"{'ctx':>5} {'config':<16} {'ppl':>8} {'dppl%':>7} {'passkey':>7} {'greedy':>6} "
-          f"{'prefix':>6} {'compr%':>6} {'kept%':>5} {'s':>6}")
+HEADER = (f"{'ctx':>5} {'config':<20} {'ppl':>8} {'dppl%':>7} {'passkey':>7} {'greedy':>6} "
+          f"{'prefix':>6} {'compr%':>6} {'bits':>5} {'kept%':>5} {'s':>6}")
+
+
+def bits_per_element(row):
+    """Bits the cache spends per element of every position seen: 16 * (1 - compression)."""
+    return 16.0 * (1.0 - row["compression_ratio"])
+
+
+def delta_ppl(row, rows):
+    ref = next(x for x in rows if x["config"] == "full" and x["ctx"] == row["ctx"])
+    return 100 * (row["ppl"] / ref["ppl"] - 1), 100 * (row["passkey"] - ref["passkey"])
 
 
 def report(row, ref):
@@ -298,32 +365,101 @@ def report(row, ref):
         print("\n" + HEADER, flush=True)
     d = 100 * (row["ppl"] / ref["ppl"] - 1)
     kept = 100 * row.get("kept_fraction", 1.0)
-    print(f"{row['ctx']:>5} {row['config']:<16} {row['ppl']:>8.3f} {d:>+7.2f} {row['passkey']:>7.2f} "
+    print(f"{row['ctx']:>5} {row['config']:<20} {row['ppl']:>8.3f} {d:>+7.2f} {row['passkey']:>7.2f} "
           f"{row['greedy_agreement']:>6.3f} {row['greedy_prefix']:>6.1f} "
-          f"{100 * row['compression_ratio']:>6.1f} {kept:>5.1f} {row['seconds']:>6.1f}", flush=True)
+          f"{100 * row['compression_ratio']:>6.1f} {bits_per_element(row):>5.2f} {kept:>5.1f} "
+          f"{row['seconds']:>6.1f}", flush=True)
 
 
 def goal(rows):
-    """The issue's goal: pyramid 50% within 2% perplexity and 1 passkey point of the full
-    cache, at >= 86% compression."""
+    """The issue's targets, per context, for the default (BALANCED, 50% eviction) against
+    the paper's setting (PAPER: pyramid-50) and the full cache: Δppl at least 3x smaller
+    than the paper's at >= 85% compression with passkey within 5 points of full; and the
+    aim, within 2% perplexity at >= 86% compression with passkey within 3 points."""
     lines = []
     for r in rows:
-        if r["config"] != "pyramid-50":
+        if r["config"] != DEFAULT:
             continue
-        ref = next(x for x in rows if x["config"] == "full" and x["ctx"] == r["ctx"])
-        dppl = 100 * (r["ppl"] / ref["ppl"] - 1)
-        dpass = 100 * (r["passkey"] - ref["passkey"])
-        ok = dppl <= 2 and dpass >= -1 and r["compression_ratio"] >= 0.86
-        lines.append(f"ctx {r['ctx']}: pyramid-50 perplexity {dppl:+.2f}% (goal <= +2%), passkey "
-                     f"{dpass:+.1f} points (goal >= -1), compression {100 * r['compression_ratio']:.1f}% "
-                     f"(goal >= 86%): {'MET' if ok else 'NOT met'}")
+        dppl, dpass = delta_ppl(r, rows)
+        comp = 100 * r["compression_ratio"]
+        paper = next((x for x in rows if x["config"] == PAPER and x["ctx"] == r["ctx"]), None)
+        if paper is not None:
+            pdppl, pdpass = delta_ppl(paper, rows)
+            # Within noise (no increase) counts as meeting the 3x cut.
+            cut = pdppl / dppl if dppl > 0 else math.inf
+            ratio = f"{cut:.1f}x smaller" if dppl > 0 else "no increase"
+            ok = cut >= 3 and r["compression_ratio"] >= 0.85 and dpass >= -5
+            lines.append(f"ctx {r['ctx']}: {DEFAULT} perplexity {dppl:+.2f}% vs {PAPER} {pdppl:+.2f}% "
+                         f"({ratio}, target >= 3x), compression {comp:.1f}% (target >= 85%, "
+                         f"{PAPER} {100 * paper['compression_ratio']:.1f}%), passkey {dpass:+.1f} points "
+                         f"(target >= -5; {PAPER} {pdpass:+.1f}): {'MET' if ok else 'NOT met'}")
+        ok = dppl <= 2 and r["compression_ratio"] >= 0.86 and dpass >= -3
+        lines.append(f"ctx {r['ctx']}: {DEFAULT} aim: perplexity {dppl:+.2f}% (<= +2%), compression "
+                     f"{comp:.1f}% (>= 86%), passkey {dpass:+.1f} points (>= -3): "
+                     f"{'MET' if ok else 'NOT met'}")
     return lines
+
+
+def plot_pareto(rows, path):
+    """bits per element vs Δppl, one point per (setting, context), the Pareto front of each
+    context drawn, the paper's setting and the default marked. Returns False without
+    matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no Pareto figure (pip install matplotlib; then "
+              "--plot-only)")
+        return False
+    contexts = sorted({r["ctx"] for r in rows if r["config"] != "full"})
+    fig, axes = plt.subplots(1, len(contexts), figsize=(6.5 * len(contexts), 5.2), squeeze=False)
+    for ax, ctx in zip(axes[0], contexts):
+        pts = []
+        for r in rows:
+            if r["ctx"] != ctx or r["config"] == "full":
+                continue
+            pts.append((bits_per_element(r), delta_ppl(r, rows)[0], r["config"]))
+        front, best = [], math.inf
+        for x, y, name in sorted(pts):
+            if y < best:
+                front.append((x, y))
+                best = y
+        ax.plot([p[0] for p in front], [p[1] for p in front], "-", color="0.75", zorder=1,
+                label="Pareto front")
+        for x, y, name in pts:
+            style = dict(marker="o", color="tab:blue", s=28)
+            if name == PAPER:
+                style = dict(marker="*", color="tab:red", s=220, label="the paper's setting (PAPER)")
+            elif name == DEFAULT:
+                style = dict(marker="D", color="tab:green", s=70, label="the default (BALANCED)")
+            ax.scatter([x], [y], zorder=3, **style)
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.axhline(0.0, color="0.5", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_xlabel("bits per element (16 x (1 - compression ratio))")
+        ax.set_ylabel("perplexity increase over the full cache (%)")
+        ax.set_title(f"{ctx} tokens")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper right")
+    fig.suptitle("libminikv settings: memory vs perplexity (lower left is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return True
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=default_model_path(), help="GGUF file (default: %(default)s)")
+    p.add_argument("--corpus", default=os.environ.get("MINIKV_CORPUS") or DEFAULT_CORPUS,
+                   help="a directory of *.gz texts or one gzip text file (default: MINIKV_CORPUS, "
+                        "else ../shared/data/corpus)")
+    p.add_argument("--plot-only", metavar="JSON", default=None,
+                   help="only draw the Pareto figure of an earlier run (PNG beside the JSON)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="model and cache dtype (default: float16 on cuda, float32 on cpu)")
@@ -347,6 +483,10 @@ def main():
                         "perplexity within 0.1%% and the same passkey outcome per trial (the adapter check; "
                         "meant for float32: a 16-bit model's rounding can flip near-ties)")
     args = p.parse_args()
+    if args.plot_only:
+        with open(args.plot_only) as f:
+            rows = json.load(f)["rows"]
+        sys.exit(0 if plot_pareto(rows, os.path.splitext(args.plot_only)[0] + ".png") else 1)
     if args.dtype is None:
         args.dtype = "float16" if args.device.startswith("cuda") else "float32"
     if not os.path.isfile(args.model):
@@ -376,6 +516,7 @@ def main():
         print(line)
     save(rows, lines)
     print(f"\nwrote {out} ({time.time() - started:.0f} s)")
+    plot_pareto(rows, os.path.splitext(out)[0] + ".png")
     if args.check:
         bad = check_exact(rows)
         for line in bad:

@@ -108,7 +108,7 @@ if [ -n "$PY" ] && [ "${MINIKV_SKIP_HF:-0}" != 1 ]; then
       PIP="$venv/bin/python -m pip" scripts/fetch-model.sh
       MINIKV_CORPUS=$corpus MINIKV_LIBRARY="$LIB" "$venv/bin/python" scripts/eval_accuracy.py \
         --device cpu --contexts 512 --ppl-windows 2 --decode-tokens 16 --passkey-trials 4 \
-        --greedy-prompts 2 --greedy-tokens 8 --configs minikv16,pyramid-50 \
+        --greedy-prompts 2 --greedy-tokens 8 --configs minikv16,pyramid-50,balanced \
         --out "$BUILD/accuracy-smoke.json" --check
     else
       note "accuracy evaluation smoke skipped: no corpus at $corpus (set MINIKV_CORPUS)"

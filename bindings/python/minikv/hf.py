@@ -29,6 +29,7 @@ stream) and the cache dtype the model's dtype (float32, float16, bfloat16).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Iterable, List, Optional, Sequence, Union
 
@@ -182,15 +183,16 @@ class MiniKVGenerator:
         gen.memory_stats(); gen.reset(); gen.close()
 
     Keyword arguments are minikv.Config fields (key_bits, value_bits, group_size,
-    residual_length, heavy_ratio, recent_ratio, budget_policy, pyramid_depth, score_mode,
-    window_size, pool_kernel, max_tokens, ...). The model dimensions, dtype, backend and
-    device come from the model. Sequences occupy slots 0..max_sequences-1; `prefill` takes
+    residual_length, sink_tokens, heavy_ratio, recent_ratio, budget_policy, pyramid_depth,
+    score_mode, window_size, pool_kernel, max_tokens, ...), on top of `preset` (a
+    minikv.Preset or its name, e.g. "paper"; None: the library's defaults). The model
+    dimensions, dtype, backend and device come from the model. Sequences occupy slots 0..max_sequences-1; `prefill` takes
     the lowest free ones unless given `seq_ids`, and `step` advances the sequences named
     (by default every active one, in prefill order).
     """
 
     def __init__(self, model: Any, max_sequences: int = 1, max_seq_len: Optional[int] = None,
-                 **fields: Any):
+                 preset: Any = None, **fields: Any):
         _require_torch()
         register()
         self.model = model
@@ -222,11 +224,12 @@ class MiniKVGenerator:
                 raise TypeError(f"MiniKVGenerator: {name} comes from the model; do not pass it")
         if max_seq_len is None:
             max_seq_len = int(getattr(tc, "max_position_embeddings", 4096) or 4096)
-        self.config = Config(backend=backend,
-                             device_id=(param.device.index or 0) if backend == Backend.CUDA else 0,
-                             dtype=dtype, num_layers=tc.num_hidden_layers, num_heads=num_heads,
-                             num_kv_heads=num_kv_heads, head_dim=head_dim,
-                             max_sequences=max_sequences, max_seq_len=max_seq_len, **fields)
+        make = Config if preset is None else functools.partial(Config.from_preset, preset)
+        self.config = make(backend=backend,
+                           device_id=(param.device.index or 0) if backend == Backend.CUDA else 0,
+                           dtype=dtype, num_layers=tc.num_hidden_layers, num_heads=num_heads,
+                           num_kv_heads=num_kv_heads, head_dim=head_dim,
+                           max_sequences=max_sequences, max_seq_len=max_seq_len, **fields)
         self.cache = Cache(self.config)
         self.vocab_size = tc.vocab_size
         self._positions: dict = {}  # slot -> position of its next token

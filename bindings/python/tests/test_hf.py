@@ -209,13 +209,15 @@ def test_half_precision_models(rng, dtype):
         assert err <= budget, f"position {i}: |adapter - fp32 model| = {err:.3g} > {budget:.3g}"
 
 
-# ---- compression with the defaults ----------------------------------------------------------
-def test_defaults_generate_and_compress(rng):
+# ---- compression with a preset ---------------------------------------------------------------
+def test_paper_preset_generates_and_compresses(rng):
     model = tiny_llama(dtype=torch.float16, layers=3)
     prompt = randint(rng, 300)
-    with hf.MiniKVGenerator(model, max_seq_len=512) as gen:
+    # The paper's quantization with uniform budgets (every layer keeps half its prompt).
+    with hf.MiniKVGenerator(model, max_seq_len=512, preset="paper", budget_policy="uniform") as gen:
         c = gen.cache.config
         assert (c.key_bits, c.value_bits, c.group_size, c.residual_length) == (2, 2, 16, 128)
+        assert c.sink_tokens == 0
         out = gen.generate(prompt, max_new_tokens=40)[0]
         assert len(out) == 40 and all(0 <= t < VOCAB for t in out)
         st = gen.memory_stats()
@@ -234,7 +236,7 @@ def test_defaults_generate_and_compress(rng):
 def test_pyramid_budget_keeps_more_in_lower_layers(rng):
     model = tiny_llama(layers=3)
     prompt = randint(rng, 200)
-    with hf.MiniKVGenerator(model, max_seq_len=256, budget_policy="pyramid") as gen:
+    with hf.MiniKVGenerator(model, max_seq_len=256, preset=minikv.Preset.PAPER) as gen:
         gen.prefill(prompt)
         cached = [gen.cache.sequence_length(0, layer).cached for layer in range(3)]
     assert cached[0] > cached[1] > cached[2]
