@@ -1,7 +1,8 @@
 # cmake -P script: compile every .java under SOURCE_DIRS into CLASS_DIR (fresh), then either
 # pack CLASS_DIR into JAR_FILE or touch STAMP. Globbing here, at build time, picks up the
 # classes SWIG generated without listing them in CMakeLists.txt.
-#   -DJAVAC= -DSOURCE_DIRS=a;b -DCLASS_DIR= [-DCLASSPATH=] [-DJAR= -DJAR_FILE=] [-DSTAMP=]
+#   -DJAVAC= -DSOURCE_DIRS=a;b -DCLASS_DIR= [-DCLASSPATH=] [-DSTAMP=]
+#   [-DJAR= -DJAR_FILE= [-DMANIFEST=file] [-DMETA_INF_FILES=a;b (copied into META-INF/)]]
 set(sources)
 foreach(dir IN LISTS SOURCE_DIRS)
   file(GLOB_RECURSE found ${dir}/*.java)
@@ -24,7 +25,15 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "javac failed (${rc})")
 endif()
 if(JAR_FILE)
-  execute_process(COMMAND ${JAR} --create --file ${JAR_FILE} -C ${CLASS_DIR} . RESULT_VARIABLE rc)
+  if(META_INF_FILES)
+    file(COPY ${META_INF_FILES} DESTINATION ${CLASS_DIR}/META-INF)
+  endif()
+  set(manifest_args)
+  if(MANIFEST)
+    set(manifest_args --manifest ${MANIFEST})
+  endif()
+  execute_process(COMMAND ${JAR} --create --file ${JAR_FILE} ${manifest_args} -C ${CLASS_DIR} .
+                  RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "jar failed (${rc})")
   endif()
