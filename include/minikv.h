@@ -50,8 +50,9 @@
  *
  * ABI. Structs start with `struct_size`; the library reads only the fields the caller's
  * size covers and evolves by appending fields. Status values are pinned and append-only.
- * The SONAME carries the major version. Check at run time that the loaded library is the
- * one you compiled against:  minikv_version_number() == MINIKV_VERSION_NUMBER.
+ * The SONAME carries the major version. A program may use a loaded library of the same
+ * major version that is not older than the header it was compiled with; check it at start-
+ * up with  MINIKV_VERSION_COMPATIBLE(minikv_version_number()).
  */
 #ifndef MINIKV_H
 #define MINIKV_H
@@ -96,6 +97,13 @@ extern "C" {
 #define MINIKV_VERSION_PATCH 0
 #define MINIKV_VERSION_NUMBER \
   (MINIKV_VERSION_MAJOR * 10000 + MINIKV_VERSION_MINOR * 100 + MINIKV_VERSION_PATCH)
+
+/** Whether a library whose minikv_version_number() is `loaded` can serve a program compiled
+ *  with this header: the same major version (the ABI only grows within one), and not older
+ *  than the header (an older library may lack a function or field the program uses). The
+ *  one version rule of libminikv: every language binding applies it too. */
+#define MINIKV_VERSION_COMPATIBLE(loaded) \
+  ((loaded) / 10000 == MINIKV_VERSION_MAJOR && (loaded) >= MINIKV_VERSION_NUMBER)
 
 /** CONSTRUCTOR-free query: `major*10000 + minor*100 + patch` of the loaded library.
  *  Never fails; callable from any thread. */

@@ -30,16 +30,19 @@ if ((${#missing[@]})); then
   sudo_=""; [[ $(id -u) -eq 0 ]] || sudo_="sudo"
   $sudo_ apt-get install -y --no-install-recommends "${missing[@]}"
 fi
-# The crates need Rust >= 1.64 (core::ffi C types). Debian 12's own rustc is 1.63, so the
-# toolchain comes from the machine (rustup); CI machines have one. Without it, a developer
-# machine skips the Rust checks with this note, while CI (CI=true) fails.
+# The crates' rust-version (Cargo.toml) is the oldest Rust they build with. Debian 12's own
+# rustc is 1.63, so the toolchain comes from the machine (rustup); CI machines have one.
+# Without it, a developer machine skips the Rust checks with this note, while CI (CI=true)
+# fails.
+need=$(sed -n 's/^rust-version = "1\.\([0-9]*\)"$/\1/p' "$safe/Cargo.toml")
+[[ "$need" =~ ^[0-9]+$ ]] || { echo "no rust-version = \"1.N\" in $safe/Cargo.toml" >&2; exit 1; }
 rust_ok=0
 if command -v cargo >/dev/null 2>&1 && command -v rustc >/dev/null 2>&1; then
   minor=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+).*/\1/')
-  [[ "$minor" =~ ^[0-9]+$ ]] && ((minor >= 64)) && rust_ok=1
+  [[ "$minor" =~ ^[0-9]+$ ]] && ((minor >= need)) && rust_ok=1
 fi
 if ((rust_ok == 0)); then
-  msg="Rust bindings: no Rust >= 1.64 toolchain (cargo + rustc) on PATH; install one with rustup"
+  msg="Rust bindings: no Rust >= 1.$need toolchain (cargo + rustc) on PATH; install one with rustup"
   if [[ "${CI:-}" == true ]]; then echo "$msg" >&2; exit 1; fi
   echo "== $msg: Rust checks skipped"
   exit 0

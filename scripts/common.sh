@@ -1,8 +1,27 @@
 # shellcheck shell=bash
-# Shared helpers of scripts/demo.sh, scripts/test.sh and .ci/run. Source it; not a program.
-# Everything here is idempotent: a second run installs nothing and reuses the build.
+# Shared helpers of the scripts in scripts/ and bench/ and of .ci/run. Source it; not a
+# program. Everything here is idempotent: a second run installs nothing and reuses the build.
+#
+# The conventions every script follows:
+#   - its header comment says what it does and lists its settings; `--help` (or -h) as the
+#     first argument prints that header and exits, with no other effect (help_if_asked);
+#   - settings are environment variables with the same names everywhere: MINIKV_BUILD_DIR,
+#     MINIKV_CUDA (AUTO|ON|OFF), MINIKV_CUDA_ARCHITECTURES, MINIKV_BUILD_TYPE, MINIKV_JOBS,
+#     MINIKV_LIBRARY (a built libminikv.so to use instead of building one), OUT (where
+#     results and logs go);
+#   - step / note / die for output, install_packages for Debian packages.
 
 MINIKV_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# Prints the calling script's header comment (after the shebang, up to the first line that
+# is not a comment) and exits 0 when the first argument is --help or -h.
+help_if_asked() {
+  case "${1:-}" in
+    -h|--help)
+      sed -n '2,/^[^#]/{/^#/{s/^# \{0,1\}//;p}}' "${BASH_SOURCE[1]}"
+      exit 0 ;;
+  esac
+}
 
 step() { printf '\n==> %s\n' "$*"; }
 note() { printf '    %s\n' "$*"; }

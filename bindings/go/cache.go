@@ -56,16 +56,26 @@ func Version() string { return capi.Version_string() }
 // VersionNumber is the loaded library's major*10000 + minor*100 + patch.
 func VersionNumber() uint32 { return uint32(capi.Version_number()) }
 
+// BindingVersionNumber is the version of include/minikv.h this binding was generated from
+// (internal/capi), counted as VersionNumber counts.
+const BindingVersionNumber = uint32(capi.MINIKV_VERSION_MAJOR*10000 +
+	capi.MINIKV_VERSION_MINOR*100 + capi.MINIKV_VERSION_PATCH)
+
+// compatible is libminikv's version rule (MINIKV_VERSION_COMPATIBLE in minikv.h): a library
+// serves a binding built against version `built` when it has the same major version and is
+// not older.
+func compatible(built, loaded uint32) bool {
+	return loaded/10000 == built/10000 && loaded >= built
+}
+
 // New validates cfg, reserves the whole block pool and workspaces, and returns the cache.
 // A bad field gives an *Error with StatusInvalidArgument whose message names the field.
 func New(cfg Config) (*Cache, error) {
-	// The binding was compiled against MINIKV_VERSION_NUMBER; the SONAME pins the major,
-	// and an older minor may lack what the binding calls.
-	built, loaded := uint32(capi.MINIKV_VERSION_NUMBER), VersionNumber()
-	if loaded/10000 != built/10000 || loaded < built {
+	if loaded := VersionNumber(); !compatible(BindingVersionNumber, loaded) {
 		return nil, errorf(StatusVersionMismatch, fmt.Sprintf(
-			"minikv.New: the loaded libminikv is version %d, the binding was built against %d",
-			loaded, built))
+			"minikv.New: the loaded libminikv is version %s, the binding needs %d.x, at least %d.%d.%d",
+			Version(), capi.MINIKV_VERSION_MAJOR, capi.MINIKV_VERSION_MAJOR,
+			capi.MINIKV_VERSION_MINOR, capi.MINIKV_VERSION_PATCH))
 	}
 	c := cfg.toC()
 	defer capi.DeleteConfigStruct(c)

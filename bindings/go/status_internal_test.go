@@ -72,3 +72,35 @@ func TestConfigRoundTrip(t *testing.T) {
 		t.Fatalf("DefaultConfig %+v is not the documented default", d)
 	}
 }
+
+// The version rule (MINIKV_VERSION_COMPATIBLE): the same major version, and not older than
+// the binding; the library under test (this tree's) passes it.
+func TestVersionRule(t *testing.T) {
+	const built = BindingVersionNumber
+	if int(built) != capi.MINIKV_VERSION_NUMBER {
+		t.Fatalf("BindingVersionNumber %d, the header cgo compiled against says %d", built,
+			capi.MINIKV_VERSION_NUMBER)
+	}
+	const major = built / 10000
+	cases := []struct {
+		loaded uint32
+		want   bool
+	}{
+		{built, true}, {built + 1, true}, {built + 100, true}, {major*10000 + 9999, true},
+		{(major + 1) * 10000, false}, {(major+1)*10000 + built%10000, false},
+	}
+	if built%10000 != 0 {
+		cases = append(cases, struct {
+			loaded uint32
+			want   bool
+		}{built - 1, false})
+	}
+	for _, c := range cases {
+		if got := compatible(built, c.loaded); got != c.want {
+			t.Errorf("compatible(%d, %d) = %v, want %v", built, c.loaded, got, c.want)
+		}
+	}
+	if !compatible(built, VersionNumber()) {
+		t.Errorf("the loaded library %s does not serve the binding (%d)", Version(), built)
+	}
+}

@@ -13,19 +13,21 @@ library path, in that order).
         o = cache.decode(0, [0, 1], q_new)
         print(cache.memory_stats().compression_ratio)
 """
-from ._library import BINDING_VERSION_MAJOR, candidate_paths, library_path, load
+from ._library import (BINDING_VERSION_MAJOR, BINDING_VERSION_NUMBER, candidate_paths,
+                       library_path, load)
 from ._types import (Backend, BudgetPolicy, Config, DType, MemoryStats, MinikvError, Preset,
                      ScoreMode, SequenceLength, Status)
+from ._version import VERSION
 from .cache import Cache, cu_seqlens_from_lengths
 
 __all__ = [
     "Backend", "BudgetPolicy", "Cache", "Config", "DType", "MemoryStats", "MinikvError",
     "Preset", "ScoreMode", "SequenceLength", "Status", "cu_seqlens_from_lengths", "library_path",
-    "library_version", "load", "status_string", "BINDING_VERSION_MAJOR", "candidate_paths",
-    "__version__",
+    "library_version", "load", "status_string", "BINDING_VERSION_MAJOR",
+    "BINDING_VERSION_NUMBER", "candidate_paths", "__version__",
 ]
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 
 def library_version() -> str:

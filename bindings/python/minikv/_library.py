@@ -7,7 +7,8 @@ Discovery order (the first that exists wins):
   3. the build directories of the source tree this package sits in (<repo>/build*/), the
      most recently built first;
   4. ctypes.util.find_library("minikv") (the system's library path, e.g. /usr/local/lib).
-The loaded library's major version must equal the binding's (MINIKV_VERSION_MAJOR).
+The loaded library must follow libminikv's version rule (MINIKV_VERSION_COMPATIBLE in
+include/minikv.h): the binding's major version, and not older than the binding.
 """
 from __future__ import annotations
 
@@ -20,9 +21,20 @@ from pathlib import Path
 from typing import List, Optional
 
 from ._types import MemoryStatsStruct, MinikvConfigStruct, MinikvError, Status
+from ._version import VERSION
 
-#: The ABI major version this binding was written against (include/minikv.h).
-BINDING_VERSION_MAJOR = 0
+_major, _minor, _patch = (int(part) for part in VERSION.split("."))
+#: The version of include/minikv.h this binding was written against, as
+#: minikv_version_number() counts: major*10000 + minor*100 + patch.
+BINDING_VERSION_NUMBER = _major * 10000 + _minor * 100 + _patch
+#: Its major version: the library's must be the same.
+BINDING_VERSION_MAJOR = _major
+
+
+def compatible(loaded: int) -> bool:
+    """Whether a library whose minikv_version_number() is `loaded` can serve this binding:
+    the same major version, and not older (MINIKV_VERSION_COMPATIBLE in minikv.h)."""
+    return loaded // 10000 == BINDING_VERSION_MAJOR and loaded >= BINDING_VERSION_NUMBER
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _lock = threading.Lock()
@@ -104,11 +116,11 @@ def _open(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
     _declare(lib)
     number = lib.minikv_version_number()
-    if number // 10000 != BINDING_VERSION_MAJOR:
+    if not compatible(number):
         raise MinikvError(
             Status.VERSION_MISMATCH,
-            f"{path} is libminikv {lib.minikv_version_string().decode()} (major "
-            f"{number // 10000}); this Python binding needs major {BINDING_VERSION_MAJOR}")
+            f"{path} is libminikv {lib.minikv_version_string().decode()}; this Python binding "
+            f"({VERSION}) needs {BINDING_VERSION_MAJOR}.x, at least {VERSION}")
     return lib
 
 

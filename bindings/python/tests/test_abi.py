@@ -78,6 +78,37 @@ def test_versions_agree():
     assert minikv.library_version().split(".")[0] == str(major)
 
 
+def test_version_rule():
+    """MINIKV_VERSION_COMPATIBLE: the same major version, and not older than the binding."""
+    from minikv._library import compatible
+    text = HEADER.read_text()
+    parts = [int(re.search(r"#define MINIKV_VERSION_%s (\d+)" % p, text).group(1))
+             for p in ("MAJOR", "MINOR", "PATCH")]
+    assert minikv.__version__ == "%d.%d.%d" % tuple(parts)
+    built = parts[0] * 10000 + parts[1] * 100 + parts[2]
+    assert minikv.BINDING_VERSION_NUMBER == built
+    assert compatible(built) and compatible(built + 1) and compatible(built + 100)
+    assert compatible(parts[0] * 10000 + 9999)
+    assert not compatible((parts[0] + 1) * 10000)
+    if built % 10000:
+        assert not compatible(built - 1)
+    if parts[0]:
+        assert not compatible(parts[0] * 10000 - 1)
+    assert compatible(minikv.load().minikv_version_number())
+
+
+def test_an_older_library_is_refused(monkeypatch):
+    """A binding newer than the library (here: pretending to be one minor ahead) refuses it
+    with VERSION_MISMATCH naming both versions."""
+    from minikv import _library
+    path = minikv.library_path()
+    monkeypatch.setattr(_library, "BINDING_VERSION_NUMBER", _library.BINDING_VERSION_NUMBER + 100)
+    with pytest.raises(minikv.MinikvError) as info:
+        _library._open(path)
+    assert info.value.status == minikv.Status.VERSION_MISMATCH
+    assert minikv.library_version() in info.value.message and minikv.__version__ in info.value.message
+
+
 def test_config_defaults_come_from_the_library():
     raw = MinikvConfigStruct()
     assert minikv.load().minikv_config_init(ctypes.byref(raw), ctypes.sizeof(raw)) == 0

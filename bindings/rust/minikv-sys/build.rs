@@ -8,8 +8,9 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-// The oldest library these bindings were generated against (include/minikv.h).
-const MIN_VERSION: &str = "0.1.0";
+// The oldest library these bindings can use: the version of the include/minikv.h they were
+// generated from, which is the crate's own (scripts/version.sh keeps the two equal).
+const MIN_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn main() {
     for var in [

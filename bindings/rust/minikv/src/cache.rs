@@ -79,17 +79,18 @@ impl Drop for KvCache {
 impl KvCache {
     /// Validates `config`, chooses the backend and reserves the whole block pool and
     /// workspaces (`minikv_cache_create`). A bad field is [`Status::InvalidArgument`] with a
-    /// message naming it; a loaded library of another major version than the header these
-    /// bindings were generated from is [`Status::VersionMismatch`].
+    /// message naming it; a loaded library that does not follow the version rule (the major
+    /// version of the header these bindings were generated from, and not older) is
+    /// [`Status::VersionMismatch`].
     pub fn new(config: &Config) -> Result<KvCache> {
-        let loaded = crate::version_number();
-        if loaded / 10_000 != sys::MINIKV_VERSION_MAJOR {
+        if !crate::compatible(crate::HEADER_VERSION_NUMBER, crate::version_number()) {
             return Err(Error::new(
                 Status::VersionMismatch,
                 format!(
-                    "the loaded libminikv is version {} but these bindings were generated from \
-                     minikv.h {}.{}.{} (another major version)",
+                    "the loaded libminikv is version {} but these bindings need {}.x, at least \
+                     {}.{}.{}",
                     crate::version_string(),
+                    sys::MINIKV_VERSION_MAJOR,
                     sys::MINIKV_VERSION_MAJOR,
                     sys::MINIKV_VERSION_MINOR,
                     sys::MINIKV_VERSION_PATCH

@@ -67,3 +67,45 @@ pub fn version_string() -> &'static str {
     // SAFETY: never NULL, static storage.
     unsafe { result::static_str(sys::minikv_version_string()) }
 }
+
+/// libminikv's version rule (`MINIKV_VERSION_COMPATIBLE` in minikv.h): a library serves
+/// bindings generated from version `built` when it has the same major version and is not
+/// older. [`KvCache::new`] applies it to the loaded library.
+pub(crate) fn compatible(built: u32, loaded: u32) -> bool {
+    loaded / 10_000 == built / 10_000 && loaded >= built
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_rule() {
+        let built = HEADER_VERSION_NUMBER;
+        let major = built / 10_000;
+        assert_eq!(major, sys::MINIKV_VERSION_MAJOR);
+        assert_eq!(
+            env!("CARGO_PKG_VERSION"),
+            format!(
+                "{}.{}.{}",
+                sys::MINIKV_VERSION_MAJOR,
+                sys::MINIKV_VERSION_MINOR,
+                sys::MINIKV_VERSION_PATCH
+            )
+        );
+        for (loaded, want) in [
+            (built, true),
+            (built + 1, true),
+            (built + 100, true),
+            (major * 10_000 + 9_999, true),
+            ((major + 1) * 10_000, false),
+            ((major + 1) * 10_000 + built % 10_000, false),
+        ] {
+            assert_eq!(compatible(built, loaded), want, "loaded {loaded}");
+        }
+        if built % 10_000 != 0 {
+            assert!(!compatible(built, built - 1));
+        }
+        assert!(compatible(built, version_number()), "loaded {}", version_string());
+    }
+}

@@ -79,7 +79,7 @@ fn status_values_are_pinned() {
     assert_eq!(Status::from_code(0), None);
     assert_eq!(Status::from_code(99), None);
     assert_eq!(minikv::version_number(), minikv::HEADER_VERSION_NUMBER);
-    assert_eq!(minikv::version_string(), "0.1.0");
+    assert_eq!(minikv::version_string(), env!("CARGO_PKG_VERSION"));
 }
 
 #[test]

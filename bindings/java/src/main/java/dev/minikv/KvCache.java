@@ -49,11 +49,12 @@ public final class KvCache implements AutoCloseable {
    */
   public KvCache(Config config) {
     this.config = Objects.requireNonNull(config, "config");
-    int built = MinikvNativeConstants.MINIKV_VERSION_NUMBER;
-    int loaded = versionNumber();
-    if (loaded / 10000 != built / 10000 || loaded < built) {
+    if (!compatible(BINDING_VERSION_NUMBER, versionNumber())) {
       throw new MinikvException(Status.VERSION_MISMATCH, "the loaded libminikv is version "
-          + loaded + ", the binding was built against " + built);
+          + version() + ", the binding needs " + MinikvNativeConstants.MINIKV_VERSION_MAJOR
+          + ".x, at least " + MinikvNativeConstants.MINIKV_VERSION_MAJOR + "."
+          + MinikvNativeConstants.MINIKV_VERSION_MINOR + "."
+          + MinikvNativeConstants.MINIKV_VERSION_PATCH);
     }
     ConfigStruct c = config.toNative();
     try {
@@ -69,6 +70,20 @@ public final class KvCache implements AutoCloseable {
       throw e;
     }
     backend = Backend.fromCode(resolved[0]);
+  }
+
+  /**
+   * The version of minikv.h this binding was built against, counted as {@link #versionNumber()}
+   * counts (major*10000 + minor*100 + patch).
+   */
+  public static final int BINDING_VERSION_NUMBER = MinikvNativeConstants.MINIKV_VERSION_NUMBER;
+
+  /**
+   * libminikv's version rule (MINIKV_VERSION_COMPATIBLE in minikv.h): a library serves a binding
+   * built against version {@code built} when it has the same major version and is not older.
+   */
+  static boolean compatible(int built, int loaded) {
+    return loaded / 10000 == built / 10000 && loaded >= built;
   }
 
   /** The loaded library's version, "MAJOR.MINOR.PATCH". */

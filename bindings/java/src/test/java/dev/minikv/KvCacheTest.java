@@ -707,6 +707,22 @@ class KvCacheTest {
   }
 
   @Test
+  void versionRule() {
+    int built = KvCache.BINDING_VERSION_NUMBER;
+    int major = built / 10000;
+    assertTrue(KvCache.compatible(built, built));
+    assertTrue(KvCache.compatible(built, built + 1));
+    assertTrue(KvCache.compatible(built, built + 100));
+    assertTrue(KvCache.compatible(built, major * 10000 + 9999));
+    assertFalse(KvCache.compatible(built, (major + 1) * 10000));
+    assertFalse(KvCache.compatible(built, (major + 1) * 10000 + built % 10000));
+    if (built % 10000 != 0) {
+      assertFalse(KvCache.compatible(built, built - 1));
+    }
+    assertTrue(KvCache.compatible(built, KvCache.versionNumber()), KvCache.version());
+  }
+
+  @Test
   void halfConversions() {
     assertEquals((short) 0x3c00, Half.f16Bits(1f));
     assertEquals((short) 0xc000, Half.f16Bits(-2f));
