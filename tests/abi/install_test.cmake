@@ -1,5 +1,8 @@
-# cmake --install of the build into a fresh prefix, then the consumer built and run twice:
-# with `pkg-config --cflags --libs minikv` and with find_package(minikv) -> minikv::minikv.
+# cmake --install of the build into a fresh prefix, then the consumer, copied out of the
+# source tree as a user's project would be, built and run twice: with `pkg-config --cflags
+# --libs minikv` and with find_package(minikv) -> minikv::minikv. Neither route may need a
+# CUDA toolkit, whether or not the library was built with CUDA: the package files must not
+# look for one, and the CMake consumer is configured with find_package(CUDAToolkit) disabled.
 #   -DBUILD_DIR -DWORK_DIR -DCONSUMER_DIR -DC_COMPILER -DGENERATOR -DCONFIG
 function(run)
   cmake_parse_arguments(R "" "WHAT;OUT" "COMMAND" ${ARGN})
@@ -41,6 +44,24 @@ if(NOT sonamed)
   message(FATAL_ERROR "no versioned libminikv.so.N next to ${lib}")
 endif()
 
+# ---- no CUDA for consumers ------------------------------------------------------------
+# (minikv.pc may name the CUDA runtime in Libs.private, for static linking only: the flags
+# of a normal link are checked below.)
+file(GLOB package_files "${libdir}/cmake/minikv/*.cmake")
+if(NOT package_files)
+  message(FATAL_ERROR "no CMake package files under ${libdir}/cmake/minikv")
+endif()
+foreach(f IN LISTS package_files)
+  file(STRINGS "${f}" cuda_lines REGEX "CUDA::|CUDAToolkit|find_dependency|cudart")
+  if(cuda_lines)
+    message(FATAL_ERROR "${f} makes consumers look for CUDA: ${cuda_lines}")
+  endif()
+endforeach()
+
+# The consumer's sources, outside the source tree.
+set(consumer_src "${WORK_DIR}/consumer")
+file(COPY "${CONSUMER_DIR}/" DESTINATION "${consumer_src}")
+
 # ---- pkg-config consumer ---------------------------------------------------------------
 find_program(PKG_CONFIG NAMES pkg-config pkgconf REQUIRED)
 run(WHAT "pkg-config --cflags --libs minikv" OUT flags
@@ -54,18 +75,23 @@ if(NOT flags MATCHES "-L${prefix}/" OR NOT flags MATCHES "-I${prefix}/")
                       "'${flags}' (minikv.pc is not relocatable: derive prefix from "
                       "\${pcfiledir})")
 endif()
+string(TOLOWER "${flags}" lower_flags)
+if(lower_flags MATCHES "cuda")
+  message(FATAL_ERROR "pkg-config flags name CUDA, which consumers need not have: '${flags}'")
+endif()
 separate_arguments(flag_list UNIX_COMMAND "${flags}")
 run(WHAT "cc consumer.c \$(pkg-config ...)"
-    COMMAND ${C_COMPILER} -std=c99 -Wall -Wextra -Werror ${CONSUMER_DIR}/consumer.c
+    COMMAND ${C_COMPILER} -std=c99 -Wall -Wextra -Werror ${consumer_src}/consumer.c
             ${flag_list} -o ${WORK_DIR}/consumer_pkgconfig)
 run(WHAT "consumer (pkg-config)"
     COMMAND ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${WORK_DIR}/consumer_pkgconfig)
 
 # ---- CMake package consumer ------------------------------------------------------------
 run(WHAT "configure consumer (find_package)"
-    COMMAND ${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/cmake_consumer -G ${GENERATOR}
+    COMMAND ${CMAKE_COMMAND} -S ${consumer_src} -B ${WORK_DIR}/cmake_consumer -G ${GENERATOR}
             -DCMAKE_C_COMPILER=${C_COMPILER} -DCMAKE_PREFIX_PATH=${prefix}
-            -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_BUILD_TYPE=Release)
+            -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_BUILD_TYPE=Release
+            -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
 run(WHAT "build consumer (find_package)"
     COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/cmake_consumer)
 file(READ "${WORK_DIR}/cmake_consumer/CMakeCache.txt" cache_txt)

@@ -16,7 +16,7 @@ int main(void) {
   int i;
   minikv_memory_stats stats;
 
-  if (minikv_version_number() != MINIKV_VERSION_NUMBER) {
+  if (!MINIKV_VERSION_COMPATIBLE(minikv_version_number())) {
     fprintf(stderr, "header version %d but library %u\n", MINIKV_VERSION_NUMBER,
             (unsigned)minikv_version_number());
     return 1;
