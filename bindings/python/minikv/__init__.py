@@ -15,8 +15,8 @@ library path, in that order).
 """
 from ._library import (BINDING_VERSION_MAJOR, BINDING_VERSION_NUMBER, candidate_paths,
                        library_path, load)
-from ._types import (Backend, BudgetPolicy, Config, DType, MemoryStats, MinikvError, Preset,
-                     ScoreMode, SequenceLength, Status)
+from ._config import Config, MemoryStats, SequenceLength
+from ._types import Backend, BudgetPolicy, DType, MinikvError, Preset, ScoreMode, Status
 from ._version import VERSION
 from .cache import Cache, cu_seqlens_from_lengths
 

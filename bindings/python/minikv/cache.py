@@ -8,8 +8,8 @@ import numpy as np
 
 from . import _tensors as T
 from ._library import load
-from ._types import (Backend, Config, DType, MemoryStats, MemoryStatsStruct, MinikvError,
-                     SequenceLength, Status)
+from ._config import Config, MemoryStats, SequenceLength
+from ._types import Backend, DType, MemoryStatsStruct, MinikvError, Status
 
 _U32_MAX = 2 ** 32 - 1
 _I32_MAX = 2 ** 31 - 1

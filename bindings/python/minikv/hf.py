@@ -35,7 +35,8 @@ from typing import Any, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
-from ._types import Backend, Config, DType, MemoryStats, MinikvError, Status
+from ._config import Config, MemoryStats
+from ._types import Backend, DType, MinikvError, Status
 from .cache import Cache, cu_seqlens_from_lengths
 
 try:  # torch and transformers are optional dependencies of the binding
