@@ -3,11 +3,14 @@
 # and runs the whole test suite that this machine can run:
 #   1. ctest, labels cpu (CPU backend + contract tests) and install (install tree consumed
 #      through CMake's find_package and pkg-config); label gpu too when a GPU is visible;
-#   2. the Python binding's tests (bindings/python/tests) against the built library;
-#   3. each binding's own test script, bindings/<lang>/test.sh, where one exists, then the
-#      Go/Java (scripts/bindings-swig.sh) and Rust (scripts/bindings-rust.sh) bindings;
+#   2. the Python binding's tests (bindings/python/tests) against the built library, then
+#      the Python package: its wheel installed into a fresh venv, smoke-tested from outside
+#      the source tree; the transformers adapter (torch etc. from PyPI, ~3.5 GB);
+#   3. the Go/Java (scripts/bindings-swig.sh) and Rust (scripts/bindings-rust.sh) bindings,
+#      each with a consumer project built outside the source tree;
 #   4. scripts/reliability.sh: ASan+UBSan and TSan suites, bounded libFuzzer runs;
-#   5. the C demo with small flags (it checks its exact reference against float64).
+#   5. the C examples and demo with small flags (the demo checks its exact reference
+#      against float64).
 # The CUDA backend is compiled whenever nvcc exists (CI has nvcc but no GPU: it must
 # compile even though it cannot run there).
 #
@@ -17,10 +20,19 @@
 #   MINIKV_CUDA_ARCHITECTURES  CMAKE_CUDA_ARCHITECTURES for the CUDA build
 #   MINIKV_BUILD_TYPE  CMake build type               (Release)
 #   MINIKV_JOBS        parallel build / test jobs     (nproc)
+#   MINIKV_SKIP_WHEEL=1        skip the Python package stage
+#   MINIKV_SKIP_HF=1           skip the transformers adapter stage (~3.5 GB from PyPI)
+#   MINIKV_SKIP_BINDINGS=1     skip the Go, Java and Rust bindings
+#   MINIKV_SKIP_RELIABILITY=1  skip the sanitizer builds and fuzzing (~10 minutes)
+#   FUZZ_SECONDS       seconds of fuzzing per target  (60)
+#   MINIKV_CORPUS      text corpus of the accuracy smoke test (../shared/data/corpus)
 # Works on a fresh Debian 12 as root (CI) or as a user with sudo; safe to run again.
+#   scripts/test.sh            run it all;   scripts/test.sh --help   print this and exit
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+help_if_asked "$@"
+[ $# -eq 0 ] || die "scripts/test.sh takes no arguments (settings are environment variables: --help)"
 cd "$MINIKV_ROOT"
 
 BUILD=${MINIKV_BUILD_DIR:-$MINIKV_ROOT/build-test}
@@ -71,14 +83,26 @@ if [ -n "$PY" ]; then
   fi
 fi
 
-# Bindings with their own toolchains (Go, Java, Rust) ship bindings/<lang>/test.sh; each gets
-# the built library through these variables and must exit non-zero on failure.
-for t in bindings/*/test.sh; do
-  [ -f "$t" ] || continue
-  step "$t"
-  MINIKV_BUILD_DIR="$BUILD" MINIKV_LIBRARY="$LIB" MINIKV_LIB_DIR="$BUILD" \
-    MINIKV_INCLUDE_DIR="$MINIKV_ROOT/include" bash "$t"
-done
+# The Python package as a user gets it: `pip wheel ./bindings/python` (scikit-build-core
+# builds a CPU libminikv into it), installed into a fresh venv, then a smoke test run from a
+# directory outside the source tree without MINIKV_LIBRARY. PyPI: scikit-build-core for the
+# build, numpy for the venv. MINIKV_SKIP_WHEEL=1 skips it.
+if [ -n "$PY" ] && [ "${MINIKV_SKIP_WHEEL:-0}" != 1 ]; then
+  step "python package: wheel, fresh venv, smoke test outside the source tree"
+  install_packages python3-venv
+  wheel_venv="$BUILD/wheel-venv" wheel_dir="$BUILD/wheel" smoke_dir="$BUILD/wheel-smoke"
+  rm -rf "$wheel_venv" "$wheel_dir" "$smoke_dir"
+  "$PY" -m venv "$wheel_venv"
+  "$wheel_venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps \
+    --config-settings=build-dir="$BUILD/wheel-build" -w "$wheel_dir" "$MINIKV_ROOT/bindings/python"
+  wheel=$(ls "$wheel_dir"/minikv-*.whl)
+  case "$wheel" in *-none-any.whl) die "$wheel has no platform tag" ;; esac
+  note "built $(basename "$wheel")"
+  "$wheel_venv/bin/python" -m pip install -q --disable-pip-version-check "$wheel"
+  mkdir -p "$smoke_dir"
+  cp "$MINIKV_ROOT/tests/consumers/python/smoke.py" "$smoke_dir/"
+  (cd "$smoke_dir" && env -u MINIKV_LIBRARY -u PYTHONPATH "$wheel_venv/bin/python" smoke.py)
+fi
 
 # The transformers adapter (bindings/python/minikv/hf.py) against a tiny random LLaMA on the
 # CPU backend: torch + transformers from PyPI in a venv (PyPI's torch brings CUDA libraries:

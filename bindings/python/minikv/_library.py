@@ -1,11 +1,12 @@
 """Finding, loading and declaring libminikv (ctypes, no compile step).
 
 Discovery order (the first that exists wins):
-  1. the MINIKV_LIBRARY environment variable: a path to libminikv.so (an error if it
-     does not load: an explicit choice must not silently fall back);
-  2. a libminikv shared library next to this package (a wheel that bundles it);
+  1. the MINIKV_LIBRARY environment variable: a libminikv shared library, or a directory
+     holding one (an error if it does not load: an explicit choice must not silently fall
+     back);
+  2. the library next to this package: what `pip install ./bindings/python` bundles;
   3. the build directories of the source tree this package sits in (<repo>/build*/), the
-     most recently built first;
+     most recently built first (the package used from a checkout, without installing);
   4. ctypes.util.find_library("minikv") (the system's library path, e.g. /usr/local/lib).
 The loaded library must follow libminikv's version rule (MINIKV_VERSION_COMPATIBLE in
 include/minikv.h): the binding's major version, and not older than the binding.
@@ -46,21 +47,29 @@ def _library_names() -> List[str]:
     return ["libminikv.so", "libminikv.dylib", "minikv.dll"]
 
 
-def _next_to_package() -> List[str]:
+def _in_directory(directory: Path) -> List[str]:
+    """The libminikv files in `directory`: the plain name first, then versioned files
+    (libminikv.so.0, libminikv.so.0.1.0), the shortest name first."""
     found = []
     for name in _library_names():
-        exact = _PACKAGE_DIR / name
-        if exact.exists():
+        exact = directory / name
+        if exact.is_file():
             found.append(str(exact))
-        # Versioned files (libminikv.so.0, libminikv.so.0.1.0): the shortest name first.
-        found += sorted(glob.glob(str(_PACKAGE_DIR / (name + ".*"))), key=len)
+        found += sorted(glob.glob(str(directory / (name + ".*"))), key=len)
     return found
 
 
-def _repo_build_dirs() -> List[str]:
-    # bindings/python/minikv -> the repository root holds include/minikv.h.
+def _source_root() -> Optional[Path]:
+    """The checkout this package sits in (bindings/python/minikv), or None when installed."""
     root = _PACKAGE_DIR.parents[2] if len(_PACKAGE_DIR.parents) > 2 else None
     if root is None or not (root / "include" / "minikv.h").exists():
+        return None
+    return root
+
+
+def _repo_build_dirs() -> List[str]:
+    root = _source_root()
+    if root is None:
         return []
     found = []
     for name in _library_names():
@@ -72,7 +81,7 @@ def _repo_build_dirs() -> List[str]:
 
 def candidate_paths() -> List[str]:
     """The paths tried, in order (without the MINIKV_LIBRARY override)."""
-    paths = _next_to_package() + _repo_build_dirs()
+    paths = _in_directory(_PACKAGE_DIR) + _repo_build_dirs()
     system = ctypes.util.find_library("minikv")
     if system:
         paths.append(system)
@@ -112,6 +121,37 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.argtypes = argtypes
 
 
+def _explicit(value: str, what: str) -> str:
+    """The library file an explicit choice names: the file itself, or the library in a
+    directory."""
+    if os.path.isdir(value):
+        found = _in_directory(Path(value))
+        if not found:
+            raise OSError(f"minikv: {what} is the directory {value!r}, which holds no "
+                          f"{' / '.join(_library_names())} (nor a versioned one)")
+        return found[0]
+    if not os.path.exists(value):
+        raise OSError(f"minikv: {what} {value!r} does not exist")
+    return value
+
+
+def _not_found_message() -> str:
+    """What to do when no candidate loads: for a checkout, build the library; for an
+    installed package, reinstall it or point at a library."""
+    root = _source_root()
+    explicit = ("set MINIKV_LIBRARY to a libminikv.so (or the directory holding it), e.g. a "
+                "CUDA build")
+    if root is not None:
+        return (f"minikv: cannot find libminikv. Build it in {root} (cmake -S . -B build && "
+                f"cmake --build build: build*/ is searched), or pip install {root}/bindings/"
+                f"python (bundles it), or {explicit}.")
+    return (f"minikv: this installed package ({_PACKAGE_DIR}) has no libminikv next to it and "
+            "none was found on the system. Reinstall it from a libminikv checkout with "
+            "`pip install <checkout>/bindings/python`, which builds the library into the "
+            f"package, or {explicit}, or install libminikv system-wide (cmake --install, then "
+            "ldconfig).")
+
+
 def _open(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
     _declare(lib)
@@ -135,9 +175,14 @@ def load(path: Optional[str] = None) -> ctypes.CDLL:
             return _lib
         explicit = path or os.environ.get("MINIKV_LIBRARY")
         if explicit:
-            if not os.path.exists(explicit):
-                raise OSError(f"minikv: MINIKV_LIBRARY / path {explicit!r} does not exist")
-            _lib, _lib_path = _open(explicit), explicit
+            what = "the path given to minikv.load()" if path else "MINIKV_LIBRARY"
+            chosen = _explicit(explicit, what)
+            try:
+                _lib = _open(chosen)
+            except (OSError, AttributeError) as e:
+                raise OSError(f"minikv: {what} names {chosen!r}, which does not load as "
+                              f"libminikv: {e}") from e
+            _lib_path = chosen
             return _lib
         errors = []
         for candidate in candidate_paths():
@@ -147,9 +192,7 @@ def load(path: Optional[str] = None) -> ctypes.CDLL:
             except (OSError, AttributeError, MinikvError) as e:
                 errors.append(f"  {candidate}: {e}")
         tried = "\n".join(errors) if errors else "  (no candidate found)"
-        raise OSError(
-            "minikv: cannot find libminikv. Set MINIKV_LIBRARY=/path/to/libminikv.so, or build "
-            "it (cmake -S . -B build && cmake --build build), or install it.\nTried:\n" + tried)
+        raise OSError(_not_found_message() + "\nTried:\n" + tried)
 
 
 def library_path() -> str:

@@ -1,5 +1,6 @@
 """The ctypes mirrors and enums against include/minikv.h, and library discovery."""
 import ctypes
+import ctypes.util
 import dataclasses
 import os
 import re
@@ -131,8 +132,8 @@ def test_config_defaults_come_from_the_library():
     assert back.heavy_ratio == pytest.approx(0.1)
 
 
-def _probe(env_lib):
-    env = dict(os.environ, PYTHONPATH=str(PKG_PARENT))
+def _probe(env_lib, package_parent=PKG_PARENT):
+    env = dict(os.environ, PYTHONPATH=str(package_parent))
     env.pop("MINIKV_LIBRARY", None)
     if env_lib is not None:
         env["MINIKV_LIBRARY"] = env_lib
@@ -146,6 +147,10 @@ def test_library_discovery():
     assert r.returncode == 0 and r.stdout.strip() == here
     r = _probe("/nonexistent/libminikv.so")
     assert r.returncode != 0 and "does not exist" in r.stderr
+    # A directory holding the library names it too.
+    r = _probe(os.path.dirname(here))
+    assert r.returncode == 0 and os.path.dirname(r.stdout.strip()) == os.path.dirname(here)
+    assert os.path.basename(r.stdout.strip()).startswith("libminikv")
     # Without the variable: next to the package, the source tree's build dirs, the system.
     r = _probe(None)
     if minikv.candidate_paths():
@@ -182,3 +187,28 @@ def test_preset_names_and_errors():
     with pytest.raises(minikv.MinikvError, match=r"preset \(9\)") as e:
         minikv.Config.from_preset(9)
     assert e.value.status == minikv.Status.INVALID_ARGUMENT
+
+
+def test_explicit_choices_that_fail_say_why(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = _probe(str(empty))
+    assert r.returncode != 0 and "holds no libminikv.so" in r.stderr and "MINIKV_LIBRARY" in r.stderr
+    not_a_library = tmp_path / "libminikv.so"
+    not_a_library.write_text("not an ELF file")
+    for choice in (str(not_a_library), str(tmp_path)):
+        r = _probe(choice)
+        assert r.returncode != 0 and "does not load as libminikv" in r.stderr, r.stderr
+
+
+def test_installed_package_without_library_says_what_to_do(tmp_path):
+    """A copy of the package outside any checkout, with no library next to it: the error
+    speaks of an installed package (reinstall, MINIKV_LIBRARY), not of building in a tree."""
+    if ctypes.util.find_library("minikv"):
+        pytest.skip("a libminikv is installed system-wide: the copy would load it")
+    shutil.copytree(PKG_PARENT / "minikv", tmp_path / "minikv",
+                    ignore=shutil.ignore_patterns("libminikv*", "__pycache__"))
+    r = _probe(None, package_parent=tmp_path)
+    assert r.returncode != 0
+    assert "installed package" in r.stderr and "pip install" in r.stderr
+    assert "MINIKV_LIBRARY" in r.stderr and "cmake -S" not in r.stderr
