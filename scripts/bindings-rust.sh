@@ -8,7 +8,9 @@
 #   4. with MINIKV_LIB_DIR and LD_LIBRARY_PATH set: cargo test, clippy (-D warnings),
 #      fmt --check and rustdoc (-D warnings) for both crates, then runs examples/rust;
 #   5. builds the example again finding the library through the pkg-config program only,
-#      and checks that the build fails with a clear message when neither route finds it.
+#      then a consumer crate outside the source tree (tests/consumers/rust) the same way,
+#      run with the rpath it was linked with, and checks that the build fails with a clear
+#      message when neither route finds the library.
 # Cargo output goes to $BUILD/cargo (CARGO_TARGET_DIR), nothing into the source tree.
 #
 #   scripts/bindings-rust.sh            # BUILD=build-rust JOBS=2 by default
@@ -99,6 +101,22 @@ step "example (pkg-config route: $pc_dir)"
   unset MINIKV_LIB_DIR MINIKV_NO_PKG_CONFIG
   export PKG_CONFIG_PATH="$pc_dir" LD_LIBRARY_PATH="$lib_dir_installed"
   cargo run --offline --release --quiet | tail -n 2
+)
+
+# A user's crate outside the source tree, depending on the checkout's minikv crate by path:
+# libminikv found by the pkg-config program only, and at run time by the rpath the build
+# recorded (no LD_LIBRARY_PATH). Its own target dir: RUSTFLAGS differ from the checks above.
+step "Rust consumer outside the source tree (tests/consumers/rust)"
+consumer="$build/rust-consumer"
+rm -rf "$consumer" && mkdir -p "$consumer"
+cp -r "$root/tests/consumers/rust/src" "$consumer/"
+sed "s|@MINIKV_RUST_CRATE@|$safe|" "$root/tests/consumers/rust/Cargo.toml.in" >"$consumer/Cargo.toml"
+(
+  cd "$consumer"
+  unset MINIKV_LIB_DIR MINIKV_NO_PKG_CONFIG
+  export PKG_CONFIG_PATH="$pc_dir" CARGO_TARGET_DIR="$consumer/target"
+  RUSTFLAGS="-C link-arg=-Wl,-rpath,$lib_dir_installed" cargo build --offline --release --quiet
+  env -u LD_LIBRARY_PATH target/release/minikv-consumer
 )
 
 step "no library found: a clear build error"

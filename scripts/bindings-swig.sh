@@ -11,7 +11,10 @@
 #   4. Go: gofmt, go vet (also with -tags cuda) and go test for the binding, then vet and
 #      run examples/go (the GPU test itself, `go test -tags cuda`, needs a CUDA build);
 #   5. Java: builds the JNI library, minikv.jar, the JUnit 5 tests and examples/java with
-#      CMake (bindings/java) and runs them with ctest (the junit5 console launcher).
+#      CMake (bindings/java) and runs them with ctest (the junit5 console launcher);
+#   6. consumers outside the source tree, as a user's project would be: a Go module using
+#      the binding through `replace` and then vendored (tests/consumers/go), and a Java
+#      program against the installed jar and JNI library (tests/consumers/java).
 # Exits non-zero on the first failure. Nothing is written into the source tree.
 #
 #   scripts/bindings-swig.sh            # BUILD=build-swig JOBS=2 by default
@@ -91,6 +94,29 @@ step "Go example (examples/go)"
   go run .
 )
 
+# A user's module outside the source tree: go.mod's replace points at the checkout; the
+# program finds libminikv at run time by the rpath cgo was told to record (no
+# LD_LIBRARY_PATH). Then vendored: `go mod vendor` from a scratch copy of the binding, the
+# copy deleted, and the program built from vendor/ alone.
+step "Go consumer outside the source tree (tests/consumers/go): replace, then vendored"
+consumer="$build/go-consumer" binding_copy="$build/go-consumer-binding"
+rm -rf "$consumer" "$binding_copy"
+mkdir -p "$consumer"
+cp "$root/tests/consumers/go/main.go" "$consumer/"
+sed "s|@MINIKV_GO_BINDING@|$root/bindings/go|" "$root/tests/consumers/go/go.mod.in" >"$consumer/go.mod"
+(
+  cd "$consumer"
+  go vet .
+  CGO_LDFLAGS="-Wl,-rpath,$prefix/lib" go build -o consumer .
+  env -u LD_LIBRARY_PATH ./consumer
+  cp -r "$root/bindings/go" "$binding_copy"
+  sed "s|@MINIKV_GO_BINDING@|$binding_copy|" "$root/tests/consumers/go/go.mod.in" >go.mod
+  go mod vendor
+  rm -rf "$binding_copy" consumer
+  go build -mod=vendor -o consumer .
+  ./consumer
+)
+
 step "Java binding: build (bindings/java -> $build/java)"
 cmake -S "$root/bindings/java" -B "$build/java" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
@@ -102,5 +128,21 @@ if ! ctest --test-dir "$build/java" --output-on-failure -V 2>&1 |
   grep -vE '^[0-9]+: (Test command|Working Directory|Test timeout)|^[0-9]+: *$'; then
   die "Java tests failed"
 fi
+
+# The installed binding, as a user's project sees it: cmake --install puts minikv.jar in
+# share/java and libminikv_jni.so in lib/jni; a program outside the source tree compiles
+# against the jar and runs with java.library.path only (the JNI library finds libminikv
+# by its rpath: no LD_LIBRARY_PATH).
+step "Java consumer outside the source tree (tests/consumers/java), against the install"
+cmake --install "$build/java" --prefix "$prefix" >/dev/null
+consumer="$build/java-consumer"
+rm -rf "$consumer" && mkdir -p "$consumer"
+cp "$root/tests/consumers/java/Consumer.java" "$consumer/"
+(
+  cd "$consumer"
+  javac -Xlint:all -Werror -cp "$prefix/share/java/minikv.jar" Consumer.java
+  env -u LD_LIBRARY_PATH java -Xcheck:jni -cp "$prefix/share/java/minikv.jar:." \
+    -Djava.library.path="$prefix/lib/jni" Consumer
+)
 
 step "SWIG bindings (Go, Java): all checks passed"
