@@ -41,6 +41,8 @@ start=$SECONDS
 
 step "dependencies"
 install_packages build-essential cmake ninja-build pkg-config doctest-dev
+# mypy (Debian's): the Python binding's typing tests and the wheel's type check.
+install_packages python3-mypy
 PY=""
 if [ -d bindings/python/tests ]; then
   PY=$(pick_python)
@@ -102,6 +104,14 @@ if [ -n "$PY" ] && [ "${MINIKV_SKIP_WHEEL:-0}" != 1 ]; then
   mkdir -p "$smoke_dir"
   cp "$MINIKV_ROOT/tests/consumers/python/smoke.py" "$smoke_dir/"
   (cd "$smoke_dir" && env -u MINIKV_LIBRARY -u PYTHONPATH "$wheel_venv/bin/python" smoke.py)
+  # The installed package's types (py.typed) as mypy sees them: the smoke test passes enum
+  # fields by name, as the README does.
+  for mypy_py in "$PY" /usr/bin/python3; do
+    "$mypy_py" -m mypy --version >/dev/null 2>&1 || continue
+    (cd "$smoke_dir" && "$mypy_py" -m mypy --no-incremental \
+      --python-executable "$wheel_venv/bin/python" smoke.py)
+    break
+  done
 fi
 
 # The transformers adapter (bindings/python/minikv/hf.py) against a tiny random LLaMA on the

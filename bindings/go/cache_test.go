@@ -866,3 +866,87 @@ func TestSinkTokens(t *testing.T) {
 		t.Fatalf("decode differs from attention over the kept rows by %g", worst)
 	}
 }
+
+func TestEnumNames(t *testing.T) {
+	for got, want := range map[string]string{
+		fmt.Sprint(minikv.BackendAuto): "AUTO", fmt.Sprint(minikv.BackendCPU): "CPU",
+		fmt.Sprint(minikv.BackendCUDA): "CUDA", fmt.Sprint(minikv.DtypeF16): "F16",
+		fmt.Sprint(minikv.DtypeBF16): "BF16", fmt.Sprint(minikv.DtypeF32): "F32",
+		fmt.Sprint(minikv.BudgetUniform): "UNIFORM", fmt.Sprint(minikv.BudgetPyramid): "PYRAMID",
+		fmt.Sprint(minikv.ScoreCumulative): "CUMULATIVE", fmt.Sprint(minikv.ScoreWindow): "WINDOW",
+		fmt.Sprint(minikv.PresetBalanced): "BALANCED", fmt.Sprint(minikv.PresetEvictionOnly): "EVICTION_ONLY",
+		minikv.Backend(7).String(): "Backend(7)", minikv.Dtype(-1).String(): "Dtype(-1)",
+	} {
+		if got != want {
+			t.Errorf("got %q, want %q", got, want)
+		}
+	}
+	cfg := minikv.DefaultConfig()
+	cfg.Backend = minikv.BackendCPU
+	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = 1, 2, 1, 16
+	cache, err := minikv.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Close()
+	if s := fmt.Sprintf("%v on %s", cache.Backend(), cache.Config().Dtype); s != "CPU on F16" {
+		t.Errorf("a cache prints as %q", s)
+	}
+}
+
+// The bulk converters are the scalar ones, element by element, and feed a 16-bit cache
+// straight from float32 data.
+func TestBulkHalfConversions(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	src := []float32{0, -0.0, 1, -2, 65504, 65520, 1e-8, float32(math.Inf(1)), float32(math.NaN())}
+	for i := 0; i < 1000; i++ {
+		src = append(src, float32(rng.NormFloat64()*math.Pow(2, float64(rng.Intn(40)-20))))
+	}
+	f16, bf16 := minikv.F16BitsSlice(src), minikv.BF16BitsSlice(src)
+	if len(f16) != len(src) || len(bf16) != len(src) {
+		t.Fatalf("lengths %d, %d for %d values", len(f16), len(bf16), len(src))
+	}
+	back16, backBF := minikv.F16FloatSlice(f16), minikv.BF16FloatSlice(bf16)
+	for i, f := range src {
+		if f16[i] != minikv.F16Bits(f) || bf16[i] != minikv.BF16Bits(f) {
+			t.Fatalf("%g: bulk %#04x/%#04x, scalar %#04x/%#04x", f, f16[i], bf16[i],
+				minikv.F16Bits(f), minikv.BF16Bits(f))
+		}
+		if math.Float32bits(back16[i]) != math.Float32bits(minikv.F16Float(f16[i])) ||
+			math.Float32bits(backBF[i]) != math.Float32bits(minikv.BF16Float(bf16[i])) {
+			t.Fatalf("%g: bulk back %g/%g", f, back16[i], backBF[i])
+		}
+	}
+	for _, dtype := range []minikv.Dtype{minikv.DtypeF16, minikv.DtypeBF16} {
+		cfg := minikv.DefaultConfig()
+		cfg.Backend, cfg.Dtype = minikv.BackendCPU, dtype
+		cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = 1, 2, 1, 16
+		cache, err := minikv.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		toBits := minikv.F16BitsSlice
+		toFloat := minikv.F16FloatSlice
+		if dtype == minikv.DtypeBF16 {
+			toBits, toFloat = minikv.BF16BitsSlice, minikv.BF16FloatSlice
+		}
+		const tokens = 8
+		q, k, v := make([]float32, tokens*2*16), make([]float32, tokens*16), make([]float32, tokens*16)
+		for i := range q {
+			q[i] = float32(rng.NormFloat64())
+		}
+		for i := range k {
+			k[i], v[i] = float32(rng.NormFloat64()), 0.75 // attention of a constant is that constant
+		}
+		out := make([]uint16, len(q))
+		if err := cache.Prefill16(0, []uint32{0}, []int32{0, tokens}, toBits(q), toBits(k), toBits(v), out); err != nil {
+			t.Fatal(err)
+		}
+		for i, x := range toFloat(out) {
+			if x != 0.75 {
+				t.Fatalf("%v: output %d is %g, want 0.75", dtype, i, x)
+			}
+		}
+		cache.Close()
+	}
+}

@@ -1,6 +1,10 @@
 package minikv
 
-import "minikv.dev/minikv/internal/capi"
+import (
+	"fmt"
+
+	"minikv.dev/minikv/internal/capi"
+)
 
 // Backend selects where the cache lives and computes (minikv_backend).
 type Backend int32
@@ -49,6 +53,39 @@ const (
 	PresetQuality      Preset = 2 // 8-bit keys and values, G 32, 4 sinks, uniform
 	PresetEvictionOnly Preset = 3 // 16-bit, no sinks, uniform (H2O-style eviction alone)
 )
+
+// enumName is the name of value v of an enum type (names indexed by value), or
+// "<Type>(<v>)" for a value this binding does not know.
+func enumName(typeName string, names []string, v int32) string {
+	if v >= 0 && int(v) < len(names) {
+		return names[v]
+	}
+	return fmt.Sprintf("%s(%d)", typeName, v)
+}
+
+// String is the backend's name, as in the C API: "AUTO", "CPU" or "CUDA".
+func (b Backend) String() string {
+	return enumName("Backend", []string{"AUTO", "CPU", "CUDA"}, int32(b))
+}
+
+// String is the dtype's name, as in the C API: "F16", "BF16" or "F32".
+func (d Dtype) String() string { return enumName("Dtype", []string{"F16", "BF16", "F32"}, int32(d)) }
+
+// String is the policy's name, as in the C API: "UNIFORM" or "PYRAMID".
+func (p BudgetPolicy) String() string {
+	return enumName("BudgetPolicy", []string{"UNIFORM", "PYRAMID"}, int32(p))
+}
+
+// String is the mode's name, as in the C API: "CUMULATIVE" or "WINDOW".
+func (m ScoreMode) String() string {
+	return enumName("ScoreMode", []string{"CUMULATIVE", "WINDOW"}, int32(m))
+}
+
+// String is the preset's name, as in the C API: "BALANCED", "PAPER", "QUALITY" or
+// "EVICTION_ONLY".
+func (p Preset) String() string {
+	return enumName("Preset", []string{"BALANCED", "PAPER", "QUALITY", "EVICTION_ONLY"}, int32(p))
+}
 
 // Config mirrors minikv_config. Start from DefaultConfig (PresetBalanced), optionally
 // ApplyPreset, then set the model dimensions; a zero Config is not valid.

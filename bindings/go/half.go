@@ -73,3 +73,43 @@ func BF16Bits(f float32) uint16 {
 
 // BF16Float converts bfloat16 bits to float32 (exactly).
 func BF16Float(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// F16BitsSlice converts every element of src with F16Bits: float32 data as the []uint16 a
+// DtypeF16 cache takes (Prefill16, Append16, Decode16).
+func F16BitsSlice(src []float32) []uint16 {
+	dst := make([]uint16, len(src))
+	for i, f := range src {
+		dst[i] = F16Bits(f)
+	}
+	return dst
+}
+
+// BF16BitsSlice converts every element of src with BF16Bits: float32 data as the []uint16 a
+// DtypeBF16 cache takes.
+func BF16BitsSlice(src []float32) []uint16 {
+	dst := make([]uint16, len(src))
+	for i, f := range src {
+		dst[i] = BF16Bits(f)
+	}
+	return dst
+}
+
+// F16FloatSlice converts IEEE binary16 bits to float32 (exactly), e.g. a DtypeF16 cache's
+// output.
+func F16FloatSlice(src []uint16) []float32 {
+	dst := make([]float32, len(src))
+	for i, h := range src {
+		dst[i] = F16Float(h)
+	}
+	return dst
+}
+
+// BF16FloatSlice converts bfloat16 bits to float32 (exactly), e.g. a DtypeBF16 cache's
+// output.
+func BF16FloatSlice(src []uint16) []float32 {
+	dst := make([]float32, len(src))
+	for i, h := range src {
+		dst[i] = BF16Float(h)
+	}
+	return dst
+}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from ._library import load
 from ._types import (Backend, BudgetPolicy, DType, MemoryStatsStruct, MinikvConfigStruct,
@@ -57,6 +57,21 @@ class Config:
     group_size: int = LIBRARY_DEFAULT
     residual_length: int = LIBRARY_DEFAULT
     sink_tokens: int = LIBRARY_DEFAULT
+
+    if TYPE_CHECKING:
+        # The generated __init__ as type checkers should see it: an enum field also takes
+        # the enum's name or int, which __post_init__ converts (the fields then hold the
+        # enum). Same parameters, in the same order, as the fields (test_typing.py checks).
+        def __init__(self, backend: Union[Backend, str, int] = ..., device_id: int = ...,
+                     dtype: Union[DType, str, int] = ..., num_layers: int = ...,
+                     num_heads: int = ..., num_kv_heads: int = ..., head_dim: int = ...,
+                     max_sequences: int = ..., max_seq_len: int = ..., max_tokens: int = ...,
+                     heavy_ratio: float = ..., recent_ratio: float = ...,
+                     budget_policy: Union[BudgetPolicy, str, int] = ...,
+                     pyramid_depth: float = ..., score_mode: Union[ScoreMode, str, int] = ...,
+                     window_size: int = ..., pool_kernel: int = ..., key_bits: int = ...,
+                     value_bits: int = ..., group_size: int = ...,
+                     residual_length: int = ..., sink_tokens: int = ...) -> None: ...
 
     def __post_init__(self) -> None:
         defaults = None

@@ -8,7 +8,19 @@ from typing import Any, Union
 
 
 # ---- enums (values pinned by include/minikv.h) ---------------------------------------
-class Status(enum.IntEnum):
+class _NamedIntEnum(enum.IntEnum):
+    """An IntEnum that prints as its member name ("CPU"), as repr and the C names suggest,
+    on every Python version (3.11 made str() and format() of an IntEnum print the number).
+    A format spec ("{:d}") still formats the number."""
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __format__(self, spec: str) -> str:
+        return self.name if not spec else format(self.value, spec)
+
+
+class Status(_NamedIntEnum):
     OK = 0
     INVALID_ARGUMENT = 1
     OUT_OF_MEMORY = 2
@@ -20,13 +32,13 @@ class Status(enum.IntEnum):
     INTERNAL = 8
 
 
-class Backend(enum.IntEnum):
+class Backend(_NamedIntEnum):
     AUTO = 0
     CPU = 1
     CUDA = 2
 
 
-class DType(enum.IntEnum):
+class DType(_NamedIntEnum):
     F16 = 0
     BF16 = 1
     F32 = 2
@@ -36,12 +48,12 @@ class DType(enum.IntEnum):
         return 4 if self is DType.F32 else 2
 
 
-class BudgetPolicy(enum.IntEnum):
+class BudgetPolicy(_NamedIntEnum):
     UNIFORM = 0
     PYRAMID = 1
 
 
-class ScoreMode(enum.IntEnum):
+class ScoreMode(_NamedIntEnum):
     CUMULATIVE = 0
     WINDOW = 1
 

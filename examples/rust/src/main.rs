@@ -8,7 +8,7 @@
 //!
 //!   MINIKV_LIB_DIR=build LD_LIBRARY_PATH=build cargo run --release
 
-use minikv::{Backend, Config, Element, KvCache, F16};
+use minikv::{Backend, Config, KvCache, F16};
 
 const LAYERS: u32 = 2;
 const HEADS: usize = 8;
@@ -32,10 +32,6 @@ impl Gen {
         }
         x
     }
-}
-
-fn to_f16(x: &[f32]) -> Vec<F16> {
-    x.iter().map(|&e| F16::from_f32(e)).collect()
 }
 
 /// Exact attention of one query row [HEADS, D] over K/V rows [KV_HEADS, D], in f64.
@@ -92,7 +88,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let k = gen.tokens(total, kv_row, 37);
         let v = gen.tokens(total, kv_row, 1000);
         let mut out = vec![F16::default(); total * q_row];
-        cache.prefill(layer, &seq_ids, &cu, &to_f16(&q), &to_f16(&k), &to_f16(&v), &mut out)?;
+        cache.prefill(
+            layer,
+            &seq_ids,
+            &cu,
+            &F16::from_f32_slice(&q),
+            &F16::from_f32_slice(&k),
+            &F16::from_f32_slice(&v),
+            &mut out,
+        )?;
         if layer == 0 {
             let rounded = |x: &[f32]| -> Vec<Vec<f32>> {
                 x.chunks(kv_row)
@@ -122,8 +126,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let k = gen.tokens(seq_ids.len(), kv_row, 1000);
             let v = gen.tokens(seq_ids.len(), kv_row, 1000);
             let q = gen.tokens(seq_ids.len(), q_row, 1000);
-            cache.append(layer, &seq_ids, &to_f16(&k), &to_f16(&v))?;
-            cache.decode(layer, &seq_ids, &to_f16(&q), &mut out)?;
+            cache.append(layer, &seq_ids, &F16::from_f32_slice(&k), &F16::from_f32_slice(&v))?;
+            cache.decode(layer, &seq_ids, &F16::from_f32_slice(&q), &mut out)?;
             if layer == 0 {
                 let round = |x: &[f32]| x.iter().map(|&e| F16::from_f32(e).to_f32()).collect();
                 exact_k.push(round(&k[..kv_row]));

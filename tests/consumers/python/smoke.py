@@ -30,6 +30,6 @@ with minikv.Cache(cfg) as cache:
     assert np.allclose(out, 0.5, atol=1e-6) and np.allclose(o, 0.5, atol=1e-6)
     stats = cache.memory_stats()
     assert stats.tokens_seen == 2 * (L + 1), stats
-    print(f"minikv {minikv.__version__} from {library}: backend {cache.backend.name}, "
+    print(f"minikv {minikv.__version__} from {library}: backend {cache.backend}, "
           f"{stats.tokens_cached} of {stats.tokens_seen} tokens kept")
 sys.exit(0)

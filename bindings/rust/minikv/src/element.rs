@@ -45,10 +45,14 @@ pub struct F16(pub u16);
 #[repr(transparent)]
 pub struct Bf16(pub u16);
 
-impl Element for F16 {
-    const DTYPE: Dtype = Dtype::F16;
-
-    fn from_f32(x: f32) -> F16 {
+impl F16 {
+    /// `x` rounded to the nearest IEEE binary16 (ties to even; overflow to infinity, NaN stays a
+    /// NaN). An inherent function: no trait import needed.
+    ///
+    /// ```
+    /// assert_eq!(minikv::F16::from_f32(1.0).to_f32(), 1.0);
+    /// ```
+    pub fn from_f32(x: f32) -> F16 {
         let b = x.to_bits();
         let sign = ((b >> 16) & 0x8000) as u16;
         let exp = ((b >> 23) & 0xff) as i32;
@@ -80,7 +84,8 @@ impl Element for F16 {
         F16(sign | rounded as u16)
     }
 
-    fn to_f32(self) -> f32 {
+    /// The exact `f32` value.
+    pub fn to_f32(self) -> f32 {
         let h = self.0 as u32;
         let sign = (h & 0x8000) << 16;
         let exp = (h >> 10) & 0x1f;
@@ -96,12 +101,44 @@ impl Element for F16 {
         };
         f32::from_bits(bits)
     }
+
+    /// [`F16::from_f32`] of every element: `f32` data as the slice a [`Dtype::F16`]
+    /// cache takes.
+    ///
+    /// ```
+    /// let bits = minikv::F16::from_f32_slice(&[0.5, -2.0]);
+    /// assert_eq!(minikv::F16::to_f32_vec(&bits), vec![0.5, -2.0]);
+    /// ```
+    pub fn from_f32_slice(src: &[f32]) -> Vec<F16> {
+        src.iter().map(|&x| F16::from_f32(x)).collect()
+    }
+
+    /// [`F16::to_f32`] of every element, e.g. a [`Dtype::F16`] cache's output (exact).
+    pub fn to_f32_vec(src: &[F16]) -> Vec<f32> {
+        src.iter().map(|x| x.to_f32()).collect()
+    }
 }
 
-impl Element for Bf16 {
-    const DTYPE: Dtype = Dtype::Bf16;
+impl Element for F16 {
+    const DTYPE: Dtype = Dtype::F16;
 
-    fn from_f32(x: f32) -> Bf16 {
+    fn from_f32(x: f32) -> F16 {
+        F16::from_f32(x)
+    }
+
+    fn to_f32(self) -> f32 {
+        F16::to_f32(self)
+    }
+}
+
+impl Bf16 {
+    /// `x` rounded to the nearest bfloat16 (ties to even; overflow to infinity, NaN stays a
+    /// NaN). An inherent function: no trait import needed.
+    ///
+    /// ```
+    /// assert_eq!(minikv::Bf16::from_f32(1.0).to_f32(), 1.0);
+    /// ```
+    pub fn from_f32(x: f32) -> Bf16 {
         let b = x.to_bits();
         if x.is_nan() {
             return Bf16(((b >> 16) | 0x40) as u16); // keep it a quiet NaN
@@ -110,8 +147,37 @@ impl Element for Bf16 {
         Bf16((b.wrapping_add(rounding) >> 16) as u16)
     }
 
-    fn to_f32(self) -> f32 {
+    /// The exact `f32` value.
+    pub fn to_f32(self) -> f32 {
         f32::from_bits((self.0 as u32) << 16)
+    }
+
+    /// [`Bf16::from_f32`] of every element: `f32` data as the slice a [`Dtype::Bf16`]
+    /// cache takes.
+    ///
+    /// ```
+    /// let bits = minikv::Bf16::from_f32_slice(&[0.5, -2.0]);
+    /// assert_eq!(minikv::Bf16::to_f32_vec(&bits), vec![0.5, -2.0]);
+    /// ```
+    pub fn from_f32_slice(src: &[f32]) -> Vec<Bf16> {
+        src.iter().map(|&x| Bf16::from_f32(x)).collect()
+    }
+
+    /// [`Bf16::to_f32`] of every element, e.g. a [`Dtype::Bf16`] cache's output (exact).
+    pub fn to_f32_vec(src: &[Bf16]) -> Vec<f32> {
+        src.iter().map(|x| x.to_f32()).collect()
+    }
+}
+
+impl Element for Bf16 {
+    const DTYPE: Dtype = Dtype::Bf16;
+
+    fn from_f32(x: f32) -> Bf16 {
+        Bf16::from_f32(x)
+    }
+
+    fn to_f32(self) -> f32 {
+        Bf16::to_f32(self)
     }
 }
 
@@ -170,6 +236,28 @@ mod tests {
                 }
                 assert!(err <= other, "{x:e}: {:#06x} is not nearest", h.0);
             }
+        }
+    }
+
+    #[test]
+    fn bulk_conversions_are_the_scalar_ones() {
+        let mut src = vec![0.0, -0.0, 1.0, -2.0, 65504.0, 65520.0, 1e-8, f32::INFINITY, f32::NAN];
+        let mut s = 0x9e37_79b9_u32;
+        for _ in 0..1000 {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            src.push(f32::from_bits((s & 0x807f_ffff) | ((s % 40 + 107) << 23)));
+        }
+        let (f16, bf16) = (F16::from_f32_slice(&src), Bf16::from_f32_slice(&src));
+        let (back16, back_bf) = (F16::to_f32_vec(&f16), Bf16::to_f32_vec(&bf16));
+        assert_eq!((f16.len(), back_bf.len()), (src.len(), src.len()));
+        for (i, &x) in src.iter().enumerate() {
+            assert_eq!(f16[i], F16::from_f32(x), "{x:e}");
+            assert_eq!(bf16[i], Bf16::from_f32(x), "{x:e}");
+            assert_eq!(back16[i].to_bits(), f16[i].to_f32().to_bits());
+            assert_eq!(back_bf[i].to_bits(), bf16[i].to_f32().to_bits());
+            // The Element trait's conversions are the same functions.
+            assert_eq!(<F16 as Element>::from_f32(x), f16[i]);
+            assert_eq!(<Bf16 as Element>::from_f32(x), bf16[i]);
         }
     }
 

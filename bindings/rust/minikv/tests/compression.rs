@@ -8,7 +8,7 @@
 mod common;
 
 use common::Rng;
-use minikv::{Backend, BudgetPolicy, Config, Dtype, Element, KvCache, Preset, ScoreMode, F16};
+use minikv::{Backend, BudgetPolicy, Config, Dtype, KvCache, Preset, ScoreMode, F16};
 
 /// Bytes of `n` quantized tokens (a multiple of G) of all KV heads: codes plus the
 /// (scale, min) pairs, as src/layout.h lays them out (positions are bookkeeping).

@@ -68,4 +68,40 @@ public final class Half {
   public static float bf16Float(short bits) {
     return Float.intBitsToFloat((bits & 0xffff) << 16);
   }
+
+  /** {@link #f16Bits(float)} of every element: float data as the short[] an F16 cache takes. */
+  public static short[] f16Bits(float[] src) {
+    short[] dst = new short[src.length];
+    for (int i = 0; i < src.length; i++) {
+      dst[i] = f16Bits(src[i]);
+    }
+    return dst;
+  }
+
+  /** {@link #bf16Bits(float)} of every element: float data as the short[] a BF16 cache takes. */
+  public static short[] bf16Bits(float[] src) {
+    short[] dst = new short[src.length];
+    for (int i = 0; i < src.length; i++) {
+      dst[i] = bf16Bits(src[i]);
+    }
+    return dst;
+  }
+
+  /** {@link #f16Float(short)} of every element, e.g. an F16 cache's output (exact). */
+  public static float[] f16Floats(short[] src) {
+    float[] dst = new float[src.length];
+    for (int i = 0; i < src.length; i++) {
+      dst[i] = f16Float(src[i]);
+    }
+    return dst;
+  }
+
+  /** {@link #bf16Float(short)} of every element, e.g. a BF16 cache's output (exact). */
+  public static float[] bf16Floats(short[] src) {
+    float[] dst = new float[src.length];
+    for (int i = 0; i < src.length; i++) {
+      dst[i] = bf16Float(src[i]);
+    }
+    return dst;
+  }
 }

@@ -722,6 +722,59 @@ class KvCacheTest {
     assertTrue(KvCache.compatible(built, KvCache.versionNumber()), KvCache.version());
   }
 
+  /** The bulk converters are the scalar ones, element by element, and feed a 16-bit cache. */
+  @Test
+  void bulkHalfConversions() {
+    Random rng = new Random(3);
+    float[] src = new float[1009];
+    float[] special = {
+      0f, -0f, 1f, -2f, 65504f, 65520f, 1e-8f, Float.POSITIVE_INFINITY, Float.NaN
+    };
+    System.arraycopy(special, 0, src, 0, special.length);
+    for (int i = special.length; i < src.length; i++) {
+      src[i] = (float) (rng.nextGaussian() * Math.pow(2, rng.nextInt(40) - 20));
+    }
+    short[] f16 = Half.f16Bits(src);
+    short[] bf16 = Half.bf16Bits(src);
+    float[] back16 = Half.f16Floats(f16);
+    float[] backBf = Half.bf16Floats(bf16);
+    assertEquals(src.length, f16.length);
+    assertEquals(src.length, backBf.length);
+    for (int i = 0; i < src.length; i++) {
+      assertEquals(Half.f16Bits(src[i]), f16[i], "f16 " + src[i]);
+      assertEquals(Half.bf16Bits(src[i]), bf16[i], "bf16 " + src[i]);
+      assertEquals(Float.floatToRawIntBits(Half.f16Float(f16[i])),
+          Float.floatToRawIntBits(back16[i]));
+      assertEquals(Float.floatToRawIntBits(Half.bf16Float(bf16[i])),
+          Float.floatToRawIntBits(backBf[i]));
+    }
+    for (Dtype dtype : new Dtype[] {Dtype.F16, Dtype.BF16}) {
+      int tokens = 8;
+      float[] q = new float[tokens * 2 * 16];
+      float[] k = new float[tokens * 16];
+      float[] v = new float[tokens * 16];
+      for (int i = 0; i < q.length; i++) {
+        q[i] = (float) rng.nextGaussian();
+      }
+      for (int i = 0; i < k.length; i++) {
+        k[i] = (float) rng.nextGaussian();
+        v[i] = 0.75f; // attention of a constant is that constant
+      }
+      boolean isF16 = dtype == Dtype.F16;
+      Config cfg = Config.builder().backend(Backend.CPU).dtype(dtype).numLayers(1).numHeads(2)
+          .numKvHeads(1).headDim(16).build();
+      try (KvCache cache = new KvCache(cfg)) {
+        short[] out = new short[q.length];
+        cache.prefill(0, new int[] {0}, new int[] {0, tokens},
+            isF16 ? Half.f16Bits(q) : Half.bf16Bits(q), isF16 ? Half.f16Bits(k) : Half.bf16Bits(k),
+            isF16 ? Half.f16Bits(v) : Half.bf16Bits(v), out);
+        for (float x : isF16 ? Half.f16Floats(out) : Half.bf16Floats(out)) {
+          assertEquals(0.75f, x, 0f, dtype.toString());
+        }
+      }
+    }
+  }
+
   @Test
   void halfConversions() {
     assertEquals((short) 0x3c00, Half.f16Bits(1f));
