@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../src/dtype.h"   // float_to_half_bits, half_bits_to_float: the host's fp16 codec
 #include "../src/layout.h"  // MINIKV_HD
 
 #if defined(__CUDACC__)
@@ -62,34 +63,6 @@ MINIKV_HD float bits_f32(uint32_t u) {
   std::memcpy(&x, &u, 4);
   return x;
 #endif
-}
-
-// IEEE fp16 ↔ fp32 in software for the host (round to nearest even, subnormals, overflow to
-// infinity): the same results as the device's cvt.rn.f16.f32 / cvt.f32.f16.
-inline uint16_t host_f16_from_f32(float f) {
-  const uint32_t x = f32_bits(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
-  if (a >= 0x7f800000u) return uint16_t(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
-  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // ≥ 65520 rounds to infinity
-  if (a < 0x38800000u) {                                   // < 2^-14: multiples of 2^-24
-    const float t = bits_f32(a) * 16777216.0f;             // exact: × 2^24
-    uint32_t m = uint32_t(t);
-    const float r = t - float(m);
-    if (r > 0.5f || (r == 0.5f && (m & 1u))) ++m;  // m = 1024 is the smallest normal: right
-    return uint16_t(sign | m);
-  }
-  uint32_t h = ((a >> 23) - 112u) << 10 | ((a >> 13) & 0x3ffu);
-  const uint32_t rem = a & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry moves into the exponent
-  return uint16_t(sign | h);
-}
-inline float host_f32_from_f16(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0) {
-    const float v = float(m) * (1.0f / 16777216.0f);  // exact: m · 2^-24
-    return sign ? -v : v;
-  }
-  if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
-  return bits_f32(sign | (e + 112u) << 23 | (m << 13));
 }
 
 // Biased fp32 exponent E of a column's max |x| (max_abs ≥ 0, finite). E ≥ 64 keeps the scale
@@ -136,9 +109,9 @@ MINIKV_HD void f16_split_pair(float a, float b, uint32_t &hi, uint32_t &lo) {
   hi = *reinterpret_cast<const uint32_t *>(&h);
   lo = *reinterpret_cast<const uint32_t *>(&l);
 #else
-  const uint16_t ha = host_f16_from_f32(a), hb = host_f16_from_f32(b);
-  const uint16_t la = host_f16_from_f32(a - host_f32_from_f16(ha));
-  const uint16_t lb = host_f16_from_f32(b - host_f32_from_f16(hb));
+  const uint16_t ha = float_to_half_bits(a), hb = float_to_half_bits(b);
+  const uint16_t la = float_to_half_bits(a - half_bits_to_float(ha));
+  const uint16_t lb = float_to_half_bits(b - half_bits_to_float(hb));
   hi = uint32_t(ha) | uint32_t(hb) << 16;
   lo = uint32_t(la) | uint32_t(lb) << 16;
 #endif

@@ -1,5 +1,5 @@
 // The QK operands of the CUDA decode fast path (kernels/qk_pieces.h), on the CPU:
-//  * the host fp16 conversions equal IEEE binary16 (exhaustively for fp16 → fp32; for
+//  * the host fp16 conversions (src/dtype.h, which qk_pieces.h uses) equal IEEE binary16 (exhaustively for fp16 → fp32; for
 //    fp32 → fp16 over every exponent with the rounding-relevant low bits), checked against
 //    the compiler's _Float16 where it has one, and on hand-picked values everywhere;
 //  * the A patterns: f16_code_pair gives code c of channel ch as exactly c · 4^(ch mod 4) · 2^-24;
@@ -22,6 +22,8 @@
 namespace {
 
 using namespace minikv::kernels;
+using minikv::float_to_half_bits;  // the library's host fp16 codec (src/dtype.h)
+using minikv::half_bits_to_float;
 
 constexpr float kF16Max = 65504.0f;
 
@@ -33,7 +35,7 @@ float random_f16(test::Rng &rng, uint32_t zero_every = 0) {
   do {
     h = static_cast<uint16_t>(rng.below(0x7c00u));  // finite, non-negative
   } while (h == 0);
-  const float v = host_f32_from_f16(h);
+  const float v = half_bits_to_float(h);
   return rng.below(2) ? -v : v;
 }
 
@@ -79,8 +81,8 @@ double check_column(const std::vector<uint32_t> &code, const std::vector<float> 
       const size_t ch0 = 16 * w + s, ch1 = ch0 + 8;
       // The kernel's A halves: the pattern itself, or (pattern | 1024.0) − 1024.0 (exact).
       auto a_value = [&](uint32_t half) {
-        return subnormal_codes ? double(host_f32_from_f16(uint16_t(half)))
-                               : double(host_f32_from_f16(uint16_t(half | 0x6400u))) - 1024.0;
+        return subnormal_codes ? double(half_bits_to_float(uint16_t(half)))
+                               : double(half_bits_to_float(uint16_t(half | 0x6400u))) - 1024.0;
       };
       const double a0 = a_value(a & 0xffffu), a1 = a_value(a >> 16);
       const double pos = std::ldexp(1.0, int(2 * (s & 3u)) - (subnormal_codes ? 24 : 0));
@@ -97,10 +99,10 @@ double check_column(const std::vector<uint32_t> &code, const std::vector<float> 
       REQUIRE(std::fabs(b1) < 32768.0f);
       uint32_t hi = 0, lo = 0;
       f16_split_pair(b0, b1, hi, lo);
-      const double p0 = double(host_f32_from_f16(uint16_t(hi & 0xffffu))) +
-                        double(host_f32_from_f16(uint16_t(lo & 0xffffu)));
-      const double p1 = double(host_f32_from_f16(uint16_t(hi >> 16))) +
-                        double(host_f32_from_f16(uint16_t(lo >> 16)));
+      const double p0 = double(half_bits_to_float(uint16_t(hi & 0xffffu))) +
+                        double(half_bits_to_float(uint16_t(lo & 0xffffu)));
+      const double p1 = double(half_bits_to_float(uint16_t(hi >> 16))) +
+                        double(half_bits_to_float(uint16_t(lo >> 16)));
       REQUIRE(std::isfinite(p0));
       REQUIRE(std::isfinite(p1));
       const double err0 = std::fabs(p0 - xb0), err1 = std::fabs(p1 - xb1);
@@ -139,13 +141,13 @@ TEST_CASE("qk_pieces: host fp16 conversions are IEEE binary16") {
       {1.0f + 0x1.8p-10f, 0x3c02}, {2049.0f, 0x6800}, {2051.0f, 0x6802}};
   for (const Pair &p : pairs) {
     CAPTURE(p.f);
-    CHECK(host_f16_from_f32(p.f) == p.h);
+    CHECK(float_to_half_bits(p.f) == p.h);
   }
   for (uint32_t h = 0; h < 0x7c00u; ++h) {  // every finite positive fp16 round-trips
-    const float f = host_f32_from_f16(uint16_t(h));
-    if (host_f16_from_f32(f) != h || host_f32_from_f16(uint16_t(h | 0x8000u)) != -f) {
+    const float f = half_bits_to_float(uint16_t(h));
+    if (float_to_half_bits(f) != h || half_bits_to_float(uint16_t(h | 0x8000u)) != -f) {
       CAPTURE(h);
-      CHECK(host_f16_from_f32(f) == h);
+      CHECK(float_to_half_bits(f) == h);
     }
   }
 #if defined(__FLT16_MAX__)
@@ -154,9 +156,9 @@ TEST_CASE("qk_pieces: host fp16 conversions are IEEE binary16") {
     _Float16 v;
     const uint16_t hh = uint16_t(h);
     std::memcpy(&v, &hh, 2);
-    if (host_f32_from_f16(hh) != float(v)) {
+    if (half_bits_to_float(hh) != float(v)) {
       CAPTURE(h);
-      CHECK(host_f32_from_f16(hh) == float(v));
+      CHECK(half_bits_to_float(hh) == float(v));
     }
   }
   // fp32 → fp16: every sign/exponent/high-mantissa prefix with the low 13 bits that decide
@@ -173,9 +175,9 @@ TEST_CASE("qk_pieces: host fp16 conversions are IEEE binary16") {
       const _Float16 want = static_cast<_Float16>(f);
       uint16_t wb;
       std::memcpy(&wb, &want, 2);
-      if (host_f16_from_f32(f) != wb && ++mismatches < 10) {
+      if (float_to_half_bits(f) != wb && ++mismatches < 10) {
         CAPTURE(bits);
-        CHECK(host_f16_from_f32(f) == wb);
+        CHECK(float_to_half_bits(f) == wb);
       }
     }
   }
@@ -226,13 +228,13 @@ TEST_CASE("qk_pieces: fp16 pieces of q * s_k reconstruct the column dot within t
           q = random_f16(rng, 16);
           s = random_f16(rng, 16);
         } else if (kind == 1) {  // realistic: q ~ N(0, 1), scales small and positive
-          q = host_f32_from_f16(host_f16_from_f32(float(rng.normal())));
-          s = host_f32_from_f16(host_f16_from_f32(float(std::ldexp(rng.uniform() + 0.01, -4))));
+          q = half_bits_to_float(float_to_half_bits(float(rng.normal())));
+          s = half_bits_to_float(float_to_half_bits(float(std::ldexp(rng.uniform() + 0.01, -4))));
         } else if (kind == 2) {  // subnormal scales
           q = random_f16(rng);
-          s = host_f32_from_f16(uint16_t(1 + rng.below(0x3ffu)));
+          s = half_bits_to_float(uint16_t(1 + rng.below(0x3ffu)));
         } else {  // wide spread within a column: exponents of q over [-24, 15]
-          q = host_f32_from_f16(host_f16_from_f32(
+          q = half_bits_to_float(float_to_half_bits(
               float(std::ldexp(rng.uniform() + 0.5, int(rng.below(40)) - 24))));
           s = random_f16(rng, 8);
         }
@@ -255,7 +257,7 @@ TEST_CASE("qk_pieces: fp16 pieces of q * s_k reconstruct the column dot within t
       x[ch] = exact_product(0x1.0p-24f, (ch % 3 ? 1 : -1) * 0x1.0p-24f);
     CHECK(check_column(code, x, subnormal) == 0.0);
     for (size_t ch = 0; ch < D; ++ch)  // every code position, alternating codes
-      code[ch] = uint32_t(ch % 4), x[ch] = exact_product(host_f32_from_f16(uint16_t(0x3c01u + ch)), 0x1.8p-20f);
+      code[ch] = uint32_t(ch % 4), x[ch] = exact_product(half_bits_to_float(uint16_t(0x3c01u + ch)), 0x1.8p-20f);
     CHECK(check_column(code, x, subnormal) == 0.0);
     }
   }
