@@ -45,6 +45,17 @@
  * detail of the last failure is in minikv_last_error_message() (per thread) and
  * minikv_cache_last_error() (per handle).
  *
+ * Device faults. CUDA work runs after the call that queued it has returned MINIKV_OK, so a
+ * fault while it runs (an invalid device pointer, an illegal address) is not that call's
+ * status. It surfaces at the next point that asks CUDA: the caller's own synchronization
+ * of the stream (cudaStreamSynchronize, cudaEventSynchronize), or the next minikv call on
+ * that device, which returns MINIKV_ERR_DEVICE with CUDA's text. Such faults are sticky in
+ * CUDA: from then on every CUDA call of the process on that device fails, so every minikv
+ * call there returns MINIKV_ERR_DEVICE, and the contents of the caches on it are lost.
+ * Destroy them (minikv_cache_destroy still frees the host memory) and restart the process
+ * to use the GPU again. To find which call faulted, synchronize after each call while
+ * debugging (or run under compute-sanitizer).
+ *
  * Threading. A handle is not internally synchronized: use it from one thread at a time
  * (any thread). Distinct handles are independent and may be used concurrently.
  *
@@ -105,7 +116,7 @@ extern "C" {
 #define MINIKV_VERSION_COMPATIBLE(loaded) \
   ((loaded) / 10000 == MINIKV_VERSION_MAJOR && (loaded) >= MINIKV_VERSION_NUMBER)
 
-/** CONSTRUCTOR-free query: `major*10000 + minor*100 + patch` of the loaded library.
+/** `major*10000 + minor*100 + patch` of the loaded library, for MINIKV_VERSION_COMPATIBLE.
  *  Never fails; callable from any thread. */
 MINIKV_API uint32_t minikv_version_number(void);
 
@@ -214,7 +225,7 @@ typedef struct minikv_config {
                                      ignoring it */
 } minikv_config;
 
-/** METHOD: fills the first `struct_size` bytes of `*cfg` with the defaults (see the field
+/** Fills the first `struct_size` bytes of `*cfg` with the defaults (see the field
  *  comments; model dimensions are 0 and must be set) and sets cfg->struct_size =
  *  struct_size. Pass sizeof(minikv_config) of *your* header: the library never writes more
  *  than that, so a program built against an older header stays safe when a newer library
@@ -290,17 +301,21 @@ typedef struct minikv_cache minikv_cache;
 MINIKV_API minikv_status minikv_cache_create(const minikv_config *cfg, minikv_cache **out);
 
 /** DESTRUCTOR: frees the pool, the workspaces and the handle. NULL is a no-op. For the CUDA
- *  backend it first waits for work queued by this cache's calls. */
+ *  backend it first waits until the whole device cfg.device_id is idle
+ *  (cudaDeviceSynchronize): not only this cache's work but every stream's, other caches'
+ *  and the caller's own kernels included. It blocks the calling thread that long; keep it
+ *  out of a serving loop. After a device fault (see "Device faults") it frees the host
+ *  memory and returns. */
 MINIKV_API void minikv_cache_destroy(minikv_cache *cache);
 
-/** Detail of the last failure of a call on this handle ("" if none). Unlike
+/** METHOD: detail of the last failure of a call on this handle ("" if none). Unlike
  *  minikv_last_error_message() it does not depend on the calling thread (use it from Go,
  *  whose goroutines move between threads). Owned by the handle, valid until the next
  *  failing call on it. NULL handle → a static message saying so. */
 MINIKV_API const char *minikv_cache_last_error(const minikv_cache *cache);
 
-/** Which backend the cache computes with (AUTO resolved to CPU or CUDA at create), so a
- *  caller knows whether tensors must be host or device memory.
+/** METHOD: which backend the cache computes with (AUTO resolved to CPU or CUDA at
+ *  create), so a caller knows whether tensors must be host or device memory.
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cache or backend). */
 MINIKV_API minikv_status minikv_cache_backend(const minikv_cache *cache, minikv_backend *backend);
 
@@ -368,17 +383,18 @@ MINIKV_API minikv_status minikv_decode(minikv_cache *cache, uint32_t layer, uint
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cache, seq_id >= max_sequences). */
 MINIKV_API minikv_status minikv_sequence_release(minikv_cache *cache, uint32_t seq_id);
 
-/** Positions seen (prompt + appended) and tokens kept in the cache for one sequence and
- *  layer; both 0 for a layer not prefilled. Either output pointer may be NULL.
+/** METHOD: positions seen (prompt + appended) and tokens kept in the cache for one
+ *  sequence and layer; both 0 for a layer not prefilled. Either output pointer may be
+ *  NULL.
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cache, bad seq_id or layer). */
 MINIKV_API minikv_status minikv_sequence_length(const minikv_cache *cache, uint32_t seq_id,
                                                 uint32_t layer, uint64_t *tokens_seen,
                                                 uint64_t *tokens_cached);
 
-/** Which prompt positions (0-based, ascending) KV head `kv_head` of `layer` kept for
- *  `seq_id`. Writes min(capacity, total) positions to host array `positions` (may be NULL
- *  when capacity is 0) and always sets *count to the total, so capacity 0 asks for the
- *  size. For CUDA this call synchronizes with the device (it is meant for tests,
+/** METHOD: which prompt positions (0-based, ascending) KV head `kv_head` of `layer` kept
+ *  for `seq_id`. Writes min(capacity, total) positions to host array `positions` (may be
+ *  NULL when capacity is 0) and always sets *count to the total, so capacity 0 asks for
+ *  the size. For CUDA this call synchronizes with the device (it is meant for tests,
  *  debugging and research).
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not
  *          prefilled); MINIKV_ERR_DEVICE. */
@@ -402,8 +418,9 @@ typedef struct minikv_memory_stats {
   double compression_ratio;       /**< 1 - used_bytes / fp16_equivalent_bytes; 0 when empty */
 } minikv_memory_stats;
 
-/** Fills `out` (which the caller prepares with out->struct_size = sizeof(*out); the library
- *  writes only the fields that size covers). Exact, computed from host bookkeeping.
+/** METHOD: fills `out` (which the caller prepares with out->struct_size = sizeof(*out);
+ *  the library writes only the fields that size covers). Exact, computed from host
+ *  bookkeeping.
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL); MINIKV_ERR_VERSION_MISMATCH
  *          (struct_size below the first version's size). */
 MINIKV_API minikv_status minikv_memory_stats_get(const minikv_cache *cache,

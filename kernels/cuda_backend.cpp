@@ -162,7 +162,8 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
-    // Destroy waits for the work queued by this cache's calls, then frees (DeviceBuffer).
+    // Destroy waits until the whole device is idle (not only this cache's work), then frees
+    // (DeviceBuffer); after a sticky fault the synchronize fails and the frees do too.
     if (cudaSetDevice(device_) == cudaSuccess) (void)cudaDeviceSynchronize();
   }
 

@@ -7,7 +7,7 @@ pub const MINIKV_VERSION_PATCH: u32 = 0;
 pub const MINIKV_VERSION_NUMBER: u32 = 100;
 pub type size_t = core::ffi::c_ulong;
 extern "C" {
-    #[doc = " CONSTRUCTOR-free query: `major*10000 + minor*100 + patch` of the loaded library."]
+    #[doc = " `major*10000 + minor*100 + patch` of the loaded library, for MINIKV_VERSION_COMPATIBLE."]
     #[doc = "  Never fails; callable from any thread."]
     pub fn minikv_version_number() -> u32;
 }
@@ -531,7 +531,7 @@ fn bindgen_test_layout_minikv_config() {
     test_field_reserved_v2_();
 }
 extern "C" {
-    #[doc = " METHOD: fills the first `struct_size` bytes of `*cfg` with the defaults (see the field"]
+    #[doc = " Fills the first `struct_size` bytes of `*cfg` with the defaults (see the field"]
     #[doc = "  comments; model dimensions are 0 and must be set) and sets cfg->struct_size ="]
     #[doc = "  struct_size. Pass sizeof(minikv_config) of *your* header: the library never writes more"]
     #[doc = "  than that, so a program built against an older header stays safe when a newer library"]
@@ -622,19 +622,23 @@ extern "C" {
 }
 extern "C" {
     #[doc = " DESTRUCTOR: frees the pool, the workspaces and the handle. NULL is a no-op. For the CUDA"]
-    #[doc = "  backend it first waits for work queued by this cache's calls."]
+    #[doc = "  backend it first waits until the whole device cfg.device_id is idle"]
+    #[doc = "  (cudaDeviceSynchronize): not only this cache's work but every stream's, other caches'"]
+    #[doc = "  and the caller's own kernels included. It blocks the calling thread that long; keep it"]
+    #[doc = "  out of a serving loop. After a device fault (see \"Device faults\") it frees the host"]
+    #[doc = "  memory and returns."]
     pub fn minikv_cache_destroy(cache: *mut minikv_cache);
 }
 extern "C" {
-    #[doc = " Detail of the last failure of a call on this handle (\"\" if none). Unlike"]
+    #[doc = " METHOD: detail of the last failure of a call on this handle (\"\" if none). Unlike"]
     #[doc = "  minikv_last_error_message() it does not depend on the calling thread (use it from Go,"]
     #[doc = "  whose goroutines move between threads). Owned by the handle, valid until the next"]
     #[doc = "  failing call on it. NULL handle → a static message saying so."]
     pub fn minikv_cache_last_error(cache: *const minikv_cache) -> *const core::ffi::c_char;
 }
 extern "C" {
-    #[doc = " Which backend the cache computes with (AUTO resolved to CPU or CUDA at create), so a"]
-    #[doc = "  caller knows whether tensors must be host or device memory."]
+    #[doc = " METHOD: which backend the cache computes with (AUTO resolved to CPU or CUDA at"]
+    #[doc = "  create), so a caller knows whether tensors must be host or device memory."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cache or backend)."]
     pub fn minikv_cache_backend(
         cache: *const minikv_cache,
@@ -726,8 +730,9 @@ extern "C" {
     pub fn minikv_sequence_release(cache: *mut minikv_cache, seq_id: u32) -> minikv_status;
 }
 extern "C" {
-    #[doc = " Positions seen (prompt + appended) and tokens kept in the cache for one sequence and"]
-    #[doc = "  layer; both 0 for a layer not prefilled. Either output pointer may be NULL."]
+    #[doc = " METHOD: positions seen (prompt + appended) and tokens kept in the cache for one"]
+    #[doc = "  sequence and layer; both 0 for a layer not prefilled. Either output pointer may be"]
+    #[doc = "  NULL."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cache, bad seq_id or layer)."]
     pub fn minikv_sequence_length(
         cache: *const minikv_cache,
@@ -738,10 +743,10 @@ extern "C" {
     ) -> minikv_status;
 }
 extern "C" {
-    #[doc = " Which prompt positions (0-based, ascending) KV head `kv_head` of `layer` kept for"]
-    #[doc = "  `seq_id`. Writes min(capacity, total) positions to host array `positions` (may be NULL"]
-    #[doc = "  when capacity is 0) and always sets *count to the total, so capacity 0 asks for the"]
-    #[doc = "  size. For CUDA this call synchronizes with the device (it is meant for tests,"]
+    #[doc = " METHOD: which prompt positions (0-based, ascending) KV head `kv_head` of `layer` kept"]
+    #[doc = "  for `seq_id`. Writes min(capacity, total) positions to host array `positions` (may be"]
+    #[doc = "  NULL when capacity is 0) and always sets *count to the total, so capacity 0 asks for"]
+    #[doc = "  the size. For CUDA this call synchronizes with the device (it is meant for tests,"]
     #[doc = "  debugging and research)."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not"]
     #[doc = "          prefilled); MINIKV_ERR_DEVICE."]
@@ -927,8 +932,9 @@ fn bindgen_test_layout_minikv_memory_stats() {
     test_field_compression_ratio();
 }
 extern "C" {
-    #[doc = " Fills `out` (which the caller prepares with out->struct_size = sizeof(*out); the library"]
-    #[doc = "  writes only the fields that size covers). Exact, computed from host bookkeeping."]
+    #[doc = " METHOD: fills `out` (which the caller prepares with out->struct_size = sizeof(*out);"]
+    #[doc = "  the library writes only the fields that size covers). Exact, computed from host"]
+    #[doc = "  bookkeeping."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL); MINIKV_ERR_VERSION_MISMATCH"]
     #[doc = "          (struct_size below the first version's size)."]
     pub fn minikv_memory_stats_get(
