@@ -1,28 +1,46 @@
 #!/usr/bin/env bash
-# Nsight Compute profiles of the hot kernels, on the GPU machine: decode fast path at B=8
-# L=32K (GQA-4 and MHA), the generic decode kernel (4-bit keys, 2-bit values, G=32; MHA and
-# GQA-8) and the prefill forward + score kernels at L=32K MHA, fp16. Builds the library (sm_90a) unless MINIKV_LIBRARY names one; writes
-# <name>.txt (the details page, then the warp-stall breakdown per issued instruction) to
-# $OUT/ncu, and <name>.ncu-rep when NCU_KEEP_REPORTS=1.
+# bench/ncu.sh — Nsight Compute profiles of the hot kernels, on the GPU machine: decode fast
+# path at B=8 L=32K (GQA-4 and MHA), the generic decode kernel (4-bit keys, 2-bit values,
+# G=32; MHA and GQA-8) and the prefill forward + score kernels at L=32K MHA, fp16. Builds the
+# library unless MINIKV_LIBRARY names one; writes <name>.txt (the details page, then the
+# warp-stall breakdown per issued instruction) to $OUT/ncu, and <name>.ncu-rep when
+# NCU_KEEP_REPORTS=1.
 #
-#   bench/ncu.sh [build-dir] [name...]   (default build-ncu; names: decode-gqa4 decode-mha
-#                                         generic-mha generic-gqa8 prefill-mha; default all)
+#   bench/ncu.sh [name...]   names: decode-gqa4 decode-mha generic-mha generic-gqa8
+#                            prefill-mha (default: all)
+# Environment (all optional):
+#   MINIKV_BUILD_DIR   build directory                 (build-ncu in the repository)
+#   MINIKV_LIBRARY     a built libminikv.so: no build
+#   MINIKV_CUDA_ARCHITECTURES  CMAKE_CUDA_ARCHITECTURES (90a)
+#   MINIKV_JOBS        parallel build jobs             (nproc)
+#   OUT                where ncu/ goes                 (the build directory)
+#   NCU_KEEP_REPORTS   1 keeps the .ncu-rep files
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${1:-$root/build-ncu}
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
+help_if_asked "$@"
+no_positional_build_dir "$@"
+renamed_setting MINIKV_CUDA_ARCHS MINIKV_CUDA_ARCHITECTURES
+names="decode-gqa4 decode-mha generic-mha generic-gqa8 prefill-mha"
+for n in "$@"; do
+  [[ " $names " == *" $n "* ]] || die "unknown profile '$n' (one of: $names)"
+done
+root=$MINIKV_ROOT
+build=${MINIKV_BUILD_DIR:-$root/build-ncu}
 out=${OUT:-$build}/ncu
 mkdir -p "$out"
 export PATH=$PATH:/usr/local/cuda/bin
 if [ -z "${MINIKV_LIBRARY:-}" ]; then
   { cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIKV_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES="${MINIKV_CUDA_ARCHS:-90a}" -DMINIKV_TESTS=OFF -DMINIKV_EXAMPLES=OFF &&
-    ninja -C "$build" minikv; } >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+      -DCMAKE_CUDA_ARCHITECTURES="${MINIKV_CUDA_ARCHITECTURES:-90a}" -DMINIKV_TESTS=OFF \
+      -DMINIKV_EXAMPLES=OFF &&
+    ninja -C "$build" -j "${MINIKV_JOBS:-$(nproc)}" minikv; } >"$out/build.log" 2>&1 ||
+    { tail -30 "$out/build.log"; exit 1; }
   export MINIKV_LIBRARY=$build/libminikv.so
 fi
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 drv="python3 $root/bench/ncu_driver.py"
-shift || true
-wanted=" ${*:-decode-gqa4 decode-mha generic-mha generic-gqa8 prefill-mha} "
+wanted=" ${*:-$names} "
 profile() {  # profile <name> <kernel regex> <launches to skip> <count> <driver args...>
   local name=$1 regex=$2 skip=$3 count=$4
   shift 4

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds and checks the Rust bindings against a CPU build of libminikv (what CI runs):
-#   1. installs Debian's bindgen and pkg-config when missing;
-#   2. builds libminikv (CPU only) into $BUILD (default build-rust) and installs it into
-#      $BUILD/install (for the pkg-config route);
+#   1. installs Debian's bindgen and pkg-config (and cmake, ninja) when missing;
+#   2. builds libminikv (CPU only) into the build directory and installs it into
+#      <build>/install (for the pkg-config route);
 #   3. regenerates bindings/rust/minikv-sys/src/bindings.rs and fails if it differs from
 #      the committed file;
 #   4. with MINIKV_LIB_DIR and LD_LIBRARY_PATH set: cargo test, clippy (-D warnings),
@@ -11,33 +11,32 @@
 #      then a consumer crate outside the source tree (tests/consumers/rust) the same way,
 #      run with the rpath it was linked with, and checks that the build fails with a clear
 #      message when neither route finds the library.
-# Cargo output goes to $BUILD/cargo (CARGO_TARGET_DIR), nothing into the source tree.
+# Cargo output goes to <build>/cargo (CARGO_TARGET_DIR), nothing into the source tree.
 #
-#   scripts/bindings-rust.sh            # BUILD=build-rust JOBS=2 by default
+# Environment (all optional):
+#   MINIKV_BUILD_DIR  build directory        (build-rust in the repository)
+#   MINIKV_JOBS       parallel build jobs    (nproc)
+#   CI=true           a missing Rust toolchain fails instead of skipping
 set -euo pipefail
-
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${BUILD:-$root/build-rust}"
-jobs="${JOBS:-2}"
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+help_if_asked "$@"
+no_arguments "$@"
+root=$MINIKV_ROOT
+build="${MINIKV_BUILD_DIR:-$root/build-rust}"
+jobs="${MINIKV_JOBS:-$(nproc)}"
 sys="$root/bindings/rust/minikv-sys"
 safe="$root/bindings/rust/minikv"
 example="$root/examples/rust"
-step() { printf '\n== %s\n' "$*"; }
 
 step "tools"
-missing=()
-command -v bindgen >/dev/null 2>&1 || missing+=(bindgen)
-command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
-if ((${#missing[@]})); then
-  sudo_=""; [[ $(id -u) -eq 0 ]] || sudo_="sudo"
-  $sudo_ apt-get install -y --no-install-recommends "${missing[@]}"
-fi
+install_packages bindgen pkg-config cmake ninja-build
 # The crates' rust-version (Cargo.toml) is the oldest Rust they build with. Debian 12's own
 # rustc is 1.63, so the toolchain comes from the machine (rustup); CI machines have one.
 # Without it, a developer machine skips the Rust checks with this note, while CI (CI=true)
 # fails.
 need=$(sed -n 's/^rust-version = "1\.\([0-9]*\)"$/\1/p' "$safe/Cargo.toml")
-[[ "$need" =~ ^[0-9]+$ ]] || { echo "no rust-version = \"1.N\" in $safe/Cargo.toml" >&2; exit 1; }
+[[ "$need" =~ ^[0-9]+$ ]] || die "no rust-version = \"1.N\" in $safe/Cargo.toml"
 rust_ok=0
 if command -v cargo >/dev/null 2>&1 && command -v rustc >/dev/null 2>&1; then
   minor=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+).*/\1/')
@@ -45,8 +44,8 @@ if command -v cargo >/dev/null 2>&1 && command -v rustc >/dev/null 2>&1; then
 fi
 if ((rust_ok == 0)); then
   msg="Rust bindings: no Rust >= 1.$need toolchain (cargo + rustc) on PATH; install one with rustup"
-  if [[ "${CI:-}" == true ]]; then echo "$msg" >&2; exit 1; fi
-  echo "== $msg: Rust checks skipped"
+  [[ "${CI:-}" == true ]] && die "$msg"
+  note "$msg: Rust checks skipped"
   exit 0
 fi
 cargo --version; bindgen --version; pkg-config --version
@@ -63,10 +62,9 @@ step "bindgen output is up to date"
 fresh="$build/bindings.rs"
 "$sys/update_bindings.sh" "$fresh"
 if ! diff -u "$sys/src/bindings.rs" "$fresh"; then
-  echo "bindings/rust/minikv-sys/src/bindings.rs is stale: run bindings/rust/minikv-sys/update_bindings.sh and commit it" >&2
-  exit 1
+  die "bindings/rust/minikv-sys/src/bindings.rs is stale: run bindings/rust/minikv-sys/update_bindings.sh and commit it"
 fi
-echo "bindings.rs matches include/minikv.h"
+note "bindings.rs matches include/minikv.h"
 
 export CARGO_TARGET_DIR="$build/cargo"
 export CARGO_TERM_COLOR=never
@@ -86,9 +84,9 @@ for crate in "$sys" "$safe" "$example"; do
       RUSTDOCFLAGS="-D warnings" cargo doc --offline --no-deps --quiet
     fi
     if ((have_clippy)); then cargo clippy --offline --all-targets --quiet -- -D warnings
-    else echo "clippy not installed: skipped"; fi
+    else note "clippy not installed: skipped"; fi
     if ((have_fmt)); then cargo fmt --check
-    else echo "rustfmt not installed: skipped"; fi
+    else note "rustfmt not installed: skipped"; fi
   )
 done
 
@@ -125,10 +123,10 @@ step "no library found: a clear build error"
   unset MINIKV_LIB_DIR
   export MINIKV_NO_PKG_CONFIG=1
   if log="$(cargo build --offline 2>&1)"; then
-    echo "minikv-sys built without any way to find libminikv" >&2; exit 1
+    die "minikv-sys built without any way to find libminikv"
   fi
-  grep -q "cannot find libminikv" <<<"$log" || { echo "$log" >&2; exit 1; }
-  echo "ok: $(grep -m1 'cannot find libminikv' <<<"$log" | sed 's/^ *//')"
+  grep -q "cannot find libminikv" <<<"$log" || die "no clear message: $log"
+  note "ok: $(grep -m1 'cannot find libminikv' <<<"$log" | sed 's/^ *//')"
 )
 
 step "Rust bindings: all checks passed"

@@ -3,8 +3,8 @@
 # runs them:
 #   1. installs Debian's swig, golang-go, default-jdk, junit5 (and pkg-config, cmake, ninja)
 #      when missing;
-#   2. builds libminikv (CPU only) into $BUILD (default build-swig) and installs it into
-#      $BUILD/prefix (the binding finds it through that prefix's minikv.pc);
+#   2. builds libminikv (CPU only) into the build directory and installs it into
+#      <build>/prefix (the binding finds it through that prefix's minikv.pc);
 #   3. regenerates the committed SWIG output of the Go binding (bindings/go/internal/capi:
 #      capi.go, capi_wrap.c) with its own `go generate` directives, and fails if it differs;
 #      checks that no generated Java is committed (CMake generates it at build time);
@@ -17,14 +17,17 @@
 #      program against the installed jar and JNI library (tests/consumers/java).
 # Exits non-zero on the first failure. Nothing is written into the source tree.
 #
-#   scripts/bindings-swig.sh            # BUILD=build-swig JOBS=2 by default
+# Environment (all optional):
+#   MINIKV_BUILD_DIR  build directory        (build-swig in the repository)
+#   MINIKV_JOBS       parallel build jobs    (nproc)
 set -euo pipefail
-
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/common.sh
-source "$root/scripts/common.sh" # step, note, die, install_packages
-build="${BUILD:-$root/build-swig}"
-jobs="${JOBS:-2}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+help_if_asked "$@"
+no_arguments "$@"
+root=$MINIKV_ROOT
+build="${MINIKV_BUILD_DIR:-$root/build-swig}"
+jobs="${MINIKV_JOBS:-$(nproc)}"
 prefix="$build/prefix"
 
 step "tools"

@@ -13,19 +13,41 @@
 
 MINIKV_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-# Prints the calling script's header comment (after the shebang, up to the first line that
-# is not a comment) and exits 0 when the first argument is --help or -h.
+# Prints the header comment of script $1 (after the shebang, up to the first line that is
+# not a comment).
+script_header() {
+  sed -n '2,/^[^#]/{/^#/{s/^# \{0,1\}//;p}}' "$1"
+}
+
+# When the first argument is --help or -h: prints the calling script's header and exits 0.
 help_if_asked() {
   case "${1:-}" in
-    -h|--help)
-      sed -n '2,/^[^#]/{/^#/{s/^# \{0,1\}//;p}}' "${BASH_SOURCE[1]}"
-      exit 0 ;;
+    -h|--help) script_header "${BASH_SOURCE[1]}"; exit 0 ;;
   esac
 }
 
 step() { printf '\n==> %s\n' "$*"; }
 note() { printf '    %s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# The build directory is MINIKV_BUILD_DIR in every script: stops, saying so, when the first
+# argument names a directory (some scripts took it as their first argument).
+no_positional_build_dir() {
+  if [ $# -gt 0 ] && [ "${1#-}" = "$1" ] && { [ -d "$1" ] || [[ "$1" == */* ]]; }; then
+    die "the build directory is a setting now: MINIKV_BUILD_DIR=$1 $(basename "${BASH_SOURCE[1]}") (see --help)"
+  fi
+}
+
+# For scripts that take no arguments (their settings are environment variables): stops on
+# any argument instead of ignoring it.
+no_arguments() {
+  [ $# -eq 0 ] || die "$(basename "${BASH_SOURCE[1]}") takes no arguments, got '$*' (settings are environment variables: see --help)"
+}
+
+# Stops when a setting is given under its former name $1 (now $2).
+renamed_setting() {
+  [ -z "${!1:-}" ] || die "$1 is now $2 (the same name in every script): set $2=${!1}"
+}
 
 # Installs the Debian packages among "$@" that are not installed yet (nothing when all are).
 # Root runs apt-get itself; others go through sudo.

@@ -16,6 +16,8 @@
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+help_if_asked "$@"
+no_arguments "$@"
 
 MODELS=${MINIKV_MODELS_DIR:-$MINIKV_ROOT/.models}
 SMOLLM_VERSION=0.1.2

@@ -1,29 +1,37 @@
 #!/usr/bin/env bash
-# The whole GPU check in one go, on a machine with an sm_80+ NVIDIA GPU (made for an H200):
+# scripts/gpu-check.sh — the whole GPU check in one go, on a machine with an sm_80+ NVIDIA
+# GPU (made for an H200):
 #   1. configure libminikv with the CUDA backend (sm_90a by default) and build it, its tests
 #      and the C demo with ninja;
 #   2. run the GPU test suite (ctest -L gpu);
 #   3. run the C demo on the GPU;
 #   4. run compute-sanitizer memcheck and racecheck on every GPU test binary.
-# Logs and a summary go to $OUT (default <build>/gpu-check): build.log, ctest.log,
-# demo.log, memcheck.log, racecheck.log, summary.txt. Exit status 0 only if every step passed.
+# Logs and a summary go to $OUT: build.log, ctest.log, demo.log, memcheck.log,
+# racecheck.log, summary.txt. Exit status 0 only if every step passed.
 #
-#   scripts/gpu-check.sh [build-dir]          (default: build-gpu-check)
-# Environment:
-#   MINIKV_CUDA_ARCHS  CMAKE_CUDA_ARCHITECTURES (default 90a; "80;90a-real" for A100 + H100)
+# Environment (all optional):
+#   MINIKV_BUILD_DIR   build directory             (build-gpu-check in the repository)
+#   MINIKV_CUDA_ARCHITECTURES  CMAKE_CUDA_ARCHITECTURES (90a; "80;90a-real" for A100 + H100)
+#   MINIKV_JOBS        parallel build jobs         (nproc)
+#   OUT                logs and summary            (<build>/gpu-check)
 #   GPU_CHECK_SANITIZE 0 skips step 4; a list ("memcheck") runs only those tools (default 1:
 #                      memcheck racecheck)
 #   GPU_CHECK_SANITIZER_TIMEOUT seconds per sanitizer run (default 300)
-#   JOBS               ninja -j (default: all cores)
 #   MINIKV_COMMIT      commit label for the summary when .git is absent
 # doctest: Debian's doctest-dev, or the header copied to .deps/include/doctest/doctest.h.
 set -uo pipefail
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+help_if_asked "$@"
+no_positional_build_dir "$@"
+no_arguments "$@"
+renamed_setting MINIKV_CUDA_ARCHS MINIKV_CUDA_ARCHITECTURES
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${1:-$root/build-gpu-check}
+root=$MINIKV_ROOT
+build=${MINIKV_BUILD_DIR:-$root/build-gpu-check}
 out=${OUT:-$build/gpu-check}
-archs=${MINIKV_CUDA_ARCHS:-90a}
-jobs=${JOBS:-$(nproc)}
+archs=${MINIKV_CUDA_ARCHITECTURES:-90a}
+jobs=${MINIKV_JOBS:-$(nproc)}
 sanitize=${GPU_CHECK_SANITIZE:-1}
 san_timeout=${GPU_CHECK_SANITIZER_TIMEOUT:-300}
 mkdir -p "$out"
@@ -31,7 +39,7 @@ summary=$out/summary.txt
 : >"$summary"
 failed=0
 say() { echo "$*" | tee -a "$summary"; }
-step() {  # step <name> <status>
+record() {  # record <name> <status>
   if [ "$2" -eq 0 ]; then say "PASS  $1"; else say "FAIL  $1 (exit $2)"; failed=1; fi
 }
 
@@ -54,7 +62,7 @@ t0=$(date +%s)
     ninja -C "$build" -j "$jobs" $targets
 } >"$out/build.log" 2>&1
 rc=$?
-step "build ($(($(date +%s) - t0)) s)" $rc
+record "build ($(($(date +%s) - t0)) s)" $rc
 if [ $rc -ne 0 ]; then
   tail -40 "$out/build.log"
   exit 1
@@ -64,7 +72,7 @@ fi
 t0=$(date +%s)
 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 900 >"$out/ctest.log" 2>&1
 rc=$?
-step "ctest -L gpu ($(($(date +%s) - t0)) s): $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)" $rc
+record "ctest -L gpu ($(($(date +%s) - t0)) s): $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)" $rc
 [ $rc -ne 0 ] && grep -E "ERROR|FAILED|failed|error:" "$out/ctest.log" | head -40
 mapfile -t bins < <(find "$build/tests" -maxdepth 1 -type f -name 'gpu_test_*' -perm -u+x | sort)
 # Per-binary doctest totals (ctest runs one executable per test file without discovery).
@@ -73,10 +81,10 @@ for b in "${bins[@]}"; do
 done
 
 # ---- 3. the C demo on the GPU --------------------------------------------------------
-if [ -x "$build/examples/minikv_demo" ]; then
-  "$build/examples/minikv_demo" --backend cuda >"$out/demo.log" 2>&1
+if [ -x "$build/tools/minikv_demo" ]; then
+  "$build/tools/minikv_demo" --backend cuda >"$out/demo.log" 2>&1
   rc=$?
-  step "C demo --backend cuda: $(tail -1 "$out/demo.log")" $rc
+  record "C demo --backend cuda: $(tail -1 "$out/demo.log")" $rc
 fi
 
 # ---- 4. compute-sanitizer --------------------------------------------------------------
@@ -96,7 +104,7 @@ if [ "$sanitize" != 0 ]; then
       timeout "$san_timeout" "$san" --tool $tool --error-exitcode 99 "$b" "${args[@]}" >>"$out/$tool.log" 2>&1
       rc=$?
       summary_line=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$tool.log" | tail -1)
-      step "$tool $(basename "$b") ($(($(date +%s) - t0)) s): ${summary_line:-no summary}$([ $rc -eq 124 ] && echo ' TIMEOUT')" $rc
+      record "$tool $(basename "$b") ($(($(date +%s) - t0)) s): ${summary_line:-no summary}$([ $rc -eq 124 ] && echo ' TIMEOUT')" $rc
     done
   done
 fi

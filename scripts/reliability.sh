@@ -23,6 +23,7 @@
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+help_if_asked "$@"
 cd "$MINIKV_ROOT"
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}

@@ -32,7 +32,7 @@ set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 help_if_asked "$@"
-[ $# -eq 0 ] || die "scripts/test.sh takes no arguments (settings are environment variables: --help)"
+no_arguments "$@"
 cd "$MINIKV_ROOT"
 
 BUILD=${MINIKV_BUILD_DIR:-$MINIKV_ROOT/build-test}
@@ -151,13 +151,13 @@ if [ -n "$PY" ] && [ "${MINIKV_SKIP_HF:-0}" != 1 ]; then
 fi
 
 # Go + Java (SWIG) and Rust (bindgen): each script installs its toolchain from Debian, builds
-# its own CPU libminikv, regenerates the committed generated code and fails on a diff, then
-# runs the binding's tests and example. MINIKV_SKIP_BINDINGS=1 skips them.
+# its own CPU libminikv (under this build directory), regenerates the committed generated
+# code and fails on a diff, then runs the binding's tests, example and consumer project.
+# MINIKV_SKIP_BINDINGS=1 skips them.
 if [ "${MINIKV_SKIP_BINDINGS:-0}" != 1 ]; then
-  for s in scripts/bindings-swig.sh scripts/bindings-rust.sh; do
-    [ -f "$s" ] || continue
-    step "$s"
-    bash "$s"
+  for lang in swig rust; do
+    step "scripts/bindings-$lang.sh"
+    MINIKV_BUILD_DIR="$BUILD/bindings-$lang" bash "scripts/bindings-$lang.sh"
   done
 fi
 
@@ -168,11 +168,14 @@ if [ "${MINIKV_SKIP_RELIABILITY:-0}" != 1 ] && [ -f scripts/reliability.sh ]; th
   bash scripts/reliability.sh
 fi
 
+step "C example (examples/c/decode_loop.c)"
+"$BUILD/examples/decode_loop"
+
 step "demo (small run)"
 backend=cpu
 [ "$CUDA_STATE" = ON ] && backend=auto  # the CUDA build's demo picks the GPU when there is one
-"$BUILD/examples/minikv_demo" --backend "$backend" --layers 3 --prompt 600 --gen 40 --every 10
-"$BUILD/examples/minikv_demo" --backend "$backend" --layers 2 --heads 4 --kv-heads 4 --prompt 300 \
+"$BUILD/tools/minikv_demo" --backend "$backend" --layers 3 --prompt 600 --gen 40 --every 10
+"$BUILD/tools/minikv_demo" --backend "$backend" --layers 2 --heads 4 --kv-heads 4 --prompt 300 \
   --gen 140 --batch 2 --dtype bf16 --mode window --policy uniform --group 32 --residual 64 --every 35
 
 step "scripts/test.sh: all passed in $((SECONDS - start)) s"

@@ -9,6 +9,9 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
+# shellcheck source=scripts/common.sh
+source "$root/scripts/common.sh"
+help_if_asked "$@"
 out="${1:-$here/src/bindings.rs}"
 
 command -v bindgen >/dev/null 2>&1 ||

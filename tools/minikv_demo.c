@@ -23,7 +23,9 @@
  * errors shown are per-layer attention errors, not end-to-end model errors.
  *
  * Only the public header is used. Build: it is the `minikv_demo` target of the project
- * (examples/CMakeLists.txt); run `minikv_demo --help` for the flags.
+ * (tools/CMakeLists.txt, with -DMINIKV_EXAMPLES=ON); run `minikv_demo --help` for the
+ * flags. docs/demo.md explains its output. For the calls an engine makes, read
+ * examples/c/decode_loop.c first.
  */
 #define _POSIX_C_SOURCE 200112L /* clock_gettime */
 
@@ -687,7 +689,7 @@ int main(int argc, char **argv) {
   options o;
   parse_options(argc, argv, &o);
 
-  if (minikv_version_number() != MINIKV_VERSION_NUMBER) {
+  if (!MINIKV_VERSION_COMPATIBLE(minikv_version_number())) {
     fprintf(stderr, "minikv_demo: compiled against libminikv %d.%d.%d but loaded %s\n",
             MINIKV_VERSION_MAJOR, MINIKV_VERSION_MINOR, MINIKV_VERSION_PATCH,
             minikv_version_string());
