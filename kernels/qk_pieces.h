@@ -28,7 +28,7 @@
 // still never rounded to 16 bits. The 2^-63 floor is the prescale's clamp (k ≤ 77): a bf16
 // column whose every |x| < 2^-63 is off by at most 3 · D · 2^-96 in absolute terms.
 //
-// Why not bf16 pieces for bf16 data (v2.2): the codes must then be built as bf16 integers
+// Why not bf16 pieces for bf16 data: the codes must then be built as bf16 integers
 // (LOP3 + HFMA2 per code pair, the subnormal trick needs B scaled by ~2^120); fp16 data needed
 // 3 bf16 pieces of its 22-bit products (1.5× the mma.sync).
 #pragma once

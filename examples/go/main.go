@@ -74,7 +74,8 @@ func main() {
 	}
 	defer cache.Close() // minikv_cache_destroy
 
-	if err := cache.Prefill16(0, seqIDs, cu, f16(q), f16(k), f16(v), make([]uint16, len(q))); err != nil {
+	if err := cache.Prefill16(0, seqIDs, cu, minikv.F16BitsSlice(q), minikv.F16BitsSlice(k),
+		minikv.F16BitsSlice(v), make([]uint16, len(q))); err != nil {
 		log.Fatal(err)
 	}
 	q1 := make([]float32, 2*heads*headDim)
@@ -86,7 +87,7 @@ func main() {
 			keyValue(k1, v1, s, false)
 			query(q1, s)
 		}
-		if err := cache.Append16(0, seqIDs, f16(k1), f16(v1)); err != nil {
+		if err := cache.Append16(0, seqIDs, minikv.F16BitsSlice(k1), minikv.F16BitsSlice(v1)); err != nil {
 			log.Fatal(err)
 		}
 		for s := 0; s < 2; s++ {
@@ -94,7 +95,7 @@ func main() {
 			keys[s] = append(keys[s], k1[r:r+kvHeads*headDim]...)
 			vals[s] = append(vals[s], v1[r:r+kvHeads*headDim]...)
 		}
-		if err := cache.Decode16(0, seqIDs, f16(q1), out); err != nil {
+		if err := cache.Decode16(0, seqIDs, minikv.F16BitsSlice(q1), out); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -146,14 +147,6 @@ func keyValue(k, v []float32, t int, important bool) {
 }
 
 func round(x float64) float32 { return minikv.F16Float(minikv.F16Bits(float32(x))) }
-
-func f16(a []float32) []uint16 {
-	b := make([]uint16, len(a))
-	for i, x := range a {
-		b[i] = minikv.F16Bits(x)
-	}
-	return b
-}
 
 // attend is exact float64 attention of one token's query over all rows of keys/vals.
 func attend(q, keys, vals []float32) []float64 {

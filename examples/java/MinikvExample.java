@@ -59,7 +59,8 @@ public final class MinikvExample {
     }
 
     try (KvCache cache = new KvCache(cfg)) {
-      cache.prefill(0, seqs, cu, f16(q), f16(k), f16(v), new short[total * H * D]);
+      cache.prefill(0, seqs, cu, Half.f16Bits(q), Half.f16Bits(k), Half.f16Bits(v),
+          new short[total * H * D]);
       float[] q1 = new float[2 * H * D];
       short[] out = new short[2 * H * D];
       for (int step = 0; step < STEPS; step++) {
@@ -68,12 +69,12 @@ public final class MinikvExample {
           keyValue(k1, v1, s, false);
           query(q1, s);
         }
-        cache.append(0, seqs, f16(k1), f16(v1));
+        cache.append(0, seqs, Half.f16Bits(k1), Half.f16Bits(v1));
         for (int s = 0; s < 2; s++) {
           System.arraycopy(k1, s * HKV * D, keys[s], (lens[s] + step) * HKV * D, HKV * D);
           System.arraycopy(v1, s * HKV * D, vals[s], (lens[s] + step) * HKV * D, HKV * D);
         }
-        cache.decode(0, seqs, f16(q1), out);
+        cache.decode(0, seqs, Half.f16Bits(q1), out);
       }
 
       MemoryStats st = cache.memoryStats();
@@ -91,7 +92,7 @@ public final class MinikvExample {
             s, Math.sqrt(err / norm));
       }
       try {
-        cache.decode(0, new int[] {7}, f16(new float[H * D]), new short[H * D]);
+        cache.decode(0, new int[] {7}, Half.f16Bits(new float[H * D]), new short[H * D]);
       } catch (MinikvException e) {
         System.out.println("a bad call throws: " + e.status() + " (" + e.getMessage() + ")");
       }
@@ -121,14 +122,6 @@ public final class MinikvExample {
 
   static float round(float x) {
     return Half.f16Float(Half.f16Bits(x));
-  }
-
-  static short[] f16(float[] a) {
-    short[] b = new short[a.length];
-    for (int i = 0; i < a.length; i++) {
-      b[i] = Half.f16Bits(a[i]);
-    }
-    return b;
   }
 
   /** Exact float64 attention of sequence s's query over its first n tokens. */
