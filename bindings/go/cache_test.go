@@ -883,7 +883,7 @@ func TestEnumNames(t *testing.T) {
 	}
 	cfg := minikv.DefaultConfig()
 	cfg.Backend = minikv.BackendCPU
-	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = 1, 2, 1, 16
+	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = 1, 2, 1, 32
 	cache, err := minikv.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -920,7 +920,7 @@ func TestBulkHalfConversions(t *testing.T) {
 	for _, dtype := range []minikv.Dtype{minikv.DtypeF16, minikv.DtypeBF16} {
 		cfg := minikv.DefaultConfig()
 		cfg.Backend, cfg.Dtype = minikv.BackendCPU, dtype
-		cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = 1, 2, 1, 16
+		cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = 1, 2, 1, 32
 		cache, err := minikv.New(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -931,7 +931,7 @@ func TestBulkHalfConversions(t *testing.T) {
 			toBits, toFloat = minikv.BF16BitsSlice, minikv.BF16FloatSlice
 		}
 		const tokens = 8
-		q, k, v := make([]float32, tokens*2*16), make([]float32, tokens*16), make([]float32, tokens*16)
+		q, k, v := make([]float32, tokens*2*32), make([]float32, tokens*32), make([]float32, tokens*32)
 		for i := range q {
 			q[i] = float32(rng.NormFloat64())
 		}

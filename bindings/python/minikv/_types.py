@@ -58,7 +58,7 @@ class ScoreMode(_NamedIntEnum):
     WINDOW = 1
 
 
-class Preset(enum.IntEnum):
+class Preset(_NamedIntEnum):
     """Named compression settings (minikv_preset; include/minikv.h documents each)."""
     BALANCED = 0       # the default: 4-bit keys, 2-bit values, G = 32, 4 sinks, uniform
     PAPER = 1          # MiniKV exactly: 2-bit keys and values, G = 16, pyramid, no sinks

@@ -20,10 +20,11 @@ PKG_PARENT = Path(minikv.__file__).resolve().parents[1]
 
 def test_enums_print_as_names():
     with minikv.Cache(minikv.Config(backend="cpu", dtype="f32", num_layers=1, num_heads=2,
-                                    num_kv_heads=1, head_dim=16)) as cache:
+                                    num_kv_heads=1, head_dim=32)) as cache:
         assert str(cache.backend) == "CPU" and f"{cache.backend}" == "CPU"
     assert str(minikv.DType.BF16) == "BF16" and f"{minikv.BudgetPolicy.PYRAMID}" == "PYRAMID"
     assert str(minikv.ScoreMode.WINDOW) == "WINDOW" and str(minikv.Status.BAD_STATE) == "BAD_STATE"
+    assert str(minikv.Preset.EVICTION_ONLY) == "EVICTION_ONLY"
     assert f"{minikv.DType.F32:d}" == "2" and int(minikv.Backend.CUDA) == 2  # still ints
 
 

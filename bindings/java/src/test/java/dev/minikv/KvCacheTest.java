@@ -750,9 +750,9 @@ class KvCacheTest {
     }
     for (Dtype dtype : new Dtype[] {Dtype.F16, Dtype.BF16}) {
       int tokens = 8;
-      float[] q = new float[tokens * 2 * 16];
-      float[] k = new float[tokens * 16];
-      float[] v = new float[tokens * 16];
+      float[] q = new float[tokens * 2 * 32];
+      float[] k = new float[tokens * 32];
+      float[] v = new float[tokens * 32];
       for (int i = 0; i < q.length; i++) {
         q[i] = (float) rng.nextGaussian();
       }
@@ -762,7 +762,7 @@ class KvCacheTest {
       }
       boolean isF16 = dtype == Dtype.F16;
       Config cfg = Config.builder().backend(Backend.CPU).dtype(dtype).numLayers(1).numHeads(2)
-          .numKvHeads(1).headDim(16).build();
+          .numKvHeads(1).headDim(32).build();
       try (KvCache cache = new KvCache(cfg)) {
         short[] out = new short[q.length];
         cache.prefill(0, new int[] {0}, new int[] {0, tokens},
