@@ -252,7 +252,8 @@ MINIKV_API void minikv_config_default(minikv_config *cfg);
  *  codes plus each group's 16-bit scale and minimum, averaged over keys and values; the
  *  16-bit sink and residual tokens come on top. The budget keeps 50% of each prompt
  *  (heavy_ratio = recent_ratio = 0.25), so the cache is about bits / 32 of an fp16 cache.
- *  The README's accuracy section compares them on real models. */
+ *  The README's Configuration section says why BALANCED is the default; measured accuracy
+ *  on a real model is in docs/performance.md. */
 typedef enum minikv_preset {
   MINIKV_PRESET_BALANCED = 0,     /**< the default: 4-bit keys, 2-bit values, G = 32, 4 sinks,
                                        UNIFORM, CUMULATIVE scores: 4 bits per element (~87%
@@ -268,7 +269,7 @@ typedef enum minikv_preset {
                                        CUMULATIVE: H2O-style eviction alone (50% smaller) */
 } minikv_preset;
 
-/** METHOD: sets the compression fields of `*cfg` to a named setting: key_bits, value_bits,
+/** Sets the compression fields of `*cfg` to a named setting: key_bits, value_bits,
  *  group_size, residual_length (128), sink_tokens, heavy_ratio, recent_ratio,
  *  budget_policy, pyramid_depth (7), score_mode, window_size (32) and pool_kernel (7).
  *  Model dimensions, backend, device, dtype and sizes are left as they are, so call it

@@ -54,10 +54,12 @@ int main(void) {
             MINIKV_VERSION_MINOR, MINIKV_VERSION_PATCH, minikv_version_string());
     return 1;
   }
-  /* 1. Create: the defaults are the paper's (2-bit keys and values, groups of 16, 25%
-   *    heavy hitters + 25% recent window); set the model's shape and the capacity. */
+  /* 1. Create: the defaults keep 25% heavy hitters + 25% recent window + 4 sinks of each
+   *    prompt at 4-bit keys and 2-bit values (MINIKV_PRESET_BALANCED); set the model's
+   *    shape and the capacity. */
   minikv_config cfg;
   minikv_config_default(&cfg);
+  /* minikv_config_preset(&cfg, MINIKV_PRESET_PAPER);   the MiniKV paper's exact setting */
   cfg.backend = MINIKV_BACKEND_CPU;
   cfg.dtype = MINIKV_DTYPE_F32;
   cfg.num_layers = LAYERS;
@@ -66,7 +68,6 @@ int main(void) {
   cfg.head_dim = HEAD_DIM;
   cfg.max_sequences = N_SEQS;
   cfg.max_seq_len = 2048;
-  cfg.budget_policy = MINIKV_BUDGET_PYRAMID; /* MiniKV-Pyramid: more budget in lower layers */
   minikv_cache *cache = NULL;
   minikv_status st = minikv_cache_create(&cfg, &cache);
   if (st != MINIKV_OK) return report("minikv_cache_create", st, NULL);
@@ -96,8 +97,9 @@ int main(void) {
     }
   }
 
-  /* 4. What the cache holds: tokens seen vs kept, per sequence (layer 0 keeps the most
-   *    under the pyramid policy), and the memory against an fp16 cache of every token. */
+  /* 4. What the cache holds: tokens seen vs kept, per sequence (layer 0 here; every layer
+   *    keeps the same share under the default UNIFORM budgets), and the memory against an
+   *    fp16 cache of every token. */
   for (uint32_t s = 0; s < N_SEQS; ++s) {
     uint64_t seen = 0, cached = 0;
     minikv_sequence_length(cache, seq_ids[s], 0, &seen, &cached);

@@ -579,11 +579,12 @@ impl minikv_preset {
 #[doc = "  codes plus each group's 16-bit scale and minimum, averaged over keys and values; the"]
 #[doc = "  16-bit sink and residual tokens come on top. The budget keeps 50% of each prompt"]
 #[doc = "  (heavy_ratio = recent_ratio = 0.25), so the cache is about bits / 32 of an fp16 cache."]
-#[doc = "  The README's accuracy section compares them on real models."]
+#[doc = "  The README's Configuration section says why BALANCED is the default; measured accuracy"]
+#[doc = "  on a real model is in docs/performance.md."]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct minikv_preset(pub core::ffi::c_uint);
 extern "C" {
-    #[doc = " METHOD: sets the compression fields of `*cfg` to a named setting: key_bits, value_bits,"]
+    #[doc = " Sets the compression fields of `*cfg` to a named setting: key_bits, value_bits,"]
     #[doc = "  group_size, residual_length (128), sink_tokens, heavy_ratio, recent_ratio,"]
     #[doc = "  budget_policy, pyramid_depth (7), score_mode, window_size (32) and pool_kernel (7)."]
     #[doc = "  Model dimensions, backend, device, dtype and sizes are left as they are, so call it"]
