@@ -137,12 +137,6 @@ template <int B> __device__ __forceinline__ float code_denormal(uint32_t word, u
 template <typename T, int D, int NR, int B>
 __device__ __forceinline__ void key_dots(const uint8_t *row, const float *qv, uint32_t j,
                                          uint32_t lanes, float (&lg)[NR]) {
-  // Four partial sums per head (one per lane of a float4) keep four independent FMA chains.
-  float part[NR][4];
-#pragma unroll
-  for (int h = 0; h < NR; ++h)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) part[h][k] = 0.0f;
   if constexpr (B == 16) {
 #pragma unroll 1
     for (uint32_t u = j; u < D / 8; u += lanes) {
@@ -152,14 +146,14 @@ __device__ __forceinline__ void key_dots(const uint8_t *row, const float *qv, ui
       for (int h = 0; h < NR; ++h) {
         const float4 a = *reinterpret_cast<const float4 *>(qv + h * D + u * 8);
         const float4 b = *reinterpret_cast<const float4 *>(qv + h * D + u * 8 + 4);
-        part[h][0] = fmaf(a.x, f[0], part[h][0]);
-        part[h][1] = fmaf(a.y, f[1], part[h][1]);
-        part[h][2] = fmaf(a.z, f[2], part[h][2]);
-        part[h][3] = fmaf(a.w, f[3], part[h][3]);
-        part[h][0] = fmaf(b.x, f[4], part[h][0]);
-        part[h][1] = fmaf(b.y, f[5], part[h][1]);
-        part[h][2] = fmaf(b.z, f[6], part[h][2]);
-        part[h][3] = fmaf(b.w, f[7], part[h][3]);
+        lg[h] = fmaf(a.x, f[0], lg[h]);
+        lg[h] = fmaf(a.y, f[1], lg[h]);
+        lg[h] = fmaf(a.z, f[2], lg[h]);
+        lg[h] = fmaf(a.w, f[3], lg[h]);
+        lg[h] = fmaf(b.x, f[4], lg[h]);
+        lg[h] = fmaf(b.y, f[5], lg[h]);
+        lg[h] = fmaf(b.z, f[6], lg[h]);
+        lg[h] = fmaf(b.w, f[7], lg[h]);
       }
     }
   } else {
@@ -181,17 +175,15 @@ __device__ __forceinline__ void key_dots(const uint8_t *row, const float *qv, ui
 #pragma unroll
           for (int h = 0; h < NR; ++h) {
             const float4 a = *reinterpret_cast<const float4 *>(qv + h * D + d);
-            part[h][0] = fmaf(a.x, f[0], part[h][0]);
-            part[h][1] = fmaf(a.y, f[1], part[h][1]);
-            part[h][2] = fmaf(a.z, f[2], part[h][2]);
-            part[h][3] = fmaf(a.w, f[3], part[h][3]);
+            lg[h] = fmaf(a.x, f[0], lg[h]);
+            lg[h] = fmaf(a.y, f[1], lg[h]);
+            lg[h] = fmaf(a.z, f[2], lg[h]);
+            lg[h] = fmaf(a.w, f[3], lg[h]);
           }
         }
       }
     }
   }
-#pragma unroll
-  for (int h = 0; h < NR; ++h) lg[h] += (part[h][0] + part[h][1]) + (part[h][2] + part[h][3]);
 }
 
 /// P·V̂ of a warp's tokens t = sub, sub + subs, ... < count for 8 consecutive channels.
