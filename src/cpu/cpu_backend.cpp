@@ -14,6 +14,7 @@
 #include "../dtype.h"
 #include "../error.h"
 #include "../quant.h"
+#include "simd_kernels.h"
 #include "thread_pool.h"
 
 namespace minikv {
@@ -46,7 +47,7 @@ struct Scratch {
   std::vector<float> scores, pooled;  // [max_seq_len]
   std::vector<int32_t> kept;          // [max_seq_len]
   std::vector<uint32_t> order;        // [max_seq_len]
-  std::vector<float> dec;             // decode: [n_rep][3 D + R] + [D] + 3 [n_rep]
+  std::vector<float> dec;             // decode: DecodeScratch
 };
 
 // Hot loops. Eight independent partial sums let the compiler vectorize the reduction
@@ -59,15 +60,6 @@ struct Scratch {
 #else
 #define MINIKV_HOT
 #endif
-
-inline float dot(const float *a, const float *b, uint32_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  uint32_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (uint32_t u = 0; u < 8; ++u) acc[u] += a[i + u] * b[i + u];
-  for (; i < n; ++i) acc[0] += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
 
 inline void axpy(float alpha, const float *x, float *y, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) y[i] += alpha * x[i];
@@ -135,8 +127,7 @@ class CpuBackend final : public Backend {
       s.pooled.resize(cfg_.max_seq_len);
       s.kept.resize(cfg_.max_seq_len);
       s.order.resize(cfg_.max_seq_len);
-      const uint64_t n_rep = cfg_.num_heads / cfg_.num_kv_heads;
-      s.dec.resize(n_rep * (3ull * D + cfg_.residual_length) + D + 3 * n_rep);
+      s.dec.resize(decode_scratch(nullptr).floats);
       workspace_bytes_ += (s.k.size() + s.v.size() + s.kt.size() + s.s.size() + s.q.size() + s.o.size() +
                            s.scores.size() + s.pooled.size()) * sizeof(float) +
                           (s.kept.size() + s.order.size()) * 4 + s.dec.size() * sizeof(float);
@@ -469,135 +460,126 @@ class CpuBackend final : public Backend {
 
   // ---- decode -----------------------------------------------------------------------
   // Online softmax of the n_rep query heads of KV head `kvh` over the cache in cache order:
-  // the 16-bit sinks, the quantized tokens (decoded on the fly, one key group of G tokens
-  // at a time: no dequantized copy of the cache), the 16-bit residual.
+  // the 16-bit sinks, the quantized tokens in tiles of decode_tile() tokens inside a block
+  // (codes decoded on the fly by the SIMD kernels: no dequantized copy of the cache), the
+  // 16-bit residual.
+  // The tiles fix where the running maximum is updated: the result depends on the
+  // configuration and the data only (src/cpu/simd_kernels.h gives each kernel's order).
+  uint32_t decode_tile() const { return std::min<uint32_t>(bl_.tokens, 128); }
+  // Rows of the 16-bit regions (sinks, residual) folded at once.
+  uint32_t dense_chunk() const { return std::max(decode_tile(), rl_.tokens); }
+
+  // Carves the per-thread decode scratch; with base == nullptr it only counts floats.
+  struct DecodeScratch {
+    float *q, *qs, *bias, *acc, *logits, *m, *l, *correction, *k_scale, *k_min, *v_scale, *v_min;
+    uint64_t ld;  // logits row stride: the tile, rounded up to 16 (softmax_update reads it)
+    uint64_t floats;
+  };
+  DecodeScratch decode_scratch(float *base) const {
+    const uint64_t D = cfg_.head_dim, G = cfg_.group_size, n_rep = cfg_.num_heads / cfg_.num_kv_heads;
+    const uint64_t tile = dense_chunk();
+    DecodeScratch d{};
+    d.ld = align_up(tile, 16);
+    uint64_t at = 0;
+    auto take = [&](uint64_t n) { float *p = base ? base + at : nullptr; at += align_up(n, 16); return p; };
+    d.q = take(n_rep * D);
+    d.qs = take(tile / G * n_rep * D);
+    d.bias = take(tile / G * n_rep);
+    d.acc = take(n_rep * D);
+    d.logits = take(n_rep * d.ld);
+    d.m = take(n_rep);
+    d.l = take(n_rep);
+    d.correction = take(n_rep);
+    d.k_scale = take(D);
+    d.k_min = take(D);
+    d.v_scale = take(tile * (D / G));
+    d.v_min = take(tile * (D / G));
+    d.floats = at;
+    return d;
+  }
+
   template <typename T>
   void decode_group(const CacheView &view, uint32_t kvh, const T *q_in, T *out, Scratch &ws) {
     const uint32_t D = cfg_.head_dim, G = cfg_.group_size, R = bl_.tokens;
     const uint32_t kb = cfg_.key_bits, vb = cfg_.value_bits;
     const uint32_t n_rep = cfg_.num_heads / cfg_.num_kv_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    float *q = ws.dec.data();              // [n_rep][D]
-    float *q_scaled = q + n_rep * D;       // [n_rep][D] q * key scale of the current group
-    float *acc = q_scaled + n_rep * D;     // [n_rep][D]
-    float *logits = acc + n_rep * D;       // [n_rep][R]
-    float *row = logits + n_rep * R;       // [D] one decoded key or value row
-    float *bias = row + D;                 // [n_rep] q · key min of the current group
-    float *m = bias + n_rep;               // [n_rep] running max
-    float *l = m + n_rep;                  // [n_rep] running sum
-    for (uint32_t i = 0; i < n_rep * D; ++i) q[i] = to_float(q_in[i]);
-    std::fill(acc, acc + n_rep * D, 0.0f);
-    std::fill(m, m + n_rep, -INFINITY);
-    std::fill(l, l + n_rep, 0.0f);
-
-    // logits[r][0, n) are ready: fold n tokens into each head's running softmax.
-    auto accumulate = [&](uint32_t n, auto &&value_row) {
-      for (uint32_t r = 0; r < n_rep; ++r) {
-        const float *lg = logits + r * R;
-        const float m_new = std::max(m[r], *std::max_element(lg, lg + n));
-        const float correction = std::exp(m[r] - m_new);  // 0 on the first tokens
-        l[r] *= correction;
-        for (uint32_t c = 0; c < D; ++c) acc[r * D + c] *= correction;
-        m[r] = m_new;
-      }
-      for (uint32_t t = 0; t < n; ++t) {
-        const float *v = value_row(t);
-        for (uint32_t r = 0; r < n_rep; ++r) {
-          const float p = std::exp(logits[r * R + t] - m[r]);
-          l[r] += p;
-          axpy(p, v, acc + r * D, D);
-        }
-      }
+    const DecodeScratch d = decode_scratch(ws.dec.data());
+    cpu::to_floats(q_in, uint64_t(n_rep) * D, d.q);
+    std::fill(d.acc, d.acc + uint64_t(n_rep) * D, 0.0f);
+    std::fill(d.m, d.m + n_rep, -INFINITY);
+    std::fill(d.l, d.l + n_rep, 0.0f);
+    // d.logits[r][0, n) hold the tile's logits: fold them into the running softmax, which
+    // leaves the probabilities in d.logits for the value pass.
+    auto fold = [&](uint32_t n) {
+      cpu::softmax_update(d.logits, n_rep, d.ld, n, d.m, d.l, d.correction);
+      cpu::scale_rows(d.acc, n_rep, D, d.correction);
     };
 
-    // Unquantized rows k_rows/v_rows [n][D], in chunks of at most R (the logits buffer).
+    // Unquantized rows k_rows/v_rows [n][D] (sinks, residual), in chunks that fit the
+    // logits buffer.
     auto attend_dense = [&](const T *k_rows, const T *v_rows, uint32_t n) {
-      for (uint32_t t0 = 0; t0 < n; t0 += R) {
-        const uint32_t count = std::min(R, n - t0);
-        for (uint32_t t = 0; t < count; ++t) {
-          convert_row(k_rows + uint64_t(t0 + t) * D, D, row);
-          for (uint32_t r = 0; r < n_rep; ++r) logits[r * R + t] = dot(q + r * D, row, D) * scale;
-        }
-        accumulate(count, [&](uint32_t t) -> const float * {
-          convert_row(v_rows + uint64_t(t0 + t) * D, D, row);
-          return row;
-        });
+      const uint32_t chunk = dense_chunk();
+      for (uint32_t t0 = 0; t0 < n; t0 += chunk) {
+        const uint32_t count = std::min(chunk, n - t0);
+        cpu::to_floats(k_rows + uint64_t(t0) * D, uint64_t(count) * D, ws.k.data());
+        cpu::dot_rows(d.q, n_rep, D, ws.k.data(), D, count, scale, d.logits, d.ld);
+        fold(count);
+        cpu::to_floats(v_rows + uint64_t(t0) * D, uint64_t(count) * D, ws.v.data());
+        cpu::value_accumulate_rows(d.logits, n_rep, d.ld, count, ws.v.data(), D, D, d.acc);
       }
     };
     uint8_t *slot = residual_slot(view.residual_slot);
     attend_dense(sink_row<T>(slot, rl_.sink_k, kvh, 0), sink_row<T>(slot, rl_.sink_v, kvh, 0),
                  view.sinks);
 
-    for (uint32_t t0 = 0; t0 < view.quantized; t0 += G) {
+    const uint32_t tile = decode_tile();
+    for (uint32_t t0 = 0; t0 < view.quantized; t0 += tile) {
+      const uint32_t n = std::min(tile, view.quantized - t0);  // a multiple of G
       const uint8_t *block = block_ptr(view.blocks[t0 / R]);
       const uint32_t row0 = t0 % R;
-      const uint8_t *k_codes = block + bl_.k_codes + kvh * bl_.k_codes_head();
+      const uint8_t *k_codes = block + bl_.k_codes + kvh * bl_.k_codes_head() + row0 * bl_.k_row_bytes;
       if (kb == 16) {
-        for (uint32_t t = 0; t < G; ++t) {
-          convert_row(reinterpret_cast<const T *>(k_codes + (row0 + t) * bl_.k_row_bytes), D, row);
-          for (uint32_t r = 0; r < n_rep; ++r) logits[r * R + t] = dot(q + r * D, row, D) * scale;
-        }
+        cpu::to_floats(reinterpret_cast<const T *>(k_codes), uint64_t(n) * D, ws.k.data());
+        cpu::dot_rows(d.q, n_rep, D, ws.k.data(), D, n, scale, d.logits, d.ld);
       } else {
-        // q · (code * s + m) = (q * s) · code + q · m, with (s, m) shared by the group.
+        // q · (code * s + m) = (q * s) · code + q · m, with (s, m) shared by a key group.
         const T *ks = reinterpret_cast<const T *>(block + bl_.k_scale + kvh * bl_.k_scale_head()) + (row0 / G) * D;
         const T *km = reinterpret_cast<const T *>(block + bl_.k_min + kvh * bl_.k_scale_head()) + (row0 / G) * D;
-        convert_row(km, D, row);
-        for (uint32_t r = 0; r < n_rep; ++r) bias[r] = dot(q + r * D, row, D);
-        convert_row(ks, D, row);
-        for (uint32_t r = 0; r < n_rep; ++r)
-          for (uint32_t c = 0; c < D; ++c) q_scaled[r * D + c] = q[r * D + c] * row[c];
-        for (uint32_t t = 0; t < G; ++t) {
-          unpack_row(reinterpret_cast<const uint32_t *>(k_codes + (row0 + t) * bl_.k_row_bytes), kb, D, row);
+        for (uint32_t g = 0; g < n / G; ++g) {
+          cpu::to_floats(ks + uint64_t(g) * D, D, d.k_scale);
+          cpu::to_floats(km + uint64_t(g) * D, D, d.k_min);
+          float *qs = d.qs + uint64_t(g) * n_rep * D;
           for (uint32_t r = 0; r < n_rep; ++r)
-            logits[r * R + t] = (dot(q_scaled + r * D, row, D) + bias[r]) * scale;
+            for (uint32_t c = 0; c < D; ++c) qs[r * D + c] = d.q[r * D + c] * d.k_scale[c];
+          cpu::dot_rows(d.q, n_rep, D, d.k_min, 0, 1, 1.0f, d.bias + g * n_rep, 1);
         }
+        cpu::key_logits_codes(d.qs, d.bias, n_rep, D, reinterpret_cast<const uint32_t *>(k_codes),
+                              bl_.k_row_bytes / 4, kb, G, n, scale, d.logits, d.ld);
       }
-      const uint8_t *v_codes = block + bl_.v_codes + kvh * bl_.v_codes_head();
-      const T *vs = reinterpret_cast<const T *>(block + bl_.v_scale + kvh * bl_.v_scale_head());
-      const T *vm = reinterpret_cast<const T *>(block + bl_.v_min + kvh * bl_.v_scale_head());
-      accumulate(G, [&](uint32_t t) -> const float * {
-        const uint8_t *codes = v_codes + (row0 + t) * bl_.v_row_bytes;
-        if (vb == 16) {
-          convert_row(reinterpret_cast<const T *>(codes), D, row);
-        } else {
-          unpack_row(reinterpret_cast<const uint32_t *>(codes), vb, D, row);
-          const uint64_t g0 = uint64_t(row0 + t) * (D / G);
-          for (uint32_t g = 0; g < D / G; ++g) {
-            const float s = to_float(vs[g0 + g]), mn = to_float(vm[g0 + g]);
-            for (uint32_t c = g * G; c < (g + 1) * G; ++c) row[c] = row[c] * s + mn;
-          }
-        }
-        return row;
-      });
+      fold(n);
+      const uint8_t *v_codes = block + bl_.v_codes + kvh * bl_.v_codes_head() + row0 * bl_.v_row_bytes;
+      if (vb == 16) {
+        cpu::to_floats(reinterpret_cast<const T *>(v_codes), uint64_t(n) * D, ws.v.data());
+        cpu::value_accumulate_rows(d.logits, n_rep, d.ld, n, ws.v.data(), D, D, d.acc);
+      } else {
+        const uint64_t first = uint64_t(row0) * (D / G);  // (scale, min) pairs of the tile
+        const T *vs = reinterpret_cast<const T *>(block + bl_.v_scale + kvh * bl_.v_scale_head()) + first;
+        const T *vm = reinterpret_cast<const T *>(block + bl_.v_min + kvh * bl_.v_scale_head()) + first;
+        cpu::to_floats(vs, uint64_t(n) * (D / G), d.v_scale);
+        cpu::to_floats(vm, uint64_t(n) * (D / G), d.v_min);
+        cpu::value_accumulate_codes(d.logits, n_rep, d.ld, n, reinterpret_cast<const uint32_t *>(v_codes),
+                                    bl_.v_row_bytes / 4, vb, d.v_scale, d.v_min, G, D, d.acc);
+      }
     }
 
     attend_dense(residual_row<T>(slot, rl_.k, kvh, 0), residual_row<T>(slot, rl_.v, kvh, 0),
                  view.residual);
     for (uint32_t r = 0; r < n_rep; ++r) {
-      const float inv = 1.0f / l[r];
-      for (uint32_t c = 0; c < D; ++c) out[r * D + c] = from_float<T>(acc[r * D + c] * inv);
+      const float inv = 1.0f / d.l[r];
+      for (uint32_t c = 0; c < D; ++c) d.acc[r * D + c] *= inv;
     }
-  }
-
-  template <typename T>
-  static void convert_row(const T *in, uint32_t n, float *out) {
-    for (uint32_t i = 0; i < n; ++i) out[i] = to_float(in[i]);
-  }
-
-  // Codes of a packed row as floats (exact small integers).
-  template <uint32_t kBits>
-  static void unpack_words(const uint32_t *words, uint32_t n, float *out) {
-    constexpr uint32_t per_word = 32 / kBits, mask = (1u << kBits) - 1u;
-    for (uint32_t w = 0; w < n / per_word; ++w)
-      for (uint32_t i = 0; i < per_word; ++i)
-        out[w * per_word + i] = static_cast<float>((words[w] >> (kBits * i)) & mask);
-  }
-  static void unpack_row(const uint32_t *words, uint32_t bits, uint32_t n, float *out) {
-    switch (bits) {
-      case 2: unpack_words<2>(words, n, out); break;
-      case 4: unpack_words<4>(words, n, out); break;
-      default: unpack_words<8>(words, n, out); break;
-    }
+    cpu::from_floats(d.acc, uint64_t(n_rep) * D, out);
   }
 
   StorageSpec spec_;
