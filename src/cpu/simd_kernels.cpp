@@ -335,8 +335,13 @@ void SoftmaxUpdate(float *xs, uint32_t n_rep, uint64_t ld, uint32_t n, float *m,
         const uint32_t at = i + uint32_t(k * kLanes);
         if (at >= n) break;
         VF e = Exp(hn::Sub(hn::LoadU(df, x + at), sub));
-        if (at + kLanes > n) e = hn::IfThenElseZero(hn::FirstN(df, n - at), e);
-        hn::StoreU(e, df, x + at);
+        if (at + kLanes <= n) {
+          hn::StoreU(e, df, x + at);
+        } else {
+          const auto valid = hn::FirstN(df, n - at);
+          e = hn::IfThenElseZero(valid, e);
+          hn::BlendedStore(e, valid, df, x + at);
+        }
         s[k] = hn::Add(s[k], e);
       }
     }

@@ -72,6 +72,8 @@ void dot_rows(const float *q, uint32_t n_rep, uint32_t d, const float *rows,
 //   m' = max(m[r], max_t x[r][t]),  correction[r] = exp(m[r] - m')  (0 while m[r] = -inf),
 //   x[r][t] = exp(x[r][t] - m'),    l[r] = l[r] * correction[r] + CANONICAL16_t x[r][t],
 //   m[r] = m'.
+// Rows of x are read in whole 16-float chunks: each must be readable up to
+// align_up(n, 16) floats; only [0, n) is written.
 void softmax_update(float *x, uint32_t n_rep, uint64_t ld, uint32_t n, float *m, float *l,
                     float *correction);
 
