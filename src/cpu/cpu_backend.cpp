@@ -522,11 +522,12 @@ class CpuBackend final : public Backend {
       const uint32_t chunk = dense_chunk();
       for (uint32_t t0 = 0; t0 < n; t0 += chunk) {
         const uint32_t count = std::min(chunk, n - t0);
-        cpu::to_floats(k_rows + uint64_t(t0) * D, uint64_t(count) * D, ws.k.data());
-        cpu::dot_rows(d.q, n_rep, D, ws.k.data(), D, count, scale, d.logits, d.ld);
+        cpu::dot_rows(d.q, n_rep, D, cpu::as_floats(k_rows + uint64_t(t0) * D, uint64_t(count) * D, ws.k.data()),
+                      D, count, scale, d.logits, d.ld);
         fold(count);
-        cpu::to_floats(v_rows + uint64_t(t0) * D, uint64_t(count) * D, ws.v.data());
-        cpu::value_accumulate_rows(d.logits, n_rep, d.ld, count, ws.v.data(), D, D, d.acc);
+        cpu::value_accumulate_rows(d.logits, n_rep, d.ld, count,
+                                   cpu::as_floats(v_rows + uint64_t(t0) * D, uint64_t(count) * D, ws.v.data()),
+                                   D, D, d.acc);
       }
     };
     uint8_t *slot = residual_slot(view.residual_slot);
@@ -540,19 +541,17 @@ class CpuBackend final : public Backend {
       const uint32_t row0 = t0 % R;
       const uint8_t *k_codes = block + bl_.k_codes + kvh * bl_.k_codes_head() + row0 * bl_.k_row_bytes;
       if (kb == 16) {
-        cpu::to_floats(reinterpret_cast<const T *>(k_codes), uint64_t(n) * D, ws.k.data());
-        cpu::dot_rows(d.q, n_rep, D, ws.k.data(), D, n, scale, d.logits, d.ld);
+        const float *rows = cpu::as_floats(reinterpret_cast<const T *>(k_codes), uint64_t(n) * D, ws.k.data());
+        cpu::dot_rows(d.q, n_rep, D, rows, D, n, scale, d.logits, d.ld);
       } else {
         // q · (code * s + m) = (q * s) · code + q · m, with (s, m) shared by a key group.
         const T *ks = reinterpret_cast<const T *>(block + bl_.k_scale + kvh * bl_.k_scale_head()) + (row0 / G) * D;
         const T *km = reinterpret_cast<const T *>(block + bl_.k_min + kvh * bl_.k_scale_head()) + (row0 / G) * D;
         for (uint32_t g = 0; g < n / G; ++g) {
-          cpu::to_floats(ks + uint64_t(g) * D, D, d.k_scale);
-          cpu::to_floats(km + uint64_t(g) * D, D, d.k_min);
-          float *qs = d.qs + uint64_t(g) * n_rep * D;
-          for (uint32_t r = 0; r < n_rep; ++r)
-            for (uint32_t c = 0; c < D; ++c) qs[r * D + c] = d.q[r * D + c] * d.k_scale[c];
-          cpu::dot_rows(d.q, n_rep, D, d.k_min, 0, 1, 1.0f, d.bias + g * n_rep, 1);
+          cpu::scale_channels(d.q, n_rep, D, cpu::as_floats(ks + uint64_t(g) * D, D, d.k_scale),
+                              d.qs + uint64_t(g) * n_rep * D);
+          cpu::dot_rows(d.q, n_rep, D, cpu::as_floats(km + uint64_t(g) * D, D, d.k_min), 0, 1, 1.0f,
+                        d.bias + g * n_rep, 1);
         }
         cpu::key_logits_codes(d.qs, d.bias, n_rep, D, reinterpret_cast<const uint32_t *>(k_codes),
                               bl_.k_row_bytes / 4, kb, G, n, scale, d.logits, d.ld);
@@ -560,16 +559,15 @@ class CpuBackend final : public Backend {
       fold(n);
       const uint8_t *v_codes = block + bl_.v_codes + kvh * bl_.v_codes_head() + row0 * bl_.v_row_bytes;
       if (vb == 16) {
-        cpu::to_floats(reinterpret_cast<const T *>(v_codes), uint64_t(n) * D, ws.v.data());
-        cpu::value_accumulate_rows(d.logits, n_rep, d.ld, n, ws.v.data(), D, D, d.acc);
+        const float *rows = cpu::as_floats(reinterpret_cast<const T *>(v_codes), uint64_t(n) * D, ws.v.data());
+        cpu::value_accumulate_rows(d.logits, n_rep, d.ld, n, rows, D, D, d.acc);
       } else {
         const uint64_t first = uint64_t(row0) * (D / G);  // (scale, min) pairs of the tile
         const T *vs = reinterpret_cast<const T *>(block + bl_.v_scale + kvh * bl_.v_scale_head()) + first;
         const T *vm = reinterpret_cast<const T *>(block + bl_.v_min + kvh * bl_.v_scale_head()) + first;
-        cpu::to_floats(vs, uint64_t(n) * (D / G), d.v_scale);
-        cpu::to_floats(vm, uint64_t(n) * (D / G), d.v_min);
         cpu::value_accumulate_codes(d.logits, n_rep, d.ld, n, reinterpret_cast<const uint32_t *>(v_codes),
-                                    bl_.v_row_bytes / 4, vb, d.v_scale, d.v_min, G, D, d.acc);
+                                    bl_.v_row_bytes / 4, vb, cpu::as_floats(vs, uint64_t(n) * (D / G), d.v_scale),
+                                    cpu::as_floats(vm, uint64_t(n) * (D / G), d.v_min), G, D, d.acc);
       }
     }
 

@@ -286,6 +286,14 @@ void KeyLogitsCodes(const float *qs, const float *bias, uint32_t n_rep, uint32_t
   }
 }
 
+void ScaleChannels(const float *HWY_RESTRICT q, uint32_t n_rep, uint32_t d,
+                   const float *HWY_RESTRICT s, float *HWY_RESTRICT out) {
+  const DF df;
+  for (uint32_t r = 0; r < n_rep; ++r)
+    for (uint32_t c = 0; c < d; c += kLanes)
+      hn::StoreU(hn::Mul(hn::LoadU(df, q + r * d + c), hn::LoadU(df, s + c)), df, out + r * d + c);
+}
+
 // CANONICAL16 dot products of kHeads query rows with one row.
 template <size_t kHeads>
 HWY_INLINE void DotRowHeads(const float *HWY_RESTRICT q, uint32_t d, const float *HWY_RESTRICT row,
@@ -481,6 +489,7 @@ HWY_EXPORT(BF16ToFloat);
 HWY_EXPORT(FloatToF16);
 HWY_EXPORT(FloatToBF16);
 HWY_EXPORT(KeyLogitsCodes);
+HWY_EXPORT(ScaleChannels);
 HWY_EXPORT(DotRows);
 HWY_EXPORT(SoftmaxUpdate);
 HWY_EXPORT(ScaleRows);
@@ -497,6 +506,10 @@ void key_logits_codes(const float *qs, const float *bias, uint32_t n_rep, uint32
                       const uint32_t *codes, uint64_t row_words, uint32_t bits, uint32_t group,
                       uint32_t n, float scale, float *logits, uint64_t ld) {
   HWY_DYNAMIC_DISPATCH(KeyLogitsCodes)(qs, bias, n_rep, d, codes, row_words, bits, group, n, scale, logits, ld);
+}
+
+void scale_channels(const float *q, uint32_t n_rep, uint32_t d, const float *s, float *out) {
+  HWY_DYNAMIC_DISPATCH(ScaleChannels)(q, n_rep, d, s, out);
 }
 
 void dot_rows(const float *q, uint32_t n_rep, uint32_t d, const float *rows, uint64_t row_stride,

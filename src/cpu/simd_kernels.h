@@ -46,6 +46,14 @@ inline void to_floats(const bfloat16_t *in, size_t n, float *out) {
   bf16_to_float(reinterpret_cast<const uint16_t *>(in), out, n);
 }
 inline void from_floats(const float *in, size_t n, float *out) { std::memcpy(out, in, n * 4); }
+// Rows as float32 without a copy where they already are: `in` itself for float, else the
+// conversion into `buffer`.
+inline const float *as_floats(const float *in, size_t, float *) { return in; }
+template <typename T>
+const float *as_floats(const T *in, size_t n, float *buffer) {
+  to_floats(in, n, buffer);
+  return buffer;
+}
 inline void from_floats(const float *in, size_t n, half_t *out) {
   float_to_f16(in, reinterpret_cast<uint16_t *>(out), n);
 }
@@ -62,6 +70,9 @@ inline void from_floats(const float *in, size_t n, bfloat16_t *out) {
 void key_logits_codes(const float *qs, const float *bias, uint32_t n_rep, uint32_t d,
                       const uint32_t *codes, uint64_t row_words, uint32_t bits, uint32_t group,
                       uint32_t n, float scale, float *logits, uint64_t ld);
+
+// out[r * d + c] = q[r * d + c] * s[c] for r < n_rep, c < d (d a multiple of 16).
+void scale_channels(const float *q, uint32_t n_rep, uint32_t d, const float *s, float *out);
 
 // logits[r * ld + t] = (CANONICAL16 over c of q[r * d + c] * rows[t * row_stride + c]) * scale
 // for r < n_rep, t < n; d a multiple of 16.
