@@ -50,62 +50,6 @@ struct Scratch {
   std::vector<float> dec;             // decode: DecodeScratch
 };
 
-// Hot loops. Eight independent partial sums let the compiler vectorize the reduction
-// without -ffast-math; target_clones adds an AVX2+FMA version picked at load time.
-// Not under sanitizers: TSan instruments the ifunc resolver, which runs before its
-// runtime is up and crashes the loader (tests/reliability, build-tsan).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define MINIKV_HOT __attribute__((target_clones("avx2,fma", "default")))
-#else
-#define MINIKV_HOT
-#endif
-
-inline void axpy(float alpha, const float *x, float *y, uint32_t n) {
-  for (uint32_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
-
-// s[r * ld + j] = scale * q_r · k_j for the causal part j <= first_row + r (0 above it), for
-// `rows` (<= kQueryBlock) query rows q [rows][d] and keys [0, n_keys) given transposed,
-// kt [d][ldk] (ldk a multiple of 16, zero padded). A 4-row × 16-key register tile
-// vectorizes over keys, so no horizontal sums are needed.
-MINIKV_HOT void block_logits(const float *q, uint32_t rows, const float *kt, uint64_t ldk,
-                             uint32_t n_keys, uint32_t d, uint32_t first_row, float scale,
-                             float *s, uint64_t ld) {
-  constexpr uint32_t kRows = 4, kKeys = 16;
-  for (uint32_t r0 = 0; r0 < rows; r0 += kRows) {
-    const uint32_t last_row = first_row + std::min(r0 + kRows, rows) - 1;
-    for (uint32_t j0 = 0; j0 < n_keys && j0 <= last_row; j0 += kKeys) {
-      float acc[kRows][kKeys] = {};
-      for (uint32_t c = 0; c < d; ++c) {
-        const float *kc = kt + uint64_t(c) * ldk + j0;
-        for (uint32_t r = 0; r < kRows; ++r) {
-          const float qv = r0 + r < rows ? q[uint64_t(r0 + r) * d + c] : 0.0f;
-          for (uint32_t u = 0; u < kKeys; ++u) acc[r][u] += qv * kc[u];
-        }
-      }
-      for (uint32_t r = 0; r < kRows && r0 + r < rows; ++r)
-        for (uint32_t u = 0; u < kKeys && j0 + u < n_keys; ++u)
-          s[(r0 + r) * ld + j0 + u] = j0 + u <= first_row + r0 + r ? acc[r][u] * scale : 0.0f;
-    }
-    // Tiles entirely above the diagonal of this row group.
-    for (uint32_t r = r0; r < std::min(r0 + kRows, rows); ++r)
-      for (uint32_t j = (last_row / kKeys + 1) * kKeys; j < n_keys; ++j) s[r * ld + j] = 0.0f;
-  }
-}
-
-// o_r += sum_j p[r * ld + j] * v_j.
-MINIKV_HOT void block_pv(const float *p, uint32_t rows, const float *v, uint32_t n_keys,
-                         uint32_t d, uint64_t ld, float *o) {
-  for (uint32_t j = 0; j < n_keys; ++j) {
-    const float *vj = v + uint64_t(j) * d;
-    for (uint32_t r = 0; r < rows; ++r) {
-      const float pr = p[r * ld + j];
-      if (pr != 0.0f) axpy(pr, vj, o + uint64_t(r) * d, d);
-    }
-  }
-}
-
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const StorageSpec &spec)
@@ -120,7 +64,7 @@ class CpuBackend final : public Backend {
       s.k.resize(rows * D);
       s.v.resize(rows * D);
       s.kt.resize(uint64_t(D) * key_stride());
-      s.s.resize(uint64_t(kQueryBlock) * cfg_.max_seq_len);
+      s.s.resize(uint64_t(kQueryBlock) * key_stride());
       s.q.resize(kQueryBlock * D);
       s.o.resize(kQueryBlock * D);
       s.scores.resize(cfg_.max_seq_len);
@@ -213,7 +157,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  uint64_t key_stride() const { return align_up(cfg_.max_seq_len, 16); }
+  uint64_t key_stride() const { return align_up(cfg_.max_seq_len, cpu::kKeyPadding); }
   uint8_t *block_ptr(uint32_t block) const { return pool_.get() + uint64_t(block) * bl_.bytes; }
   uint8_t *residual_slot(uint32_t slot) const { return residual_.get() + uint64_t(slot) * rl_.bytes; }
   template <typename T>
@@ -248,7 +192,8 @@ class CpuBackend final : public Backend {
   }
 
   // Causal attention of one query head over its prompt, optionally accumulating the
-  // column sums of the probabilities (the importance scores) into head_scores_[h].
+  // column sums of the probabilities (the importance scores) into head_scores_[h]: blocks
+  // of kQueryBlock query rows, each with its full row of logits (exact softmax, no L×L).
   template <typename T>
   void attention_head(const PrefillItem &it, uint32_t h, bool need_scores, uint32_t score_from,
                       const T *q, const T *k, const T *v, T *out, Scratch &ws) {
@@ -256,45 +201,33 @@ class CpuBackend final : public Backend {
     const uint32_t kvh = h / (H / Hkv);
     const uint32_t L = it.plan.prompt_len;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const uint64_t ldk = key_stride();
     for (uint32_t j = 0; j < L; ++j) {
       const uint64_t src = (uint64_t(it.token_begin + j) * Hkv + kvh) * D;
-      for (uint32_t c = 0; c < D; ++c) {
-        ws.kt[uint64_t(c) * key_stride() + j] = to_float(k[src + c]);
-        ws.v[uint64_t(j) * D + c] = to_float(v[src + c]);
-      }
+      cpu::to_floats(k + src, D, ws.k.data() + uint64_t(j) * D);
+      cpu::to_floats(v + src, D, ws.v.data() + uint64_t(j) * D);
     }
-    for (uint32_t c = 0; c < D; ++c)  // zero padding up to the 16-key tile
-      std::fill(ws.kt.begin() + uint64_t(c) * key_stride() + L,
-                ws.kt.begin() + uint64_t(c) * key_stride() + align_up(L, 16), 0.0f);
+    // Keys transposed (lanes = keys in the logit tiles), zero padded to the tile width.
+    for (uint32_t j0 = 0; j0 < L; j0 += 32)
+      for (uint32_t c = 0; c < D; ++c)
+        for (uint32_t j = j0; j < std::min(j0 + 32, L); ++j)
+          ws.kt[uint64_t(c) * ldk + j] = ws.k[uint64_t(j) * D + c];
+    for (uint32_t c = 0; c < D; ++c)
+      std::fill(ws.kt.begin() + uint64_t(c) * ldk + L,
+                ws.kt.begin() + uint64_t(c) * ldk + align_up(L, cpu::kKeyPadding), 0.0f);
     double *col = head_scores_.data() + uint64_t(h) * cfg_.max_seq_len;
     if (need_scores) std::fill(col, col + L, 0.0);
 
     for (uint32_t i0 = 0; i0 < L; i0 += kQueryBlock) {
       const uint32_t rows = std::min(kQueryBlock, L - i0);
-      const uint32_t n_keys = i0 + rows;
-      for (uint32_t r = 0; r < rows; ++r) {
-        const uint64_t src = (uint64_t(it.token_begin + i0 + r) * H + h) * D;
-        for (uint32_t c = 0; c < D; ++c) ws.q[r * D + c] = to_float(q[src + c]);
-      }
-      block_logits(ws.q.data(), rows, ws.kt.data(), key_stride(), n_keys, D, i0, scale, ws.s.data(), L);
-      std::fill(ws.o.begin(), ws.o.begin() + rows * D, 0.0f);
-      for (uint32_t r = 0; r < rows; ++r) {
-        float *s = ws.s.data() + uint64_t(r) * L;
-        const uint32_t n = i0 + r + 1;  // causal: keys [0, i]
-        const float m = *std::max_element(s, s + n);
-        float sum = 0.0f;
-        for (uint32_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
-        const float inv = 1.0f / sum;
-        for (uint32_t j = 0; j < n; ++j) s[j] *= inv;
-        for (uint32_t j = n; j < n_keys; ++j) s[j] = 0.0f;
-        if (need_scores && i0 + r >= score_from)
-          for (uint32_t j = 0; j < n; ++j) col[j] += s[j];
-      }
-      block_pv(ws.s.data(), rows, ws.v.data(), n_keys, D, L, ws.o.data());
-      for (uint32_t r = 0; r < rows; ++r) {
-        T *dst = out + (uint64_t(it.token_begin + i0 + r) * H + h) * D;
-        for (uint32_t c = 0; c < D; ++c) dst[c] = from_float<T>(ws.o[r * D + c]);
-      }
+      for (uint32_t r = 0; r < rows; ++r)
+        cpu::to_floats(q + (uint64_t(it.token_begin + i0 + r) * H + h) * D, D, ws.q.data() + r * D);
+      cpu::causal_logits(ws.q.data(), rows, D, ws.kt.data(), ldk, i0, ws.s.data(), ldk);
+      cpu::softmax_rows(ws.s.data(), rows, ldk, i0, scale, need_scores ? col : nullptr,
+                        std::max(score_from, i0) - i0);
+      cpu::causal_pv(ws.s.data(), rows, ldk, ws.v.data(), D, i0, ws.o.data());
+      for (uint32_t r = 0; r < rows; ++r)
+        cpu::from_floats(ws.o.data() + r * D, D, out + (uint64_t(it.token_begin + i0 + r) * H + h) * D);
     }
   }
 

@@ -13,6 +13,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/simd_kernels.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <algorithm>
 #include <cmath>
 #include <hwy/highway.h>
 
@@ -476,6 +477,123 @@ void ValueAccumulateRows(const float *p, uint32_t n_rep, uint64_t ldp, uint32_t 
   }
 }
 
+// ---- prefill -----------------------------------------------------------------------------
+// A kRows x (kVecs * kLanes) tile of C = A B: lanes along the columns of B, each element
+// SEQUENTIAL over k in [k_begin, k_end), starting from C (accumulate) or from 0.
+template <size_t kRows, size_t kVecs>
+HWY_INLINE void MatTile(const float *HWY_RESTRICT a, uint64_t lda, const float *HWY_RESTRICT b,
+                        uint64_t ldb, float *HWY_RESTRICT c, uint64_t ldc, uint32_t k_begin,
+                        uint32_t k_end, bool accumulate) {
+  const DF df;
+  VF acc[kRows][kVecs];
+  for (size_t r = 0; r < kRows; ++r)
+    for (size_t v = 0; v < kVecs; ++v)
+      acc[r][v] = accumulate ? hn::LoadU(df, c + r * ldc + v * kLanes) : hn::Zero(df);
+  for (uint32_t k = k_begin; k < k_end; ++k) {
+    VF bv[kVecs];
+    for (size_t v = 0; v < kVecs; ++v) bv[v] = hn::LoadU(df, b + uint64_t(k) * ldb + v * kLanes);
+    for (size_t r = 0; r < kRows; ++r) {
+      const VF av = hn::Set(df, a[r * lda + k]);
+      for (size_t v = 0; v < kVecs; ++v) acc[r][v] = hn::Add(acc[r][v], hn::Mul(av, bv[v]));
+    }
+  }
+  for (size_t r = 0; r < kRows; ++r)
+    for (size_t v = 0; v < kVecs; ++v) hn::StoreU(acc[r][v], df, c + r * ldc + v * kLanes);
+}
+
+constexpr size_t kTileRows = 4, kTileVecs = 2;
+static_assert(kTileVecs * kLanes <= kKeyPadding, "logit tiles must stay inside the key padding");
+constexpr uint32_t kStrip = uint32_t(kTileVecs * kLanes);  // columns of one tile
+
+void CausalLogits(const float *HWY_RESTRICT q, uint32_t rows, uint32_t d,
+                  const float *HWY_RESTRICT kt, uint64_t ldk, uint32_t first_row,
+                  float *HWY_RESTRICT s, uint64_t lds) {
+  const uint32_t n_keys = first_row + rows;
+  for (uint32_t j0 = 0; j0 < n_keys; j0 += kStrip) {
+    uint32_t r0 = 0;
+    for (; r0 + kTileRows <= rows; r0 += kTileRows)
+      if (j0 <= first_row + r0 + kTileRows - 1)  // the tile's last row sees key j0
+        MatTile<kTileRows, kTileVecs>(q + uint64_t(r0) * d, d, kt + j0, ldk, s + r0 * lds + j0, lds, 0, d, false);
+    for (; r0 < rows; ++r0)
+      if (j0 <= first_row + r0) MatTile<1, kTileVecs>(q + uint64_t(r0) * d, d, kt + j0, ldk, s + r0 * lds + j0, lds, 0, d, false);
+  }
+}
+
+void CausalPV(const float *HWY_RESTRICT p, uint32_t rows, uint64_t ldp, const float *HWY_RESTRICT v,
+              uint32_t d, uint32_t first_row, float *HWY_RESTRICT o) {
+  constexpr uint32_t kChunk = 256;  // keys per pass: the V and P chunks stay in L1
+  const uint32_t n_keys = first_row + rows;
+  for (uint32_t k0 = 0; k0 < n_keys; k0 += kChunk) {
+    for (uint32_t c0 = 0; c0 < d; c0 += kStrip) {
+      uint32_t r0 = 0;
+      for (; r0 + kTileRows <= rows; r0 += kTileRows) {
+        const uint32_t k_end = std::min(k0 + kChunk, first_row + r0 + uint32_t(kTileRows));
+        if (k0 < k_end)
+          MatTile<kTileRows, kTileVecs>(p + uint64_t(r0) * ldp, ldp, v + c0, d, o + uint64_t(r0) * d + c0, d,
+                                        k0, k_end, k0 > 0);
+      }
+      for (; r0 < rows; ++r0) {
+        const uint32_t k_end = std::min(k0 + kChunk, first_row + r0 + 1);
+        if (k0 < k_end)
+          MatTile<1, kTileVecs>(p + uint64_t(r0) * ldp, ldp, v + c0, d, o + uint64_t(r0) * d + c0, d, k0,
+                                k_end, k0 > 0);
+      }
+    }
+  }
+}
+
+void SoftmaxRows(float *HWY_RESTRICT s, uint32_t rows, uint64_t lds, uint32_t first_row, float scale,
+                 double *HWY_RESTRICT col, uint32_t score_row0) {
+  const DF df;
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;  // as many floats as a vector of doubles
+  constexpr size_t kDoubles = hn::MaxLanes(decltype(dd)());
+  const uint32_t n_keys = first_row + rows;
+  for (uint32_t r = 0; r < rows; ++r) {
+    float *x = s + r * lds;
+    const uint32_t n = first_row + r + 1;
+    const VF vscale = hn::Set(df, scale);
+    VF mx = hn::Set(df, -INFINITY);
+    uint32_t j = 0;
+    for (; j + kLanes <= n; j += kLanes) {
+      const VF v = hn::Mul(hn::LoadU(df, x + j), vscale);
+      hn::StoreU(v, df, x + j);
+      mx = hn::Max(mx, v);
+    }
+    for (; j < n; ++j) {
+      x[j] = x[j] * scale;
+      mx = hn::Max(mx, hn::Set(df, x[j]));
+    }
+    const VF m = hn::MaxOfLanes(df, mx);
+    VF acc[kCanon];
+    for (size_t k = 0; k < kCanon; ++k) acc[k] = hn::Zero(df);
+    for (j = 0; j < n; j += 16) {
+      for (size_t k = 0; k < kCanon; ++k) {
+        const uint32_t at = j + uint32_t(k * kLanes);
+        if (at >= n) break;
+        VF e = Exp(hn::Sub(hn::LoadU(df, x + at), m));
+        if (at + kLanes <= n) {
+          hn::StoreU(e, df, x + at);
+        } else {
+          const auto valid = hn::FirstN(df, n - at);
+          e = hn::IfThenElseZero(valid, e);
+          hn::BlendedStore(e, valid, df, x + at);
+        }
+        acc[k] = hn::Add(acc[k], e);
+      }
+    }
+    const VF inv = hn::Set(df, 1.0f / FoldCanonical(acc));
+    for (j = 0; j + kLanes <= n; j += kLanes) hn::StoreU(hn::Mul(hn::LoadU(df, x + j), inv), df, x + j);
+    for (; j < n; ++j) x[j] = x[j] * hn::GetLane(inv);
+    for (j = n; j < n_keys; ++j) x[j] = 0.0f;  // causal: no weight (the PV tiles read them)
+    if (col && r >= score_row0) {
+      for (j = 0; j + kDoubles <= n; j += uint32_t(kDoubles))
+        hn::StoreU(hn::Add(hn::LoadU(dd, col + j), hn::PromoteTo(dd, hn::LoadU(dfh, x + j))), dd, col + j);
+      for (; j < n; ++j) col[j] += double(x[j]);
+    }
+  }
+}
+
 const char *TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace minikv::cpu::HWY_NAMESPACE
@@ -495,6 +613,9 @@ HWY_EXPORT(SoftmaxUpdate);
 HWY_EXPORT(ScaleRows);
 HWY_EXPORT(ValueAccumulateCodes);
 HWY_EXPORT(ValueAccumulateRows);
+HWY_EXPORT(CausalLogits);
+HWY_EXPORT(CausalPV);
+HWY_EXPORT(SoftmaxRows);
 HWY_EXPORT(TargetName);
 
 void f16_to_float(const uint16_t *in, float *out, size_t n) { HWY_DYNAMIC_DISPATCH(F16ToFloat)(in, out, n); }
@@ -536,6 +657,21 @@ void value_accumulate_codes(const float *p, uint32_t n_rep, uint64_t ldp, uint32
 void value_accumulate_rows(const float *p, uint32_t n_rep, uint64_t ldp, uint32_t n,
                            const float *rows, uint64_t row_stride, uint32_t d, float *acc) {
   HWY_DYNAMIC_DISPATCH(ValueAccumulateRows)(p, n_rep, ldp, n, rows, row_stride, d, acc);
+}
+
+void causal_logits(const float *q, uint32_t rows, uint32_t d, const float *kt, uint64_t ldk,
+                   uint32_t first_row, float *s, uint64_t lds) {
+  HWY_DYNAMIC_DISPATCH(CausalLogits)(q, rows, d, kt, ldk, first_row, s, lds);
+}
+
+void causal_pv(const float *p, uint32_t rows, uint64_t ldp, const float *v, uint32_t d,
+               uint32_t first_row, float *o) {
+  HWY_DYNAMIC_DISPATCH(CausalPV)(p, rows, ldp, v, d, first_row, o);
+}
+
+void softmax_rows(float *s, uint32_t rows, uint64_t lds, uint32_t first_row, float scale,
+                  double *col, uint32_t score_row0) {
+  HWY_DYNAMIC_DISPATCH(SoftmaxRows)(s, rows, lds, first_row, scale, col, score_row0);
 }
 
 std::vector<std::pair<int64_t, const char *>> simd_targets() {
