@@ -60,7 +60,7 @@ def interleaved_ms(fns, reps, warmup=1):
 
 def machine_peak(threads):
     exe = os.path.join(tempfile.mkdtemp(prefix="minikv-peak-"), "cpu_peak")
-    subprocess.run(["cc", "-O2", "-mavx2", "-mfma", "-fopenmp", os.path.join(HERE, "cpu_peak.c"),
+    subprocess.run(["cc", "-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", os.path.join(HERE, "cpu_peak.c"),
                     "-o", exe], check=True)
     out = subprocess.run([exe, str(threads)], check=True, capture_output=True, text=True).stdout
     return json.loads(out)

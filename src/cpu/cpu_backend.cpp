@@ -41,7 +41,7 @@ HostBuffer host_alloc(uint64_t bytes, const char *what) {
 // Per-thread scratch, sized at create for the longest sequence.
 struct Scratch {
   std::vector<float> k, v;       // [max(max_seq_len, R)][D] rows as float
-  std::vector<float> kt;         // [D][max_seq_len rounded up to 16] keys transposed
+  std::vector<float> kt, vp;     // keys, values in panels (src/cpu/simd_kernels.h)
   std::vector<float> s;          // [kQueryBlock][max_seq_len] logits / probabilities
   std::vector<float> q, o;       // [kQueryBlock][D]
   std::vector<float> scores, pooled;  // [max_seq_len]
@@ -63,7 +63,8 @@ class CpuBackend final : public Backend {
     for (Scratch &s : scratch_) {
       s.k.resize(rows * D);
       s.v.resize(rows * D);
-      s.kt.resize(uint64_t(D) * key_stride());
+      s.kt.resize(uint64_t(align_up(D, cpu::kPanelWidth)) * key_stride());
+      s.vp.resize(uint64_t(align_up(D, cpu::kPanelWidth)) * key_stride());
       s.s.resize(uint64_t(kQueryBlock) * key_stride());
       s.q.resize(kQueryBlock * D);
       s.o.resize(kQueryBlock * D);
@@ -72,7 +73,7 @@ class CpuBackend final : public Backend {
       s.kept.resize(cfg_.max_seq_len);
       s.order.resize(cfg_.max_seq_len);
       s.dec.resize(decode_scratch(nullptr).floats);
-      workspace_bytes_ += (s.k.size() + s.v.size() + s.kt.size() + s.s.size() + s.q.size() + s.o.size() +
+      workspace_bytes_ += (s.k.size() + s.v.size() + s.kt.size() + s.vp.size() + s.s.size() + s.q.size() + s.o.size() +
                            s.scores.size() + s.pooled.size()) * sizeof(float) +
                           (s.kept.size() + s.order.size()) * 4 + s.dec.size() * sizeof(float);
     }
@@ -157,7 +158,9 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  uint64_t key_stride() const { return align_up(cfg_.max_seq_len, cpu::kKeyPadding); }
+  // Row stride of the logits: whole key panels, plus one cache line so that the rows of a
+  // tile do not all map to the same L1 set.
+  uint64_t key_stride() const { return align_up(cfg_.max_seq_len, cpu::kPanelWidth) + 16; }
   uint8_t *block_ptr(uint32_t block) const { return pool_.get() + uint64_t(block) * bl_.bytes; }
   uint8_t *residual_slot(uint32_t slot) const { return residual_.get() + uint64_t(slot) * rl_.bytes; }
   template <typename T>
@@ -201,20 +204,27 @@ class CpuBackend final : public Backend {
     const uint32_t kvh = h / (H / Hkv);
     const uint32_t L = it.plan.prompt_len;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    const uint64_t ldk = key_stride();
+    const uint64_t lds = key_stride();
     for (uint32_t j = 0; j < L; ++j) {
       const uint64_t src = (uint64_t(it.token_begin + j) * Hkv + kvh) * D;
       cpu::to_floats(k + src, D, ws.k.data() + uint64_t(j) * D);
       cpu::to_floats(v + src, D, ws.v.data() + uint64_t(j) * D);
     }
-    // Keys transposed (lanes = keys in the logit tiles), zero padded to the tile width.
-    for (uint32_t j0 = 0; j0 < L; j0 += 32)
+    // Keys and values in zero-padded panels of W columns (src/cpu/simd_kernels.h).
+    constexpr uint32_t W = cpu::kPanelWidth;
+    const uint32_t L_pad = static_cast<uint32_t>(align_up(L, W));
+    const uint64_t v_panel = uint64_t(L_pad) * W;
+    for (uint32_t j0 = 0; j0 < L_pad; j0 += W) {
+      float *panel = ws.kt.data() + uint64_t(j0) * D;
       for (uint32_t c = 0; c < D; ++c)
-        for (uint32_t j = j0; j < std::min(j0 + 32, L); ++j)
-          ws.kt[uint64_t(c) * ldk + j] = ws.k[uint64_t(j) * D + c];
-    for (uint32_t c = 0; c < D; ++c)
-      std::fill(ws.kt.begin() + uint64_t(c) * ldk + L,
-                ws.kt.begin() + uint64_t(c) * ldk + align_up(L, cpu::kKeyPadding), 0.0f);
+        for (uint32_t j = j0; j < j0 + W; ++j) panel[c * W + j - j0] = j < L ? ws.k[uint64_t(j) * D + c] : 0.0f;
+    }
+    for (uint32_t c0 = 0; c0 < D; c0 += W) {
+      float *panel = ws.vp.data() + (c0 / W) * v_panel;
+      for (uint32_t j = 0; j < L_pad; ++j)
+        for (uint32_t c = c0; c < c0 + W; ++c)
+          panel[uint64_t(j) * W + c - c0] = j < L && c < D ? ws.v[uint64_t(j) * D + c] : 0.0f;
+    }
     double *col = head_scores_.data() + uint64_t(h) * cfg_.max_seq_len;
     if (need_scores) std::fill(col, col + L, 0.0);
 
@@ -222,10 +232,10 @@ class CpuBackend final : public Backend {
       const uint32_t rows = std::min(kQueryBlock, L - i0);
       for (uint32_t r = 0; r < rows; ++r)
         cpu::to_floats(q + (uint64_t(it.token_begin + i0 + r) * H + h) * D, D, ws.q.data() + r * D);
-      cpu::causal_logits(ws.q.data(), rows, D, ws.kt.data(), ldk, i0, ws.s.data(), ldk);
-      cpu::softmax_rows(ws.s.data(), rows, ldk, i0, scale, need_scores ? col : nullptr,
+      cpu::causal_logits(ws.q.data(), rows, D, ws.kt.data(), i0, ws.s.data(), lds);
+      cpu::softmax_rows(ws.s.data(), rows, lds, i0, scale, need_scores ? col : nullptr,
                         std::max(score_from, i0) - i0);
-      cpu::causal_pv(ws.s.data(), rows, ldk, ws.v.data(), D, i0, ws.o.data());
+      cpu::causal_pv(ws.s.data(), rows, lds, ws.vp.data(), v_panel, D, i0, ws.o.data());
       for (uint32_t r = 0; r < rows; ++r)
         cpu::from_floats(ws.o.data() + r * D, D, out + (uint64_t(it.token_begin + i0 + r) * H + h) * D);
     }

@@ -502,43 +502,54 @@ HWY_INLINE void MatTile(const float *HWY_RESTRICT a, uint64_t lda, const float *
 }
 
 constexpr size_t kTileRows = 4, kTileVecs = 2;
-static_assert(kTileVecs * kLanes <= kKeyPadding, "logit tiles must stay inside the key padding");
+constexpr uint32_t kPanel = kPanelWidth;
+static_assert(kPanel % (kTileVecs * kLanes) == 0, "tiles must not straddle panels");
 constexpr uint32_t kStrip = uint32_t(kTileVecs * kLanes);  // columns of one tile
 
 void CausalLogits(const float *HWY_RESTRICT q, uint32_t rows, uint32_t d,
-                  const float *HWY_RESTRICT kt, uint64_t ldk, uint32_t first_row,
-                  float *HWY_RESTRICT s, uint64_t lds) {
+                  const float *HWY_RESTRICT kt, uint32_t first_row, float *HWY_RESTRICT s,
+                  uint64_t lds) {
   const uint32_t n_keys = first_row + rows;
   for (uint32_t j0 = 0; j0 < n_keys; j0 += kStrip) {
+    const float *b = kt + uint64_t(j0 / kPanel) * d * kPanel + j0 % kPanel;
     uint32_t r0 = 0;
     for (; r0 + kTileRows <= rows; r0 += kTileRows)
       if (j0 <= first_row + r0 + kTileRows - 1)  // the tile's last row sees key j0
-        MatTile<kTileRows, kTileVecs>(q + uint64_t(r0) * d, d, kt + j0, ldk, s + r0 * lds + j0, lds, 0, d, false);
+        MatTile<kTileRows, kTileVecs>(q + uint64_t(r0) * d, d, b, kPanel, s + r0 * lds + j0, lds, 0, d, false);
     for (; r0 < rows; ++r0)
-      if (j0 <= first_row + r0) MatTile<1, kTileVecs>(q + uint64_t(r0) * d, d, kt + j0, ldk, s + r0 * lds + j0, lds, 0, d, false);
+      if (j0 <= first_row + r0) MatTile<1, kTileVecs>(q + uint64_t(r0) * d, d, b, kPanel, s + r0 * lds + j0, lds, 0, d, false);
+  }
+}
+
+// Rows [0, rows) of o, channels [c0, c0 + kVecs * kLanes), keys [k0, k0 + chunk).
+template <size_t kVecs>
+HWY_INLINE void PVColumns(const float *HWY_RESTRICT p, uint32_t rows, uint64_t ldp,
+                          const float *HWY_RESTRICT b, uint32_t d, uint32_t first_row,
+                          float *HWY_RESTRICT o, uint32_t c0, uint32_t k0, uint32_t chunk) {
+  uint32_t r0 = 0;
+  for (; r0 + kTileRows <= rows; r0 += kTileRows) {
+    const uint32_t k_end = std::min(k0 + chunk, first_row + r0 + uint32_t(kTileRows));
+    if (k0 < k_end)
+      MatTile<kTileRows, kVecs>(p + uint64_t(r0) * ldp, ldp, b, kPanel, o + uint64_t(r0) * d + c0, d, k0,
+                                k_end, k0 > 0);
+  }
+  for (; r0 < rows; ++r0) {
+    const uint32_t k_end = std::min(k0 + chunk, first_row + r0 + 1);
+    if (k0 < k_end)
+      MatTile<1, kVecs>(p + uint64_t(r0) * ldp, ldp, b, kPanel, o + uint64_t(r0) * d + c0, d, k0, k_end, k0 > 0);
   }
 }
 
 void CausalPV(const float *HWY_RESTRICT p, uint32_t rows, uint64_t ldp, const float *HWY_RESTRICT v,
-              uint32_t d, uint32_t first_row, float *HWY_RESTRICT o) {
-  constexpr uint32_t kChunk = 256;  // keys per pass: the V and P chunks stay in L1
+              uint64_t panel_stride, uint32_t d, uint32_t first_row, float *HWY_RESTRICT o) {
+  constexpr uint32_t kChunk = 256;  // keys per pass: the P rows and V panel chunk stay in L1
   const uint32_t n_keys = first_row + rows;
   for (uint32_t k0 = 0; k0 < n_keys; k0 += kChunk) {
-    for (uint32_t c0 = 0; c0 < d; c0 += kStrip) {
-      uint32_t r0 = 0;
-      for (; r0 + kTileRows <= rows; r0 += kTileRows) {
-        const uint32_t k_end = std::min(k0 + kChunk, first_row + r0 + uint32_t(kTileRows));
-        if (k0 < k_end)
-          MatTile<kTileRows, kTileVecs>(p + uint64_t(r0) * ldp, ldp, v + c0, d, o + uint64_t(r0) * d + c0, d,
-                                        k0, k_end, k0 > 0);
-      }
-      for (; r0 < rows; ++r0) {
-        const uint32_t k_end = std::min(k0 + kChunk, first_row + r0 + 1);
-        if (k0 < k_end)
-          MatTile<1, kTileVecs>(p + uint64_t(r0) * ldp, ldp, v + c0, d, o + uint64_t(r0) * d + c0, d, k0,
-                                k_end, k0 > 0);
-      }
-    }
+    uint32_t c0 = 0;
+    for (; c0 + kStrip <= d; c0 += kStrip)
+      PVColumns<kTileVecs>(p, rows, ldp, v + (c0 / kPanel) * panel_stride + c0 % kPanel, d, first_row, o, c0, k0, kChunk);
+    for (; c0 < d; c0 += uint32_t(kLanes))
+      PVColumns<1>(p, rows, ldp, v + (c0 / kPanel) * panel_stride + c0 % kPanel, d, first_row, o, c0, k0, kChunk);
   }
 }
 
@@ -659,14 +670,14 @@ void value_accumulate_rows(const float *p, uint32_t n_rep, uint64_t ldp, uint32_
   HWY_DYNAMIC_DISPATCH(ValueAccumulateRows)(p, n_rep, ldp, n, rows, row_stride, d, acc);
 }
 
-void causal_logits(const float *q, uint32_t rows, uint32_t d, const float *kt, uint64_t ldk,
+void causal_logits(const float *q, uint32_t rows, uint32_t d, const float *k_panels,
                    uint32_t first_row, float *s, uint64_t lds) {
-  HWY_DYNAMIC_DISPATCH(CausalLogits)(q, rows, d, kt, ldk, first_row, s, lds);
+  HWY_DYNAMIC_DISPATCH(CausalLogits)(q, rows, d, k_panels, first_row, s, lds);
 }
 
-void causal_pv(const float *p, uint32_t rows, uint64_t ldp, const float *v, uint32_t d,
-               uint32_t first_row, float *o) {
-  HWY_DYNAMIC_DISPATCH(CausalPV)(p, rows, ldp, v, d, first_row, o);
+void causal_pv(const float *p, uint32_t rows, uint64_t ldp, const float *v_panels,
+               uint64_t panel_stride, uint32_t d, uint32_t first_row, float *o) {
+  HWY_DYNAMIC_DISPATCH(CausalPV)(p, rows, ldp, v_panels, panel_stride, d, first_row, o);
 }
 
 void softmax_rows(float *s, uint32_t rows, uint64_t lds, uint32_t first_row, float scale,

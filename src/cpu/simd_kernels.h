@@ -106,14 +106,16 @@ void value_accumulate_rows(const float *p, uint32_t n_rep, uint64_t ldp, uint32_
 
 // ---- prefill ----------------------------------------------------------------------------
 // Causal attention of a block of `rows` query rows i = first_row + r over keys j <= i.
-// Key rows are padded to a multiple of kKeyPadding: the logit tiles read and write whole
-// tiles of keys.
-constexpr uint32_t kKeyPadding = 32;
-//
-// s[r * lds + j] = SEQUENTIAL over c < d of q[r * d + c] * kt[c * ldk + j], for j <= i (keys
-// beyond the row's last one, up to the next tile boundary, may be written too). kt holds the
-// keys transposed, readable up to first_row + rows rounded up to kKeyPadding; s too.
-void causal_logits(const float *q, uint32_t rows, uint32_t d, const float *kt, uint64_t ldk,
+// Keys and values come packed in panels of kPanelWidth columns, so that every tile reads
+// contiguous memory:
+//   k_panels [ceil(keys / W)][d][W]: key j, channel c at ((j / W) * d + c) * W + j % W
+//   v_panels [ceil(d / W)][keys][W]: key j, channel c at (c / W) * panel_stride + j * W + c % W
+// zero padded to whole panels.
+constexpr uint32_t kPanelWidth = 32;
+
+// s[r * lds + j] = SEQUENTIAL over c < d of q[r * d + c] * key(j, c), for j <= i (keys beyond
+// the row's last one, up to the end of its panel, may be written too: lds must leave room).
+void causal_logits(const float *q, uint32_t rows, uint32_t d, const float *k_panels,
                    uint32_t first_row, float *s, uint64_t lds);
 
 // Row r of s becomes the probabilities softmax(scale * s[r][0..i]): x = s * scale, m = max x,
@@ -123,11 +125,11 @@ void causal_logits(const float *q, uint32_t rows, uint32_t d, const float *kt, u
 void softmax_rows(float *s, uint32_t rows, uint64_t lds, uint32_t first_row, float scale,
                   double *col, uint32_t score_row0);
 
-// o[r * d + c] = SEQUENTIAL over j of p[r * ldp + j] * v[j * d + c], from 0, over the keys
-// of the row's tile of 4 rows (the probabilities of masked keys are 0: those terms can
-// change nothing but the sign of an exactly zero result).
-void causal_pv(const float *p, uint32_t rows, uint64_t ldp, const float *v, uint32_t d,
-               uint32_t first_row, float *o);
+// o[r * d + c] = SEQUENTIAL over j of p[r * ldp + j] * value(j, c), from 0, over the keys of
+// the row's tile of 4 rows (the probabilities of masked keys are 0: those terms can change
+// nothing but the sign of an exactly zero result).
+void causal_pv(const float *p, uint32_t rows, uint64_t ldp, const float *v_panels,
+               uint64_t panel_stride, uint32_t d, uint32_t first_row, float *o);
 
 // ---- targets (tests and benchmarks) -------------------------------------------------------
 // The targets compiled in and supported by this CPU, best first: (Highway bit, name).
