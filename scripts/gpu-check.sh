@@ -19,6 +19,9 @@
 #   GPU_CHECK_SANITIZER_TIMEOUT seconds per sanitizer run (default 300)
 #   MINIKV_COMMIT      commit label for the summary when .git is absent
 # doctest: Debian's doctest-dev, or the header copied to .deps/include/doctest/doctest.h.
+# Google Highway (the CPU backend's SIMD kernels): Debian's libhwy-dev, or, on a machine
+# without apt, Debian's libhwy-dev and libhwy1 packages unpacked into .deps/hwy
+# (apt-get download libhwy-dev libhwy1 elsewhere; for f in *.deb; do dpkg -x $f .deps/hwy; done).
 set -uo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -40,7 +40,7 @@ JOBS=${MINIKV_JOBS:-$(nproc)}
 start=$SECONDS
 
 step "dependencies"
-install_packages build-essential cmake ninja-build pkg-config doctest-dev
+install_packages build-essential cmake ninja-build pkg-config doctest-dev libhwy-dev
 # mypy (Debian's): the Python binding's typing tests and the wheel's type check.
 install_packages python3-mypy
 PY=""
