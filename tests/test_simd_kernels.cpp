@@ -1,7 +1,7 @@
 // minikv-test: white-box. The CPU backend's vector kernels (src/cpu/simd_kernels.h) give
 // the same bits on every SIMD target this machine supports (the scalar fallback included),
 // and those bits are the documented order of operations, written here as plain loops:
-// SEQUENTIAL sums, CANONICAL16 sums, no fused multiply-add. The conversions match
+// SEQUENTIAL sums, CANONICAL16 sums, products fused with std::fma. The conversions match
 // src/dtype.h on every 16-bit pattern and on special floats; exp stays within 3 ulp of
 // std::exp.
 #include <doctest/doctest.h>
@@ -61,9 +61,11 @@ void on_every_target(const std::vector<float> &want, const std::function<std::ve
   simd_force_target(0);
 }
 
-float canonical16(const std::function<float(uint32_t)> &term, uint32_t n) {
+// CANONICAL16 of the products a(i) * b(i), each fused into its partial sum.
+float canonical16(const std::function<float(uint32_t)> &a, const std::function<float(uint32_t)> &b,
+                  uint32_t n) {
   float s[16] = {};
-  for (uint32_t i = 0; i < n; ++i) s[i % 16] = s[i % 16] + term(i);
+  for (uint32_t i = 0; i < n; ++i) s[i % 16] = std::fma(a(i), b(i), s[i % 16]);
   for (uint32_t w = 8; w >= 1; w /= 2)
     for (uint32_t l = 0; l < w; ++l) s[l] = s[l] + s[l + w];
   return s[0];
@@ -159,8 +161,8 @@ TEST_CASE("simd kernels: key logits from packed codes are SEQUENTIAL over channe
             const uint32_t g = t / G;
             float acc = 0.0f;
             for (uint32_t c = 0; c < d; ++c)
-              acc = acc + qs[(size_t(g) * n_rep + r) * d + c] *
-                              float(code_of(codes.data() + size_t(t) * (words + 1), c, bits));
+              acc = std::fma(qs[(size_t(g) * n_rep + r) * d + c],
+                             float(code_of(codes.data() + size_t(t) * (words + 1), c, bits)), acc);
             want[r * ld + t] = (acc + bias[g * n_rep + r]) * scale;
           }
         on_every_target(want, [&] {
@@ -184,7 +186,8 @@ TEST_CASE("simd kernels: dot products of float rows are CANONICAL16") {
       std::vector<float> want(n_rep * ld, -1.0f);
       for (uint32_t r = 0; r < n_rep; ++r)
         for (uint32_t t = 0; t < n; ++t)
-          want[r * ld + t] = canonical16([&](uint32_t c) { return q[r * d + c] * rows[t * stride + c]; }, d) * 0.5f;
+          want[r * ld + t] = canonical16([&](uint32_t c) { return q[r * d + c]; },
+                                         [&](uint32_t c) { return rows[t * stride + c]; }, d) * 0.5f;
       on_every_target(want, [&] {
         std::vector<float> got(n_rep * ld, -1.0f);
         minikv::cpu::dot_rows(q.data(), n_rep, d, rows.data(), stride, n, 0.5f, got.data(), ld);
@@ -213,9 +216,9 @@ TEST_CASE("simd kernels: value accumulation is SEQUENTIAL over tokens") {
         for (uint32_t c = 0; c < d; ++c)
           for (uint32_t t = 0; t < n; ++t) {
             const float v = bits == 32 ? rows[t * d + c]
-                                       : float(code_of(codes.data() + size_t(t) * words, c, bits)) *
-                                                 scale[t * groups + c / G] + minimum[t * groups + c / G];
-            want[r * d + c] = want[r * d + c] + p[r * ldp + t] * v;
+                                       : std::fma(float(code_of(codes.data() + size_t(t) * words, c, bits)),
+                                                  scale[t * groups + c / G], minimum[t * groups + c / G]);
+            want[r * d + c] = std::fma(p[r * ldp + t], v, want[r * d + c]);
           }
       on_every_target(want, [&] {
         std::vector<float> got = acc0;

@@ -1,7 +1,7 @@
 // Highway implementations of src/cpu/simd_kernels.h, compiled once per target
 // (foreach_target.h re-includes this file) and dispatched at run time.
 // Compiled with -ffp-contract=off (CMakeLists.txt): the order of every rounding is the
-// one written here, on every target.
+// one written here, on every target; products are fused into sums only through Fma.
 
 // Scalable vectors (SVE, RVV) cannot live in arrays, which the register tiles below use;
 // Arm builds use NEON. SSSE3-only CPUs (no SSE4) take the EMU128 fallback.
@@ -70,6 +70,23 @@ HWY_INLINE float FoldCanonical(VF (&s)[kCanon]) {
   for (size_t count = kCanon; count > 1; count /= 2)
     for (size_t i = 0; i < count / 2; ++i) s[i] = hn::Add(s[i], s[i + count / 2]);
   return FoldHalves(DF(), s[0]);
+}
+
+// ---- fused multiply-add ------------------------------------------------------------------
+// a * b + c rounded once, on every target: the instruction where the target has it, else
+// std::fma lane by lane (exact, slower: SSE4-only CPUs and the scalar fallback).
+HWY_INLINE VF Fma(VF a, VF b, VF c) {
+#if HWY_NATIVE_FMA
+  return hn::MulAdd(a, b, c);
+#else
+  const DF df;
+  HWY_ALIGN float x[kLanes], y[kLanes], z[kLanes];
+  hn::Store(a, df, x);
+  hn::Store(b, df, y);
+  hn::Store(c, df, z);
+  for (size_t i = 0; i < kLanes; ++i) z[i] = std::fma(x[i], y[i], z[i]);
+  return hn::Load(df, z);
+#endif
 }
 
 // ---- exp -----------------------------------------------------------------------------------
@@ -247,7 +264,7 @@ HWY_INLINE uint32_t KeyLogitsTile(const float *HWY_RESTRICT qs, const float *HWY
                                                               hn::Set(du, (1u << kBits) - 1))));
         for (size_t h = 0; h < kHeads; ++h)
           for (size_t v = 0; v < kVecs; ++v)
-            acc[h][v] = hn::Add(acc[h][v], hn::Mul(hn::Set(df, q[v][h * d + c]), code[v]));
+            acc[h][v] = Fma(hn::Set(df, q[v][h * d + c]), code[v], acc[h][v]);
       }
     }
     for (size_t h = 0; h < kHeads; ++h)
@@ -307,7 +324,7 @@ HWY_INLINE void DotRowHeads(const float *HWY_RESTRICT q, uint32_t d, const float
     for (size_t k = 0; k < kCanon; ++k) {
       const VF x = hn::LoadU(df, row + c0 + k * kLanes);
       for (size_t h = 0; h < kHeads; ++h)
-        s[h][k] = hn::Add(s[h][k], hn::Mul(hn::LoadU(df, q + h * d + c0 + k * kLanes), x));
+        s[h][k] = Fma(hn::LoadU(df, q + h * d + c0 + k * kLanes), x, s[h][k]);
     }
   }
   for (size_t h = 0; h < kHeads; ++h) out[h * ld] = FoldCanonical(s[h]) * scale;
@@ -396,12 +413,11 @@ HWY_INLINE uint32_t ValueCodesTile(const float *HWY_RESTRICT p, uint32_t r0, uin
       VF value[kCh];
       for (size_t v = 0; v < kCh; ++v) {
         const VF code = hn::ConvertTo(df, hn::BitCast(di, CodeLanes<kBits>(row, c0 + uint32_t(v * kLanes), shift[v])));
-        value[v] = hn::Add(hn::Mul(code, hn::Set(df, scale[t * groups + g[v]])),
-                           hn::Set(df, minimum[t * groups + g[v]]));
+        value[v] = Fma(code, hn::Set(df, scale[t * groups + g[v]]), hn::Set(df, minimum[t * groups + g[v]]));
       }
       for (size_t h = 0; h < kHeads; ++h) {
         const VF pv = hn::Set(df, p[(r0 + h) * ldp + t]);
-        for (size_t v = 0; v < kCh; ++v) a[h][v] = hn::Add(a[h][v], hn::Mul(pv, value[v]));
+        for (size_t v = 0; v < kCh; ++v) a[h][v] = Fma(pv, value[v], a[h][v]);
       }
     }
     for (size_t h = 0; h < kHeads; ++h)
@@ -455,7 +471,7 @@ HWY_INLINE uint32_t ValueRowsTile(const float *HWY_RESTRICT p, uint32_t r0, uint
       for (size_t v = 0; v < kCh; ++v) value[v] = hn::LoadU(df, rows + t * row_stride + c0 + v * kLanes);
       for (size_t h = 0; h < kHeads; ++h) {
         const VF pv = hn::Set(df, p[(r0 + h) * ldp + t]);
-        for (size_t v = 0; v < kCh; ++v) a[h][v] = hn::Add(a[h][v], hn::Mul(pv, value[v]));
+        for (size_t v = 0; v < kCh; ++v) a[h][v] = Fma(pv, value[v], a[h][v]);
       }
     }
     for (size_t h = 0; h < kHeads; ++h)
@@ -494,7 +510,7 @@ HWY_INLINE void MatTile(const float *HWY_RESTRICT a, uint64_t lda, const float *
     for (size_t v = 0; v < kVecs; ++v) bv[v] = hn::LoadU(df, b + uint64_t(k) * ldb + v * kLanes);
     for (size_t r = 0; r < kRows; ++r) {
       const VF av = hn::Set(df, a[r * lda + k]);
-      for (size_t v = 0; v < kVecs; ++v) acc[r][v] = hn::Add(acc[r][v], hn::Mul(av, bv[v]));
+      for (size_t v = 0; v < kVecs; ++v) acc[r][v] = Fma(av, bv[v], acc[r][v]);
     }
   }
   for (size_t r = 0; r < kRows; ++r)

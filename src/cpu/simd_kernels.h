@@ -6,12 +6,14 @@
 // not on the machine, the SIMD target or the thread count (tests/test_simd_kernels.cpp
 // runs each kernel on every target the machine supports and compares the bits).
 // Two rules make that hold:
-//  * no fused multiply-add: a product is rounded, then added (this file and the kernels
-//    are compiled with -ffp-contract=off);
+//  * a product added to a sum is one fused multiply-add, fma(a, b, acc), rounded once: the
+//    FMA instruction where the CPU has one (x86-64 since 2013, AVX-512, Arm64), else
+//    std::fma lane by lane (exact, slower: SSE4-only CPUs and the scalar fallback); no other
+//    contraction (the kernels are compiled with -ffp-contract=off);
 //  * every sum has one fixed order, independent of the vector width. Either
-//      SEQUENTIAL: acc = 0; acc = acc + x_0; acc = acc + x_1; ... (lanes are independent
-//                  outputs, each summing its own terms in index order), or
-//      CANONICAL16: 16 partial sums s_l = sequential sum of the terms x_i with i % 16 == l,
+//      SEQUENTIAL: acc = 0; acc = fma(a_0, b_0, acc); acc = fma(a_1, b_1, acc); ... (lanes
+//                  are independent outputs, each summing its own terms in index order), or
+//      CANONICAL16: 16 partial sums s_l = SEQUENTIAL sum of the terms i with i % 16 == l,
 //                  then folded in halves: s_l += s_{l+8} (l < 8), s_l += s_{l+4} (l < 4),
 //                  s_l += s_{l+2}, s_0 += s_1.
 //    Each kernel below says which.
@@ -92,9 +94,8 @@ void softmax_update(float *x, uint32_t n_rep, uint64_t ld, uint32_t n, float *m,
 void scale_rows(float *acc, uint32_t n_rep, uint32_t d, const float *correction);
 
 // acc[r * d + c] += p[r * ldp + t] * value(t, c), SEQUENTIAL over t < n, for r < n_rep,
-// where value(t, c) = code(t, c) * scale[t][c / group] + minimum[t][c / group] (rounded
-// product, then the sum) from packed rows as in key_logits_codes; scale and minimum are
-// [n][d / group]. group >= 16.
+// where value(t, c) = fma(code(t, c), scale[t][c / group], minimum[t][c / group]) from
+// packed rows as in key_logits_codes; scale and minimum are [n][d / group]. group >= 16.
 void value_accumulate_codes(const float *p, uint32_t n_rep, uint64_t ldp, uint32_t n,
                             const uint32_t *codes, uint64_t row_words, uint32_t bits,
                             const float *scale, const float *minimum, uint32_t group,
