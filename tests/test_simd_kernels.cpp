@@ -14,6 +14,7 @@
 
 #include "cpu/simd_kernels.h"
 #include "dtype.h"
+#include "reference/quant_ref.hpp"
 #include "splitmix64.hpp"
 
 namespace {
@@ -216,8 +217,8 @@ TEST_CASE("simd kernels: value accumulation is SEQUENTIAL over tokens") {
         for (uint32_t c = 0; c < d; ++c)
           for (uint32_t t = 0; t < n; ++t) {
             const float v = bits == 32 ? rows[t * d + c]
-                                       : std::fma(float(code_of(codes.data() + size_t(t) * words, c, bits)),
-                                                  scale[t * groups + c / G], minimum[t * groups + c / G]);
+                                       : ref::dequant(code_of(codes.data() + size_t(t) * words, c, bits),
+                                                      minimum[t * groups + c / G], scale[t * groups + c / G]);
             want[r * d + c] = std::fma(p[r * ldp + t], v, want[r * d + c]);
           }
       on_every_target(want, [&] {

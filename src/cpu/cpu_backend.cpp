@@ -278,32 +278,22 @@ class CpuBackend final : public Backend {
     const uint32_t n_keep = plan.n_keep;
     for (uint32_t t = 0; t < n_keep; ++t) {
       const uint64_t src = (uint64_t(it.token_begin + ws.kept[t]) * Hkv + kvh) * D;
-      for (uint32_t c = 0; c < D; ++c) {
-        ws.k[uint64_t(t) * D + c] = to_float(k[src + c]);
-        ws.v[uint64_t(t) * D + c] = to_float(v[src + c]);
-      }
+      cpu::to_floats(k + src, D, ws.k.data() + uint64_t(t) * D);
+      cpu::to_floats(v + src, D, ws.v.data() + uint64_t(t) * D);
     }
     // Cache order: sinks [0, sinks), blocks, residual.
     const uint32_t sinks = it.dst.sinks, first_residual = sinks + it.dst.quantized;
     uint8_t *slot = residual_slot(it.dst.residual_slot);
     for (uint32_t t = 0; t < sinks; ++t) {
-      T *k_sink = sink_row<T>(slot, rl_.sink_k, kvh, t);
-      T *v_sink = sink_row<T>(slot, rl_.sink_v, kvh, t);
-      for (uint32_t c = 0; c < D; ++c) {
-        k_sink[c] = from_float<T>(ws.k[uint64_t(t) * D + c]);
-        v_sink[c] = from_float<T>(ws.v[uint64_t(t) * D + c]);
-      }
+      cpu::from_floats(ws.k.data() + uint64_t(t) * D, D, sink_row<T>(slot, rl_.sink_k, kvh, t));
+      cpu::from_floats(ws.v.data() + uint64_t(t) * D, D, sink_row<T>(slot, rl_.sink_v, kvh, t));
     }
     store_tokens<T>(it.dst, kvh, 0, it.dst.quantized, ws.k.data() + uint64_t(sinks) * D,
                     ws.v.data() + uint64_t(sinks) * D, ws.kept.data() + sinks);
     for (uint32_t t = first_residual; t < n_keep; ++t) {
       const uint32_t row = t - first_residual;
-      T *k_res = residual_row<T>(slot, rl_.k, kvh, row);
-      T *v_res = residual_row<T>(slot, rl_.v, kvh, row);
-      for (uint32_t c = 0; c < D; ++c) {
-        k_res[c] = from_float<T>(ws.k[uint64_t(t) * D + c]);
-        v_res[c] = from_float<T>(ws.v[uint64_t(t) * D + c]);
-      }
+      cpu::from_floats(ws.k.data() + uint64_t(t) * D, D, residual_row<T>(slot, rl_.k, kvh, row));
+      cpu::from_floats(ws.v.data() + uint64_t(t) * D, D, residual_row<T>(slot, rl_.v, kvh, row));
       residual_positions(slot, kvh)[row] = ws.kept[t];
     }
   }
@@ -391,12 +381,8 @@ class CpuBackend final : public Backend {
   void flush_residual(const CacheView &dst, uint32_t head, Scratch &ws) {
     const uint32_t R = rl_.tokens, D = cfg_.head_dim;
     uint8_t *slot = residual_slot(dst.residual_slot);
-    const T *k_res = residual_row<T>(slot, rl_.k, head, 0);
-    const T *v_res = residual_row<T>(slot, rl_.v, head, 0);
-    for (uint64_t i = 0; i < uint64_t(R) * D; ++i) {
-      ws.k[i] = to_float(k_res[i]);
-      ws.v[i] = to_float(v_res[i]);
-    }
+    cpu::to_floats(residual_row<T>(slot, rl_.k, head, 0), uint64_t(R) * D, ws.k.data());
+    cpu::to_floats(residual_row<T>(slot, rl_.v, head, 0), uint64_t(R) * D, ws.v.data());
     store_tokens<T>(dst, head, dst.quantized, R, ws.k.data(), ws.v.data(),
                     residual_positions(slot, head));
   }

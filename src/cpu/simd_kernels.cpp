@@ -413,7 +413,9 @@ HWY_INLINE uint32_t ValueCodesTile(const float *HWY_RESTRICT p, uint32_t r0, uin
       VF value[kCh];
       for (size_t v = 0; v < kCh; ++v) {
         const VF code = hn::ConvertTo(df, hn::BitCast(di, CodeLanes<kBits>(row, c0 + uint32_t(v * kLanes), shift[v])));
-        value[v] = Fma(code, hn::Set(df, scale[t * groups + g[v]]), hn::Set(df, minimum[t * groups + g[v]]));
+        // dequantize_code (src/quant.h): the product rounded, then the sum.
+        value[v] = hn::Add(hn::Mul(code, hn::Set(df, scale[t * groups + g[v]])),
+                           hn::Set(df, minimum[t * groups + g[v]]));
       }
       for (size_t h = 0; h < kHeads; ++h) {
         const VF pv = hn::Set(df, p[(r0 + h) * ldp + t]);
