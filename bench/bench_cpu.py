@@ -3,10 +3,11 @@
 
 One process, the same thread count for both (MINIKV_NUM_THREADS and torch.set_num_threads),
 one layer, batch 1, inputs random normal; each number is a median of several calls:
-  - decode: libminikv over its compressed cache (2-bit, G = 16, R = 128, heavy 0.25 + recent
-    0.25 = 50% of the prompt kept) vs SDPA over the full uncompressed cache of L tokens, in
-    fp32 and in fp16 (a q_len-1 query, GQA through enable_gqa);
-  - prefill: libminikv (causal attention + CUMULATIVE or WINDOW scores + selection +
+  - decode: libminikv over its compressed cache (presets "paper": 2-bit, G = 16, and
+    "balanced", the default: 4-bit keys, 2-bit values, G = 32, 4 sinks; R = 128, heavy 0.25
+    + recent 0.25 = 50% of the prompt kept) vs SDPA over the full uncompressed cache of L
+    tokens, in fp32 and in fp16 (a q_len-1 query, GQA through enable_gqa);
+  - prefill: libminikv ("paper" preset: causal attention + CUMULATIVE or WINDOW scores + selection +
     quantization into the cache) vs SDPA's causal attention alone.
 And this machine's measured ceilings (bench/cpu_peak.c: a STREAM-like copy, an FMA loop and
 a multiply + add loop), so GB/s and GFLOP/s read against the limit.
@@ -91,11 +92,13 @@ class Minikv:
         self.m = minikv
         self.lib = minikv.load()
 
-    def cache(self, dtype, H, Hkv, D, max_len, mode="cumulative"):
-        return self.m.Cache(self.m.Config(
-            backend="cpu", dtype=dtype, num_layers=1, num_heads=H, num_kv_heads=Hkv, head_dim=D,
-            max_sequences=1, max_seq_len=max_len, score_mode=mode, key_bits=2, value_bits=2,
-            group_size=16, residual_length=128))
+    def cache(self, dtype, H, Hkv, D, max_len, mode="cumulative", preset="paper"):
+        """A one-layer cache with a library preset: "paper" (2-bit keys and values, G = 16,
+        no sinks) or "balanced" (the default: 4-bit keys, 2-bit values, G = 32, 4 sinks);
+        both keep 50% of the prompt (heavy 0.25 + recent 0.25), R = 128."""
+        return self.m.Cache(self.m.Config.from_preset(
+            preset, backend="cpu", dtype=dtype, num_layers=1, num_heads=H, num_kv_heads=Hkv,
+            head_dim=D, max_sequences=1, max_seq_len=max_len, score_mode=mode))
 
     def check(self, status, handle):
         if status != 0:
@@ -106,9 +109,9 @@ def ptr(t):
     return ctypes.c_void_p(t.data_ptr())
 
 
-def bench_decode(mk, torch, F, dtype, H, Hkv, D, L, reps, prefill_cap, peak):
+def bench_decode(mk, torch, F, dtype, H, Hkv, D, L, reps, prefill_cap, peak, preset):
     tdtype = {"f32": torch.float32, "f16": torch.float16}[dtype]
-    cache = mk.cache(dtype, H, Hkv, D, L + 16)
+    cache = mk.cache(dtype, H, Hkv, D, L + 16, preset=preset)
     h = ctypes.c_void_p(cache.handle)
     ids = (ctypes.c_uint32 * 1)(0)
     lp = min(L, prefill_cap)
@@ -139,7 +142,7 @@ def bench_decode(mk, torch, F, dtype, H, Hkv, D, L, reps, prefill_cap, peak):
         [lambda: mk.check(mk.lib.minikv_decode(h, 0, 1, ids, ptr(qd), ptr(od), None), h),
          sdpa("f32"), sdpa("f16")], reps, warmup=3)
     cache.close()
-    res = dict(kind="decode", dtype=dtype, H=H, Hkv=Hkv, D=D, L=L, cached_tokens=cached,
+    res = dict(kind="decode", preset=preset, dtype=dtype, H=H, Hkv=Hkv, D=D, L=L, cached_tokens=cached,
                minikv_ms=t_mkv, minikv_min_ms=t_mkv_min, minikv_bytes=used,
                minikv_GBps=used / (t_mkv * 1e-3) / 1e9,
                minikv_GFLOPs=4.0 * H * cached * D / (t_mkv * 1e-3) / 1e9)
@@ -205,6 +208,7 @@ def main():
     ap.add_argument("--decode-shapes", default="8/2/64,32/8/128", help="H/Hkv/D")
     ap.add_argument("--decode-lengths", default="4096,32768")
     ap.add_argument("--prefill-shapes", default="8/2/64/2048,32/8/128/4096", help="H/Hkv/D/L")
+    ap.add_argument("--presets", default="paper,balanced", help="decode cache settings (see Minikv.cache)")
     ap.add_argument("--prefill-cap", type=int, default=4096, help="longest prefill building a decode cache")
     ap.add_argument("--decode-reps", type=int, default=51)
     ap.add_argument("--prefill-reps", type=int, default=5)
@@ -242,12 +246,14 @@ def main():
         write_json(args.out, dict(meta=meta, results=rows))
 
     for dtype in args.dtypes.split(","):
-        for shape in filter(None, args.decode_shapes.split(",")):
+        for preset, shape in ((p, s) for p in args.presets.split(",")
+                              for s in filter(None, args.decode_shapes.split(","))):
             H, Hkv, D = (int(x) for x in shape.split("/"))
             for L in (int(x) for x in filter(None, args.decode_lengths.split(","))):
-                r = bench_decode(mk, torch, F, dtype, H, Hkv, D, L, args.decode_reps, args.prefill_cap, peak)
+                r = bench_decode(mk, torch, F, dtype, H, Hkv, D, L, args.decode_reps, args.prefill_cap,
+                                 peak, preset)
                 rows.append(r)
-                print(f"decode  {dtype} H={H}/{Hkv} D={D} L={L}: minikv {r['minikv_ms']:.3f} ms "
+                print(f"decode  {dtype} {preset} H={H}/{Hkv} D={D} L={L}: minikv {r['minikv_ms']:.3f} ms "
                       f"({r['minikv_GBps']:.1f} GB/s, {r['minikv_GFLOPs']:.1f} GFLOP/s)  sdpa f32 "
                       f"{r['sdpa_f32_ms']:.3f} ms ({r['speedup_vs_sdpa_f32']:.2f}x)  sdpa f16 "
                       f"{r['sdpa_f16_ms']:.3f} ms ({r['speedup_vs_sdpa_f16']:.2f}x)", flush=True)
