@@ -164,7 +164,7 @@ TEST_CASE("simd kernels: key logits from packed codes are SEQUENTIAL over channe
             for (uint32_t c = 0; c < d; ++c)
               acc = std::fma(qs[(size_t(g) * n_rep + r) * d + c],
                              float(code_of(codes.data() + size_t(t) * (words + 1), c, bits)), acc);
-            want[r * ld + t] = (acc + bias[g * n_rep + r]) * scale;
+            want[r * ld + t] = (acc + bias[size_t(r) * (n / G) + g]) * scale;
           }
         on_every_target(want, [&] {
           std::vector<float> got(n_rep * ld, -1.0f);

@@ -419,8 +419,8 @@ class CpuBackend final : public Backend {
     d.m = take(n_rep);
     d.l = take(n_rep);
     d.correction = take(n_rep);
-    d.k_scale = take(D);
-    d.k_min = take(D);
+    d.k_scale = take(tile / G * D);
+    d.k_min = take(tile / G * D);
     d.v_scale = take(tile * (D / G));
     d.v_min = take(tile * (D / G));
     d.floats = at;
@@ -476,12 +476,10 @@ class CpuBackend final : public Backend {
         // q · (code * s + m) = (q * s) · code + q · m, with (s, m) shared by a key group.
         const T *ks = reinterpret_cast<const T *>(block + bl_.k_scale + kvh * bl_.k_scale_head()) + (row0 / G) * D;
         const T *km = reinterpret_cast<const T *>(block + bl_.k_min + kvh * bl_.k_scale_head()) + (row0 / G) * D;
-        for (uint32_t g = 0; g < n / G; ++g) {
-          cpu::scale_channels(d.q, n_rep, D, cpu::as_floats(ks + uint64_t(g) * D, D, d.k_scale),
-                              d.qs + uint64_t(g) * n_rep * D);
-          cpu::dot_rows(d.q, n_rep, D, cpu::as_floats(km + uint64_t(g) * D, D, d.k_min), 0, 1, 1.0f,
-                        d.bias + g * n_rep, 1);
-        }
+        const uint32_t groups = n / G;
+        cpu::scale_channels(d.q, n_rep, D, cpu::as_floats(ks, uint64_t(groups) * D, d.k_scale), groups, d.qs);
+        cpu::dot_rows(d.q, n_rep, D, cpu::as_floats(km, uint64_t(groups) * D, d.k_min), D, groups, 1.0f,
+                      d.bias, groups);
         cpu::key_logits_codes(d.qs, d.bias, n_rep, D, reinterpret_cast<const uint32_t *>(k_codes),
                               bl_.k_row_bytes / 4, kb, G, n, scale, d.logits, d.ld);
       }

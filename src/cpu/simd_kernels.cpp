@@ -103,16 +103,16 @@ HWY_INLINE VF Exp(VF x) {
   const auto in_range = hn::Ge(x, hn::Set(df, kExpLow));  // false for NaN and -inf
   x = hn::Min(x, hn::Set(df, kExpHigh));
   const VF n = hn::Round(hn::Mul(x, hn::Set(df, kLog2e)));
-  VF r = hn::Sub(x, hn::Mul(n, hn::Set(df, kLn2Hi)));
-  r = hn::Sub(r, hn::Mul(n, hn::Set(df, kLn2Lo)));
+  VF r = Fma(n, hn::Set(df, -kLn2Hi), x);
+  r = Fma(n, hn::Set(df, -kLn2Lo), r);
   const VF z = hn::Mul(r, r);
   VF y = hn::Set(df, kP0);
-  y = hn::Add(hn::Mul(y, r), hn::Set(df, kP1));
-  y = hn::Add(hn::Mul(y, r), hn::Set(df, kP2));
-  y = hn::Add(hn::Mul(y, r), hn::Set(df, kP3));
-  y = hn::Add(hn::Mul(y, r), hn::Set(df, kP4));
-  y = hn::Add(hn::Mul(y, r), hn::Set(df, kP5));
-  y = hn::Add(hn::Add(hn::Mul(y, z), r), hn::Set(df, 1.0f));
+  y = Fma(y, r, hn::Set(df, kP1));
+  y = Fma(y, r, hn::Set(df, kP2));
+  y = Fma(y, r, hn::Set(df, kP3));
+  y = Fma(y, r, hn::Set(df, kP4));
+  y = Fma(y, r, hn::Set(df, kP5));
+  y = hn::Add(Fma(y, z, r), hn::Set(df, 1.0f));
   // n is in [-126, 127] here, so 2^n is a normal float built from its exponent bits.
   const VI e = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
   return hn::IfThenElseZero(in_range, hn::Mul(y, hn::BitCast(df, e)));
@@ -247,7 +247,7 @@ HWY_INLINE uint32_t KeyLogitsTile(const float *HWY_RESTRICT qs, const float *HWY
       index[v] = hn::Mul(hn::Iota(di, int32_t(first)), hn::Set(di, int32_t(row_words)));
       const uint64_t g = first / group;
       q[v] = qs + (g * n_rep + r0) * d;
-      b[v] = bias + g * n_rep + r0;
+      b[v] = bias + uint64_t(r0) * (n / group) + g;
     }
     VF acc[kHeads][kVecs];
     for (size_t h = 0; h < kHeads; ++h)
@@ -269,7 +269,7 @@ HWY_INLINE uint32_t KeyLogitsTile(const float *HWY_RESTRICT qs, const float *HWY
     }
     for (size_t h = 0; h < kHeads; ++h)
       for (size_t v = 0; v < kVecs; ++v)
-        hn::StoreU(hn::Mul(hn::Add(acc[h][v], hn::Set(df, b[v][h])), hn::Set(df, scale)), df,
+        hn::StoreU(hn::Mul(hn::Add(acc[h][v], hn::Set(df, b[v][h * (n / group)])), hn::Set(df, scale)), df,
                    logits + (r0 + h) * ld + t + v * kLanes);
   }
   return t;
@@ -305,11 +305,13 @@ void KeyLogitsCodes(const float *qs, const float *bias, uint32_t n_rep, uint32_t
 }
 
 void ScaleChannels(const float *HWY_RESTRICT q, uint32_t n_rep, uint32_t d,
-                   const float *HWY_RESTRICT s, float *HWY_RESTRICT out) {
+                   const float *HWY_RESTRICT s, uint32_t groups, float *HWY_RESTRICT out) {
   const DF df;
-  for (uint32_t r = 0; r < n_rep; ++r)
-    for (uint32_t c = 0; c < d; c += kLanes)
-      hn::StoreU(hn::Mul(hn::LoadU(df, q + r * d + c), hn::LoadU(df, s + c)), df, out + r * d + c);
+  for (uint32_t g = 0; g < groups; ++g)
+    for (uint32_t r = 0; r < n_rep; ++r)
+      for (uint32_t c = 0; c < d; c += kLanes)
+        hn::StoreU(hn::Mul(hn::LoadU(df, q + r * d + c), hn::LoadU(df, s + uint64_t(g) * d + c)), df,
+                   out + (uint64_t(g) * n_rep + r) * d + c);
 }
 
 // CANONICAL16 dot products of kHeads query rows with one row.
@@ -658,8 +660,9 @@ void key_logits_codes(const float *qs, const float *bias, uint32_t n_rep, uint32
   HWY_DYNAMIC_DISPATCH(KeyLogitsCodes)(qs, bias, n_rep, d, codes, row_words, bits, group, n, scale, logits, ld);
 }
 
-void scale_channels(const float *q, uint32_t n_rep, uint32_t d, const float *s, float *out) {
-  HWY_DYNAMIC_DISPATCH(ScaleChannels)(q, n_rep, d, s, out);
+void scale_channels(const float *q, uint32_t n_rep, uint32_t d, const float *s, uint32_t groups,
+                    float *out) {
+  HWY_DYNAMIC_DISPATCH(ScaleChannels)(q, n_rep, d, s, groups, out);
 }
 
 void dot_rows(const float *q, uint32_t n_rep, uint32_t d, const float *rows, uint64_t row_stride,

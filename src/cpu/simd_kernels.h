@@ -18,7 +18,7 @@
 //                  s_l += s_{l+2}, s_0 += s_1.
 //    Each kernel below says which.
 // exp is one polynomial (Cephes expf, Cody-Waite range reduction, about 2 ulp), evaluated
-// with the same operations on every target; inputs below -87 give 0.
+// with the same operations (fused as above) on every target; inputs below -87 give 0.
 //
 // Buffers are host memory, float32 unless said otherwise; no kernel allocates.
 #pragma once
@@ -64,17 +64,19 @@ inline void from_floats(const float *in, size_t n, bfloat16_t *out) {
 }
 
 // ---- decode -----------------------------------------------------------------------------
-// logits[r * ld + t] = (SEQUENTIAL over c of qs[g][r][c] * code(t, c) + bias[g][r]) * scale
+// logits[r * ld + t] = (SEQUENTIAL over c of qs[g][r][c] * code(t, c) + bias[r][g]) * scale
 // for heads r < n_rep and tokens t < n (a multiple of the group size G, which is a multiple
-// of 16), g = t / G. qs is [n / G][n_rep][d], bias [n / G][n_rep]. code(t, c) is channel c
+// of 16), g = t / G. qs is [n / G][n_rep][d], bias [n_rep][n / G]. code(t, c) is channel c
 // of the packed row `codes + t * row_words` (bits = 2, 4 or 8; 32 / bits codes per uint32,
 // channel 0 in the lowest bits), as a float.
 void key_logits_codes(const float *qs, const float *bias, uint32_t n_rep, uint32_t d,
                       const uint32_t *codes, uint64_t row_words, uint32_t bits, uint32_t group,
                       uint32_t n, float scale, float *logits, uint64_t ld);
 
-// out[r * d + c] = q[r * d + c] * s[c] for r < n_rep, c < d (d a multiple of 16).
-void scale_channels(const float *q, uint32_t n_rep, uint32_t d, const float *s, float *out);
+// out[(g * n_rep + r) * d + c] = q[r * d + c] * s[g * d + c] for g < groups, r < n_rep, c < d
+// (d a multiple of 16).
+void scale_channels(const float *q, uint32_t n_rep, uint32_t d, const float *s, uint32_t groups,
+                    float *out);
 
 // logits[r * ld + t] = (CANONICAL16 over c of q[r * d + c] * rows[t * row_stride + c]) * scale
 // for r < n_rep, t < n; d a multiple of 16.
