@@ -1,6 +1,8 @@
 // The CPU backend: the reference every CUDA kernel is checked against, and the embedded
 // default on machines without a GPU. float32 arithmetic (scores accumulated in double),
 // exact softmax, O(L) extra memory per thread (no L×L buffer), all threads of the pool.
+// The hot loops are the SIMD kernels of simd_kernels.h, whose results are the same bits on
+// every machine; this file plans the work and moves the data.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
