@@ -59,11 +59,12 @@ def interleaved_ms(fns, reps, warmup=1):
     return [(statistics.median(t), min(t)) for t in times]
 
 
-def machine_peak(threads):
+def machine_peak(threads, cpu_time):
     exe = os.path.join(tempfile.mkdtemp(prefix="minikv-peak-"), "cpu_peak")
     subprocess.run(["cc", "-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", os.path.join(HERE, "cpu_peak.c"),
                     "-o", exe], check=True)
-    out = subprocess.run([exe, str(threads)], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([exe, str(threads)] + (["cpu"] if cpu_time else []), check=True,
+                         capture_output=True, text=True).stdout
     return json.loads(out)
 
 
@@ -234,7 +235,7 @@ def main():
                 torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
                 library=minikv.library_version(), load_before=load_average(),
                 clock="thread CPU time" if args.cpu_time else "wall")
-    peak = machine_peak(args.threads)
+    peak = machine_peak(args.threads, args.cpu_time)
     meta["peak"] = peak
     print(f"{meta['machine']}  commit {meta['commit']}  threads {args.threads}  load {meta['load_before']}")
     print(f"peak: copy {peak['copy_GBps']:.1f} GB/s, FMA {peak['fma_GFLOPs']:.0f} GFLOP/s, "
