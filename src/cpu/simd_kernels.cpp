@@ -224,6 +224,45 @@ HWY_INLINE VU CodeShift(uint32_t c) {
   return hn::Mul(hn::And(hn::Iota(du, c % kPer), hn::Set(du, kPer - 1)), hn::Set(du, kBits));
 }
 
+// Loads words [w0, w0 + 4) of kLanes consecutive packed rows (row_words apart) and stores
+// them transposed, out[k * kLanes + lane] = word w0 + k of row `lane`: 4x4 transposes of
+// 128-bit blocks instead of a gather per word.
+#if HWY_TARGET != HWY_SCALAR
+using D4 = hn::FixedTag<uint32_t, 4>;
+
+template <class D>
+HWY_INLINE hn::Vec<D> JoinBlocks(D d, const hn::Vec<D4> *blocks) {
+  if constexpr (hn::MaxLanes(D()) == 4) {
+    return blocks[0];
+  } else {
+    const hn::Half<D> dh;
+    return hn::Combine(d, JoinBlocks(dh, blocks + hn::MaxLanes(dh) / 4), JoinBlocks(dh, blocks));
+  }
+}
+
+HWY_INLINE void LoadTransposed4(const uint32_t *HWY_RESTRICT rows, uint64_t row_words,
+                                uint32_t *HWY_RESTRICT out) {
+  const D4 d4;
+  const hn::Repartition<uint64_t, D4> d64;
+  constexpr size_t kBlocks = kLanes / 4;
+  hn::Vec<D4> col[4][kBlocks];
+  for (size_t b = 0; b < kBlocks; ++b) {
+    const uint32_t *p = rows + 4 * b * row_words;
+    const auto r0 = hn::LoadU(d4, p), r1 = hn::LoadU(d4, p + row_words);
+    const auto r2 = hn::LoadU(d4, p + 2 * row_words), r3 = hn::LoadU(d4, p + 3 * row_words);
+    const auto t0 = hn::BitCast(d64, hn::InterleaveLower(d4, r0, r1));
+    const auto t1 = hn::BitCast(d64, hn::InterleaveLower(d4, r2, r3));
+    const auto t2 = hn::BitCast(d64, hn::InterleaveUpper(d4, r0, r1));
+    const auto t3 = hn::BitCast(d64, hn::InterleaveUpper(d4, r2, r3));
+    col[0][b] = hn::BitCast(d4, hn::InterleaveLower(d64, t0, t1));
+    col[1][b] = hn::BitCast(d4, hn::InterleaveUpper(d64, t0, t1));
+    col[2][b] = hn::BitCast(d4, hn::InterleaveLower(d64, t2, t3));
+    col[3][b] = hn::BitCast(d4, hn::InterleaveUpper(d64, t2, t3));
+  }
+  for (size_t k = 0; k < 4; ++k) hn::Store(JoinBlocks(DU(), col[k]), DU(), out + k * kLanes);
+}
+#endif
+
 // Logits of heads [r0, r0 + kHeads) for tokens [t, ...) in tiles of kVecs token vectors
 // (lanes = tokens; each vector lies in one key group since kLanes <= 16 <= group).
 // Returns the first token not done (fewer than kVecs * kLanes left).
@@ -252,10 +291,25 @@ HWY_INLINE uint32_t KeyLogitsTile(const float *HWY_RESTRICT qs, const float *HWY
     VF acc[kHeads][kVecs];
     for (size_t h = 0; h < kHeads; ++h)
       for (size_t v = 0; v < kVecs; ++v) acc[h][v] = hn::Zero(df);
+#if HWY_TARGET != HWY_SCALAR
+    const bool transpose = (d / kPer) % 4 == 0;
+#else
+    const bool transpose = false;
+#endif
+    HWY_ALIGN uint32_t transposed[kVecs][4 * kLanes];
     for (uint32_t w = 0; w < d / kPer; ++w) {
       VU word[kVecs];
-      for (size_t v = 0; v < kVecs; ++v)
-        word[v] = hn::BitCast(du, hn::GatherIndex(di, words + w, index[v]));
+      if (transpose) {
+#if HWY_TARGET != HWY_SCALAR
+        if (w % 4 == 0)
+          for (size_t v = 0; v < kVecs; ++v)
+            LoadTransposed4(codes + (t + v * kLanes) * row_words + w, row_words, transposed[v]);
+#endif
+        for (size_t v = 0; v < kVecs; ++v) word[v] = hn::Load(du, transposed[v] + (w % 4) * kLanes);
+      } else {
+        for (size_t v = 0; v < kVecs; ++v)
+          word[v] = hn::BitCast(du, hn::GatherIndex(di, words + w, index[v]));
+      }
       for (uint32_t i = 0; i < kPer; ++i) {
         const uint32_t c = w * kPer + i;
         VF code[kVecs];
