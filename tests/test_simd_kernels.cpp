@@ -147,31 +147,34 @@ TEST_CASE("simd kernels: key logits from packed codes are SEQUENTIAL over channe
   for (uint32_t bits : {2u, 4u, 8u}) {
     for (uint32_t n_rep : {1u, 3u, 4u, 7u}) {
       for (uint32_t G : {16u, 32u}) {
-        const uint32_t d = 64, n = 3 * G, words = d * bits / 32;
-        CAPTURE(bits);
-        CAPTURE(n_rep);
-        CAPTURE(G);
-        const std::vector<float> qs = rng.floats(size_t(n / G) * n_rep * d);
-        const std::vector<float> bias = rng.floats(size_t(n / G) * n_rep);
-        const std::vector<uint32_t> codes = rng.words(size_t(n) * (words + 1));  // stride words + 1
-        const float scale = 0.125f;
-        const uint64_t ld = n + 5;
-        std::vector<float> want(n_rep * ld, -1.0f);
-        for (uint32_t r = 0; r < n_rep; ++r)
-          for (uint32_t t = 0; t < n; ++t) {
-            const uint32_t g = t / G;
-            float acc = 0.0f;
-            for (uint32_t c = 0; c < d; ++c)
-              acc = std::fma(qs[(size_t(g) * n_rep + r) * d + c],
-                             float(code_of(codes.data() + size_t(t) * (words + 1), c, bits)), acc);
-            want[r * ld + t] = (acc + bias[size_t(r) * (n / G) + g]) * scale;
-          }
-        on_every_target(want, [&] {
-          std::vector<float> got(n_rep * ld, -1.0f);
-          minikv::cpu::key_logits_codes(qs.data(), bias.data(), n_rep, d, codes.data(), words + 1, bits,
-                                        G, n, scale, got.data(), ld);
-          return got;
-        });
+        for (uint32_t d : {48u, 64u}) {  // 48: rows of 3 or 6 words, gathered, not transposed
+          const uint32_t n = 3 * G, words = d * bits / 32;
+          CAPTURE(d);
+          CAPTURE(bits);
+          CAPTURE(n_rep);
+          CAPTURE(G);
+          const std::vector<float> qs = rng.floats(size_t(n / G) * n_rep * d);
+          const std::vector<float> bias = rng.floats(size_t(n / G) * n_rep);
+          const std::vector<uint32_t> codes = rng.words(size_t(n) * (words + 1));  // stride words + 1
+          const float scale = 0.125f;
+          const uint64_t ld = n + 5;
+          std::vector<float> want(n_rep * ld, -1.0f);
+          for (uint32_t r = 0; r < n_rep; ++r)
+            for (uint32_t t = 0; t < n; ++t) {
+              const uint32_t g = t / G;
+              float acc = 0.0f;
+              for (uint32_t c = 0; c < d; ++c)
+                acc = std::fma(qs[(size_t(g) * n_rep + r) * d + c],
+                               float(code_of(codes.data() + size_t(t) * (words + 1), c, bits)), acc);
+              want[r * ld + t] = (acc + bias[size_t(r) * (n / G) + g]) * scale;
+            }
+          on_every_target(want, [&] {
+            std::vector<float> got(n_rep * ld, -1.0f);
+            minikv::cpu::key_logits_codes(qs.data(), bias.data(), n_rep, d, codes.data(), words + 1, bits,
+                                          G, n, scale, got.data(), ld);
+            return got;
+          });
+        }
       }
     }
   }
