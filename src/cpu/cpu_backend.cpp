@@ -42,8 +42,7 @@ HostBuffer host_alloc(uint64_t bytes, const char *what) {
 
 // Per-thread scratch, sized at create for the longest sequence.
 struct Scratch {
-  std::vector<float> k, v;       // [max(max_seq_len, R)][D] rows as float
-  std::vector<float> kt, vp;     // keys, values in panels (src/cpu/simd_kernels.h)
+  std::vector<float> k, v;       // [max(max_seq_len, R)][D] rows as float, or key/value panels
   std::vector<float> s;          // [kQueryBlock][max_seq_len] logits / probabilities
   std::vector<float> q, o;       // [kQueryBlock][D]
   std::vector<float> scores, pooled;  // [max_seq_len]
@@ -63,10 +62,10 @@ class CpuBackend final : public Backend {
     const uint32_t D = cfg_.head_dim;
     scratch_.resize(pool_threads_.size());
     for (Scratch &s : scratch_) {
-      s.k.resize(rows * D);
-      s.v.resize(rows * D);
-      s.kt.resize(uint64_t(align_up(D, cpu::kPanelWidth)) * key_stride());
-      s.vp.resize(uint64_t(align_up(D, cpu::kPanelWidth)) * key_stride());
+      // Rows as float, or (prefill attention) the prompt's keys and values in panels.
+      const uint64_t panels = align_up(D, cpu::kPanelWidth) * align_up(cfg_.max_seq_len, cpu::kPanelWidth);
+      s.k.resize(std::max(rows * D, panels));
+      s.v.resize(std::max(rows * D, panels));
       s.s.resize(uint64_t(kQueryBlock) * key_stride());
       s.q.resize(kQueryBlock * D);
       s.o.resize(kQueryBlock * D);
@@ -75,7 +74,7 @@ class CpuBackend final : public Backend {
       s.kept.resize(cfg_.max_seq_len);
       s.order.resize(cfg_.max_seq_len);
       s.dec.resize(decode_scratch(nullptr).floats);
-      workspace_bytes_ += (s.k.size() + s.v.size() + s.kt.size() + s.vp.size() + s.s.size() + s.q.size() + s.o.size() +
+      workspace_bytes_ += (s.k.size() + s.v.size() + s.s.size() + s.q.size() + s.o.size() +
                            s.scores.size() + s.pooled.size()) * sizeof(float) +
                           (s.kept.size() + s.order.size()) * 4 + s.dec.size() * sizeof(float);
     }
@@ -207,25 +206,22 @@ class CpuBackend final : public Backend {
     const uint32_t L = it.plan.prompt_len;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const uint64_t lds = key_stride();
-    for (uint32_t j = 0; j < L; ++j) {
-      const uint64_t src = (uint64_t(it.token_begin + j) * Hkv + kvh) * D;
-      cpu::to_floats(k + src, D, ws.k.data() + uint64_t(j) * D);
-      cpu::to_floats(v + src, D, ws.v.data() + uint64_t(j) * D);
-    }
-    // Keys and values in zero-padded panels of W columns (src/cpu/simd_kernels.h).
+    // Keys and values in zero-padded panels of W columns (src/cpu/simd_kernels.h), in the
+    // row buffers ws.k and ws.v (sized for them), each row converted through ws.o.
     constexpr uint32_t W = cpu::kPanelWidth;
     const uint32_t L_pad = static_cast<uint32_t>(align_up(L, W));
     const uint64_t v_panel = uint64_t(L_pad) * W;
-    for (uint32_t j0 = 0; j0 < L_pad; j0 += W) {
-      float *panel = ws.kt.data() + uint64_t(j0) * D;
-      for (uint32_t c = 0; c < D; ++c)
-        for (uint32_t j = j0; j < j0 + W; ++j) panel[c * W + j - j0] = j < L ? ws.k[uint64_t(j) * D + c] : 0.0f;
-    }
-    for (uint32_t c0 = 0; c0 < D; c0 += W) {
-      float *panel = ws.vp.data() + (c0 / W) * v_panel;
-      for (uint32_t j = 0; j < L_pad; ++j)
-        for (uint32_t c = c0; c < c0 + W; ++c)
-          panel[uint64_t(j) * W + c - c0] = j < L && c < D ? ws.v[uint64_t(j) * D + c] : 0.0f;
+    float *k_panels = ws.k.data(), *v_panels = ws.v.data(), *row = ws.o.data();
+    std::fill(k_panels, k_panels + uint64_t(L_pad) * D, 0.0f);
+    std::fill(v_panels, v_panels + align_up(D, W) * L_pad, 0.0f);
+    for (uint32_t j = 0; j < L; ++j) {
+      const uint64_t src = (uint64_t(it.token_begin + j) * Hkv + kvh) * D;
+      float *k_at = k_panels + (uint64_t(j / W) * D) * W + j % W;
+      cpu::to_floats(k + src, D, row);
+      for (uint32_t c = 0; c < D; ++c) k_at[uint64_t(c) * W] = row[c];
+      float *v_at = v_panels + uint64_t(j) * W;
+      cpu::to_floats(v + src, D, row);
+      for (uint32_t c = 0; c < D; ++c) v_at[(c / W) * v_panel + c % W] = row[c];
     }
     double *col = head_scores_.data() + uint64_t(h) * cfg_.max_seq_len;
     if (need_scores) std::fill(col, col + L, 0.0);
@@ -234,10 +230,10 @@ class CpuBackend final : public Backend {
       const uint32_t rows = std::min(kQueryBlock, L - i0);
       for (uint32_t r = 0; r < rows; ++r)
         cpu::to_floats(q + (uint64_t(it.token_begin + i0 + r) * H + h) * D, D, ws.q.data() + r * D);
-      cpu::causal_logits(ws.q.data(), rows, D, ws.kt.data(), i0, ws.s.data(), lds);
+      cpu::causal_logits(ws.q.data(), rows, D, k_panels, i0, ws.s.data(), lds);
       cpu::softmax_rows(ws.s.data(), rows, lds, i0, scale, need_scores ? col : nullptr,
                         std::max(score_from, i0) - i0);
-      cpu::causal_pv(ws.s.data(), rows, lds, ws.vp.data(), v_panel, D, i0, ws.o.data());
+      cpu::causal_pv(ws.s.data(), rows, lds, v_panels, v_panel, D, i0, ws.o.data());
       for (uint32_t r = 0; r < rows; ++r)
         cpu::from_floats(ws.o.data() + r * D, D, out + (uint64_t(it.token_begin + i0 + r) * H + h) * D);
     }
