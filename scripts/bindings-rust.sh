@@ -30,7 +30,7 @@ safe="$root/bindings/rust/minikv"
 example="$root/examples/rust"
 
 step "tools"
-install_packages bindgen pkg-config cmake ninja-build
+install_packages bindgen pkg-config cmake ninja-build libhwy-dev
 # The crates' rust-version (Cargo.toml) is the oldest Rust they build with. Debian 12's own
 # rustc is 1.63, so the toolchain comes from the machine (rustup); CI machines have one.
 # Without it, a developer machine skips the Rust checks with this note, while CI (CI=true)

@@ -31,7 +31,7 @@ jobs="${MINIKV_JOBS:-$(nproc)}"
 prefix="$build/prefix"
 
 step "tools"
-install_packages swig golang-go default-jdk junit5 pkg-config cmake ninja-build
+install_packages swig golang-go default-jdk junit5 pkg-config cmake ninja-build libhwy-dev
 swig -version | sed -n 's/^SWIG Version /swig /p'
 go version
 javac -version

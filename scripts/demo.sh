@@ -33,7 +33,7 @@ if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then
 fi
 
 step "dependencies"
-install_packages build-essential cmake ninja-build pkg-config
+install_packages build-essential cmake ninja-build pkg-config libhwy-dev
 
 step "configure ($BUILD)"
 choose_cuda "${MINIKV_CUDA:-AUTO}" run

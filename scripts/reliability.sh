@@ -47,7 +47,7 @@ SUMMARY=()
 start=$SECONDS
 
 step "dependencies"
-pkgs=(build-essential cmake ninja-build doctest-dev)
+pkgs=(build-essential cmake ninja-build doctest-dev libhwy-dev)
 wants fuzz && pkgs+=(clang libclang-rt-14-dev)
 install_packages "${pkgs[@]}"
 
