@@ -46,6 +46,7 @@ typedef void (*progress_fn)(void *ctx, uint32_t layers_done, uint32_t layers);
 typedef struct backend backend;
 struct backend {
   const char *name;       /* "cpu" or "cuda" */
+  char device[128];       /* what computes: the GPU's name, or "CPU (n threads)" */
   model_config model;
   backend_options opt;
   minikv_cache *cache;    /* slots 0 .. opt.max_batch-1 */
@@ -53,6 +54,8 @@ struct backend {
   minikv_status status;   /* of the last failing libminikv call */
   uint64_t weight_bytes;  /* weights as stored for computing */
   uint64_t buffer_bytes;  /* activations, logits and library-independent scratch */
+  uint64_t graph_updates, graph_instantiations; /* decode steps replayed by updating an
+                                                   executable graph / by a new one (CUDA) */
   progress_fn progress;
   void *progress_ctx;
 
@@ -70,6 +73,9 @@ struct backend {
   bool (*release)(backend *b, uint32_t seq_id);
   /* Device memory in use by the whole process now, or 0 where not measured (CPU). */
   uint64_t (*device_used)(backend *b);
+  /* GB/s of a large copy in the memory the backend computes from (bytes read + written),
+     the bandwidth a memory-bound decode step can reach; 0 with a message on failure. */
+  double (*copy_bandwidth)(backend *b);
   void (*destroy)(backend *b);
 };
 
@@ -80,13 +86,21 @@ minikv_config backend_cache_config(const model_config *m, const minikv_config *k
                                    const backend_options *opt, minikv_backend which,
                                    uint32_t max_seq_len);
 
+/* Bytes of the buffers (activations, logits, scratch) a backend allocates for these
+   options: its buffer_bytes once created. */
+uint64_t backend_buffer_bytes(const char *name, const model_config *m, const backend_options *opt);
+
 /* Backends; NULL with a message. `kv` holds the compression settings (and max_tokens); the
    backend fills the rest (backend_cache_config). */
+#ifdef ENGINE_WITH_CPU
 backend *backend_cpu_create(const model_source *src, const model_config *m, const minikv_config *kv,
                             uint32_t max_seq_len, const backend_options *opt);
+uint64_t backend_cpu_buffer_bytes(const model_config *m, const backend_options *opt);
+#endif
 #ifdef ENGINE_WITH_CUDA
 backend *backend_cuda_create(const model_source *src, const model_config *m, const minikv_config *kv,
                              uint32_t max_seq_len, const backend_options *opt);
+uint64_t backend_cuda_buffer_bytes(const model_config *m, const backend_options *opt);
 #endif
 
 /* The backend called `name` ("cpu", or "cuda" in a CUDA build). */

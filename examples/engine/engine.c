@@ -23,16 +23,39 @@ minikv_config backend_cache_config(const model_config *m, const minikv_config *k
   return c;
 }
 
+/* The backends this build has, for messages. */
+static const char *built_backends(void) {
+#if defined(ENGINE_WITH_CPU) && defined(ENGINE_WITH_CUDA)
+  return "cpu and cuda";
+#elif defined(ENGINE_WITH_CUDA)
+  return "only cuda (no CBLAS was found for cpu)";
+#else
+  return "only cpu (configure libminikv with CUDA for cuda)";
+#endif
+}
+
 backend *backend_create(const char *name, const model_source *src, const model_config *m,
                         const minikv_config *kv, uint32_t max_seq_len, const backend_options *opt) {
+#ifdef ENGINE_WITH_CPU
   if (strcmp(name, "cpu") == 0) return backend_cpu_create(src, m, kv, max_seq_len, opt);
+#endif
 #ifdef ENGINE_WITH_CUDA
   if (strcmp(name, "cuda") == 0) return backend_cuda_create(src, m, kv, max_seq_len, opt);
-  fail("backend %s: this build has cpu and cuda", name);
-#else
-  fail("backend %s: this build has only cpu (configure with CUDA for cuda)", name);
 #endif
+  fail("backend %s: this build has %s", name, built_backends());
   return NULL;
+}
+
+uint64_t backend_buffer_bytes(const char *name, const model_config *m, const backend_options *opt) {
+#ifdef ENGINE_WITH_CPU
+  if (strcmp(name, "cpu") == 0) return backend_cpu_buffer_bytes(m, opt);
+#endif
+#ifdef ENGINE_WITH_CUDA
+  if (strcmp(name, "cuda") == 0) return backend_cuda_buffer_bytes(m, opt);
+#endif
+  (void)m;
+  (void)opt;
+  return 0;
 }
 
 /* ---- cache settings ------------------------------------------------------------------- */
@@ -123,6 +146,7 @@ typedef struct run_state {
   const engine_hooks *hooks;
   uint64_t pool_blocks, reserved_blocks;
   uint32_t max_seq_len;
+  int64_t finished;  /* sequences that have left */
   uint32_t *running; /* request indices, in admission order */
   uint32_t n_running;
   bool *slot_used;
@@ -134,6 +158,7 @@ typedef struct run_state {
 
 static void finish(run_state *st, uint32_t r) {
   request *q = &st->reqs[r];
+  ++st->finished;
   q->state = REQUEST_DONE;
   q->t_done = now_seconds();
   st->slot_used[q->slot] = false;
@@ -155,13 +180,36 @@ static bool emit(run_state *st, uint32_t r, int32_t tok, const float *logits) {
          (uint64_t)q->position >= st->max_seq_len;
 }
 
-/* Prefills request r into a free slot. Returns 1 when it runs, 0 when it must wait (or was
-   refused), -1 on a failure. */
+/* Keeps the cache statistics of the moment the cache holds the most bytes. */
+static void note_peak(run_state *st) {
+  minikv_memory_stats ms;
+  memset(&ms, 0, sizeof ms);
+  ms.struct_size = sizeof ms;
+  if (minikv_memory_stats_get(st->b->cache, &ms) == MINIKV_OK && ms.used_bytes >= st->stats->peak.used_bytes)
+    st->stats->peak = ms;
+}
+
+/* The pool cannot take request r now: it waits for a sequence to leave, or, when none is
+   running, is refused (it could never fit). */
+static int cannot_fit(run_state *st, uint32_t r, const char *why) {
+  request *q = &st->reqs[r];
+  if (st->n_running == 0) {
+    q->state = REQUEST_REFUSED;
+    snprintf(q->refusal, sizeof q->refusal,
+             "the cache cannot hold this sequence even alone (prompt %zu + %u new tokens): %s",
+             q->prompt_len, q->max_new_tokens, why);
+  } else {
+    ++st->stats->deferred;
+    q->retry_after = st->finished; /* not before another sequence has left */
+  }
+  return 0;
+}
+
+/* Prefills request r into a free slot. Returns 1 when it runs, 0 when it waits or was
+   refused, -1 on a failure. */
 static int admit(run_state *st, uint32_t r) {
   backend *b = st->b;
   request *q = &st->reqs[r];
-  uint32_t slot = 0;
-  while (st->slot_used[slot]) ++slot;
   if (q->prompt_len == 0 || q->prompt_len >= st->max_seq_len || q->prompt_len > b->opt.max_prompt_tokens) {
     q->state = REQUEST_REFUSED;
     snprintf(q->refusal, sizeof q->refusal, "prompt of %zu tokens: 1 to %u fit (max_seq_len %u, "
@@ -169,16 +217,28 @@ static int admit(run_state *st, uint32_t r) {
              b->opt.max_prompt_tokens);
     return 0;
   }
+  /* Deferred before: no new attempt until a sequence has left, nor while the room it was
+     found to need is still taken. */
+  if (q->retry_after >= 0 && st->finished <= q->retry_after) return 0;
+  if (q->reserved_blocks && st->pool_blocks && st->reserved_blocks + q->reserved_blocks > st->pool_blocks) {
+    if (st->n_running > 0) return 0;
+    char why[256];
+    snprintf(why, sizeof why, "it needs %llu blocks of %u tokens, the pool has %llu",
+             (unsigned long long)q->reserved_blocks, b->kv.residual_length, (unsigned long long)st->pool_blocks);
+    return cannot_fit(st, r, why);
+  }
+
+  uint32_t slot = 0;
+  while (st->slot_used[slot]) ++slot;
   const int32_t cu[2] = {0, (int32_t)q->prompt_len};
   const double t0 = now_seconds();
-  float *logits = st->logits;
-  if (!b->prefill(b, 1, &slot, cu, q->prompt, logits)) {
+  if (!b->prefill(b, 1, &slot, cu, q->prompt, st->logits)) {
     if (b->status != MINIKV_ERR_CAPACITY_EXCEEDED) return -1;
+    char why[256];
+    snprintf(why, sizeof why, "%s", last_error());
     if (!b->release(b, slot)) return -1; /* the layers it did prefill */
-    goto full;
+    return cannot_fit(st, r, why);
   }
-  st->stats->prefill_seconds += now_seconds() - t0;
-  st->stats->prefill_tokens += q->prompt_len;
 
   /* Room for everything it may still generate, next to the others' reservations. */
   uint64_t appends = q->max_new_tokens;
@@ -186,8 +246,7 @@ static int admit(run_state *st, uint32_t r) {
   q->reserved_blocks = 0;
   for (uint32_t l = 0; l < b->model.n_layers; ++l) {
     uint64_t cached = 0;
-    const minikv_status s = minikv_sequence_length(b->cache, slot, l, NULL, &cached);
-    if (s != MINIKV_OK) {
+    if (minikv_sequence_length(b->cache, slot, l, NULL, &cached) != MINIKV_OK) {
       fail("minikv_sequence_length: %s", minikv_last_error_message());
       return -1;
     }
@@ -195,34 +254,28 @@ static int admit(run_state *st, uint32_t r) {
   }
   if (st->pool_blocks && st->reserved_blocks + q->reserved_blocks > st->pool_blocks) {
     if (!b->release(b, slot)) return -1;
-    goto full;
+    char why[256];
+    snprintf(why, sizeof why, "it needs %llu blocks of %u tokens, the pool has %llu",
+             (unsigned long long)q->reserved_blocks, b->kv.residual_length, (unsigned long long)st->pool_blocks);
+    return cannot_fit(st, r, why);
   }
+  st->stats->prefill_seconds += now_seconds() - t0;
+  st->stats->prefill_tokens += q->prompt_len;
   st->reserved_blocks += q->reserved_blocks;
   st->slot_used[slot] = true;
   q->slot = slot;
   q->state = REQUEST_RUNNING;
   q->position = (int32_t)q->prompt_len;
   st->running[st->n_running++] = r;
-  const int32_t tok = sampler_pick(st->smp, logits, b->model.n_vocab);
+  note_peak(st);
+  const int32_t tok = sampler_pick(st->smp, st->logits, b->model.n_vocab);
   if (tok < 0) return -1;
-  if (emit(st, r, tok, logits)) {
+  if (emit(st, r, tok, st->logits)) {
     finish(st, r);
     --st->n_running;
     if (!b->release(b, slot)) return -1;
   }
   return 1;
-
-full:
-  if (st->n_running == 0) {
-    q->state = REQUEST_REFUSED;
-    snprintf(q->refusal, sizeof q->refusal,
-             "the cache cannot hold this sequence even alone (prompt %zu + %u new tokens): %s",
-             q->prompt_len, q->max_new_tokens,
-             b->status == MINIKV_ERR_CAPACITY_EXCEEDED ? last_error() : "its reservation exceeds the pool");
-  } else {
-    ++st->stats->deferred;
-  }
-  return 0;
 }
 
 static bool decode_step(run_state *st) {
@@ -238,6 +291,7 @@ static bool decode_step(run_state *st) {
   if (!b->decode(b, n, st->seq_ids, st->tokens, st->positions, st->logits)) return false;
   st->stats->decode_seconds += now_seconds() - t0;
   st->stats->decode_steps += 1;
+  note_peak(st);
   st->stats->decoded_tokens += n;
   if (n > st->stats->max_running) st->stats->max_running = n;
   uint32_t kept = 0;
@@ -265,7 +319,7 @@ bool engine_run(backend *b, request *reqs, size_t n, sampler *smp, const engine_
   const uint32_t B = b->opt.max_batch, R = b->kv.residual_length;
   /* max_tokens counts whole blocks of R tokens; 0 = room for every slot at max_seq_len */
   const uint64_t pool_blocks = (b->kv.max_tokens + R - 1) / R;
-  run_state st = {b, reqs, smp, hooks ? hooks : &no_hooks, pool_blocks, 0, b->kv.max_seq_len,
+  run_state st = {b, reqs, smp, hooks ? hooks : &no_hooks, pool_blocks, 0, b->kv.max_seq_len, 0,
                   NULL, 0, NULL, NULL, NULL, NULL, NULL, stats};
   memset(stats, 0, sizeof *stats);
   st.running = alloc_zeroed(B, sizeof *st.running, "scheduler");
@@ -279,6 +333,8 @@ bool engine_run(backend *b, request *reqs, size_t n, sampler *smp, const engine_
     reqs[i].state = REQUEST_WAITING;
     reqs[i].n_tokens = 0;
     reqs[i].refusal[0] = '\0';
+    reqs[i].retry_after = -1;
+    reqs[i].reserved_blocks = 0;
     reqs[i].t_submit = now_seconds();
     reqs[i].tokens = alloc_zeroed(reqs[i].max_new_tokens ? reqs[i].max_new_tokens : 1, sizeof(int32_t), "generated tokens");
     ok = reqs[i].tokens != NULL;
@@ -298,6 +354,7 @@ bool engine_run(backend *b, request *reqs, size_t n, sampler *smp, const engine_
       const int a = admit(&st, (uint32_t)next);
       if (a < 0) ok = false;
       else if (a > 0 || reqs[next].state == REQUEST_REFUSED) ++next;
+      else if (st.n_running == 0) ok = fail("internal: request %zu waits with nothing running", next);
       else break; /* waits for a running sequence to leave */
     }
     if (ok && st.n_running > 0) ok = decode_step(&st);

@@ -44,12 +44,13 @@ typedef struct request {
   int32_t *tokens;        /* generated tokens (the engine allocates; free with engine_free_requests) */
   size_t n_tokens;
   bool ended_by_token;    /* an end-of-sequence token ended it */
-  char refusal[256];      /* why a REFUSED request could not run */
+  char refusal[512];      /* why a REFUSED request could not run */
   double t_submit, t_first_token, t_done; /* now_seconds() */
   /* engine-internal */
   uint32_t slot;
   int32_t position;       /* of the next token fed */
-  uint64_t reserved_blocks;
+  uint64_t reserved_blocks; /* pool blocks it may need to its end (once known) */
+  int64_t retry_after;      /* deferred: wait until more sequences than this have left */
 } request;
 
 typedef struct engine_hooks {
@@ -67,6 +68,7 @@ typedef struct engine_stats {
   uint64_t decode_steps, decoded_tokens, prefill_tokens;
   double prefill_seconds, decode_seconds;
   uint32_t deferred;      /* admissions put off because the cache was full */
+  minikv_memory_stats peak; /* the cache's statistics when it held the most bytes */
 } engine_stats;
 
 /* Runs every request to completion (or refusal) on the backend's cache (its max_seq_len,

@@ -189,7 +189,7 @@ typedef struct run_ctx {
 } run_ctx;
 
 static void print_token(const run_ctx *r, int32_t id) {
-  if (r->o->ids) {
+  if (r->o->ids || !r->tok) { /* a random-weight model has no tokenizer: ids */
     printf("%d\n", id);
     return;
   }
@@ -232,9 +232,7 @@ static bool pick_dtype(const char *name, const char *backend_name, minikv_dtype 
 }
 
 static void print_stats(const backend *b, const request *reqs, size_t n, const engine_stats *st) {
-  minikv_memory_stats ms;
-  memset(&ms, 0, sizeof ms);
-  ms.struct_size = sizeof ms;
+  const minikv_memory_stats ms = st->peak;
   char a[32], c[32], d[32], e[32];
   fprintf(stderr, "\n---\n");
   for (size_t i = 0; i < n; ++i)
@@ -246,10 +244,12 @@ static void print_stats(const backend *b, const request *reqs, size_t n, const e
           st->decode_steps ? 1e3 * st->decode_seconds / (double)st->decode_steps : 0.0,
           st->decode_seconds > 0 ? (double)st->decoded_tokens / st->decode_seconds : 0.0, st->max_running,
           st->deferred ? ", admissions deferred for a full cache" : "");
-  if (minikv_memory_stats_get(b->cache, &ms) == MINIKV_OK)
-    fprintf(stderr, "cache    pool %s, in use %s (fp16 of every position: %s), workspace %s\n",
+  if (ms.struct_size)
+    fprintf(stderr, "cache    pool %s; at its fullest %s in use for %llu of %llu positions (fp16 of every "
+            "position: %s, %.1f%% less), workspace %s\n",
             format_bytes((double)ms.pool_bytes, a, sizeof a), format_bytes((double)ms.used_bytes, c, sizeof c),
-            format_bytes((double)ms.fp16_equivalent_bytes, d, sizeof d),
+            (unsigned long long)ms.tokens_cached, (unsigned long long)ms.tokens_seen,
+            format_bytes((double)ms.fp16_equivalent_bytes, d, sizeof d), 100.0 * ms.compression_ratio,
             format_bytes((double)ms.workspace_bytes, e, sizeof e));
   fprintf(stderr, "model    weights %s, buffers %s (%s backend)\n", format_bytes((double)b->weight_bytes, a, sizeof a),
           format_bytes((double)b->buffer_bytes, c, sizeof c), b->name);
@@ -340,12 +340,13 @@ static int generate(const options *o) {
     fail("writing %s failed", o->dump_logits);
     goto done;
   }
-  if (n_req == 1 && !o->ids) putchar('\n');
+  const bool text = tok && !o->ids;
+  if (n_req == 1 && text) putchar('\n');
   for (size_t i = 0; n_req > 1 && i < n_req; ++i) {
     printf("=== prompt %zu (%zu tokens): %s\n", i, reqs[i].prompt_len,
            reqs[i].state == REQUEST_REFUSED ? "refused" : "");
     for (size_t t = 0; t < reqs[i].n_tokens; ++t) print_token(&ctx, reqs[i].tokens[t]);
-    if (!o->ids) putchar('\n');
+    if (text) putchar('\n');
   }
   if (!o->quiet) print_stats(b, reqs, n_req, &st);
   rc = 0;

@@ -13,10 +13,14 @@
  *   x += (silu(gate) * up) · Wdown^T
  * GEMMs accumulate straight into the residual stream x (beta = 1).
  */
+#define _POSIX_C_SOURCE 200809L /* sysconf */
+
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "sampler.h"
@@ -248,6 +252,37 @@ static uint64_t cpu_device_used(backend *b) {
   return 0;
 }
 
+/* Median of 5 copies of 256 MB (far beyond the caches). */
+static double cpu_copy_bandwidth(backend *b) {
+  (void)b;
+  const size_t n = (size_t)256 << 20;
+  char *src = malloc(n), *dst = malloc(n);
+  double best[5] = {0}, gbs = 0;
+  if (src && dst) {
+    memset(src, 1, n);
+    memset(dst, 2, n);
+    for (int i = 0; i < 5; ++i) {
+      const double t0 = now_seconds();
+      memcpy(dst, src, n);
+      best[i] = 2.0 * (double)n / (now_seconds() - t0) / 1e9;
+    }
+    for (int i = 0; i < 5; ++i) /* median of five: sort by insertion */
+      for (int j = i; j > 0 && best[j] < best[j - 1]; --j) {
+        const double t = best[j];
+        best[j] = best[j - 1];
+        best[j - 1] = t;
+      }
+    volatile char sink = dst[n / 2]; /* the copies are read: they cannot be optimized away */
+    (void)sink;
+    gbs = best[2];
+  } else {
+    fail("out of host memory (copy bandwidth buffers)");
+  }
+  free(src);
+  free(dst);
+  return gbs;
+}
+
 static void cpu_destroy(backend *b) {
   if (!b) return;
   cpu_backend *c = (cpu_backend *)b;
@@ -304,10 +339,45 @@ static bool read_layer(cpu_backend *c, const model_source *src, uint32_t l) {
          model_read_tensor(src, model_layer_tensor(l, "ffn_down", name, sizeof name), d, ff, L->wdown);
 }
 
-static void *buffer(cpu_backend *c, size_t count, size_t size) {
-  void *p = alloc_zeroed(count, size, "activation buffers");
-  if (p) c->base.buffer_bytes += count * size;
-  return p;
+/* Allocates (or, for a dry run, only counts) one activation buffer. */
+static bool buffer(cpu_backend *c, void **p, size_t count, size_t size, bool dry) {
+  c->base.buffer_bytes += count * size;
+  if (dry) return true;
+  return (*p = alloc_zeroed(count, size, "activation buffers")) != NULL;
+}
+
+static bool cpu_buffers(cpu_backend *c, bool dry) {
+  const model_config *m = &c->base.model;
+  const backend_options *opt = &c->base.opt;
+  const size_t d = m->n_embd, D = m->head_dim, H = m->n_heads, Hkv = m->n_kv_heads, ff = m->n_ff;
+  const size_t rows = opt->max_prompt_tokens > opt->max_batch ? opt->max_prompt_tokens : opt->max_batch;
+  const size_t chunk = opt->chunk_tokens, es = c->esize, last = opt->max_batch < 1024 ? opt->max_batch : 1024;
+  return buffer(c, (void **)&c->x, rows * d, sizeof(float), dry) && buffer(c, &c->q, rows * H * D, es, dry) &&
+         buffer(c, &c->k, rows * Hkv * D, es, dry) && buffer(c, &c->v, rows * Hkv * D, es, dry) &&
+         buffer(c, &c->attn, rows * H * D, es, dry) && buffer(c, (void **)&c->positions, rows, sizeof(int32_t), dry) &&
+         buffer(c, (void **)&c->xb, chunk * d, sizeof(float), dry) &&
+         buffer(c, (void **)&c->qkv, chunk * (H + 2 * Hkv) * D, sizeof(float), dry) &&
+         buffer(c, (void **)&c->att, chunk * H * D, sizeof(float), dry) &&
+         buffer(c, (void **)&c->gu, chunk * 2 * ff, sizeof(float), dry) &&
+         buffer(c, (void **)&c->hid, chunk * ff, sizeof(float), dry) &&
+         buffer(c, (void **)&c->last, last * d, sizeof(float), dry);
+}
+
+/* The options as the backend uses them (defaults filled in). */
+static backend_options cpu_options(const backend_options *opt) {
+  backend_options o = *opt;
+  if (o.chunk_tokens == 0) o.chunk_tokens = 256;
+  return o;
+}
+
+uint64_t backend_cpu_buffer_bytes(const model_config *m, const backend_options *opt) {
+  cpu_backend c;
+  memset(&c, 0, sizeof c);
+  c.base.model = *m;
+  c.base.opt = cpu_options(opt);
+  c.esize = opt->dtype == MINIKV_DTYPE_F32 ? 4 : 2;
+  cpu_buffers(&c, true);
+  return c.base.buffer_bytes;
 }
 
 backend *backend_cpu_create(const model_source *src, const model_config *m, const minikv_config *kv,
@@ -317,34 +387,27 @@ backend *backend_cpu_create(const model_source *src, const model_config *m, cons
   backend *b = &c->base;
   b->name = "cpu";
   b->model = *m;
-  b->opt = *opt;
-  if (b->opt.chunk_tokens == 0) b->opt.chunk_tokens = 256;
+  b->opt = cpu_options(opt);
   b->prefill = cpu_prefill;
   b->decode = cpu_decode;
   b->greedy = cpu_greedy;
   b->release = cpu_release;
   b->device_used = cpu_device_used;
+  b->copy_bandwidth = cpu_copy_bandwidth;
   b->destroy = cpu_destroy;
+  snprintf(b->device, sizeof b->device, "CPU (%ld threads online)", sysconf(_SC_NPROCESSORS_ONLN));
   c->esize = opt->dtype == MINIKV_DTYPE_F32 ? 4 : 2;
 
-  const size_t d = m->n_embd, D = m->head_dim, H = m->n_heads, Hkv = m->n_kv_heads, ff = m->n_ff;
-  const size_t rows = opt->max_prompt_tokens > opt->max_batch ? opt->max_prompt_tokens : opt->max_batch;
-  const size_t chunk = b->opt.chunk_tokens;
   bool ok = (c->layers = alloc_zeroed(m->n_layers, sizeof *c->layers, "layers")) != NULL;
   for (uint32_t l = 0; ok && l < m->n_layers; ++l) ok = read_layer(c, src, l);
-  ok = ok && (c->embed = weight(c, m->n_vocab, d)) && (c->out_norm = weight(c, 1, d)) &&
-       (c->inv_freq = alloc_zeroed(D / 2, sizeof *c->inv_freq, "rope")) &&
-       model_read_tensor(src, "token_embd.weight", m->n_vocab, d, c->embed) &&
-       model_read_tensor(src, "output_norm.weight", 1, d, c->out_norm) &&
+  ok = ok && (c->embed = weight(c, m->n_vocab, m->n_embd)) && (c->out_norm = weight(c, 1, m->n_embd)) &&
+       (c->inv_freq = alloc_zeroed(m->head_dim / 2, sizeof *c->inv_freq, "rope")) &&
+       model_read_tensor(src, "token_embd.weight", m->n_vocab, m->n_embd, c->embed) &&
+       model_read_tensor(src, "output_norm.weight", 1, m->n_embd, c->out_norm) &&
        model_rope_frequencies(src, m, c->inv_freq);
   if (ok && m->tied_embeddings) c->output = c->embed;
-  else if (ok) ok = (c->output = weight(c, m->n_vocab, d)) && model_read_tensor(src, "output.weight", m->n_vocab, d, c->output);
-  ok = ok && (c->x = buffer(c, rows * d, sizeof(float))) && (c->q = buffer(c, rows * H * D, c->esize)) &&
-       (c->k = buffer(c, rows * Hkv * D, c->esize)) && (c->v = buffer(c, rows * Hkv * D, c->esize)) &&
-       (c->attn = buffer(c, rows * H * D, c->esize)) && (c->positions = buffer(c, rows, sizeof(int32_t))) &&
-       (c->xb = buffer(c, chunk * d, sizeof(float))) && (c->qkv = buffer(c, chunk * (H + 2 * Hkv) * D, sizeof(float))) &&
-       (c->att = buffer(c, chunk * H * D, sizeof(float))) && (c->gu = buffer(c, chunk * 2 * ff, sizeof(float))) &&
-       (c->hid = buffer(c, chunk * ff, sizeof(float))) && (c->last = buffer(c, opt->max_batch < 1024 ? opt->max_batch : 1024, d * sizeof(float)));
+  else if (ok) ok = (c->output = weight(c, m->n_vocab, m->n_embd)) && model_read_tensor(src, "output.weight", m->n_vocab, m->n_embd, c->output);
+  ok = ok && cpu_buffers(c, false);
   if (ok) {
     b->kv = backend_cache_config(m, kv, &b->opt, MINIKV_BACKEND_CPU, max_seq_len);
     ok = minikv_ok(b, minikv_cache_create(&b->kv, &b->cache), "minikv_cache_create", 0);
