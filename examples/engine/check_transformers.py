@@ -13,16 +13,23 @@ Checks, each failing the script when it does not hold:
   2. logits: a prompt of --prompt-tokens tokens of a novel, then --steps greedy decode
      steps, through the engine with a keep-everything 16-bit cache (--kv full: key_bits =
      value_bits = 16, nothing evicted), against transformers' float32 model with its own
-     attention and cache: the generated tokens must be equal (greedy text matches) and
-     max |logit difference| over every generated position and the whole vocabulary within
-     the tolerance of the cache dtype (below).
+     attention and cache: max |logit difference| over every generated position and the
+     whole vocabulary within the tolerance of the dtype (below), and the same greedy text
+     (the tokens may part only at a near-tie: where the reference's logits of the two
+     tokens differ by at most twice the tolerance);
+  3. continuous batching: three prompts with budgets 12, 24, 20 in two slots (the third
+     joins when the first leaves, the second still running) give each prompt the tokens
+     and logits (same tolerance) it gets when run alone.
 
-Tolerances. The engine computes in float32 like the reference; what differs is where Q, K
-and V are rounded to the dtype libminikv stores (f16 keeps 11 significant bits) and the
-summation order of the BLAS. The f32 run isolates the arithmetic (--f32-tol, default 2e-3
-on logits of magnitude ~10-30); the f16 run adds one fp16 rounding of every Q/K/V element
-in all 30 layers (--f16-tol, default 0.1: measured 0.02-0.04 on this prompt; an error in
-RoPE, the norm or the MLP gives differences of several units).
+Tolerances. On the CPU the engine computes in float32 like the reference; what differs is
+where Q, K and V are rounded to the dtype libminikv stores and the BLAS's summation order.
+The f32 run isolates the arithmetic (--f32-tol, default 2e-3 on logits of magnitude 10-30;
+measured 1.6e-4); the f16 run adds one fp16 rounding of every Q/K/V element in all 30
+layers (--f16-tol, default 0.06; measured 0.022; a wrong RoPE, norm or MLP gives errors of
+several units). With --backend cuda the engine runs in f16 and bf16 (weights and
+activations), and each tolerance is derived on the same GPU: twice the distance of
+transformers' own model in that dtype from its float32 model, plus 0.02 (the rule of
+flash-attention's tests).
 
     scripts/fetch-model.sh
     python3 examples/engine/check_transformers.py --engine build/examples/engine/minikv-engine
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import inspect
 import os
 import re
 import subprocess
@@ -148,62 +156,152 @@ def reference_greedy(model, ids: list[int], steps: int):
     import torch
     import transformers
 
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     cache = transformers.DynamicCache(config=model.config)
-    x = torch.tensor([ids])
+    x = torch.tensor([ids], device=model.device)
     tokens, logits = [], []
     with torch.no_grad():
         for _ in range(steps):
-            out = model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = model(input_ids=x, use_cache=True, logits_to_keep=1, **{kw: cache})
             row = out.logits[0, -1].float()
-            logits.append(row.numpy().copy())
+            logits.append(row.cpu().numpy().copy())
             x = row.argmax().reshape(1, 1)
             tokens.append(int(x))
     return tokens, np.stack(logits)
 
 
-def check_logits(args, model, tokenizer) -> bool:
+def reference_forced(model, ids: list[int], tokens: list[int]):
+    """Logits of the same positions as reference_greedy, teacher-forced on `tokens` in one
+    forward pass (for the reference in a 16-bit dtype: same contexts as the float32 one)."""
+    import torch
+
+    x = torch.tensor([ids + tokens[:-1]], device=model.device)
+    with torch.no_grad():
+        return model(input_ids=x, logits_to_keep=len(tokens)).logits[0].float().cpu().numpy()
+
+
+def compare(what: str, tokens, logits, ref_tokens, ref_logits, tol: float) -> bool:
+    """Engine vs reference over the positions with the same context on both sides. The
+    greedy tokens may part only where the reference itself can not tell them apart within
+    the tolerance: at the first difference, the reference's logits of its token and of the
+    engine's token differ by at most 2 tol (logits within tol can swap such a pair)."""
+    n = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), min(len(tokens), len(ref_tokens)))
+    same = tokens == ref_tokens
+    compared = min(n + 1, len(tokens), len(ref_tokens))  # the first differing step still shares its context
+    diff = np.abs(logits[:compared] - ref_logits[:compared])
+    worst = float(diff.max()) if compared else float("inf")
+    step = int(diff.max(axis=1).argmax()) if compared else -1
+    good = bool(np.isfinite(logits).all()) and worst <= tol and len(tokens) == len(ref_tokens)
+    note = "identical"
+    if not same and n < len(tokens) and n < len(ref_tokens):
+        margin = float(ref_logits[n][ref_tokens[n]] - ref_logits[n][tokens[n]])
+        tie = margin <= 2 * tol
+        note = (f"part at generated token {n} where the reference's margin is {margin:.3g} "
+                f"({'a near-tie: allowed' if tie else 'MORE than 2 x tolerance'})")
+        good &= tie
+    elif not same:
+        note = f"DIFFER in length ({len(tokens)} vs {len(ref_tokens)})"
+    print(f"  {what}: greedy tokens {note}; max |dlogit| {worst:.2e} over {compared} tokens (at {step}; "
+          f"tolerance {tol:.3g}), mean {float(diff.mean()) if compared else float('nan'):.2e} -> "
+          f"{'ok' if good else 'FAIL'}")
+    return good
+
+
+def run_engine(args, prompt_files, n_new, dtype, logits_path, extra=()):
+    """Runs the engine greedily; returns (tokens per prompt, logits per prompt)."""
+    cmd = [args.engine, "--model", args.model, "--raw", "-n", ",".join(map(str, n_new)), "--kv", "full",
+           "--dtype", dtype, "--backend", args.backend, "--ids", "--quiet", "--dump-logits", logits_path, *extra]
+    for f in prompt_files:
+        cmd += ["--prompt-file", f]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"engine failed ({run.returncode}): {run.stderr.strip()}")
+    if len(prompt_files) == 1:
+        tokens = [[int(x) for x in run.stdout.split()]]
+        paths = [logits_path]
+    else:
+        tokens = [[int(x) for x in part.split("\n", 1)[1].split()] for part in run.stdout.split("=== prompt ")[1:]]
+        paths = [f"{logits_path}.{i}" for i in range(len(prompt_files))]
+    logits = [np.fromfile(p, dtype=np.float32).reshape(len(t), -1) for p, t in zip(paths, tokens)]
+    return tokens, logits
+
+
+def dtypes_and_tolerances(args, model32, ids, ref_tokens, ref_logits):
+    """(dtype, tolerance) per engine run. CPU: float32 and float16 caches, fixed tolerances
+    (module docstring). CUDA: float16 and bfloat16 everywhere; each tolerance is twice
+    transformers' own distance from float32 in that dtype on the same GPU, plus 0.02."""
+    if args.backend == "cpu":
+        return [("f32", args.f32_tol), ("f16", args.f16_tol)]
+    import torch
+
+    out = []
+    for name, dt in (("f16", torch.float16), ("bf16", torch.bfloat16)):
+        model = model32.to(dtype=dt)
+        own = float(np.abs(reference_forced(model, ids, ref_tokens) - ref_logits).max())
+        out.append((name, 2 * own + 0.02))
+        print(f"  transformers in {name} on {model.device}: max |dlogit| {own:.3g} from float32 "
+              f"-> engine tolerance {2 * own + 0.02:.3g}")
+    model32.to(dtype=torch.float32)
+    return out
+
+
+def check_logits(args, model, tokenizer):
+    """Returns (ok, {dtype: tolerance})."""
     text = prompt_tokens(tokenizer, args.prompt_tokens)
     ids = tokenizer.encode(text)
-    print(f"logits: {len(ids)}-token prompt + {args.steps} greedy tokens, --kv full")
+    print(f"logits: {len(ids)}-token prompt + {args.steps} greedy tokens, --kv full, --backend {args.backend}")
     t0 = time.time()
     ref_tokens, ref_logits = reference_greedy(model, ids, args.steps)
-    print(f"  transformers (float32, CPU): {time.time() - t0:.1f} s")
+    print(f"  transformers (float32, {model.device}): {time.time() - t0:.1f} s; greedy text "
+          f"{tokenizer.decode(ref_tokens)!r}")
     ok = True
-    for dtype, tol in (("f32", args.f32_tol), ("f16", args.f16_tol)):
-        with tempfile.TemporaryDirectory() as tmp:
-            prompt_file, logits_file = os.path.join(tmp, "prompt.txt"), os.path.join(tmp, "logits.f32")
-            with open(prompt_file, "wb") as f:
-                f.write(text.encode("utf-8"))
+    tolerances = dtypes_and_tolerances(args, model, ids, ref_tokens, ref_logits)
+    with tempfile.TemporaryDirectory() as tmp:
+        prompt_file = os.path.join(tmp, "prompt.txt")
+        with open(prompt_file, "wb") as f:
+            f.write(text.encode("utf-8"))
+        for dtype, tol in tolerances:
             t0 = time.time()
-            run = subprocess.run([args.engine, "--model", args.model, "--prompt-file", prompt_file,
-                                  "--raw", "-n", str(args.steps), "--kv", "full", "--dtype", dtype,
-                                  "--backend", args.backend, "--ids", "--quiet",
-                                  "--dump-logits", logits_file],
-                                 capture_output=True, text=True)
-            if run.returncode != 0:
-                print(f"  engine --dtype {dtype} failed ({run.returncode}): {run.stderr.strip()}")
+            try:
+                (tokens,), (logits,) = run_engine(args, [prompt_file], [args.steps], dtype, os.path.join(tmp, "l"))
+            except RuntimeError as e:
+                print(f"  engine --dtype {dtype}: {e}")
                 ok = False
                 continue
-            tokens = [int(x) for x in run.stdout.split()]
-            logits = np.fromfile(logits_file, dtype=np.float32).reshape(len(tokens), -1)
-        seconds = time.time() - t0
-        same = tokens == ref_tokens[:len(tokens)] and len(tokens) == len(ref_tokens)
-        n = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), len(tokens))
-        n = min(n, len(ref_tokens))  # positions with the same context on both sides
-        diff = np.abs(logits[:n] - ref_logits[:n])
-        worst = float(diff.max()) if n else float("inf")
-        step = int(diff.max(axis=1).argmax()) if n else -1
-        good = same and bool(np.isfinite(logits).all()) and worst <= tol
-        print(f"  engine --backend {args.backend} --dtype {dtype}: {seconds:.1f} s; greedy tokens "
-              f"{'identical' if same else f'DIFFER from position {n}'}; max |dlogit| {worst:.2e} "
-              f"(at generated token {step}; tolerance {tol:g}); mean |dlogit| "
-              f"{float(diff.mean()) if n else float('nan'):.2e} -> {'ok' if good else 'FAIL'}")
-        if not same:
-            top2 = np.sort(ref_logits[n])[-2:] if n < len(ref_logits) else None
-            print(f"    reference top-2 logit margin at {n}: "
-                  f"{float(top2[1] - top2[0]) if top2 is not None else float('nan'):.3g}")
-        ok &= good
-    print(f"  greedy text: {tokenizer.decode(ref_tokens)!r}")
+            ok &= compare(f"engine --dtype {dtype} ({time.time() - t0:.1f} s)", tokens, logits, ref_tokens,
+                          ref_logits, tol)
+    return ok, dict(tolerances)
+
+
+def check_batching(args, tokenizer, tolerances) -> bool:
+    """Continuous batching: three prompts with different budgets in two slots (the third
+    joins when the first leaves, while the second still runs) give each prompt the tokens
+    and logits it gets alone."""
+    text = prompt_tokens(tokenizer, 400)
+    ids = tokenizer.encode(text)
+    cuts = [(0, 90), (90, 150), (150, 310)]
+    budgets = [12, 24, 20]
+    dtype = "f32" if args.backend == "cpu" else "f16"
+    tol = tolerances[dtype]
+    print(f"continuous batching: prompts of {[b - a for a, b in cuts]} tokens, budgets {budgets}, 2 slots, "
+          f"--dtype {dtype}, each against its own run alone")
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for i, (a, b) in enumerate(cuts):
+            files.append(os.path.join(tmp, f"p{i}.txt"))
+            with open(files[-1], "wb") as f:
+                f.write(tokenizer.decode(ids[a:b]).encode("utf-8"))
+        try:
+            together, together_logits = run_engine(args, files, budgets, dtype, os.path.join(tmp, "b"),
+                                                   ["--batch", "2"])
+            for i, f in enumerate(files):
+                (alone,), (alone_logits,) = run_engine(args, [f], [budgets[i]], dtype, os.path.join(tmp, f"s{i}"))
+                ok &= compare(f"prompt {i} batched vs alone", together[i], together_logits[i], alone,
+                              alone_logits, tol)
+        except RuntimeError as e:
+            print(f"  {e}")
+            ok = False
     return ok
 
 
@@ -217,15 +315,22 @@ def main() -> int:
     p.add_argument("--tokenizer-chars", type=int, default=200000,
                    help="characters of each novel to tokenize (0 = whole novels)")
     p.add_argument("--f32-tol", type=float, default=2e-3)
-    p.add_argument("--f16-tol", type=float, default=0.1)
+    p.add_argument("--f16-tol", type=float, default=0.06,
+                   help="CPU f16 runs (--backend cuda derives its tolerances instead)")
     p.add_argument("--skip-tokenizer", action="store_true")
     args = p.parse_args()
 
-    model, tokenizer = load_gguf_llama(args.model)
+    device = "cpu"
+    if args.backend == "cuda":
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = load_gguf_llama(args.model, device=device)
     ok = True
     if not args.skip_tokenizer:
         ok &= check_tokenizer(args, tokenizer)
-    ok &= check_logits(args, model, tokenizer)
+    logits_ok, tolerances = check_logits(args, model, tokenizer)
+    ok &= logits_ok
+    ok &= check_batching(args, tokenizer, tolerances)
     print("check_transformers: " + ("all passed" if ok else "FAILED"))
     return 0 if ok else 1
 

@@ -30,7 +30,7 @@ typedef struct options {
   const char *prompt_text[MAX_PROMPTS];
   bool prompt_is_file[MAX_PROMPTS];
   size_t n_prompts;
-  uint32_t n_new, batch, max_seq_len;
+  uint32_t n_new[MAX_PROMPTS], n_new_count, batch, max_seq_len;
   float temperature, top_p;
   uint64_t seed;
   bool ids, tokenize, quiet, raw;
@@ -49,7 +49,7 @@ static void usage(FILE *f) {
     "  --prompt TEXT         a prompt; give it several times to run several sequences\n"
     "                        together (continuous batching)\n"
     "  --prompt-file PATH    a prompt read from a file (may be repeated, mixed with --prompt)\n"
-    "  -n N                  new tokens per prompt (128)\n"
+    "  -n N[,N...]           new tokens per prompt, one value or one per prompt (128)\n"
     "  --kv SETTING          full | minikv | [full|minikv,]field=value,... (minikv)\n"
     "                        fields: heavy recent key_bits value_bits bits group residual\n"
     "                        policy=uniform|pyramid depth score=cumulative|window window\n"
@@ -65,7 +65,7 @@ static void usage(FILE *f) {
     "  --ids                 print generated token ids, one per line, instead of text\n"
     "  --tokenize            print the prompt's token ids and exit\n"
     "  --dump-logits PATH    write the logits of every generated token (float32, rows of\n"
-    "                        n_vocab, in generation order; one prompt only)\n"
+    "                        n_vocab, in generation order); PATH.i for prompt i of several\n"
     "  --quiet               no progress or statistics on stderr\n",
     model_preset_names(),
 #ifdef ENGINE_WITH_CUDA
@@ -96,7 +96,8 @@ static bool parse_f32(const char *flag, const char *v, float *out) {
 static bool parse_args(int argc, char **argv, options *o) {
   memset(o, 0, sizeof *o);
   o->kv = "minikv";
-  o->n_new = 128;
+  o->n_new[0] = 128;
+  o->n_new_count = 1;
   o->top_p = 1.0f;
   o->seed = 1;
   o->dtype = "f16";
@@ -116,7 +117,15 @@ static bool parse_args(int argc, char **argv, options *o) {
       o->prompt_is_file[o->n_prompts] = strcmp(a, "--prompt-file") == 0;
       o->prompt_text[o->n_prompts++] = v;
     } else if (strcmp(a, "-n") == 0) {
-      if (!parse_u32(a, v, 0, &o->n_new)) return false;
+      if (!v || strlen(v) >= 4096) return fail("-n needs a value");
+      char list[4096], *save = NULL;
+      strcpy(list, v);
+      o->n_new_count = 0;
+      for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (o->n_new_count == MAX_PROMPTS) return fail("-n: at most %d values", MAX_PROMPTS);
+        if (!parse_u32(a, t, 0, &o->n_new[o->n_new_count++])) return false;
+      }
+      if (o->n_new_count == 0) return fail("-n needs a value");
     } else if (strcmp(a, "--kv") == 0) o->kv = v;
     else if (strcmp(a, "--backend") == 0) o->backend = v;
     else if (strcmp(a, "--dtype") == 0) o->dtype = v;
@@ -147,7 +156,8 @@ static bool parse_args(int argc, char **argv, options *o) {
   }
   if (!o->model == !o->random_shape) return fail("give one of --model PATH or --random SHAPE");
   if (o->n_prompts == 0) return fail("no prompt (--prompt TEXT or --prompt-file PATH)");
-  if (o->dump_logits && o->n_prompts != 1) return fail("--dump-logits takes one prompt");
+  if (o->n_new_count != 1 && o->n_new_count != o->n_prompts)
+    return fail("-n has %u values for %zu prompts (give one, or one per prompt)", o->n_new_count, o->n_prompts);
   return true;
 }
 
@@ -182,7 +192,7 @@ static char *read_file(const char *path, size_t *len) {
 typedef struct run_ctx {
   const tokenizer *tok;
   const options *o;
-  FILE *logits_file;
+  FILE **logits_files; /* one per request, or NULL */
   uint32_t n_vocab;
   bool stream; /* one prompt: print tokens as they come */
   bool write_failed;
@@ -208,7 +218,7 @@ static void on_token(void *ctx, size_t req, int32_t id) {
 static void on_logits(void *ctx, size_t req, const float *logits) {
   (void)req;
   run_ctx *r = ctx;
-  if (r->logits_file && fwrite(logits, sizeof *logits, r->n_vocab, r->logits_file) != r->n_vocab)
+  if (r->logits_files && fwrite(logits, sizeof *logits, r->n_vocab, r->logits_files[req]) != r->n_vocab)
     r->write_failed = true;
 }
 
@@ -245,11 +255,12 @@ static void print_stats(const backend *b, const request *reqs, size_t n, const e
           st->decode_seconds > 0 ? (double)st->decoded_tokens / st->decode_seconds : 0.0, st->max_running,
           st->deferred ? ", admissions deferred for a full cache" : "");
   if (ms.struct_size)
-    fprintf(stderr, "cache    pool %s; at its fullest %s in use for %llu of %llu positions (fp16 of every "
-            "position: %s, %.1f%% less), workspace %s\n",
+    fprintf(stderr, "cache    pool %s; at its fullest %s in use for %llu of %llu positions (%.0f%% of the "
+            "%s an fp16 cache of every position takes), workspace %s\n",
             format_bytes((double)ms.pool_bytes, a, sizeof a), format_bytes((double)ms.used_bytes, c, sizeof c),
             (unsigned long long)ms.tokens_cached, (unsigned long long)ms.tokens_seen,
-            format_bytes((double)ms.fp16_equivalent_bytes, d, sizeof d), 100.0 * ms.compression_ratio,
+            100.0 * (double)ms.used_bytes / (double)(ms.fp16_equivalent_bytes ? ms.fp16_equivalent_bytes : 1),
+            format_bytes((double)ms.fp16_equivalent_bytes, d, sizeof d),
             format_bytes((double)ms.workspace_bytes, e, sizeof e));
   fprintf(stderr, "model    weights %s, buffers %s (%s backend)\n", format_bytes((double)b->weight_bytes, a, sizeof a),
           format_bytes((double)b->buffer_bytes, c, sizeof c), b->name);
@@ -264,7 +275,7 @@ static int generate(const options *o) {
   char *texts[MAX_PROMPTS] = {0};
   int32_t *prompts[MAX_PROMPTS] = {0};
   size_t n_req = 0;
-  FILE *logits_file = NULL;
+  FILE *logits_files[MAX_PROMPTS] = {0};
   sampler smp;
   sampler_init(&smp, o->temperature, o->top_p, o->seed);
   memset(reqs, 0, sizeof reqs);
@@ -282,6 +293,7 @@ static int generate(const options *o) {
 
   /* Prompts -> token ids (a random-weight model has no tokenizer: bytes as ids). */
   size_t longest = 0;
+  uint32_t most_new = 0;
   for (; n_req < o->n_prompts; ++n_req) {
     size_t len = strlen(o->prompt_text[n_req]), count = 0;
     const char *text = o->prompt_text[n_req];
@@ -297,8 +309,9 @@ static int generate(const options *o) {
     }
     reqs[n_req].prompt = prompts[n_req];
     reqs[n_req].prompt_len = count;
-    reqs[n_req].max_new_tokens = o->n_new;
+    reqs[n_req].max_new_tokens = o->n_new[o->n_new_count == 1 ? 0 : n_req];
     if (count > longest) longest = count;
+    if (reqs[n_req].max_new_tokens > most_new) most_new = reqs[n_req].max_new_tokens;
   }
   if (o->tokenize) {
     for (size_t i = 0; i < n_req; ++i)
@@ -314,13 +327,13 @@ static int generate(const options *o) {
   opt.max_batch = o->batch ? o->batch : (uint32_t)n_req;
   opt.max_prompt_tokens = longest > 0 ? (uint32_t)longest : 1;
   opt.quiet = o->quiet;
-  const uint32_t max_seq_len = o->max_seq_len ? o->max_seq_len : (uint32_t)longest + o->n_new + 1;
+  const uint32_t max_seq_len = o->max_seq_len ? o->max_seq_len : (uint32_t)longest + most_new + 1;
   if (!o->quiet) {
     char desc[256];
     fprintf(stderr, "model    %s: %u layers, %u heads (%u KV), head_dim %u, vocab %u\n", m.name, m.n_layers,
             m.n_heads, m.n_kv_heads, m.head_dim, m.n_vocab);
     fprintf(stderr, "cache    %s\n", engine_describe_kv(&kv, desc, sizeof desc));
-    fprintf(stderr, "prompts  %zu, longest %zu tokens; %u new tokens each\n", n_req, longest, o->n_new);
+    fprintf(stderr, "prompts  %zu, longest %zu tokens; up to %u new tokens each\n", n_req, longest, most_new);
   }
   if (!(b = backend_create(o->backend, &src, &m, &kv, max_seq_len, &opt))) goto done;
   double t_prefill = now_seconds();
@@ -328,11 +341,16 @@ static int generate(const options *o) {
     b->progress = progress;
     b->progress_ctx = &t_prefill;
   }
-  if (o->dump_logits && !(logits_file = fopen(o->dump_logits, "wb"))) {
-    fail("cannot write %s", o->dump_logits);
-    goto done;
+  for (size_t i = 0; o->dump_logits && i < n_req; ++i) {
+    char path[4096];
+    if (n_req == 1) snprintf(path, sizeof path, "%s", o->dump_logits);
+    else snprintf(path, sizeof path, "%s.%zu", o->dump_logits, i);
+    if (!(logits_files[i] = fopen(path, "wb"))) {
+      fail("cannot write %s", path);
+      goto done;
+    }
   }
-  run_ctx ctx = {tok, o, logits_file, m.n_vocab, n_req == 1, false};
+  run_ctx ctx = {tok, o, o->dump_logits ? logits_files : NULL, m.n_vocab, n_req == 1, false};
   const engine_hooks hooks = {on_token, on_logits, is_end, &ctx};
   engine_stats st;
   if (!engine_run(b, reqs, n_req, &smp, &hooks, &st)) goto done;
@@ -355,7 +373,11 @@ static int generate(const options *o) {
 
 done:
   if (rc == 1) fprintf(stderr, "minikv-engine: %s\n", last_error());
-  if (logits_file) fclose(logits_file);
+  for (size_t i = 0; i < MAX_PROMPTS; ++i)
+    if (logits_files[i] && fclose(logits_files[i]) != 0 && rc == 0) {
+      fprintf(stderr, "minikv-engine: writing %s failed\n", o->dump_logits);
+      rc = 1;
+    }
   engine_free_requests(reqs, n_req);
   for (size_t i = 0; i < MAX_PROMPTS; ++i) {
     free(texts[i]);
