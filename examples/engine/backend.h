@@ -38,6 +38,7 @@ typedef struct backend_options {
   uint32_t chunk_tokens;       /* prompt tokens per dense (GEMM) pass; 0 = the backend's */
   minikv_dtype dtype;          /* activations handed to libminikv (and the GPU's weights) */
   bool quiet;                  /* no progress lines on stderr */
+  bool no_graphs;              /* CUDA: launch each decode step's kernels directly */
 } backend_options;
 
 /* Called after each layer of a prefill (progress lines on long prompts). */

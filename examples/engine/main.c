@@ -33,7 +33,7 @@ typedef struct options {
   uint32_t n_new[MAX_PROMPTS], n_new_count, batch, max_seq_len;
   float temperature, top_p;
   uint64_t seed;
-  bool ids, tokenize, quiet, raw;
+  bool ids, tokenize, quiet, raw, no_graphs;
 } options;
 
 static void usage(FILE *f) {
@@ -66,7 +66,9 @@ static void usage(FILE *f) {
     "  --tokenize            print the prompt's token ids and exit\n"
     "  --dump-logits PATH    write the logits of every generated token (float32, rows of\n"
     "                        n_vocab, in generation order); PATH.i for prompt i of several\n"
-    "  --quiet               no progress or statistics on stderr\n",
+    "  --quiet               no progress or statistics on stderr\n"
+    "  --no-graphs           CUDA: launch each decode step's kernels directly instead of\n"
+    "                        replaying it as one CUDA graph\n",
     model_preset_names(),
 #ifdef ENGINE_WITH_CUDA
     "cuda"
@@ -147,6 +149,7 @@ static bool parse_args(int argc, char **argv, options *o) {
       else if (strcmp(a, "--tokenize") == 0) o->tokenize = true;
       else if (strcmp(a, "--quiet") == 0) o->quiet = true;
       else if (strcmp(a, "--raw") == 0) o->raw = true;
+      else if (strcmp(a, "--no-graphs") == 0) o->no_graphs = true;
       else return fail("unknown flag %s (--help lists them)", a);
     }
     if (takes_value) {
@@ -327,6 +330,7 @@ static int generate(const options *o) {
   opt.max_batch = o->batch ? o->batch : (uint32_t)n_req;
   opt.max_prompt_tokens = longest > 0 ? (uint32_t)longest : 1;
   opt.quiet = o->quiet;
+  opt.no_graphs = o->no_graphs;
   const uint32_t max_seq_len = o->max_seq_len ? o->max_seq_len : (uint32_t)longest + most_new + 1;
   if (!o->quiet) {
     char desc[256];

@@ -134,24 +134,29 @@ __global__ void rms_norm_kernel(const float *x, const int32_t *rows, const float
 
 /* Splits a chunk's qkv rows ([rows, (H + 2 Hkv) D]) into q, k, v rows row0.. of the
    whole-call tensors, rotating each interleaved pair (2i, 2i+1) of Q and K heads by
-   positions[row0 + r] * inv_freq[i] (angle in double: long contexts need its bits). One
-   block per row. */
+   positions[row0 + r] * inv_freq[i]. One block per row: the row's D/2 angles first (in
+   double: long contexts need the angle's bits), then every (head, pair) of the row. */
 template <typename T>
 __global__ void rope_split_kernel(const T *qkv, T *q, T *k, T *v, const int32_t *positions,
                                   const double *inv_freq, int row0, int H, int Hkv, int D) {
-  const int r = blockIdx.x, row = row0 + r, width = (H + 2 * Hkv) * D;
+  __shared__ float cos_sin[2][128]; /* D <= 256 */
+  const int r = blockIdx.x, row = row0 + r, width = (H + 2 * Hkv) * D, pairs = D / 2;
   const T *src = qkv + (size_t)r * width;
   const double pos = (double)positions[row];
-  for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
     double sn, cs;
     sincos(pos * inv_freq[i], &sn, &cs);
-    const float c = (float)cs, s = (float)sn;
-    for (int h = 0; h < H + Hkv; ++h) {
-      const float x0 = to_f32(src[h * D + 2 * i]), x1 = to_f32(src[h * D + 2 * i + 1]);
-      T *dst = h < H ? q + ((size_t)row * H + h) * D : k + ((size_t)row * Hkv + (h - H)) * D;
-      dst[2 * i] = from_f32<T>(x0 * c - x1 * s);
-      dst[2 * i + 1] = from_f32<T>(x0 * s + x1 * c);
-    }
+    cos_sin[0][i] = (float)cs;
+    cos_sin[1][i] = (float)sn;
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < (H + Hkv) * pairs; j += blockDim.x) {
+    const int h = j / pairs, i = j % pairs;
+    const float c = cos_sin[0][i], s = cos_sin[1][i];
+    const float x0 = to_f32(src[h * D + 2 * i]), x1 = to_f32(src[h * D + 2 * i + 1]);
+    T *dst = h < H ? q + ((size_t)row * H + h) * D : k + ((size_t)row * Hkv + (h - H)) * D;
+    dst[2 * i] = from_f32<T>(x0 * c - x1 * s);
+    dst[2 * i + 1] = from_f32<T>(x0 * s + x1 * c);
   }
   for (int j = threadIdx.x; j < Hkv * D; j += blockDim.x) v[(size_t)row * Hkv * D + j] = src[(H + Hkv) * D + j];
 }
@@ -285,7 +290,7 @@ static bool attention_inputs(cuda_backend *c, const cuda_layer *L, int row0, int
   LAUNCH_TRY();
   if (!gemm(c, L->wqkv, c->xb, c->qkv, false, rows, (H + 2 * Hkv) * D, d, false)) return false;
   DISPATCH_16BIT(c->base.opt.dtype, {
-    rope_split_kernel<T><<<rows, 128, 0, c->stream>>>((const T *)c->qkv, (T *)c->q, (T *)c->k, (T *)c->v,
+    rope_split_kernel<T><<<rows, 256, 0, c->stream>>>((const T *)c->qkv, (T *)c->q, (T *)c->k, (T *)c->v,
                                                       c->positions, c->inv_freq, row0, H, Hkv, D);
   });
   LAUNCH_TRY();
@@ -406,6 +411,12 @@ static bool record_step(cuda_backend *c, uint32_t n, const uint32_t *seq_ids, in
    when the shape allows, else instantiated), and launches it. The caller made sure the
    previous launch of that slot has finished. */
 static bool launch_step(cuda_backend *c, int slot, uint32_t n, const uint32_t *seq_ids, int32_t *history) {
+  if (c->base.opt.no_graphs) { /* the same kernels, launched one by one */
+    if (!record_step(c, n, seq_ids, history)) return false;
+    CUDA_TRY(cudaEventRecord(c->exec_done[slot], c->stream));
+    c->exec_launched[slot] = true;
+    return true;
+  }
   cudaGraph_t graph = NULL;
   CUDA_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
   const bool recorded = record_step(c, n, seq_ids, history);
@@ -414,7 +425,8 @@ static bool launch_step(cuda_backend *c, int slot, uint32_t n, const uint32_t *s
     if (graph) cudaGraphDestroy(graph);
     return false; /* record_step's message */
   }
-  if (ended != cudaSuccess) return fail("capturing the decode step: %s", cudaGetErrorString(ended));
+  if (ended != cudaSuccess)
+    return fail("capturing the decode step: %s (--no-graphs launches the kernels directly)", cudaGetErrorString(ended));
   bool updated = false;
   if (c->exec[slot]) {
     cudaGraphExecUpdateResultInfo info;
@@ -727,6 +739,10 @@ extern "C" backend *backend_cuda_create(const model_source *src, const model_con
                                         uint32_t max_seq_len, const backend_options *opt) {
   if (opt->dtype != MINIKV_DTYPE_F16 && opt->dtype != MINIKV_DTYPE_BF16) {
     fail("the CUDA backend computes in f16 or bf16 (--dtype f16|bf16)");
+    return NULL;
+  }
+  if (m->head_dim > 256) { /* rope_split_kernel's shared angles */
+    fail("head_dim %u: the CUDA backend handles up to 256", m->head_dim);
     return NULL;
   }
   cuda_backend *c = (cuda_backend *)alloc_zeroed(1, sizeof *c, "CUDA backend");
