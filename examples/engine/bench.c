@@ -115,15 +115,6 @@ static size_t split(char *text, const char *sep, const char **out, size_t max) {
   return n;
 }
 
-static bool parse_u32(const char *flag, const char *v, uint32_t lo, uint32_t *out) {
-  char *end;
-  const unsigned long x = v ? strtoul(v, &end, 10) : 0;
-  if (!v || *v == '-' || *end != '\0' || x < lo || x > UINT32_MAX)
-    return fail("%s needs an integer >= %u (got %s)", flag, lo, v ? v : "nothing");
-  *out = (uint32_t)x;
-  return true;
-}
-
 static char arg_copy[4][1024];
 
 static bool parse_bench_args(int argc, char **argv, bench_options *o) {
@@ -160,13 +151,13 @@ static bool parse_bench_args(int argc, char **argv, bench_options *o) {
       strcpy(arg_copy[slot], v);
       *(slot == 0 ? &model_text : slot == 1 ? &setting_text : &context_text) = arg_copy[slot];
     } else if (strcmp(a, "--gen") == 0) {
-      if (!parse_u32(a, v, 1, &o->gen)) return false;
+      if (!parse_flag_u32(a, v, 1, &o->gen)) return false;
     } else if (strcmp(a, "--warmup") == 0) {
-      if (!parse_u32(a, v, 0, &o->warmup)) return false;
+      if (!parse_flag_u32(a, v, 0, &o->warmup)) return false;
     } else if (strcmp(a, "--throughput-prompt") == 0) {
-      if (!parse_u32(a, v, 1, &o->tp_prompt)) return false;
+      if (!parse_flag_u32(a, v, 1, &o->tp_prompt)) return false;
     } else if (strcmp(a, "--throughput-gen") == 0) {
-      if (!parse_u32(a, v, 2, &o->tp_gen)) return false;
+      if (!parse_flag_u32(a, v, 2, &o->tp_gen)) return false;
     } else if (strcmp(a, "--memory-limit-gb") == 0) {
       char *end;
       o->memory_limit = strtod(v, &end) * 1e9;
@@ -178,7 +169,7 @@ static bool parse_bench_args(int argc, char **argv, bench_options *o) {
       else if (strcmp(v, "bf16") == 0) o->dtype = MINIKV_DTYPE_BF16;
       else return fail("--dtype %s: f16 or bf16", v);
     } else if (strcmp(a, "--seed") == 0) {
-      if (!parse_u32(a, v, 0, &u)) return false;
+      if (!parse_flag_u32(a, v, 0, &u)) return false;
       o->seed = u;
     } else if (strcmp(a, "--json") == 0) {
       o->json = v;
@@ -193,7 +184,7 @@ static bool parse_bench_args(int argc, char **argv, bench_options *o) {
   const char *ctx[MAX_LIST];
   o->n_contexts = split(context_text, ",", ctx, MAX_LIST);
   for (size_t i = 0; i < o->n_contexts; ++i)
-    if (!parse_u32("--contexts", ctx[i], 1, &o->contexts[i])) return false;
+    if (!parse_flag_u32("--contexts", ctx[i], 1, &o->contexts[i])) return false;
   model_config m;
   for (size_t i = 0; i < o->n_models; ++i)
     if (!model_config_preset(o->models[i], &m)) return false;

@@ -189,10 +189,23 @@ static void note_peak(run_state *st) {
     st->stats->peak = ms;
 }
 
+/* Whether the pool holds q's reservation next to the running sequences' ones. */
+static bool room_for(const run_state *st, const request *q) {
+  return st->pool_blocks == 0 || st->reserved_blocks + q->reserved_blocks <= st->pool_blocks;
+}
+
 /* The pool cannot take request r now: it waits for a sequence to leave, or, when none is
-   running, is refused (it could never fit). */
+   running, is refused (it could never fit). `why`: libminikv's message, or NULL when r's
+   reservation is what does not fit. */
 static int cannot_fit(run_state *st, uint32_t r, const char *why) {
   request *q = &st->reqs[r];
+  char need[160];
+  if (!why) {
+    snprintf(need, sizeof need, "it needs %llu blocks of %u tokens, the pool has %llu",
+             (unsigned long long)q->reserved_blocks, st->b->kv.residual_length,
+             (unsigned long long)st->pool_blocks);
+    why = need;
+  }
   if (st->n_running == 0) {
     q->state = REQUEST_REFUSED;
     snprintf(q->refusal, sizeof q->refusal,
@@ -220,13 +233,7 @@ static int admit(run_state *st, uint32_t r) {
   /* Deferred before: no new attempt until a sequence has left, nor while the room it was
      found to need is still taken. */
   if (q->retry_after >= 0 && st->finished <= q->retry_after) return 0;
-  if (q->reserved_blocks && st->pool_blocks && st->reserved_blocks + q->reserved_blocks > st->pool_blocks) {
-    if (st->n_running > 0) return 0;
-    char why[256];
-    snprintf(why, sizeof why, "it needs %llu blocks of %u tokens, the pool has %llu",
-             (unsigned long long)q->reserved_blocks, b->kv.residual_length, (unsigned long long)st->pool_blocks);
-    return cannot_fit(st, r, why);
-  }
+  if (q->reserved_blocks && !room_for(st, q)) return st->n_running > 0 ? 0 : cannot_fit(st, r, NULL);
 
   uint32_t slot = 0;
   while (st->slot_used[slot]) ++slot;
@@ -252,12 +259,9 @@ static int admit(run_state *st, uint32_t r) {
     }
     q->reserved_blocks += (cached + appends + b->kv.residual_length - 1) / b->kv.residual_length;
   }
-  if (st->pool_blocks && st->reserved_blocks + q->reserved_blocks > st->pool_blocks) {
+  if (!room_for(st, q)) {
     if (!b->release(b, slot)) return -1;
-    char why[256];
-    snprintf(why, sizeof why, "it needs %llu blocks of %u tokens, the pool has %llu",
-             (unsigned long long)q->reserved_blocks, b->kv.residual_length, (unsigned long long)st->pool_blocks);
-    return cannot_fit(st, r, why);
+    return cannot_fit(st, r, NULL);
   }
   st->stats->prefill_seconds += now_seconds() - t0;
   st->stats->prefill_tokens += q->prompt_len;

@@ -78,15 +78,6 @@ static void usage(FILE *f) {
   );
 }
 
-static bool parse_u32(const char *flag, const char *v, uint32_t lo, uint32_t *out) {
-  char *end;
-  const unsigned long x = v ? strtoul(v, &end, 10) : 0;
-  if (!v || *v == '-' || *end != '\0' || x < lo || x > UINT32_MAX)
-    return fail("%s needs an integer >= %u (got %s)", flag, lo, v ? v : "nothing");
-  *out = (uint32_t)x;
-  return true;
-}
-
 static bool parse_f32(const char *flag, const char *v, float *out) {
   char *end;
   const double x = v ? strtod(v, &end) : 0;
@@ -125,22 +116,22 @@ static bool parse_args(int argc, char **argv, options *o) {
       o->n_new_count = 0;
       for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (o->n_new_count == MAX_PROMPTS) return fail("-n: at most %d values", MAX_PROMPTS);
-        if (!parse_u32(a, t, 0, &o->n_new[o->n_new_count++])) return false;
+        if (!parse_flag_u32(a, t, 0, &o->n_new[o->n_new_count++])) return false;
       }
       if (o->n_new_count == 0) return fail("-n needs a value");
     } else if (strcmp(a, "--kv") == 0) o->kv = v;
     else if (strcmp(a, "--backend") == 0) o->backend = v;
     else if (strcmp(a, "--dtype") == 0) o->dtype = v;
     else if (strcmp(a, "--batch") == 0) {
-      if (!parse_u32(a, v, 1, &o->batch)) return false;
+      if (!parse_flag_u32(a, v, 1, &o->batch)) return false;
     } else if (strcmp(a, "--max-seq-len") == 0) {
-      if (!parse_u32(a, v, 2, &o->max_seq_len)) return false;
+      if (!parse_flag_u32(a, v, 2, &o->max_seq_len)) return false;
     } else if (strcmp(a, "--temp") == 0) {
       if (!parse_f32(a, v, &o->temperature)) return false;
     } else if (strcmp(a, "--top-p") == 0) {
       if (!parse_f32(a, v, &o->top_p)) return false;
     } else if (strcmp(a, "--seed") == 0) {
-      if (!parse_u32(a, v, 0, &u)) return false;
+      if (!parse_flag_u32(a, v, 0, &u)) return false;
       o->seed = u;
     } else if (strcmp(a, "--dump-logits") == 0) o->dump_logits = v;
     else {

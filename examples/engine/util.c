@@ -115,6 +115,15 @@ uint64_t rng_next(rng64 *r) {
 
 double rng_uniform(rng64 *r) { return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0); }
 
+bool parse_flag_u32(const char *flag, const char *value, uint32_t lo, uint32_t *out) {
+  char *end;
+  const unsigned long long x = value ? strtoull(value, &end, 10) : 0;
+  if (!value || *value < '0' || *value > '9' || *end != '\0' || x < lo || x > UINT32_MAX)
+    return fail("%s needs an integer >= %u (got %s)", flag, lo, value ? value : "nothing");
+  *out = (uint32_t)x;
+  return true;
+}
+
 const char *format_bytes(double bytes, char *buf, size_t size) {
   if (bytes >= 1e9)
     snprintf(buf, size, "%.2f GB", bytes / 1e9);

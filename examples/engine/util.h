@@ -51,6 +51,10 @@ uint64_t rng_next(rng64 *r);
 /* Uniform in [0, 1). */
 double rng_uniform(rng64 *r);
 
+/* A command-line value: an integer in [lo, UINT32_MAX] into *out, else false with a
+   message naming the flag. */
+bool parse_flag_u32(const char *flag, const char *value, uint32_t lo, uint32_t *out);
+
 /* Formats a byte count as "12.3 GB" / "45.6 MB" into buf; returns buf. */
 const char *format_bytes(double bytes, char *buf, size_t size);
 
