@@ -77,6 +77,11 @@ struct backend {
   /* GB/s of a large copy in the memory the backend computes from (bytes read + written),
      the bandwidth a memory-bound decode step can reach; 0 with a message on failure. */
   double (*copy_bandwidth)(backend *b);
+  /* Seconds of one decode step of n rows without its attention (no libminikv call: the
+     cache is not touched, the outputs are meaningless): the dense part's time, so that a
+     measured step splits into dense work and attention. The mean of `repeats` steps
+     (CUDA: one graph replayed); 0 with a message on failure. */
+  double (*dense_step_seconds)(backend *b, uint32_t n, uint32_t repeats);
   void (*destroy)(backend *b);
 };
 

@@ -60,13 +60,14 @@ typedef struct latency_row {
   const char *model, *setting;
   uint32_t context;
   double prefill_s, ms_per_token, ms_min, expected_ms;
+  double dense_ms; /* the same step without its attention (dense_step_seconds) */
   uint64_t weight_bytes, cache_bytes, tokens_cached, tokens_seen;
 } latency_row;
 
 typedef struct throughput_row {
   const char *model, *setting;
   uint32_t batch, batch_planned;
-  double prefill_s, decode_s, decode_tps, total_tps, step_ms, expected_step_ms;
+  double prefill_s, decode_s, decode_tps, total_tps, step_ms, expected_step_ms, dense_ms;
   uint64_t weight_bytes, buffer_bytes, pool_bytes, workspace_bytes, cache_used_bytes, peak_device_bytes;
   uint64_t blocks_per_seq;
   bool fits;
@@ -224,7 +225,8 @@ static double mean(const double *x, size_t n) {
   return n ? s / (double)n : 0;
 }
 
-static bool latency_context(bench_state *st, backend *b, const char *model, const char *setting, uint32_t ctx) {
+static bool latency_context(bench_state *st, backend *b, const char *model, const char *setting, uint32_t ctx,
+                            double dense_ms) {
   const bench_options *o = st->o;
   const uint32_t steps = o->warmup + o->gen, V = b->model.n_vocab;
   int32_t *prompt = alloc_zeroed(ctx, sizeof *prompt, "prompt");
@@ -258,9 +260,11 @@ static bool latency_context(bench_state *st, backend *b, const char *model, cons
     r->tokens_cached = after.tokens_cached;
     r->tokens_seen = after.tokens_seen;
     r->expected_ms = 1e3 * (double)(r->weight_bytes + r->cache_bytes) / (st->copy_gbs * 1e9);
-    printf("  %-10s %-22s %7u %9.2f %9.3f %9.3f   (%6.2f + %6.2f GB) / %.0f GB/s   %5.2f   %5.1f%%\n", model,
-           setting, ctx, prefill_s, r->ms_per_token, r->expected_ms, (double)r->weight_bytes / 1e9,
-           (double)r->cache_bytes / 1e9, st->copy_gbs, r->ms_per_token / r->expected_ms,
+    r->dense_ms = dense_ms;
+    const double bw = st->copy_gbs * 1e6; /* bytes per ms */
+    printf("  %-10s %-22s %7u %8.2f %9.3f %9.3f %6.2f  %7.3f %7.3f  %7.3f %7.3f  %5.1f%%\n", model, setting, ctx,
+           prefill_s, r->ms_per_token, r->expected_ms, r->ms_per_token / r->expected_ms, dense_ms,
+           (double)r->weight_bytes / bw, r->ms_per_token - dense_ms, (double)r->cache_bytes / bw,
            100.0 * (double)after.tokens_cached / (double)(after.tokens_seen ? after.tokens_seen : 1));
     fflush(stdout);
   }
@@ -376,7 +380,8 @@ static bool throughput(bench_state *st, const model_config *m, const model_sourc
   r->prefill_s = now_seconds() - t0;
   r->batch = n;
   minikv_memory_stats mid, end;
-  ok = ok && n > 0 && cache_stats(b, &mid);
+  const double dense_s = ok && n > 0 ? b->dense_step_seconds(b, n, 16) : 0.0;
+  ok = ok && n > 0 && dense_s > 0 && cache_stats(b, &mid);
   uint64_t peak = ok ? b->device_used(b) : 0;
   ok = ok && b->greedy(b, n, ids, first, pos, steps, out, secs) && cache_stats(b, &end);
   if (ok) {
@@ -393,6 +398,7 @@ static bool throughput(bench_state *st, const model_config *m, const model_sourc
     r->cache_used_bytes = (mid.used_bytes + end.used_bytes) / 2;
     r->peak_device_bytes = peak;
     r->expected_step_ms = 1e3 * (double)(weights_read(b) + r->cache_used_bytes) / (st->copy_gbs * 1e9);
+    r->dense_ms = 1e3 * dense_s;
     fprintf(stderr, "throughput %s %s: batch %u (planned %u), %.0f tokens/s decoding\n", model, setting, n, batch,
             r->decode_tps);
     st->graph_updates += b->graph_updates;
@@ -432,12 +438,17 @@ static bool run_setting(bench_state *st, const char *model, const char *setting)
   if (o->latency && st->latency_header_for != model) {
     st->latency_header_for = model;
     printf("\nlatency, batch 1: ms per generated token (mean of %u steps after %u warm-up) vs the expectation\n"
-           "(weight bytes + cache bytes read per step) / copy bandwidth; kept = cached / seen positions\n"
-           "  model      cache                  context prefill s  ms/token  expected   (weights + cache) / bandwidth"
-           "        ratio   kept\n", o->gen, o->warmup);
+           "(weight bytes + cache bytes read per step) / copy bandwidth. The step splits into its dense part\n"
+           "(the same step without attention, timed alone) next to weights / bandwidth, and the rest (attention:\n"
+           "libminikv's append + decode) next to cache bytes / bandwidth; kept = cached / seen positions\n"
+           "  model      cache                  context prefill  ms/token  expected  ratio    dense weights     attn"
+           "   cache   kept\n", o->gen, o->warmup);
   }
   bool ok = st->copy_gbs > 0;
-  for (size_t i = 0; ok && o->latency && i < o->n_contexts; ++i) ok = latency_context(st, b, model, setting, o->contexts[i]);
+  const double dense_ms = ok && o->latency ? 1e3 * b->dense_step_seconds(b, 1, 2 * o->gen) : 0.0;
+  ok = ok && (!o->latency || dense_ms > 0);
+  for (size_t i = 0; ok && o->latency && i < o->n_contexts; ++i)
+    ok = latency_context(st, b, model, setting, o->contexts[i], dense_ms);
   uint64_t blocks = 0;
   const uint64_t weights = b->weight_bytes;
   ok = ok && (!o->throughput || blocks_per_sequence(st, b, &blocks));
@@ -481,9 +492,9 @@ static bool write_json(const bench_state *st, const char *path, const char *date
     fprintf(f, "%s\n    {\"model\": \"%s\", \"cache\": ", i ? "," : "", r->model);
     json_string(f, r->setting);
     fprintf(f, ", \"context\": %u, \"prefill_s\": %.4f, \"ms_per_token\": %.4f, \"ms_min\": %.4f, "
-               "\"expected_ms\": %.4f, \"weight_bytes\": %llu, \"cache_bytes\": %llu, \"tokens_cached\": %llu, "
+               "\"expected_ms\": %.4f, \"dense_ms\": %.4f, \"weight_bytes\": %llu, \"cache_bytes\": %llu, \"tokens_cached\": %llu, "
                "\"tokens_seen\": %llu}",
-            r->context, r->prefill_s, r->ms_per_token, r->ms_min, r->expected_ms, (unsigned long long)r->weight_bytes,
+            r->context, r->prefill_s, r->ms_per_token, r->ms_min, r->expected_ms, r->dense_ms, (unsigned long long)r->weight_bytes,
             (unsigned long long)r->cache_bytes, (unsigned long long)r->tokens_cached, (unsigned long long)r->tokens_seen);
   }
   fprintf(f, "\n  ],\n  \"throughput\": [");
@@ -493,10 +504,10 @@ static bool write_json(const bench_state *st, const char *path, const char *date
     json_string(f, r->setting);
     fprintf(f, ", \"fits\": %s, \"batch\": %u, \"batch_planned\": %u, \"blocks_per_sequence\": %llu, "
                "\"prefill_s\": %.3f, \"decode_s\": %.3f, \"decode_tokens_per_s\": %.1f, \"tokens_per_s\": %.1f, "
-               "\"step_ms\": %.4f, \"expected_step_ms\": %.4f, \"weight_bytes\": %llu, \"buffer_bytes\": %llu, "
+               "\"step_ms\": %.4f, \"expected_step_ms\": %.4f, \"dense_step_ms\": %.4f, \"weight_bytes\": %llu, \"buffer_bytes\": %llu, "
                "\"pool_bytes\": %llu, \"workspace_bytes\": %llu, \"cache_used_bytes\": %llu, \"peak_device_bytes\": %llu}",
             r->fits ? "true" : "false", r->batch, r->batch_planned, (unsigned long long)r->blocks_per_seq, r->prefill_s,
-            r->decode_s, r->decode_tps, r->total_tps, r->step_ms, r->expected_step_ms,
+            r->decode_s, r->decode_tps, r->total_tps, r->step_ms, r->expected_step_ms, r->dense_ms,
             (unsigned long long)r->weight_bytes, (unsigned long long)r->buffer_bytes, (unsigned long long)r->pool_bytes,
             (unsigned long long)r->workspace_bytes, (unsigned long long)r->cache_used_bytes,
             (unsigned long long)r->peak_device_bytes);
@@ -534,7 +545,9 @@ int bench_main(int argc, char **argv) {
     for (size_t si = 0; ok && si < o.n_settings; ++si) ok = run_setting(st, o.models[mi], o.settings[si]);
   if (ok && o.throughput) {
     printf("\nthroughput: %u-token prompts + %u generated tokens each, at the largest batch within %.2f GB\n"
-           "  model      cache                  batch decode t/s  total t/s   step ms  expected  weights+buffers+cache  peak device  prefill\n",
+           "(step ms: mean decode step; dense: the same step without attention; weights+buffers+cache: what the\n"
+           "engine allocates, within the limit; peak device: the whole GPU's use, CUDA context included)\n"
+           "  model      cache                  batch decode t/s  total t/s   step ms  expected    dense  weights+buffers+cache  peak device  prefill\n",
            o.tp_prompt, o.tp_gen, o.memory_limit / 1e9);
     for (size_t i = 0; i < st->n_tp; ++i) {
       const throughput_row *r = &st->tp[i];
@@ -545,9 +558,9 @@ int bench_main(int argc, char **argv) {
       const double accounted = (double)(r->weight_bytes + r->buffer_bytes + r->pool_bytes + r->workspace_bytes);
       char peak[32] = "        -";
       if (r->peak_device_bytes) snprintf(peak, sizeof peak, "%8.2f GB", (double)r->peak_device_bytes / 1e9);
-      printf("  %-10s %-22s %5u %10.0f %10.0f %9.2f %9.2f   %17.2f GB  %s  %6.1f s\n", r->model, r->setting,
-             r->batch, r->decode_tps, r->total_tps, r->step_ms, r->expected_step_ms, accounted / 1e9, peak,
-             r->prefill_s);
+      printf("  %-10s %-22s %5u %10.0f %10.0f %9.2f %9.2f %8.2f   %17.2f GB  %s  %6.1f s\n", r->model, r->setting,
+             r->batch, r->decode_tps, r->total_tps, r->step_ms, r->expected_step_ms, r->dense_ms, accounted / 1e9,
+             peak, r->prefill_s);
     }
   }
   if (ok && st->graph_updates + st->graph_instantiations > 0)

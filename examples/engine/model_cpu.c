@@ -191,8 +191,10 @@ static bool cpu_prefill(backend *b, uint32_t n_seqs, const uint32_t *seq_ids,
   return true;
 }
 
-static bool cpu_decode(backend *b, uint32_t n_seqs, const uint32_t *seq_ids, const int32_t *tokens,
-                       const int32_t *positions, float *logits) {
+/* One decode step; without `attention` (seq_ids NULL) the libminikv calls are left out and
+   the attention output is whatever the buffer holds: the dense part alone, for timing. */
+static bool decode_step(backend *b, uint32_t n_seqs, const uint32_t *seq_ids, const int32_t *tokens,
+                        const int32_t *positions, float *logits) {
   cpu_backend *c = (cpu_backend *)b;
   if (n_seqs == 0 || n_seqs > b->opt.max_batch)
     return fail("decode of %u sequences: 1 to %u per step", n_seqs, b->opt.max_batch);
@@ -203,8 +205,9 @@ static bool cpu_decode(backend *b, uint32_t n_seqs, const uint32_t *seq_ids, con
   for (uint32_t l = 0; l < b->model.n_layers; ++l) {
     const cpu_layer *L = &c->layers[l];
     for (size_t r = 0; r < n_seqs; r += chunk) attention_inputs(c, L, r, n_seqs - r < chunk ? n_seqs - r : chunk);
-    if (!minikv_ok(b, minikv_append(b->cache, l, n_seqs, seq_ids, c->k, c->v, NULL), "minikv_append", l) ||
-        !minikv_ok(b, minikv_decode(b->cache, l, n_seqs, seq_ids, c->q, c->attn, NULL), "minikv_decode", l))
+    if (seq_ids &&
+        (!minikv_ok(b, minikv_append(b->cache, l, n_seqs, seq_ids, c->k, c->v, NULL), "minikv_append", l) ||
+         !minikv_ok(b, minikv_decode(b->cache, l, n_seqs, seq_ids, c->q, c->attn, NULL), "minikv_decode", l)))
       return false;
     for (size_t r = 0; r < n_seqs; r += chunk) attention_output_and_mlp(c, L, r, n_seqs - r < chunk ? n_seqs - r : chunk);
   }
@@ -215,6 +218,24 @@ static bool cpu_decode(backend *b, uint32_t n_seqs, const uint32_t *seq_ids, con
     logits_of(c, rows, n, logits + (size_t)s0 * b->model.n_vocab);
   }
   return true;
+}
+
+static bool cpu_decode(backend *b, uint32_t n_seqs, const uint32_t *seq_ids, const int32_t *tokens,
+                       const int32_t *positions, float *logits) {
+  return seq_ids ? decode_step(b, n_seqs, seq_ids, tokens, positions, logits)
+                 : fail("decode: seq_ids is NULL");
+}
+
+static double cpu_dense_step_seconds(backend *b, uint32_t n, uint32_t repeats) {
+  float *logits = alloc_zeroed((size_t)n * b->model.n_vocab, sizeof *logits, "logits");
+  int32_t *zeros = alloc_zeroed(n, sizeof *zeros, "tokens");
+  bool ok = logits && zeros;
+  const double t0 = now_seconds();
+  for (uint32_t i = 0; ok && i < repeats; ++i) ok = decode_step(b, n, NULL, zeros, zeros, logits);
+  const double seconds = ok && repeats ? (now_seconds() - t0) / repeats : 0.0;
+  free(logits);
+  free(zeros);
+  return seconds;
 }
 
 static bool cpu_greedy(backend *b, uint32_t n_seqs, const uint32_t *seq_ids, const int32_t *tokens,
@@ -394,6 +415,7 @@ backend *backend_cpu_create(const model_source *src, const model_config *m, cons
   b->release = cpu_release;
   b->device_used = cpu_device_used;
   b->copy_bandwidth = cpu_copy_bandwidth;
+  b->dense_step_seconds = cpu_dense_step_seconds;
   b->destroy = cpu_destroy;
   snprintf(b->device, sizeof b->device, "CPU (%ld threads online)", sysconf(_SC_NPROCESSORS_ONLN));
   c->esize = opt->dtype == MINIKV_DTYPE_F32 ? 4 : 2;

@@ -172,9 +172,9 @@ __global__ void silu_mul_kernel(const T *gu, T *hid, int rows, int ff) {
   }
 }
 
-/* tokens[r] = first index of the largest logit of row r; also copied to history[r] when
-   given. One block per row. */
-__global__ void argmax_kernel(const float *logits, int n_vocab, int32_t *tokens, int32_t *history) {
+/* tokens[r] = first index of the largest logit of row r, also copied to history[r] when
+   given; positions[r] advances by one (the next step's). One block per row. */
+__global__ void argmax_kernel(const float *logits, int n_vocab, int32_t *tokens, int32_t *history, int32_t *positions) {
   const float *row = logits + (size_t)blockIdx.x * n_vocab;
   float best = -INFINITY;
   int idx = n_vocab;
@@ -207,12 +207,8 @@ __global__ void argmax_kernel(const float *logits, int n_vocab, int32_t *tokens,
     if (idx >= n_vocab) idx = 0; /* a row of NaN: any valid id */
     tokens[blockIdx.x] = idx;
     if (history) history[blockIdx.x] = idx;
+    positions[blockIdx.x] += 1;
   }
-}
-
-__global__ void advance_positions_kernel(int32_t *positions, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) positions[i] += 1;
 }
 
 static unsigned grid_for(uint64_t n, unsigned block) {
@@ -382,7 +378,8 @@ static bool cuda_prefill(backend *b, uint32_t n_seqs, const uint32_t *seq_ids, c
 
 /* Queues one decode step of n sequences on the stream (being captured): tokens and
    positions are read from c->tokens / c->positions; the argmax of the logits goes back to
-   c->tokens (and to `history` when given) and positions advance by one. */
+   c->tokens (and to `history` when given) and positions advance by one. Without seq_ids
+   the libminikv calls are left out (the dense part alone, for timing). */
 static bool record_step(cuda_backend *c, uint32_t n, const uint32_t *seq_ids, int32_t *history) {
   backend *b = &c->base;
   const model_config *m = &b->model;
@@ -393,16 +390,14 @@ static bool record_step(cuda_backend *c, uint32_t n, const uint32_t *seq_ids, in
     const cuda_layer *L = &c->layers[l];
     for (uint32_t r = 0; r < n; r += chunk)
       if (!attention_inputs(c, L, (int)r, (int)(n - r < (uint32_t)chunk ? n - r : chunk))) return false;
-    if (!minikv_ok(b, minikv_append(b->cache, l, n, seq_ids, c->k, c->v, c->stream), "minikv_append", l) ||
-        !minikv_ok(b, minikv_decode(b->cache, l, n, seq_ids, c->q, c->attn, c->stream), "minikv_decode", l))
+    if (seq_ids && (!minikv_ok(b, minikv_append(b->cache, l, n, seq_ids, c->k, c->v, c->stream), "minikv_append", l) ||
+                    !minikv_ok(b, minikv_decode(b->cache, l, n, seq_ids, c->q, c->attn, c->stream), "minikv_decode", l)))
       return false;
     for (uint32_t r = 0; r < n; r += chunk)
       if (!attention_output_and_mlp(c, L, (int)r, (int)(n - r < (uint32_t)chunk ? n - r : chunk))) return false;
   }
   if (!logits_of(c, NULL, (int)n)) return false;
-  argmax_kernel<<<n, 256, 0, c->stream>>>(c->logits, (int)m->n_vocab, c->tokens, history);
-  LAUNCH_TRY();
-  advance_positions_kernel<<<(n + 127) / 128, 128, 0, c->stream>>>(c->positions, (int)n);
+  argmax_kernel<<<n, 256, 0, c->stream>>>(c->logits, (int)m->n_vocab, c->tokens, history, c->positions);
   LAUNCH_TRY();
   return true;
 }
@@ -510,6 +505,43 @@ static bool cuda_greedy(backend *b, uint32_t n, const uint32_t *seq_ids, const i
   for (uint32_t i = 0; i < created; ++i) cudaEventDestroy(ev[i]);
   free(ev);
   return ok;
+}
+
+static double cuda_dense_step_seconds(backend *b, uint32_t n, uint32_t repeats) {
+  cuda_backend *c = cb(b);
+  if (n == 0 || n > b->opt.max_batch || repeats == 0) {
+    fail("dense step timing of %u rows x %u repeats: 1 to %u rows", n, repeats, b->opt.max_batch);
+    return 0;
+  }
+  const size_t hd = (size_t)b->model.n_heads * b->model.head_dim;
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  cudaEvent_t t0 = NULL, t1 = NULL;
+  /* valid token ids and a finite attention output for the meaningless run */
+  bool ok = wait_slot(c, 0) && wait_slot(c, 1) &&
+            cuda_ok(cudaMemsetAsync(c->tokens, 0, n * sizeof(int32_t), c->stream), "memset") &&
+            cuda_ok(cudaMemsetAsync(c->positions, 0, n * sizeof(int32_t), c->stream), "memset") &&
+            cuda_ok(cudaMemsetAsync(c->attn, 0, n * hd * c->esize, c->stream), "memset") &&
+            cuda_ok(cudaEventCreate(&t0), "cudaEventCreate") && cuda_ok(cudaEventCreate(&t1), "cudaEventCreate");
+  if (ok && !b->opt.no_graphs) {
+    ok = cuda_ok(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), "capture");
+    const bool recorded = ok && record_step(c, n, NULL, NULL);
+    if (ok) ok = cuda_ok(cudaStreamEndCapture(c->stream, &graph), "capturing the dense step") && recorded;
+    ok = ok && cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiating the dense step");
+  }
+  /* one untimed step, then `repeats` timed ones back to back */
+  for (uint32_t i = 0; ok && i <= repeats; ++i) {
+    if (i == 1) ok = cuda_ok(cudaEventRecord(t0, c->stream), "cudaEventRecord");
+    ok = ok && (exec ? cuda_ok(cudaGraphLaunch(exec, c->stream), "cudaGraphLaunch") : record_step(c, n, NULL, NULL));
+  }
+  float ms = 0;
+  ok = ok && cuda_ok(cudaEventRecord(t1, c->stream), "cudaEventRecord") &&
+       cuda_ok(cudaEventSynchronize(t1), "dense step") && cuda_ok(cudaEventElapsedTime(&ms, t0, t1), "timing");
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  if (t0) cudaEventDestroy(t0);
+  if (t1) cudaEventDestroy(t1);
+  return ok ? 1e-3 * ms / repeats : 0.0;
 }
 
 static bool cuda_release(backend *b, uint32_t seq_id) {
@@ -757,6 +789,7 @@ extern "C" backend *backend_cuda_create(const model_source *src, const model_con
   b->release = cuda_release;
   b->device_used = cuda_device_used;
   b->copy_bandwidth = cuda_copy_bandwidth;
+  b->dense_step_seconds = cuda_dense_step_seconds;
   b->destroy = cuda_destroy;
   c->dt = opt->dtype == MINIKV_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
   c->esize = 2;
