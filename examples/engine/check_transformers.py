@@ -71,6 +71,116 @@ def novel(name: str) -> str:
         return f.read()
 
 
+def texts() -> list[tuple[str, str]]:
+    """(name, text) of the corpus's novels, or of the repository's README.md where the
+    corpus is not at hand (a GPU machine)."""
+    if os.path.isdir(CORPUS):
+        return [(name, novel(name)) for name in NOVELS]
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8", newline="") as f:
+        return [("README.md", f.read())]
+
+
+# ---- a synthetic model, for machines the real one cannot reach ---------------------------
+def byte_alphabet() -> list[str]:
+    """GPT-2's bytes_to_unicode, in byte order."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    extra, out = 256, []
+    for b in range(256):
+        if b in printable:
+            out.append(chr(b))
+        else:
+            out.append(chr(extra))
+            extra += 1
+    return out
+
+
+def train_bpe(text: str, n_merges: int):
+    """Byte-level BPE merges learned greedily from `text` (GPT-2-like word split)."""
+    alphabet = byte_alphabet()
+    words: dict[tuple, int] = {}
+    for w in re.findall(r"'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+", text):
+        key = tuple(alphabet[b] for b in w.encode("utf-8"))
+        words[key] = words.get(key, 0) + 1
+    merges = []
+    for _ in range(n_merges):
+        pairs: dict[tuple, int] = {}
+        for w, c in words.items():
+            for a, b in zip(w, w[1:]):
+                pairs[(a, b)] = pairs.get((a, b), 0) + c
+        if not pairs:
+            break
+        best = max(pairs, key=lambda p: (pairs[p], p))
+        merges.append(best)
+        merged = {}
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+                    out.append(w[i] + w[i + 1])
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged[tuple(out)] = merged.get(tuple(out), 0) + c
+        words = merged
+    return alphabet, merges
+
+
+def synthetic_gguf(path: str, text: str, seed: int = 0) -> None:
+    """A small random LLaMA in GGUF (4 layers, width 512, GQA 8/2 heads of 64, FFN 1024,
+    F16 matrices, F32 norms) with a byte-level BPE tokenizer of 400 merges learned from
+    `text`: a stand-in for SmolLM2 where its file can not travel (one GPU machine takes 64
+    MiB of files). Logits have a spread of a few units, like a trained model's."""
+    gguf = import_gguf()
+    rng = np.random.default_rng(seed)
+    alphabet, merges = train_bpe(text[:200000], 400)
+    tokens = alphabet + [a + b for a, b in merges] + ["<|endoftext|>"]
+    types = [1] * (len(tokens) - 1) + [3]
+    V, d, H, Hkv, D, ff, layers = len(tokens), 512, 8, 2, 64, 1024, 4
+
+    def mat(rows, cols, scale=1.0):
+        return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float16)
+
+    def norm():
+        return (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("synthetic llama")
+    w.add_block_count(layers)
+    w.add_context_length(4096)
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_rope_dimension_count(D)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(V)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([f"{a} {b}" for a, b in merges])
+    w.add_eos_token_id(V - 1)
+    w.add_tensor("token_embd.weight", mat(V, d, np.sqrt(d)))
+    w.add_tensor("output_norm.weight", norm())
+    w.add_tensor("output.weight", mat(V, d, 3.0))
+    for l in range(layers):
+        w.add_tensor(f"blk.{l}.attn_norm.weight", norm())
+        w.add_tensor(f"blk.{l}.attn_q.weight", mat(H * D, d))
+        w.add_tensor(f"blk.{l}.attn_k.weight", mat(Hkv * D, d))
+        w.add_tensor(f"blk.{l}.attn_v.weight", mat(Hkv * D, d))
+        w.add_tensor(f"blk.{l}.attn_output.weight", mat(d, H * D))
+        w.add_tensor(f"blk.{l}.ffn_norm.weight", norm())
+        w.add_tensor(f"blk.{l}.ffn_gate.weight", mat(ff, d))
+        w.add_tensor(f"blk.{l}.ffn_up.weight", mat(ff, d))
+        w.add_tensor(f"blk.{l}.ffn_down.weight", mat(d, ff))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def engine_ids(engine: str, model: str, text: str, extra=()) -> list[int]:
     with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as f:
         f.write(text.encode("utf-8"))
@@ -123,11 +233,10 @@ def llama3_reference(reader):
 def check_tokenizer(args, tokenizer) -> bool:
     print("tokenizer: engine vs transformers")
     ok = True
-    texts = [("awkward cases", AWKWARD)]
-    for name in NOVELS:
-        text = novel(name)
-        texts.append((name, text[:args.tokenizer_chars] if args.tokenizer_chars else text))
-    for what, text in texts:
+    samples = [("awkward cases", AWKWARD)]
+    for name, text in texts():
+        samples.append((name, text[:args.tokenizer_chars] if args.tokenizer_chars else text))
+    for what, text in samples:
         ok &= compare_ids(what, tokenizer.encode(text), engine_ids(args.engine, args.model, text),
                           tokenizer.decode)
     gguf = import_gguf()
@@ -136,15 +245,17 @@ def check_tokenizer(args, tokenizer) -> bool:
         reader = gguf.GGUFReader(args.model)
         llama3_gguf(gguf, reader, path)
         ref = llama3_reference(reader)
-        for what, text in texts[:2]:
+        for what, text in samples[:2]:
             ok &= compare_ids(f"{what} (LLaMA-3 pre-tokenizer)", ref.encode(text),
                               engine_ids(args.engine, path, text), ref.decode)
     return ok
 
 
 def prompt_tokens(tokenizer, n: int) -> str:
-    """Text of a novel's paragraphs (reflowed) that tokenizes to at least n tokens, cut at n."""
-    paras = [re.sub(r"\s*\n\s*", " ", p).strip() for p in re.split(r"\n\s*\n", novel("persuasion"))]
+    """Text of paragraphs (reflowed) of a novel (or the README) that tokenizes to at least
+    n tokens, cut at n."""
+    source = dict(texts()).get("persuasion") or texts()[0][1]
+    paras = [re.sub(r"\s*\n\s*", " ", p).strip() for p in re.split(r"\n\s*\n", source)]
     text = "\n\n".join(p for p in paras[40:] if p)
     ids = tokenizer.encode(text[: 8 * n])
     if len(ids) < n:
@@ -319,7 +430,15 @@ def main() -> int:
     p.add_argument("--f16-tol", type=float, default=0.06,
                    help="CPU f16 runs (--backend cuda derives its tolerances instead)")
     p.add_argument("--skip-tokenizer", action="store_true")
+    p.add_argument("--synthetic", action="store_true",
+                   help="check on a small random LLaMA written here (F16 GGUF, a BPE tokenizer "
+                        "learned from the text) instead of --model")
     args = p.parse_args()
+    if args.synthetic:
+        tmp = tempfile.mkdtemp(prefix="minikv-engine-check-")
+        args.model = os.path.join(tmp, "synthetic-llama.gguf")
+        synthetic_gguf(args.model, texts()[0][1])
+        print(f"synthetic model: {args.model} ({os.path.getsize(args.model) / 1e6:.1f} MB)")
 
     device = "cpu"
     if args.backend == "cuda":
