@@ -77,6 +77,17 @@ static bool parse_uint(const char *v, uint64_t hi, uint64_t *out) {
   return true;
 }
 
+/* libminikv's named settings (minikv_config_preset). */
+static bool apply_preset(minikv_config *kv, const char *name) {
+  static const struct { const char *name; minikv_preset preset; } presets[] = {
+    {"balanced", MINIKV_PRESET_BALANCED}, {"paper", MINIKV_PRESET_PAPER},
+    {"quality", MINIKV_PRESET_QUALITY}, {"eviction", MINIKV_PRESET_EVICTION_ONLY},
+  };
+  for (size_t i = 0; i < sizeof presets / sizeof presets[0]; ++i)
+    if (strcmp(name, presets[i].name) == 0) return minikv_config_preset(kv, presets[i].preset) == MINIKV_OK;
+  return false;
+}
+
 static bool apply_item(minikv_config *kv, const char *key, const char *val) {
   uint64_t u = 0;
   float f = 0;
@@ -90,6 +101,7 @@ static bool apply_item(minikv_config *kv, const char *key, const char *val) {
   else if (strcmp(key, "residual") == 0 && parse_uint(val, 1u << 20, &u)) kv->residual_length = (uint32_t)u;
   else if (strcmp(key, "window") == 0 && parse_uint(val, 1u << 30, &u)) kv->window_size = (uint32_t)u;
   else if (strcmp(key, "pool") == 0 && parse_uint(val, 1u << 20, &u)) kv->pool_kernel = (uint32_t)u;
+  else if (strcmp(key, "sinks") == 0 && parse_uint(val, 1u << 20, &u)) kv->sink_tokens = (uint32_t)u;
   else if (strcmp(key, "max_tokens") == 0 && parse_uint(val, UINT64_MAX, &u)) kv->max_tokens = u;
   else if (strcmp(key, "policy") == 0 && strcmp(val, "uniform") == 0) kv->budget_policy = MINIKV_BUDGET_UNIFORM;
   else if (strcmp(key, "policy") == 0 && strcmp(val, "pyramid") == 0) kv->budget_policy = MINIKV_BUDGET_PYRAMID;
@@ -110,15 +122,18 @@ bool engine_parse_kv(const char *text, minikv_config *kv) {
       kv->key_bits = kv->value_bits = 16;
       kv->heavy_ratio = 1.0f; /* every prompt token is a heavy hitter: nothing is evicted */
       kv->recent_ratio = 0.0f;
+      kv->sink_tokens = 0;
       continue;
     }
-    if (first && strcmp(item, "minikv") == 0) continue;
+    if (first && strcmp(item, "minikv") == 0) continue; /* the library's defaults */
+    if (first && apply_preset(kv, item)) continue;
     char *eq = strchr(item, '=');
-    if (!eq) return fail("--kv: \"%s\" is neither full, minikv nor field=value", item);
+    if (!eq) return fail("--kv: \"%s\" is neither a setting (full, minikv, balanced, paper, quality, "
+                         "eviction) nor field=value", item);
     *eq = '\0';
     if (!apply_item(kv, item, eq + 1))
       return fail("--kv: bad item %s=%s (fields: heavy, recent, key_bits, value_bits, bits, "
-                  "group, residual, policy=uniform|pyramid, depth, score=cumulative|window, "
+                  "group, residual, sinks, policy=uniform|pyramid, depth, score=cumulative|window, "
                   "window, pool, max_tokens)", item, eq + 1);
   }
   return true;
@@ -129,9 +144,9 @@ const char *engine_describe_kv(const minikv_config *kv, char *buf, size_t size) 
     snprintf(buf, size, "full 16-bit cache (every token kept)");
   else
     snprintf(buf, size, "MiniKV %u-bit keys, %u-bit values, group %u, residual %u; heavy %.2f + "
-             "recent %.2f of the prompt, %s budgets, %s scores",
+             "recent %.2f of the prompt, %u sinks, %s budgets, %s scores",
              kv->key_bits, kv->value_bits, kv->group_size, kv->residual_length,
-             (double)kv->heavy_ratio, (double)kv->recent_ratio,
+             (double)kv->heavy_ratio, (double)kv->recent_ratio, kv->sink_tokens,
              kv->budget_policy == MINIKV_BUDGET_PYRAMID ? "pyramid" : "uniform",
              kv->score_mode == MINIKV_SCORE_WINDOW ? "window" : "cumulative");
   return buf;

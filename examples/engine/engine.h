@@ -80,10 +80,11 @@ bool engine_run(backend *b, request *reqs, size_t n, sampler *smp, const engine_
 void engine_free_requests(request *reqs, size_t n);
 
 /* Parses a cache setting into *kv (which must hold minikv_config_default's values):
-     "full"    16-bit keys and values, every token kept (exact attention);
-     "minikv"  libminikv's defaults;
-   either followed by ",field=value" items, or items alone (over the defaults):
-     heavy, recent, key_bits, value_bits, bits (both), group, residual, policy
+     "full"      16-bit keys and values, every token kept, no sinks (exact attention);
+     "minikv"    libminikv's defaults;
+     "balanced", "paper", "quality", "eviction"  libminikv's presets (minikv_config_preset);
+   any of them followed by ",field=value" items, or items alone (over the defaults):
+     heavy, recent, key_bits, value_bits, bits (both), group, residual, sinks, policy
      (uniform|pyramid), depth, score (cumulative|window), window, pool, max_tokens.
    False with a message naming the bad item. */
 bool engine_parse_kv(const char *text, minikv_config *kv);
