@@ -40,7 +40,7 @@ JOBS=${MINIKV_JOBS:-$(nproc)}
 start=$SECONDS
 
 step "dependencies"
-install_packages build-essential cmake ninja-build pkg-config doctest-dev libhwy-dev
+install_packages build-essential cmake ninja-build pkg-config doctest-dev libhwy-dev libopenblas-dev
 # mypy (Debian's): the Python binding's typing tests and the wheel's type check.
 install_packages python3-mypy
 PY=""
@@ -144,6 +144,14 @@ if [ -n "$PY" ] && [ "${MINIKV_SKIP_HF:-0}" != 1 ]; then
         --device cpu --contexts 512 --ppl-windows 2 --decode-tokens 16 --passkey-trials 4 \
         --greedy-prompts 2 --greedy-tokens 8 --configs minikv16,pyramid-50,balanced \
         --out "$BUILD/accuracy-smoke.json" --check
+      # minikv-engine (C, OpenBLAS + libminikv's CPU backend) against transformers on the
+      # same model: tokenizer, logits at 16-bit keep-all over 512 + 64 tokens, greedy
+      # text, continuous batching.
+      if [ -x "$BUILD/examples/engine/minikv-engine" ]; then
+        step "minikv-engine vs transformers (SmolLM2-135M, examples/engine/check_transformers.py)"
+        MINIKV_CORPUS=$corpus "$venv/bin/python" examples/engine/check_transformers.py \
+          --engine "$BUILD/examples/engine/minikv-engine"
+      fi
     else
       note "accuracy evaluation smoke skipped: no corpus at $corpus (set MINIKV_CORPUS)"
     fi
