@@ -86,7 +86,7 @@ struct Fixture {
 
 TEST_SUITE("cpu") {
 
-TEST_CASE("errors: NULL cache handle, every call") {
+TEST_CASE("errors: NULL cache handle in every call") {
   uint32_t seq = 0, count = 0;
   int32_t cu[2] = {0, 1};
   float buf[4096] = {0};
@@ -283,7 +283,7 @@ TEST_CASE("errors: minikv_decode") {
                MINIKV_ERR_BAD_STATE, "layer 1");
 }
 
-TEST_CASE("errors: sequence calls, kept positions and stats") {
+TEST_CASE("errors: sequence calls + kept positions + stats") {
   Fixture fx;
   uint64_t seen = 0, cached = 0;
   uint32_t count = 0;

@@ -201,7 +201,7 @@ TEST_CASE("stats: pool size follows max_tokens rounded up to whole blocks") {
   CHECK(d.pool_bytes - a.pool_bytes >= uint64_t(32) * (16 + 16) + 2 * 64 * 2 + 32 * 2 * 4 * 2);
 }
 
-TEST_CASE("stats: struct_size of a newer caller: our fields written, the tail untouched") {
+TEST_CASE("stats: struct_size of a newer caller: our fields written and the tail untouched") {
   minikv_config c = test::cpu_config(1, 2, 1, 64);
   test::CachePtr cache = test::make_cache(c);
   struct Bigger {

@@ -464,7 +464,7 @@ TEST_CASE("config: struct_size versioning") {
   }
 }
 
-TEST_CASE("config: a pool that cannot be addressed is rejected, not allocated") {
+TEST_CASE("config: a pool that cannot be addressed is rejected before any allocation") {
   minikv_config c = valid();
   c.max_tokens = uint64_t(1) << 62;
   minikv_cache *cache = nullptr;
@@ -488,7 +488,7 @@ TEST_CASE("config: CUDA backend absent is UNSUPPORTED on a CPU-only build") {
   }
 }
 
-TEST_CASE("config: AUTO resolves to a concrete backend; CPU stays CPU") {
+TEST_CASE("config: AUTO resolves to a concrete backend and CPU stays CPU") {
   minikv_config c = valid();
   c.backend = MINIKV_BACKEND_AUTO;
   test::CachePtr cache = test::make_cache(c);

@@ -138,7 +138,7 @@ TEST_CASE("decode: bits = 16 with keep-everything is exact attention at every st
   }
 }
 
-TEST_CASE("decode: bits = 16 keep-everything, GQA groups and head_dim 128") {
+TEST_CASE("decode: bits = 16 keep-everything with GQA groups and head_dim 128") {
   for (uint32_t Hkv : {8u, 4u, 1u}) {
     Run r;
     r.H = 8;
@@ -249,7 +249,7 @@ TEST_CASE("decode: quantized cache with sinks equals the oracle on the dequantiz
   }
 }
 
-TEST_CASE("decode: quantized with group sizes 64 and 128, head_dim 128 and 256") {
+TEST_CASE("decode: quantized with group sizes 64/128 and head_dim 128/256") {
   struct Geo {
     uint32_t D, G, R;
   };
@@ -273,7 +273,7 @@ TEST_CASE("decode: quantized with group sizes 64 and 128, head_dim 128 and 256")
   }
 }
 
-TEST_CASE("decode: max_seq_len below residual_length, GQA 8, every prompt length") {
+TEST_CASE("decode: max_seq_len below residual_length with GQA 8 at every prompt length") {
   // Residual slots and scratch sized by max_seq_len < R: prompts of 1..8 tokens, appends up
   // to max_seq_len, exact (bits = 16) and quantized.
   for (uint32_t bits : {16u, 2u}) {
@@ -295,7 +295,7 @@ TEST_CASE("decode: max_seq_len below residual_length, GQA 8, every prompt length
   }
 }
 
-TEST_CASE("decode: quantized, WINDOW scores, PYRAMID-like small budgets, GQA 4") {
+TEST_CASE("decode: quantized with WINDOW scores + PYRAMID-like small budgets + GQA 4") {
   Run r;
   r.H = 8;
   r.Hkv = 2;

@@ -42,7 +42,7 @@ TEST_CASE("policy: UNIFORM gives h to every layer") {
   for (double x : r) CHECK(x == doctest::Approx(0.3).epsilon(1e-7));
 }
 
-TEST_CASE("policy: PYRAMID ratios: bottom h(2-1/d), top h/d, linear, mean h") {
+TEST_CASE("policy: PYRAMID ratios: bottom h(2-1/d) + top h/d + linear + mean h") {
   for (uint32_t layers : {2u, 3u, 8u, 32u, 80u}) {
     for (float depth : {1.0f, 2.0f, 7.0f, 20.0f}) {
       for (float h : {0.05f, 0.125f, 0.25f}) {
@@ -253,7 +253,7 @@ TEST_CASE("policy: sinks in plan_selection and select_kept match the oracle") {
   }
 }
 
-TEST_CASE("policy: ties go to the higher score, then the lower position") {
+TEST_CASE("policy: ties go to the higher score and then the lower position") {
   minikv_config c = cfg_with(1, 0.25f, 0.25f, MINIKV_BUDGET_UNIFORM, 7.0f);
   // L = 12: n_hh = 3, recent = [9, 12), candidates [0, 9).
   const minikv::SelectionPlan p = minikv::plan_selection(c, 0.25, 12);

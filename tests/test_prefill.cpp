@@ -151,7 +151,7 @@ void run_and_check(const Shape &s, const Inputs &in, bool check_kept = true) {
 
 TEST_SUITE("cpu") {
 
-TEST_CASE("prefill: ragged batch of awkward lengths, every dtype") {
+TEST_CASE("prefill: ragged batch of awkward lengths in every dtype") {
   for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
     Shape s;
     s.dt = dt;
@@ -160,7 +160,7 @@ TEST_CASE("prefill: ragged batch of awkward lengths, every dtype") {
   }
 }
 
-TEST_CASE("prefill: L = 1000, every dtype, head_dim 128") {
+TEST_CASE("prefill: L = 1000 in every dtype with head_dim 128") {
   for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
     Shape s;
     s.dt = dt;
@@ -172,7 +172,7 @@ TEST_CASE("prefill: L = 1000, every dtype, head_dim 128") {
   }
 }
 
-TEST_CASE("prefill: L = 4096, F32") {
+TEST_CASE("prefill: L = 4096 in F32") {
   Shape s;
   s.H = 1;
   s.Hkv = 1;
@@ -181,7 +181,7 @@ TEST_CASE("prefill: L = 4096, F32") {
   run_and_check(s, random_inputs(s, 4096, 20));
 }
 
-TEST_CASE("prefill: GQA groups 1, 2, 4, 8") {
+TEST_CASE("prefill: GQA groups 1/2/4/8") {
   for (uint32_t Hkv : {8u, 4u, 2u, 1u}) {
     for (uint32_t D : {64u, 128u}) {
       Shape s;
@@ -206,7 +206,7 @@ TEST_CASE("prefill: head_dim 16 and 256") {
   }
 }
 
-TEST_CASE("prefill: WINDOW scores, max-pooled, the window always kept") {
+TEST_CASE("prefill: WINDOW scores max-pooled with the window always kept") {
   for (uint32_t pool : {1u, 3u, 7u}) {
     for (uint32_t window : {8u, 32u}) {
       Shape s;
@@ -226,7 +226,7 @@ TEST_CASE("prefill: WINDOW scores, max-pooled, the window always kept") {
   run_and_check(wide, random_inputs(wide, 200, 60));
 }
 
-TEST_CASE("prefill: other budgets (h = 0.1, r = 0.05; keep-all; nothing but the window)") {
+TEST_CASE("prefill: other budgets (h = 0.1 r = 0.05 / keep-all / nothing but the window)") {
   Shape s;
   s.heavy = 0.1f;
   s.recent = 0.05f;

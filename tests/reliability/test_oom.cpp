@@ -415,7 +415,7 @@ TEST_SUITE("cpu") {
   TEST_CASE("OOM injection: every allocation of create/prefill/append/decode fails cleanly (F16)") {
     run_oom_suite(MINIKV_DTYPE_F16);
   }
-  TEST_CASE("successful prefill, append (with flushes), decode and queries allocate nothing") {
+  TEST_CASE("successful prefill + append (with flushes) + decode + queries allocate nothing") {
     // The header promises it: everything is reserved at create (the CUDA backend relies on
     // the same host path, so graph capture never meets an allocation).
     minikv_config c;

@@ -266,7 +266,7 @@ TEST_SUITE("cpu") {
     minikv_cache_destroy(untouched);
   }
 
-  TEST_CASE("threads: concurrent failures, each thread and handle sees its own message") {
+  TEST_CASE("threads: concurrent failures - each thread and handle sees its own message") {
     constexpr unsigned kThreads = 4, kIters = 300;
     std::vector<minikv_cache *> caches;
     for (unsigned t = 0; t < kThreads; ++t) caches.push_back(small_cache());
@@ -298,7 +298,7 @@ TEST_SUITE("cpu") {
     }
   }
 
-  TEST_CASE("determinism: bit-identical across runs and across MINIKV_NUM_THREADS = 1, 2, 4") {
+  TEST_CASE("determinism: bit-identical across runs and across MINIKV_NUM_THREADS = 1/2/4") {
     const char *old = std::getenv("MINIKV_NUM_THREADS");
     const std::string saved = old ? old : "";
     for (uint64_t seed : {0u, 1u, 2u, 3u, 5u}) {
