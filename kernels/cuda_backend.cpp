@@ -110,8 +110,8 @@ class CudaBackend final : public Backend {
     prefill_wgmma_ = prefill_wgmma_usable(cfg_.dtype, cfg_.head_dim);
 
     const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
-    pool_ = DeviceBuffer(uint64_t(spec.num_blocks) * spec.block.bytes, "block pool");
-    residual_ = DeviceBuffer(uint64_t(spec.residual_slots) * spec.residual.bytes, "residual slots");
+    pool_ = DeviceBuffer(spec.pool_bytes, "block pool");
+    residual_ = DeviceBuffer(spec.residual_bytes, "residual slots");
     table_ = DeviceBuffer(uint64_t(spec.residual_slots) * spec.max_blocks_per_seq * 4, "block tables");
     // Zeroed so that bytes never written are identical to the CPU backend's calloc'ed pool.
     MINIKV_CUDA_CHECK(cudaMemset(pool_.as<void>(), 0, pool_.bytes()));

@@ -82,7 +82,8 @@ const char *minikv_version_string(void) { return kVersionString; }
 const char *minikv_last_error_message(void) { return minikv::thread_error(); }
 
 const char *minikv_status_string(minikv_status status) {
-  switch (static_cast<int>(status)) {  // any int a C caller passes, known or not
+  // Any int a C caller passes, known or not, read without loading an out-of-range enum.
+  switch (minikv::raw_enum(status)) {
     case MINIKV_OK: return "MINIKV_OK: success";
     case MINIKV_ERR_INVALID_ARGUMENT: return "MINIKV_ERR_INVALID_ARGUMENT: invalid argument";
     case MINIKV_ERR_OUT_OF_MEMORY: return "MINIKV_ERR_OUT_OF_MEMORY: out of memory";

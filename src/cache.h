@@ -75,7 +75,14 @@ class Cache {
   StorageSpec spec_;
   std::vector<double> heavy_ratios_;
   std::vector<LayerState> states_;  // [max_sequences][num_layers]
-  std::vector<uint32_t> free_blocks_;  // stack; back() is handed out next (capacity: all)
+  // Free blocks: those returned by released sequences (a stack, handed out first; capacity
+  // for all) and those never handed out, [next_fresh_block_, num_blocks) — so create does
+  // not write a list of every block. Blocks go out in the order of a stack filled 0, 1, ...
+  std::vector<uint32_t> returned_blocks_;
+  uint32_t next_fresh_block_ = 0;
+  uint64_t free_blocks() const {
+    return returned_blocks_.size() + (spec_.num_blocks - next_fresh_block_);
+  }
   std::vector<uint32_t> tables_;       // [max_sequences][num_layers][max_blocks_per_seq]
   // Per-call scratch, sized at create so that calls allocate nothing.
   mutable std::vector<uint8_t> seen_;  // [max_sequences]: duplicate seq_id check

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "minikv.h"
 
@@ -40,6 +41,18 @@ void config_init(minikv_config *cfg, size_t size);
 minikv_config config_read(const minikv_config *user);
 
 size_t dtype_bytes(minikv_dtype dtype);
+
+// The value a C caller stored in an enum object, read without an enum-typed load: any int
+// may arrive there, and loading one outside the enum's range is undefined behaviour in C++
+// (UBSan -fsanitize=enum, found by tests/fuzz/fuzz_config).
+template <typename E>
+int32_t raw_enum(const E &value) {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums in the ABI are 32-bit");
+  int32_t v;
+  std::memcpy(&v, &value, sizeof(v));
+  return v;
+}
+
 const char *dtype_name(minikv_dtype dtype);
 
 }  // namespace minikv

@@ -56,8 +56,8 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const StorageSpec &spec)
       : spec_(spec), cfg_(spec.cfg), bl_(spec.block), rl_(spec.residual),
         pool_threads_(cpu::default_thread_count()) {
-    pool_ = host_alloc(uint64_t(spec.num_blocks) * bl_.bytes, "block pool");
-    residual_ = host_alloc(uint64_t(spec.residual_slots) * rl_.bytes, "residual slots");
+    pool_ = host_alloc(spec.pool_bytes, "block pool");
+    residual_ = host_alloc(spec.residual_bytes, "residual slots");
     const uint64_t rows = std::max<uint64_t>(cfg_.max_seq_len, cfg_.residual_length);
     const uint32_t D = cfg_.head_dim;
     scratch_.resize(pool_threads_.size());
@@ -84,7 +84,7 @@ class CpuBackend final : public Backend {
 
   minikv_backend kind() const override { return MINIKV_BACKEND_CPU; }
   uint64_t pool_bytes() const override {
-    return uint64_t(spec_.num_blocks) * bl_.bytes + uint64_t(spec_.residual_slots) * rl_.bytes;
+    return spec_.pool_bytes + spec_.residual_bytes;
   }
   uint64_t workspace_bytes() const override { return workspace_bytes_; }
 
@@ -140,8 +140,8 @@ class CpuBackend final : public Backend {
   }
 
   void read_storage(std::vector<uint8_t> &pool, std::vector<uint8_t> &residual) const override {
-    pool.assign(pool_.get(), pool_.get() + uint64_t(spec_.num_blocks) * bl_.bytes);
-    residual.assign(residual_.get(), residual_.get() + uint64_t(spec_.residual_slots) * rl_.bytes);
+    pool.assign(pool_.get(), pool_.get() + spec_.pool_bytes);
+    residual.assign(residual_.get(), residual_.get() + spec_.residual_bytes);
   }
 
   void read_positions(const CacheView &view, uint32_t kv_head, uint32_t count,
