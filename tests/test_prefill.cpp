@@ -258,6 +258,52 @@ TEST_CASE("prefill: attention sinks are kept and counted inside the budget") {
   }
 }
 
+TEST_CASE("prefill: decimal ratios keep their decimal budgets and h + r = 1 keeps everything") {
+  // The float fields carry decimals: 0.7f (0.69999998807907) x 1000 kept 699 heavy hitters,
+  // and the keep-everything recipes below dropped 1-2 tokens of many prompt lengths.
+  struct Case {
+    float h, r;
+    std::vector<uint32_t> lens;
+    bool keep_all;
+    uint32_t kept_1000;  // tokens kept of a 1000-token prompt when not keep_all
+  };
+  const Case cases[] = {{0.7f, 0.1f, {1000}, false, 800},
+                        {0.9f, 0.1f, {}, true, 0},
+                        {0.65f, 0.35f, {}, true, 0},
+                        {0.95f, 0.05f, {}, true, 0},
+                        {0.35f, 0.65f, {}, true, 0}};
+  const uint32_t H = 1, D = 16;
+  for (const Case &cs : cases) {
+    CAPTURE(cs.h);
+    CAPTURE(cs.r);
+    minikv_config c = test::cpu_config(1, H, H, D);
+    c.heavy_ratio = cs.h;
+    c.recent_ratio = cs.r;
+    c.max_seq_len = 1024;
+    test::CachePtr cache = test::make_cache(c);
+    std::vector<uint32_t> lens = cs.lens;
+    if (cs.keep_all)
+      for (uint32_t L : {3u, 7u, 20u, 33u, 59u, 99u, 101u, 153u, 333u, 1005u}) lens.push_back(L);
+    for (uint32_t L : lens) {
+      CAPTURE(L);
+      test::Rng rng(L);
+      test::Buf q(c.dtype, size_t(L) * H * D), k(c.dtype, size_t(L) * H * D),
+          v(c.dtype, size_t(L) * H * D), out(c.dtype, size_t(L) * H * D);
+      q.fill_normal(rng);
+      k.fill_normal(rng);
+      v.fill_normal(rng);
+      const uint32_t seq = 0;
+      const int32_t cu[2] = {0, static_cast<int32_t>(L)};
+      MKV_REQUIRE_OK(minikv_prefill(cache.get(), 0, 1, &seq, cu, q.data(), k.data(), v.data(),
+                                    out.data(), nullptr));
+      uint64_t cached = 0;
+      MKV_REQUIRE_OK(minikv_sequence_length(cache.get(), 0, 0, nullptr, &cached));
+      CHECK(cached == (cs.keep_all ? L : cs.kept_1000));
+      MKV_REQUIRE_OK(minikv_sequence_release(cache.get(), 0));
+    }
+  }
+}
+
 TEST_CASE("prefill: sinks take their place in the heavy-hitter budget") {
   // L = 100, h = r = 0.25: 25 heavy-hitter slots, 4 of them the sinks, 25 recent.
   Shape s;
