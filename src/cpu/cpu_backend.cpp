@@ -234,6 +234,8 @@ class CpuBackend final : public Backend {
       cpu::softmax_rows(ws.s.data(), rows, lds, i0, scale, need_scores ? col : nullptr,
                         std::max(score_from, i0) - i0);
       cpu::causal_pv(ws.s.data(), rows, lds, v_panels, v_panel, D, i0, ws.o.data());
+      // Clamped: a mean of values at the dtype's maximum may round just above it.
+      for (uint64_t i = 0; i < uint64_t(rows) * D; ++i) ws.o[i] = clamp_finite<T>(ws.o[i]);
       for (uint32_t r = 0; r < rows; ++r)
         cpu::from_floats(ws.o.data() + r * D, D, out + (uint64_t(it.token_begin + i0 + r) * H + h) * D);
     }
@@ -329,7 +331,7 @@ class CpuBackend final : public Backend {
             mn = std::min(mn, x);
             mx = std::max(mx, x);
           }
-          const T scale_t = from_float<T>((mx - mn) / static_cast<float>(quant_levels(kb)));
+          const T scale_t = from_float<T>(group_scale(mn, mx, quant_levels(kb)));
           const T min_t = from_float<T>(mn);
           scale[c] = scale_t;
           minimum[c] = min_t;
@@ -357,7 +359,7 @@ class CpuBackend final : public Backend {
         for (uint32_t g = 0; g < groups; ++g) {
           const float *xg = x + g * G;
           const float mn = *std::min_element(xg, xg + G), mx = *std::max_element(xg, xg + G);
-          const T scale_t = from_float<T>((mx - mn) / static_cast<float>(quant_levels(vb)));
+          const T scale_t = from_float<T>(group_scale(mn, mx, quant_levels(vb)));
           const T min_t = from_float<T>(mn);
           scale[g] = scale_t;
           minimum[g] = min_t;
@@ -398,7 +400,8 @@ class CpuBackend final : public Backend {
 
   // Carves the per-thread decode scratch; with base == nullptr it only counts floats.
   struct DecodeScratch {
-    float *q, *qs, *bias, *acc, *logits, *m, *l, *correction, *k_scale, *k_min, *v_scale, *v_min;
+    float *q, *qs, *bias, *acc, *logits, *m, *l, *l_old, *correction, *k_scale, *k_min, *v_scale,
+        *v_min;
     uint64_t ld;  // logits row stride: the tile, rounded up to 16 (softmax_update reads it)
     uint64_t floats;
   };
@@ -416,6 +419,7 @@ class CpuBackend final : public Backend {
     d.logits = take(n_rep * d.ld);
     d.m = take(n_rep);
     d.l = take(n_rep);
+    d.l_old = take(n_rep);
     d.correction = take(n_rep);
     d.k_scale = take(tile / G * D);
     d.k_min = take(tile / G * D);
@@ -437,10 +441,20 @@ class CpuBackend final : public Backend {
     std::fill(d.m, d.m + n_rep, -INFINITY);
     std::fill(d.l, d.l + n_rep, 0.0f);
     // d.logits[r][0, n) hold the tile's logits: fold them into the running softmax, which
-    // leaves the probabilities in d.logits for the value pass.
+    // leaves the weights p / l in d.logits for the value pass. d.acc holds the weighted mean
+    // of the values so far (weights summing to 1), not their sum: it stays within the
+    // values' range, where a sum of values near the dtype's maximum overflows although the
+    // output (as prefill's) is finite.
     auto fold = [&](uint32_t n) {
+      std::copy(d.l, d.l + n_rep, d.l_old);
       cpu::softmax_update(d.logits, n_rep, d.ld, n, d.m, d.l, d.correction);
+      for (uint32_t r = 0; r < n_rep; ++r) {
+        const float inv = 1.0f / d.l[r];
+        d.correction[r] *= d.l_old[r] * inv;  // the previous mean's share
+        d.l_old[r] = inv;
+      }
       cpu::scale_rows(d.acc, n_rep, D, d.correction);
+      cpu::scale_rows(d.logits, n_rep, static_cast<uint32_t>(d.ld), d.l_old);
     };
 
     // Unquantized rows k_rows/v_rows [n][D] (sinks, residual), in chunks that fit the
@@ -492,16 +506,16 @@ class CpuBackend final : public Backend {
         const T *vm = reinterpret_cast<const T *>(block + bl_.v_min + kvh * bl_.v_scale_head()) + first;
         cpu::value_accumulate_codes(d.logits, n_rep, d.ld, n, reinterpret_cast<const uint32_t *>(v_codes),
                                     bl_.v_row_bytes / 4, vb, cpu::as_floats(vs, uint64_t(n) * (D / G), d.v_scale),
-                                    cpu::as_floats(vm, uint64_t(n) * (D / G), d.v_min), G, D, d.acc);
+                                    cpu::as_floats(vm, uint64_t(n) * (D / G), d.v_min), G, D,
+                                    finite_max<T>(), d.acc);
       }
     }
 
     attend_dense(residual_row<T>(slot, rl_.k, kvh, 0), residual_row<T>(slot, rl_.v, kvh, 0),
                  view.residual);
-    for (uint32_t r = 0; r < n_rep; ++r) {
-      const float inv = 1.0f / d.l[r];
-      for (uint32_t c = 0; c < D; ++c) d.acc[r * D + c] *= inv;
-    }
+    // A mean of values within the dtype's range is within it too, up to the rounding of
+    // the weights: keep that rounding from overflowing the conversion.
+    for (uint64_t i = 0; i < uint64_t(n_rep) * D; ++i) d.acc[i] = clamp_finite<T>(d.acc[i]);
     cpu::from_floats(d.acc, uint64_t(n_rep) * D, out);
   }
 
