@@ -22,6 +22,7 @@ struct Shape {
   float heavy = 0.25f, recent = 0.25f;
   uint32_t sinks = 0;    // sink_tokens
   double q_scale = 1.5;  // sharper than uniform attention
+  double atol = 0.0, rtol = 0.0;  // 0: the dtype's (atol_for, rtol_for)
 };
 
 // Per-dtype tolerance: float32 accumulation (atol) plus one rounding of the output to the
@@ -129,7 +130,8 @@ void run_and_check(const Shape &s, const Inputs &in, bool check_kept = true) {
         ref::prefill(test::rows(in.q, t0, L, size_t(s.H) * s.D), test::rows(in.k, t0, L, size_t(s.Hkv) * s.D),
                      test::rows(in.v, t0, L, size_t(s.Hkv) * s.D), L, s.H, s.Hkv, s.D, s.window);
     const std::vector<double> got = test::rows(out, t0, L, size_t(s.H) * s.D);
-    MKV_CHECK_CLOSE(got, r.out, atol_for(s.dt), rtol_for(s.dt));
+    MKV_CHECK_CLOSE(got, r.out, s.atol > 0 ? s.atol : atol_for(s.dt),
+                    s.rtol > 0 ? s.rtol : rtol_for(s.dt));
     if (!check_kept) continue;
     const double h_l = ref::layer_ratios(false, 1, s.heavy, s.recent, 7.0)[0];
     const ref::Budget b =
@@ -255,6 +257,23 @@ TEST_CASE("prefill: attention sinks are kept and counted inside the budget") {
       s.recent = 0.1f;
       run_and_check(s, random_inputs(s, 398 + 4 * sinks, 110 + sinks + mode));
     }
+  }
+}
+
+TEST_CASE("prefill: large-magnitude q (logits in the hundreds) against the float64 oracle") {
+  // q ~ N(0, 100^2): logits reach several hundred, so exp() without subtracting the row
+  // maximum overflows float (at 88.7) and the output is NaN. With it, the float32 logits
+  // carry an absolute error of about |logit| 2^-22 (~1e-4 here), which moves the output by
+  // about that much relative to |v| <= 4: tolerance 1e-3 (F32), plus the output rounding of
+  // F16/BF16.
+  for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
+    Shape s;
+    s.dt = dt;
+    s.q_scale = 100.0;
+    s.lens = {1, 77, 300};
+    s.atol = 1e-3;
+    s.rtol = 1e-3 + rtol_for(dt);
+    run_and_check(s, random_inputs(s, 378, 90 + dt));
   }
 }
 
