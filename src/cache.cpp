@@ -1,11 +1,15 @@
 #include "cache.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "checked_size.h"
 #include "config.h"
 #include "alloc.h"
 #include "error.h"
+#include "finite.h"
 
 namespace minikv {
 
@@ -215,6 +219,55 @@ static void check_stream(const char *call, minikv_backend kind, void *stream) {
                  "%s: stream must be NULL for the CPU backend", call);
 }
 
+void Cache::check_aligned(const char *call,
+                          std::initializer_list<std::pair<const char *, const void *>> tensors) const {
+  // minikv.h: aligned to the element size (CPU) or to 16 bytes (CUDA, whose prefill moves
+  // rows with 16-byte loads).
+  const bool cuda = backend_->kind() == MINIKV_BACKEND_CUDA;
+  const size_t align = cuda ? 16 : dtype_bytes(cfg_.dtype);
+  for (const auto &x : tensors) {
+    MINIKV_REQUIRE(reinterpret_cast<uintptr_t>(x.second) % align == 0,
+                   "%s: %s (%p) must be aligned to %zu bytes (%s)", call, x.first, x.second,
+                   align, cuda ? "the CUDA backend's requirement" : "its element size");
+  }
+}
+
+void Cache::check_finite(const char *call, const char *name, const void *data, uint64_t rows,
+                         uint32_t heads, const uint32_t *seq_ids, const int32_t *cu_seqlens) const {
+  // minikv.h: inputs must be finite. Device memory is not readable here (CUDA: the
+  // caller's duty); in host memory one pass over the inputs checks them.
+  if (backend_->kind() != MINIKV_BACKEND_CPU) return;
+  const uint64_t n = rows * heads * cfg_.head_dim;
+  float value = 0.0f;
+  const uint64_t at = dispatch_dtype(cfg_.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T *x = static_cast<const T *>(data);
+    const uint64_t i = first_non_finite(x, n);
+    if (i < n) value = to_float(x[i]);
+    return i;
+  });
+  if (at == n) return;
+  const uint64_t row = at / (uint64_t(heads) * cfg_.head_dim);
+  uint64_t seq = row, position = 0;  // the row is a sequence of the batch (append, decode)
+  if (cu_seqlens) {                  // the row is a token of the packed prompts (prefill)
+    seq = 0;
+    while (uint64_t(cu_seqlens[seq + 1]) <= row) ++seq;
+    position = row - uint64_t(cu_seqlens[seq]);
+  }
+  fail(MINIKV_ERR_INVALID_ARGUMENT,
+       "%s: %s[%llu][%llu][%llu] (seq_id %u%s%llu, %shead %llu, channel %llu) is %s: inputs "
+       "must be finite (nothing changed)",
+       call, name, static_cast<unsigned long long>(row),
+       static_cast<unsigned long long>(at / cfg_.head_dim % heads),
+       static_cast<unsigned long long>(at % cfg_.head_dim), seq_ids[seq],
+       cu_seqlens ? ", position " : ", sequence ",
+       static_cast<unsigned long long>(cu_seqlens ? position : seq),
+       heads == cfg_.num_heads ? "" : "kv ",
+       static_cast<unsigned long long>(at / cfg_.head_dim % heads),
+       static_cast<unsigned long long>(at % cfg_.head_dim),
+       value != value ? "NaN" : value > 0 ? "+inf" : "-inf");
+}
+
 void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
                     const int32_t *cu_seqlens, const void *q, const void *k, const void *v,
                     void *out, void *stream) {
@@ -224,6 +277,7 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
   MINIKV_REQUIRE(q && k && v && out, "%s: %s is NULL", call,
                  !q ? "q" : !k ? "k" : !v ? "v" : "out");
   check_stream(call, backend_->kind(), stream);
+  check_aligned(call, {{"q", q}, {"k", k}, {"v", v}, {"out", out}});
   MINIKV_REQUIRE(cu_seqlens[0] == 0, "%s: cu_seqlens[0] (%d) must be 0", call, cu_seqlens[0]);
   for (uint32_t i = 0; i < n_seqs; ++i) {
     const int64_t len = int64_t(cu_seqlens[i + 1]) - cu_seqlens[i];
@@ -232,6 +286,10 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
                    "cu_seqlens[%u]; it must be in [1, max_seq_len = %u]",
                    call, i, seq_ids[i], static_cast<long long>(len), i + 1, i, cfg_.max_seq_len);
   }
+  const uint64_t tokens = uint64_t(cu_seqlens[n_seqs]);
+  check_finite(call, "q", q, tokens, cfg_.num_heads, seq_ids, cu_seqlens);
+  check_finite(call, "k", k, tokens, cfg_.num_kv_heads, seq_ids, cu_seqlens);
+  check_finite(call, "v", v, tokens, cfg_.num_kv_heads, seq_ids, cu_seqlens);
   for (uint32_t i = 0; i < n_seqs; ++i) {
     if (state(seq_ids[i], layer).prefilled) {
       fail(MINIKV_ERR_BAD_STATE,
@@ -295,6 +353,9 @@ void Cache::append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
   check_common(call, layer, n_seqs, seq_ids, true);
   MINIKV_REQUIRE(k && v, "%s: %s is NULL", call, !k ? "k" : "v");
   check_stream(call, backend_->kind(), stream);
+  check_aligned(call, {{"k", k}, {"v", v}});
+  check_finite(call, "k", k, n_seqs, cfg_.num_kv_heads, seq_ids, nullptr);
+  check_finite(call, "v", v, n_seqs, cfg_.num_kv_heads, seq_ids, nullptr);
 
   std::vector<AppendItem> &items = append_items_;
   std::vector<uint32_t> &extra = append_extra_;
@@ -352,6 +413,8 @@ void Cache::decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
   check_common(call, layer, n_seqs, seq_ids, true);
   MINIKV_REQUIRE(q && out, "%s: %s is NULL", call, !q ? "q" : "out");
   check_stream(call, backend_->kind(), stream);
+  check_aligned(call, {{"q", q}, {"out", out}});
+  check_finite(call, "q", q, n_seqs, cfg_.num_heads, seq_ids, nullptr);
   std::vector<CacheView> &items = decode_items_;
   items.assign(n_seqs, CacheView());  // within the capacity reserved at create
   for (uint32_t i = 0; i < n_seqs; ++i) {

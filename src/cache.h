@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -60,6 +62,13 @@ class Cache {
   CacheView view(uint32_t seq, uint32_t layer) const;
   void check_common(const char *call, uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
                     bool need_prefilled) const;
+  // Tensor pointers aligned as minikv.h states (element size; 16 bytes for CUDA).
+  void check_aligned(const char *call,
+                     std::initializer_list<std::pair<const char *, const void *>> tensors) const;
+  // CPU backend: every element of a [rows][heads][head_dim] input is finite. Rows are the
+  // tokens of the packed prompts (cu_seqlens given) or the sequences of the batch.
+  void check_finite(const char *call, const char *name, const void *data, uint64_t rows,
+                    uint32_t heads, const uint32_t *seq_ids, const int32_t *cu_seqlens) const;
   uint32_t *table(uint32_t seq, uint32_t layer) {
     return tables_.data() + (size_t(seq) * cfg_.num_layers + layer) * spec_.max_blocks_per_seq;
   }

@@ -69,6 +69,11 @@ template <> inline float from_float<float>(float x) { return x; }
 template <> inline half_t from_float<half_t>(float x) { return half_t{float_to_half_bits(x)}; }
 template <> inline bfloat16_t from_float<bfloat16_t>(float x) { return bfloat16_t{float_to_bf16_bits(x)}; }
 
+// Not NaN and not +-inf, from the bits (exponent all ones).
+inline bool is_finite(float x) { return (float_to_bits(x) & 0x7f800000u) != 0x7f800000u; }
+inline bool is_finite(half_t x) { return (x.bits & 0x7c00u) != 0x7c00u; }
+inline bool is_finite(bfloat16_t x) { return (x.bits & 0x7f80u) != 0x7f80u; }
+
 // The largest finite value of the storage type T, as a float.
 template <typename T> constexpr float finite_max();
 template <> constexpr float finite_max<float>() { return 3.40282347e38f; }
