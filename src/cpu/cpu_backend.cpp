@@ -40,26 +40,44 @@ HostBuffer host_alloc(uint64_t bytes, const char *what) {
   return HostBuffer(static_cast<uint8_t *>(p));
 }
 
-// Per-thread scratch, sized at create for the longest sequence.
+// Per-thread scratch, sized at create for what the config can use.
 struct Scratch {
   std::vector<float> k, v;       // [max(max_seq_len, R)][D] rows as float, or key/value panels
   std::vector<float> s;          // [kQueryBlock][max_seq_len] logits / probabilities
   std::vector<float> q, o;       // [kQueryBlock][D]
-  std::vector<float> scores, pooled;  // [max_seq_len]
+  std::vector<float> scores, pooled;  // [max_seq_len], when a layer can need scores
   std::vector<int32_t> kept;          // [max_seq_len]
-  std::vector<uint32_t> order;        // [max_seq_len]
+  std::vector<uint32_t> order;        // [max_seq_len], when a layer can need scores
   std::vector<float> dec;             // decode: DecodeScratch
 };
+
+// Whether any prefill of `cfg` can need importance scores: a layer with heavy hitters to
+// choose and a budget below the whole prompt. Otherwise no score workspace is reserved.
+bool scores_possible(const minikv_config &cfg) {
+  const double r = decimal_value(cfg.recent_ratio);
+  for (double h : layer_heavy_ratios(cfg))
+    if (h > 0.0 && h + r < 1.0 - 1e-12) return true;
+  return false;
+}
+
+// Threads worth having: the widest parallel loop is over the query heads (prefill) or over
+// (sequence, KV head) pairs (append, decode); a thread beyond that would only hold scratch.
+unsigned usable_threads(const minikv_config &cfg) {
+  const uint64_t widest =
+      std::max<uint64_t>(cfg.num_heads, uint64_t(cfg.max_sequences) * cfg.num_kv_heads);
+  return static_cast<unsigned>(std::min<uint64_t>(cpu::default_thread_count(), widest));
+}
 
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const StorageSpec &spec)
       : spec_(spec), cfg_(spec.cfg), bl_(spec.block), rl_(spec.residual),
-        pool_threads_(cpu::default_thread_count()) {
+        pool_threads_(usable_threads(spec.cfg)) {
     pool_ = host_alloc(spec.pool_bytes, "block pool");
     residual_ = host_alloc(spec.residual_bytes, "residual slots");
     const uint64_t rows = std::max<uint64_t>(cfg_.max_seq_len, cfg_.residual_length);
     const uint32_t D = cfg_.head_dim;
+    const uint64_t score_len = scores_possible(cfg_) ? cfg_.max_seq_len : 0;
     scratch_.resize(pool_threads_.size());
     for (Scratch &s : scratch_) {
       // Rows as float, or (prefill attention) the prompt's keys and values in panels.
@@ -69,16 +87,16 @@ class CpuBackend final : public Backend {
       s.s.resize(uint64_t(kQueryBlock) * key_stride());
       s.q.resize(kQueryBlock * D);
       s.o.resize(kQueryBlock * D);
-      s.scores.resize(cfg_.max_seq_len);
-      s.pooled.resize(cfg_.max_seq_len);
+      s.scores.resize(score_len);
+      s.pooled.resize(score_len);
       s.kept.resize(cfg_.max_seq_len);
-      s.order.resize(cfg_.max_seq_len);
+      s.order.resize(score_len);
       s.dec.resize(decode_scratch(nullptr).floats);
       workspace_bytes_ += (s.k.size() + s.v.size() + s.s.size() + s.q.size() + s.o.size() +
                            s.scores.size() + s.pooled.size()) * sizeof(float) +
                           (s.kept.size() + s.order.size()) * 4 + s.dec.size() * sizeof(float);
     }
-    head_scores_.resize(uint64_t(cfg_.num_heads) * cfg_.max_seq_len);
+    head_scores_.resize(uint64_t(cfg_.num_heads) * score_len);
     workspace_bytes_ += head_scores_.size() * sizeof(double);
   }
 
@@ -223,7 +241,7 @@ class CpuBackend final : public Backend {
       cpu::to_floats(v + src, D, row);
       for (uint32_t c = 0; c < D; ++c) v_at[(c / W) * v_panel + c % W] = row[c];
     }
-    double *col = head_scores_.data() + uint64_t(h) * cfg_.max_seq_len;
+    double *col = need_scores ? head_scores_.data() + uint64_t(h) * cfg_.max_seq_len : nullptr;
     if (need_scores) std::fill(col, col + L, 0.0);
 
     for (uint32_t i0 = 0; i0 < L; i0 += kQueryBlock) {
