@@ -351,6 +351,45 @@ TEST_CASE("prefill: sinks take their place in the heavy-hitter budget") {
   CHECK(cached == 50);
 }
 
+TEST_CASE("prefill: WINDOW max-pool at the edges of the scored prefix") {
+  // L = 100, window 8, r = 0.2: the protected suffix [80, 100) is longer than the window, so
+  // the scored prefix [0, 92) reaches past the candidates [0, 80). The window queries
+  // attend only to keys 1 and 80 (equal logits of 20, the other keys are orthogonal to
+  // them). Max-pooling with kernel 7 over the scored prefix spreads key 80's score (a
+  // protected token) to candidates 77-79, and key 1's to 0-4 (clipped at 0); with
+  // h = 0.08 those 8 candidates are exactly the heavy hitters. Pooling only over the
+  // candidates, or not at all, or without clipping, keeps other tokens.
+  const uint32_t L = 100, D = 16;
+  minikv_config c = test::cpu_config(1, 1, 1, D);
+  c.score_mode = MINIKV_SCORE_WINDOW;
+  c.window_size = 8;
+  c.pool_kernel = 7;
+  c.heavy_ratio = 0.08f;
+  c.recent_ratio = 0.2f;
+  c.budget_policy = MINIKV_BUDGET_UNIFORM;
+  c.sink_tokens = 0;
+  c.max_seq_len = L;
+  test::CachePtr cache = test::make_cache(c);
+  test::Rng rng(140);
+  test::Buf q(c.dtype, size_t(L) * D), k(c.dtype, size_t(L) * D), v(c.dtype, size_t(L) * D),
+      out(c.dtype, size_t(L) * D);
+  v.fill_normal(rng);
+  for (uint32_t t = 0; t < L; ++t) {
+    for (uint32_t ch = 0; ch < D; ++ch) {
+      // Channel 0 carries the spikes; the rest is small noise, orthogonal to the queries.
+      k.set(size_t(t) * D + ch, ch == 0 ? (t == 1 || t == 80 ? 4.0 : 0.0) : 0.05 * rng.normal());
+      q.set(size_t(t) * D + ch, ch == 0 ? 20.0 : 0.0);
+    }
+  }
+  const uint32_t seq = 0;
+  const int32_t cu[2] = {0, static_cast<int32_t>(L)};
+  MKV_REQUIRE_OK(minikv_prefill(cache.get(), 0, 1, &seq, cu, q.data(), k.data(), v.data(),
+                                out.data(), nullptr));
+  std::vector<int32_t> want = {0, 1, 2, 3, 4, 77, 78, 79};
+  for (int32_t t = 80; t < int32_t(L); ++t) want.push_back(t);
+  CHECK(test::kept_positions(cache.get(), 0, 0, 0) == want);
+}
+
 TEST_CASE("prefill: PYRAMID budgets per layer") {
   const uint32_t layers = 4, L = 200, H = 2, Hkv = 1, D = 64;
   minikv_config c = test::cpu_config(layers, H, Hkv, D);
