@@ -303,18 +303,17 @@ TEST_CASE("prefill: decimal ratios keep their decimal budgets and h + r = 1 keep
     std::vector<uint32_t> lens = cs.lens;
     if (cs.keep_all)
       for (uint32_t L : {3u, 7u, 20u, 33u, 59u, 99u, 101u, 153u, 333u, 1005u}) lens.push_back(L);
+    Shape s;
+    s.H = s.Hkv = H;
+    s.D = D;
     for (uint32_t L : lens) {
       CAPTURE(L);
-      test::Rng rng(L);
-      test::Buf q(c.dtype, size_t(L) * H * D), k(c.dtype, size_t(L) * H * D),
-          v(c.dtype, size_t(L) * H * D), out(c.dtype, size_t(L) * H * D);
-      q.fill_normal(rng);
-      k.fill_normal(rng);
-      v.fill_normal(rng);
+      const Inputs in = random_inputs(s, L, L);
+      test::Buf out(s.dt, size_t(L) * H * D);
       const uint32_t seq = 0;
       const int32_t cu[2] = {0, static_cast<int32_t>(L)};
-      MKV_REQUIRE_OK(minikv_prefill(cache.get(), 0, 1, &seq, cu, q.data(), k.data(), v.data(),
-                                    out.data(), nullptr));
+      MKV_REQUIRE_OK(minikv_prefill(cache.get(), 0, 1, &seq, cu, in.q.data(), in.k.data(),
+                                    in.v.data(), out.data(), nullptr));
       uint64_t cached = 0;
       MKV_REQUIRE_OK(minikv_sequence_length(cache.get(), 0, 0, nullptr, &cached));
       CHECK(cached == (cs.keep_all ? L : cs.kept_1000));
