@@ -123,7 +123,10 @@ minikv_status minikv_config_init(minikv_config *cfg, size_t struct_size) {
 }
 
 minikv_status minikv_config_preset(minikv_config *cfg, minikv_preset preset) {
-  return guarded(nullptr, "minikv_config_preset", [&] { minikv::config_preset(cfg, preset); });
+  // Read as an int right here: any int a C caller passes may arrive, and an enum-typed load
+  // of one outside the enum's range (passing `preset` on by value) is undefined behaviour.
+  const int32_t raw = minikv::raw_enum(preset);
+  return guarded(nullptr, "minikv_config_preset", [&] { minikv::config_preset(cfg, raw); });
 }
 
 // The 0.1 symbol (the header now maps the name to minikv_config_init): such a caller's

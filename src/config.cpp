@@ -57,9 +57,8 @@ minikv_config config_defaults() {
   return cfg;
 }
 
-void config_preset(minikv_config *cfg, minikv_preset preset) {
+void config_preset(minikv_config *cfg, int32_t p) {
   MINIKV_REQUIRE(cfg != nullptr, "minikv_config_preset: cfg is NULL");
-  const int32_t p = raw_enum(preset);
   MINIKV_REQUIRE(p >= 0 && p < kNumPresets,
                  "minikv_config_preset: preset (%d) must be MINIKV_PRESET_BALANCED (0), _PAPER "
                  "(1), _QUALITY (2) or _EVICTION_ONLY (3)",

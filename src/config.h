@@ -26,9 +26,10 @@ constexpr uint32_t kStatsSizeV1 = sizeof(minikv_memory_stats);
 // MINIKV_PRESET_BALANCED), struct_size = sizeof(minikv_config).
 minikv_config config_defaults();
 
-// minikv_config_preset: sets the compression fields of *cfg to `preset`. Throws Error
-// (INVALID_ARGUMENT, VERSION_MISMATCH) before writing anything.
-void config_preset(minikv_config *cfg, minikv_preset preset);
+// minikv_config_preset: sets the compression fields of *cfg to `preset` (the caller's int,
+// read with raw_enum). Throws Error (INVALID_ARGUMENT, VERSION_MISMATCH) before writing
+// anything.
+void config_preset(minikv_config *cfg, int32_t preset);
 
 // minikv_config_init: writes the defaults into the first `size` bytes of *cfg (bytes past
 // this library's struct are zeroed: "not set" for a newer header) and sets struct_size.
