@@ -32,6 +32,19 @@
  *   append  k, v   : [n_seqs,       num_kv_heads, head_dim]
  *   decode  q, out : [n_seqs,       num_heads,    head_dim]
  * in the element type cfg.dtype. Keys arrive with rotary embeddings already applied.
+ * Alignment: each tensor pointer is aligned to its element size (2 bytes for F16/BF16, 4 for
+ * F32) for the CPU backend, and to 16 bytes for the CUDA backend (its prefill moves rows
+ * with 16-byte loads); a misaligned pointer is MINIKV_ERR_INVALID_ARGUMENT.
+ *
+ * Values. Inputs must be finite: no NaN or +-inf in q, k, v. The CPU backend checks every
+ * input element of a call (one pass over them, before anything else happens) and fails with
+ * MINIKV_ERR_INVALID_ARGUMENT naming the first non-finite element, so a non-finite value
+ * never reaches the cache and never affects other tokens. The CUDA backend cannot check
+ * without synchronizing the host: there a non-finite input is the caller's duty, and what
+ * it does to the outputs and to the cache of its (sequence, layer) is unspecified. Finite
+ * inputs anywhere in the dtype's range are stored with finite scales, and the CPU backend's
+ * outputs stay within the dtype's finite range (quantized values are clamped to it) as
+ * long as the logits q.k / sqrt(head_dim) are finite in float32.
  *
  * Streams. `stream` is a cudaStream_t passed as void* (NULL = the legacy default stream)
  * for the CUDA backend and must be NULL for the CPU backend. CUDA calls are asynchronous
@@ -57,7 +70,17 @@
  * debugging (or run under compute-sanitizer).
  *
  * Threading. A handle is not internally synchronized: use it from one thread at a time
- * (any thread). Distinct handles are independent and may be used concurrently.
+ * (any thread). Distinct handles are independent and may be used concurrently. A call made
+ * while another thread's call is using the same handle fails with MINIKV_ERR_BAD_STATE
+ * ("minikv_decode: the cache is in use by minikv_prefill on another thread ...") and
+ * changes nothing; this is a detector (one atomic operation per call), not a lock, and it
+ * does not cover minikv_cache_destroy and minikv_cache_last_error, which must not overlap
+ * another call on the handle.
+ *
+ * fork(). A handle created before fork() keeps working in the child with the CPU backend:
+ * the child has its own copy of the cache and starts its own worker threads on first use
+ * (destroying the handle there is fine too). The CUDA runtime does not survive fork(): in
+ * the child, CUDA calls fail with MINIKV_ERR_DEVICE.
  *
  * ABI. Structs start with `struct_size`; the library reads only the fields the caller's
  * size covers and evolves by appending fields. Status values are pinned and append-only.
@@ -133,7 +156,8 @@ typedef enum minikv_status {
                                         max_seq_len; nothing changed: release or preempt
                                         sequences and retry */
   MINIKV_ERR_BAD_STATE = 4,        /**< the call is valid but not now (decode before prefill,
-                                        prefill of a layer twice) */
+                                        prefill of a layer twice, the handle in use by
+                                        another thread's call) */
   MINIKV_ERR_UNSUPPORTED = 5,      /**< valid but not built/supported here (CUDA backend
                                         absent, head_dim not compiled) */
   MINIKV_ERR_DEVICE = 6,           /**< a CUDA runtime error; the message has CUDA's text */
@@ -193,9 +217,16 @@ typedef struct minikv_config {
   uint32_t max_seq_len;         /**< longest prompt + generation of one sequence; 4096 */
   uint64_t max_tokens;          /**< pool capacity in cached tokens summed over sequences
                                      and layers, rounded up to whole blocks of
-                                     residual_length tokens; 0 = enough for every slot at
-                                     max_seq_len */
-  float heavy_ratio;            /**< heavy-hitter budget h as a fraction of the prompt; 0.25 */
+                                     residual_length tokens, at most 2^31 blocks; 0 = enough
+                                     for every slot at max_seq_len. CPU: the pool must fit
+                                     the machine's RAM + swap (checked before anything is
+                                     allocated: MINIKV_ERR_OUT_OF_MEMORY) */
+  float heavy_ratio;            /**< heavy-hitter budget h as a fraction of the prompt; 0.25.
+                                     Ratios are read as the shortest decimal that rounds to
+                                     the float (0.7f is 0.7, so 0.7 of 1000 tokens is 700);
+                                     a layer keeps floor(h_l L) + floor(r L) tokens (in
+                                     double, with a slack of 1e-12 (1 + L) for the rounding
+                                     of the PYRAMID line), or every token when h_l + r >= 1 */
   float recent_ratio;           /**< recent-window budget r as a fraction of the prompt; 0.25 */
   minikv_budget_policy budget_policy; /**< UNIFORM (measured better than PYRAMID on
                                             SmolLM2-135M at 4 bits per element) */
@@ -298,7 +329,11 @@ typedef struct minikv_cache minikv_cache;
  *            larger than this library's with non-zero bytes past its end);
  *          MINIKV_ERR_UNSUPPORTED (CUDA requested but not built or no device, or a size
  *            the backend does not compile);
- *          MINIKV_ERR_OUT_OF_MEMORY; MINIKV_ERR_DEVICE. */
+ *          MINIKV_ERR_OUT_OF_MEMORY (also a CPU pool larger than RAM + swap, refused before
+ *            anything is allocated); MINIKV_ERR_DEVICE. Every size derived from the config
+ *          is computed with overflow checks: one that does not fit (or more than 2^31
+ *          blocks, residual slots or block-table entries) is MINIKV_ERR_INVALID_ARGUMENT
+ *          naming the fields that cause it. */
 MINIKV_API minikv_status minikv_cache_create(const minikv_config *cfg, minikv_cache **out);
 
 /** DESTRUCTOR: frees the pool, the workspaces and the handle. NULL is a no-op. For the CUDA
@@ -342,9 +377,11 @@ MINIKV_API minikv_status minikv_cache_backend(const minikv_cache *cache, minikv_
  *                    prompt token and may not alias the inputs.
  *  @param stream     cudaStream_t or NULL (must be NULL for the CPU backend).
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL pointer, bad id/layer, repeated
- *          seq_id, bad cu_seqlens); MINIKV_ERR_BAD_STATE (a (sequence, layer) already
- *          prefilled); MINIKV_ERR_CAPACITY_EXCEEDED (not enough free blocks for the whole
- *          batch); MINIKV_ERR_DEVICE. On failure no sequence of the batch changes. */
+ *          seq_id, bad cu_seqlens, a misaligned tensor, a non-finite input with the CPU
+ *          backend); MINIKV_ERR_BAD_STATE (a (sequence, layer) already prefilled, or the
+ *          handle in use by another thread's call); MINIKV_ERR_CAPACITY_EXCEEDED (not
+ *          enough free blocks for the whole batch); MINIKV_ERR_DEVICE. On failure no
+ *          sequence of the batch changes. */
 MINIKV_API minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
                                         const uint32_t *seq_ids, const int32_t *cu_seqlens,
                                         const void *q, const void *k, const void *v, void *out,
@@ -355,8 +392,10 @@ MINIKV_API minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uin
  *  are quantized into the pool as one flush, before the token's decode (as the reference
  *  implementation does).
  *  @param k,v  backend memory [n_seqs, num_kv_heads, head_dim].
- *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not
- *          prefilled for a sequence); MINIKV_ERR_CAPACITY_EXCEEDED (a flush needs a block
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (also a misaligned tensor or, with
+ *          the CPU backend, a non-finite k/v); MINIKV_ERR_BAD_STATE (layer not prefilled
+ *          for a sequence, or the handle in use by another thread's call);
+ *          MINIKV_ERR_CAPACITY_EXCEEDED (a flush needs a block
  *          and the pool has none, or a sequence reached max_seq_len); MINIKV_ERR_DEVICE.
  *          On failure no sequence changes. Allocates nothing; with CUDA it never synchronizes
  *          the host (CUDA-graph capturable). */
@@ -369,8 +408,10 @@ MINIKV_API minikv_status minikv_append(minikv_cache *cache, uint32_t layer, uint
  *  one softmax over all of them, scale 1/sqrt(head_dim). Append the token first: it then
  *  attends to itself. Reads the cache only.
  *  @param q,out  backend memory [n_seqs, num_heads, head_dim].
- *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not
- *          prefilled, or no token cached yet); MINIKV_ERR_DEVICE. Allocates nothing; with CUDA
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (also a misaligned tensor or, with
+ *          the CPU backend, a non-finite q); MINIKV_ERR_BAD_STATE (layer not prefilled, no
+ *          token cached yet, or the handle in use by another thread's call);
+ *          MINIKV_ERR_DEVICE. Allocates nothing; with CUDA
  *          it never synchronizes the host (CUDA-graph capturable, like minikv_append). */
 MINIKV_API minikv_status minikv_decode(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
                                        const uint32_t *seq_ids, const void *q, void *out,

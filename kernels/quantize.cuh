@@ -34,7 +34,6 @@ __device__ void store_group(const BlockLayout &bl, uint8_t *block, uint32_t head
   } else {
     T *scale = reinterpret_cast<T *>(block + bl.k_scale + head * bl.k_scale_head()) + (row0 / G) * D;
     T *minimum = reinterpret_cast<T *>(block + bl.k_min + head * bl.k_scale_head()) + (row0 / G) * D;
-    const float levels = static_cast<float>(quant_levels(kb));
     for (uint32_t c = tid; c < D; c += nthreads) {
       float mn = INFINITY, mx = -INFINITY;  // as the CPU: std::min / std::max from ±inf
       for (uint32_t t = 0; t < G; ++t) {
@@ -42,7 +41,7 @@ __device__ void store_group(const BlockLayout &bl, uint8_t *block, uint32_t head
         mn = x < mn ? x : mn;
         mx = mx < x ? x : mx;
       }
-      const T scale_t = Tr::from_float((mx - mn) / levels);
+      const T scale_t = Tr::from_float(group_scale(mn, mx, quant_levels(kb)));
       const T min_t = Tr::from_float(mn);
       scale[c] = scale_t;
       minimum[c] = min_t;
@@ -75,7 +74,6 @@ __device__ void store_group(const BlockLayout &bl, uint8_t *block, uint32_t head
     const uint32_t groups = D / G;
     T *scale = reinterpret_cast<T *>(block + bl.v_scale + head * bl.v_scale_head());
     T *minimum = reinterpret_cast<T *>(block + bl.v_min + head * bl.v_scale_head());
-    const float levels = static_cast<float>(quant_levels(vb));
     const uint32_t per_word = 32u / vb;
     const uint32_t words_per_group = G / per_word;
     for (uint32_t i = tid; i < G * groups; i += nthreads) {
@@ -88,7 +86,7 @@ __device__ void store_group(const BlockLayout &bl, uint8_t *block, uint32_t head
         mn = xc < mn ? xc : mn;
         mx = mx < xc ? xc : mx;
       }
-      const T scale_t = Tr::from_float((mx - mn) / levels);
+      const T scale_t = Tr::from_float(group_scale(mn, mx, quant_levels(vb)));
       const T min_t = Tr::from_float(mn);
       scale[(row0 + t) * groups + g] = scale_t;
       minimum[(row0 + t) * groups + g] = min_t;

@@ -3,6 +3,8 @@
 # and runs the whole test suite that this machine can run:
 #   1. ctest, labels cpu (CPU backend + contract tests) and install (install tree consumed
 #      through CMake's find_package and pkg-config); label gpu too when a GPU is visible;
+#      first scripts/check-test-registration.sh: every compiled doctest case is registered
+#      under a label (the counts of both agree);
 #   2. the Python binding's tests (bindings/python/tests) against the built library, then
 #      the Python package: its wheel installed into a fresh venv, smoke-tested from outside
 #      the source tree; the transformers adapter (torch etc. from PyPI, ~3.5 GB);
@@ -60,6 +62,9 @@ configure "$BUILD" -DMINIKV_TESTS=ON -DMINIKV_EXAMPLES=ON "${CUDA_ARGS[@]}"
 
 step "build (-j$JOBS)"
 cmake --build "$BUILD" -j "$JOBS"
+
+step "test registration: every compiled doctest case runs under a label"
+bash scripts/check-test-registration.sh "$BUILD"
 
 step "ctest: labels cpu and install"
 ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j "$JOBS" -L 'cpu|install'

@@ -15,6 +15,10 @@
 #include <cstdint>
 #include <cstdlib>
 
+#if defined(__linux__)
+#include <sys/sysinfo.h>
+#endif
+
 namespace minikv {
 
 // A replacement for calloc(1, bytes): returns zeroed memory that std::free releases, or
@@ -42,6 +46,16 @@ inline void *host_calloc(size_t bytes) {
     }
   }
   return detail::g_host_calloc.load(std::memory_order_acquire)(bytes);
+}
+
+// Bytes of RAM + swap of this machine (UINT64_MAX where unknown): more host storage than
+// this cannot be committed, so minikv_cache_create refuses it before allocating.
+inline uint64_t host_memory_bytes() {
+#if defined(__linux__)
+  struct sysinfo info;
+  if (sysinfo(&info) == 0) return (uint64_t(info.totalram) + info.totalswap) * info.mem_unit;
+#endif
+  return UINT64_MAX;
 }
 
 namespace testing {

@@ -4,16 +4,12 @@
 #include <new>
 #include <system_error>
 #include <string>
+#include <utility>
 
-#include "cache.h"
 #include "config.h"
 #include "error.h"
+#include "handle.h"
 #include "minikv.h"
-
-struct minikv_cache {
-  explicit minikv_cache(const minikv_config &cfg) : impl(cfg) {}
-  minikv::Cache impl;
-};
 
 namespace {
 
@@ -22,15 +18,17 @@ namespace {
 constexpr const char kVersionString[] = MINIKV_STR(MINIKV_VERSION_MAJOR) "." MINIKV_STR(
     MINIKV_VERSION_MINOR) "." MINIKV_STR(MINIKV_VERSION_PATCH);
 
-// Builds a + b + c into out. Running out of memory while describing a failure must not
+// Builds a + b + c + d into out. Running out of memory while describing a failure must not
 // throw out of the noexcept guard (that would terminate the process, found by
 // tests/reliability/test_oom): fall back to a text short enough for std::string's
 // in-object buffer, which never allocates.
-void compose(std::string &out, const char *a, const char *b = "", const char *c = "") noexcept {
+void compose(std::string &out, const char *a, const char *b = "", const char *c = "",
+             const char *d = "") noexcept {
   try {
     out = a;
     out += b;
     out += c;
+    out += d;
   } catch (...) {
     out.assign("out of memory");
   }
@@ -66,6 +64,27 @@ minikv_status guarded(const minikv_cache *handle, const char *call, Fn &&fn) noe
   return status;
 }
 
+// guarded() on a handle, which `call` holds for its duration: a call that finds the handle
+// held by another (so, on another thread) fails with BAD_STATE naming both, and records
+// its message on this thread only (the handle's message belongs to the other call).
+template <typename Fn>
+minikv_status exclusive(const minikv_cache *handle, const char *call, Fn &&fn) noexcept {
+  std::atomic<const char *> &in_use = const_cast<minikv_cache *>(handle)->in_use;
+  const char *holder = nullptr;
+  if (!in_use.compare_exchange_strong(holder, call, std::memory_order_acquire,
+                                      std::memory_order_relaxed)) {
+    std::string message;
+    compose(message, call, ": the cache is in use by ", holder,
+            " on another thread at the same time; a handle must be used from one thread at a "
+            "time (nothing changed)");
+    minikv::set_thread_error(message);
+    return MINIKV_ERR_BAD_STATE;
+  }
+  const minikv_status status = guarded(handle, call, std::forward<Fn>(fn));
+  in_use.store(nullptr, std::memory_order_release);
+  return status;
+}
+
 minikv_status null_handle(const char *call) noexcept {
   std::string message;
   compose(message, call, ": cache is NULL");
@@ -82,7 +101,8 @@ const char *minikv_version_string(void) { return kVersionString; }
 const char *minikv_last_error_message(void) { return minikv::thread_error(); }
 
 const char *minikv_status_string(minikv_status status) {
-  switch (static_cast<int>(status)) {  // any int a C caller passes, known or not
+  // Any int a C caller passes, known or not, read without loading an out-of-range enum.
+  switch (minikv::raw_enum(status)) {
     case MINIKV_OK: return "MINIKV_OK: success";
     case MINIKV_ERR_INVALID_ARGUMENT: return "MINIKV_ERR_INVALID_ARGUMENT: invalid argument";
     case MINIKV_ERR_OUT_OF_MEMORY: return "MINIKV_ERR_OUT_OF_MEMORY: out of memory";
@@ -103,7 +123,10 @@ minikv_status minikv_config_init(minikv_config *cfg, size_t struct_size) {
 }
 
 minikv_status minikv_config_preset(minikv_config *cfg, minikv_preset preset) {
-  return guarded(nullptr, "minikv_config_preset", [&] { minikv::config_preset(cfg, preset); });
+  // Read as an int right here: any int a C caller passes may arrive, and an enum-typed load
+  // of one outside the enum's range (passing `preset` on by value) is undefined behaviour.
+  const int32_t raw = minikv::raw_enum(preset);
+  return guarded(nullptr, "minikv_config_preset", [&] { minikv::config_preset(cfg, raw); });
 }
 
 // The 0.1 symbol (the header now maps the name to minikv_config_init): such a caller's
@@ -135,7 +158,7 @@ const char *minikv_cache_last_error(const minikv_cache *cache) {
 
 minikv_status minikv_cache_backend(const minikv_cache *cache, minikv_backend *backend) {
   if (!cache) return null_handle("minikv_cache_backend");
-  return guarded(cache, "minikv_cache_backend", [&] {
+  return exclusive(cache, "minikv_cache_backend", [&] {
     MINIKV_REQUIRE(backend != nullptr, "minikv_cache_backend: backend is NULL");
     *backend = cache->impl.config().backend;
   });
@@ -145,7 +168,7 @@ minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uint32_t n_seq
                              const uint32_t *seq_ids, const int32_t *cu_seqlens, const void *q,
                              const void *k, const void *v, void *out, void *stream) {
   if (!cache) return null_handle("minikv_prefill");
-  return guarded(cache, "minikv_prefill", [&] {
+  return exclusive(cache, "minikv_prefill", [&] {
     cache->impl.prefill(layer, n_seqs, seq_ids, cu_seqlens, q, k, v, out, stream);
   });
 }
@@ -154,26 +177,26 @@ minikv_status minikv_append(minikv_cache *cache, uint32_t layer, uint32_t n_seqs
                             const uint32_t *seq_ids, const void *k, const void *v,
                             void *stream) {
   if (!cache) return null_handle("minikv_append");
-  return guarded(cache, "minikv_append",
+  return exclusive(cache, "minikv_append",
                  [&] { cache->impl.append(layer, n_seqs, seq_ids, k, v, stream); });
 }
 
 minikv_status minikv_decode(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
                             const uint32_t *seq_ids, const void *q, void *out, void *stream) {
   if (!cache) return null_handle("minikv_decode");
-  return guarded(cache, "minikv_decode",
+  return exclusive(cache, "minikv_decode",
                  [&] { cache->impl.decode(layer, n_seqs, seq_ids, q, out, stream); });
 }
 
 minikv_status minikv_sequence_release(minikv_cache *cache, uint32_t seq_id) {
   if (!cache) return null_handle("minikv_sequence_release");
-  return guarded(cache, "minikv_sequence_release", [&] { cache->impl.release(seq_id); });
+  return exclusive(cache, "minikv_sequence_release", [&] { cache->impl.release(seq_id); });
 }
 
 minikv_status minikv_sequence_length(const minikv_cache *cache, uint32_t seq_id, uint32_t layer,
                                      uint64_t *tokens_seen, uint64_t *tokens_cached) {
   if (!cache) return null_handle("minikv_sequence_length");
-  return guarded(cache, "minikv_sequence_length", [&] {
+  return exclusive(cache, "minikv_sequence_length", [&] {
     cache->impl.sequence_length(seq_id, layer, tokens_seen, tokens_cached);
   });
 }
@@ -182,14 +205,14 @@ minikv_status minikv_kept_positions(const minikv_cache *cache, uint32_t seq_id, 
                                     uint32_t kv_head, int32_t *positions, uint32_t capacity,
                                     uint32_t *count) {
   if (!cache) return null_handle("minikv_kept_positions");
-  return guarded(cache, "minikv_kept_positions", [&] {
+  return exclusive(cache, "minikv_kept_positions", [&] {
     cache->impl.kept_positions(seq_id, layer, kv_head, positions, capacity, count);
   });
 }
 
 minikv_status minikv_memory_stats_get(const minikv_cache *cache, minikv_memory_stats *out) {
   if (!cache) return null_handle("minikv_memory_stats_get");
-  return guarded(cache, "minikv_memory_stats_get", [&] {
+  return exclusive(cache, "minikv_memory_stats_get", [&] {
     MINIKV_REQUIRE(out != nullptr, "minikv_memory_stats_get: out is NULL");
     const uint32_t size = out->struct_size;
     if (size < minikv::kStatsSizeV1) {

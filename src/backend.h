@@ -24,6 +24,8 @@ struct StorageSpec {
   uint32_t num_blocks;       // pool blocks
   uint32_t residual_slots;   // max_sequences * num_layers
   uint32_t max_blocks_per_seq;  // blocks one (sequence, layer) can ever hold
+  uint64_t pool_bytes;       // num_blocks * block.bytes
+  uint64_t residual_bytes;   // residual_slots * residual.bytes
 };
 
 // Where one (sequence, layer) keeps its tokens.

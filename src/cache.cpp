@@ -1,38 +1,128 @@
 #include "cache.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
 
+#include "checked_size.h"
 #include "config.h"
+#include "alloc.h"
 #include "error.h"
+#include "finite.h"
 
 namespace minikv {
 
 namespace {
-uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+constexpr const char *kCreate = "minikv_cache_create";
+// Pool blocks, residual slots and block-table entries are indexed by uint32.
+constexpr uint64_t kMaxCount = 1ull << 31;
+
+// The storage geometry of `cfg`, every count and size checked before anything is allocated;
+// each failure names the fields that cause it.
+StorageSpec plan_storage(const minikv_config &cfg) {
+  const uint32_t R = cfg.residual_length;
+  const uint32_t elem = static_cast<uint32_t>(dtype_bytes(cfg.dtype));
+  StorageSpec spec;
+  spec.cfg = cfg;
+  spec.block = make_block_layout(R, cfg.num_kv_heads, cfg.head_dim, cfg.group_size, cfg.key_bits,
+                                 cfg.value_bits, elem);
+  spec.residual = make_residual_layout(R, cfg.num_kv_heads, cfg.head_dim, elem, cfg.sink_tokens);
+  const uint64_t slots = checked_size(kCreate, "max_sequences x num_layers",
+                                      {cfg.max_sequences, cfg.num_layers});
+  if (slots > kMaxCount) {
+    fail(MINIKV_ERR_INVALID_ARGUMENT,
+         "%s: max_sequences (%u) x num_layers (%u) = %llu residual slots; at most 2^31", kCreate,
+         cfg.max_sequences, cfg.num_layers, static_cast<unsigned long long>(slots));
+  }
+  const uint64_t blocks_per_seq = ceil_div(cfg.max_seq_len, R);
+  uint64_t blocks;
+  if (cfg.max_tokens == 0) {
+    blocks = checked_size(kCreate, "the default pool size", {slots, blocks_per_seq});
+    if (blocks > kMaxCount) {
+      fail(MINIKV_ERR_INVALID_ARGUMENT,
+           "%s: max_tokens = 0 reserves max_sequences (%u) x num_layers (%u) x ceil(max_seq_len "
+           "(%u) / residual_length (%u)) = %llu blocks; at most 2^31: set max_tokens to the "
+           "tokens the pool must hold",
+           kCreate, cfg.max_sequences, cfg.num_layers, cfg.max_seq_len, R,
+           static_cast<unsigned long long>(blocks));
+    }
+  } else {
+    blocks = ceil_div(cfg.max_tokens, R);
+    if (blocks > kMaxCount) {
+      fail(MINIKV_ERR_INVALID_ARGUMENT,
+           "%s: max_tokens (%llu) needs %llu blocks of residual_length (%u) tokens; at most 2^31",
+           kCreate, static_cast<unsigned long long>(cfg.max_tokens),
+           static_cast<unsigned long long>(blocks), R);
+    }
+  }
+  // A (sequence, layer) never holds more blocks than the pool has.
+  const uint64_t table_len = std::min(blocks_per_seq, blocks);
+  const uint64_t table_entries = checked_size(kCreate, "the block tables", {slots, table_len});
+  if (table_entries > kMaxCount) {
+    fail(MINIKV_ERR_INVALID_ARGUMENT,
+         "%s: the block tables need max_sequences (%u) x num_layers (%u) x %llu blocks per "
+         "sequence (ceil(max_seq_len / residual_length), at most the pool's blocks) = %llu "
+         "entries; at most 2^31: lower max_sequences, num_layers or max_seq_len",
+         kCreate, cfg.max_sequences, cfg.num_layers, static_cast<unsigned long long>(table_len),
+         static_cast<unsigned long long>(table_entries));
+  }
+  spec.num_blocks = static_cast<uint32_t>(blocks);
+  spec.residual_slots = static_cast<uint32_t>(slots);
+  spec.max_blocks_per_seq = static_cast<uint32_t>(table_len);
+  spec.pool_bytes = checked_size(kCreate, "the block pool in bytes", {blocks, spec.block.bytes});
+  spec.residual_bytes =
+      checked_size(kCreate, "the residual slots in bytes", {slots, spec.residual.bytes});
+  return spec;
+}
+
+// Fails with OUT_OF_MEMORY, before anything is allocated, when the host storage of the CPU
+// backend cannot fit the machine's RAM + swap (calloc would refuse it later, or succeed
+// under overcommit and leave the process to the OOM killer).
+void check_host_storage(const StorageSpec &spec) {
+  const uint64_t need =
+      checked_sum(kCreate, "the host storage in bytes", spec.pool_bytes, spec.residual_bytes);
+  const uint64_t have = host_memory_bytes();
+  if (need > have) {
+    fail(MINIKV_ERR_OUT_OF_MEMORY,
+         "%s: the block pool (%llu blocks, %llu bytes) and the residual slots (%llu bytes) "
+         "need more than this machine's memory (%llu bytes of RAM + swap): lower max_tokens "
+         "(or max_sequences, num_layers, max_seq_len when it is 0)",
+         kCreate, static_cast<unsigned long long>(spec.num_blocks),
+         static_cast<unsigned long long>(spec.pool_bytes),
+         static_cast<unsigned long long>(spec.residual_bytes),
+         static_cast<unsigned long long>(have));
+  }
+}
+
+std::unique_ptr<Backend> make_backend(const StorageSpec &spec) {
+  const minikv_config &cfg = spec.cfg;
+  switch (cfg.backend) {
+    case MINIKV_BACKEND_CPU: check_host_storage(spec); return make_cpu_backend(spec);
+    case MINIKV_BACKEND_CUDA: return make_cuda_backend(spec);
+    default:
+      if (cuda_backend_available(cfg.device_id)) {
+        try {
+          return make_cuda_backend(spec);
+        } catch (const Error &e) {
+          // A size or dtype the CUDA kernels do not compile: AUTO falls back to the CPU.
+          if (e.status() != MINIKV_ERR_UNSUPPORTED) throw;
+        }
+      }
+      check_host_storage(spec);
+      return make_cpu_backend(spec);
+  }
+}
+
 }  // namespace
 
-Cache::Cache(const minikv_config &cfg) : cfg_(cfg) {
-  const uint32_t R = cfg.residual_length;
-  spec_.cfg = cfg;
-  spec_.block = make_block_layout(R, cfg.num_kv_heads, cfg.head_dim, cfg.group_size,
-                                  cfg.key_bits, cfg.value_bits,
-                                  static_cast<uint32_t>(dtype_bytes(cfg.dtype)));
-  spec_.residual = make_residual_layout(R, cfg.num_kv_heads, cfg.head_dim,
-                                        static_cast<uint32_t>(dtype_bytes(cfg.dtype)),
-                                        cfg.sink_tokens);
-  spec_.max_blocks_per_seq = static_cast<uint32_t>(ceil_div(cfg.max_seq_len, R));
-  const uint64_t slots = uint64_t(cfg.max_sequences) * cfg.num_layers;
-  const uint64_t blocks = cfg.max_tokens == 0 ? slots * spec_.max_blocks_per_seq
-                                              : ceil_div(cfg.max_tokens, R);
-  if (blocks > (1ull << 31) || slots > (1ull << 31)) {
-    fail(MINIKV_ERR_INVALID_ARGUMENT,
-         "the pool would need %llu blocks of %u tokens and %llu residual slots (max_tokens, "
-         "max_sequences * num_layers and max_seq_len are too large; at most 2^31 each)",
-         static_cast<unsigned long long>(blocks), R, static_cast<unsigned long long>(slots));
-  }
-  spec_.num_blocks = static_cast<uint32_t>(blocks);
-  spec_.residual_slots = static_cast<uint32_t>(slots);
+Cache::Cache(const minikv_config &cfg) : cfg_(cfg), spec_(plan_storage(cfg)) {
+  // The pool first: a pool the machine cannot hold fails here, before the host bookkeeping.
+  backend_ = make_backend(spec_);
+  cfg_.backend = backend_->kind();
 
+  const uint64_t slots = spec_.residual_slots;
   heavy_ratios_ = layer_heavy_ratios(cfg);
   states_.resize(slots);
   tables_.resize(slots * spec_.max_blocks_per_seq);
@@ -41,25 +131,7 @@ Cache::Cache(const minikv_config &cfg) : cfg_(cfg) {
   append_items_.reserve(cfg.max_sequences);
   append_extra_.reserve(cfg.max_sequences);
   decode_items_.reserve(cfg.max_sequences);
-  free_blocks_.resize(spec_.num_blocks);
-  for (uint32_t i = 0; i < spec_.num_blocks; ++i) free_blocks_[i] = spec_.num_blocks - 1 - i;
-
-  switch (cfg.backend) {
-    case MINIKV_BACKEND_CPU: backend_ = make_cpu_backend(spec_); break;
-    case MINIKV_BACKEND_CUDA: backend_ = make_cuda_backend(spec_); break;
-    default:
-      if (cuda_backend_available(cfg.device_id)) {
-        try {
-          backend_ = make_cuda_backend(spec_);
-        } catch (const Error &e) {
-          // A size or dtype the CUDA kernels do not compile: AUTO falls back to the CPU.
-          if (e.status() != MINIKV_ERR_UNSUPPORTED) throw;
-        }
-      }
-      if (!backend_) backend_ = make_cpu_backend(spec_);
-      break;
-  }
-  cfg_.backend = backend_->kind();
+  returned_blocks_.reserve(spec_.num_blocks);  // untouched until blocks come back
 }
 
 Cache::~Cache() = default;
@@ -92,15 +164,20 @@ void Cache::take_blocks(uint32_t seq, uint32_t layer, uint32_t n) noexcept {
   LayerState &s = state(seq, layer);
   uint32_t *t = table(seq, layer);
   for (uint32_t i = 0; i < n; ++i) {
-    t[s.num_blocks++] = free_blocks_.back();
-    free_blocks_.pop_back();
+    if (returned_blocks_.empty()) {
+      t[s.num_blocks++] = next_fresh_block_++;
+    } else {
+      t[s.num_blocks++] = returned_blocks_.back();
+      returned_blocks_.pop_back();
+    }
   }
 }
 
 void Cache::return_blocks(uint32_t seq, uint32_t layer, uint32_t n) noexcept {
   LayerState &s = state(seq, layer);
   const uint32_t *t = table(seq, layer);
-  for (uint32_t i = 0; i < n; ++i) free_blocks_.push_back(t[--s.num_blocks]);  // within capacity
+  // Within the capacity reserved at create: push_back allocates nothing.
+  for (uint32_t i = 0; i < n; ++i) returned_blocks_.push_back(t[--s.num_blocks]);
 }
 
 void Cache::check_common(const char *call, uint32_t layer, uint32_t n_seqs,
@@ -142,6 +219,55 @@ static void check_stream(const char *call, minikv_backend kind, void *stream) {
                  "%s: stream must be NULL for the CPU backend", call);
 }
 
+void Cache::check_aligned(const char *call,
+                          std::initializer_list<std::pair<const char *, const void *>> tensors) const {
+  // minikv.h: aligned to the element size (CPU) or to 16 bytes (CUDA, whose prefill moves
+  // rows with 16-byte loads).
+  const bool cuda = backend_->kind() == MINIKV_BACKEND_CUDA;
+  const size_t align = cuda ? 16 : dtype_bytes(cfg_.dtype);
+  for (const auto &x : tensors) {
+    MINIKV_REQUIRE(reinterpret_cast<uintptr_t>(x.second) % align == 0,
+                   "%s: %s (%p) must be aligned to %zu bytes (%s)", call, x.first, x.second,
+                   align, cuda ? "the CUDA backend's requirement" : "its element size");
+  }
+}
+
+void Cache::check_finite(const char *call, const char *name, const void *data, uint64_t rows,
+                         uint32_t heads, const uint32_t *seq_ids, const int32_t *cu_seqlens) const {
+  // minikv.h: inputs must be finite. Device memory is not readable here (CUDA: the
+  // caller's duty); in host memory one pass over the inputs checks them.
+  if (backend_->kind() != MINIKV_BACKEND_CPU) return;
+  const uint64_t n = rows * heads * cfg_.head_dim;
+  float value = 0.0f;
+  const uint64_t at = dispatch_dtype(cfg_.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T *x = static_cast<const T *>(data);
+    const uint64_t i = first_non_finite(x, n);
+    if (i < n) value = to_float(x[i]);
+    return i;
+  });
+  if (at == n) return;
+  const uint64_t row = at / (uint64_t(heads) * cfg_.head_dim);
+  uint64_t seq = row, position = 0;  // the row is a sequence of the batch (append, decode)
+  if (cu_seqlens) {                  // the row is a token of the packed prompts (prefill)
+    seq = 0;
+    while (uint64_t(cu_seqlens[seq + 1]) <= row) ++seq;
+    position = row - uint64_t(cu_seqlens[seq]);
+  }
+  fail(MINIKV_ERR_INVALID_ARGUMENT,
+       "%s: %s[%llu][%llu][%llu] (seq_id %u%s%llu, %shead %llu, channel %llu) is %s: inputs "
+       "must be finite (nothing changed)",
+       call, name, static_cast<unsigned long long>(row),
+       static_cast<unsigned long long>(at / cfg_.head_dim % heads),
+       static_cast<unsigned long long>(at % cfg_.head_dim), seq_ids[seq],
+       cu_seqlens ? ", position " : ", sequence ",
+       static_cast<unsigned long long>(cu_seqlens ? position : seq),
+       heads == cfg_.num_heads ? "" : "kv ",
+       static_cast<unsigned long long>(at / cfg_.head_dim % heads),
+       static_cast<unsigned long long>(at % cfg_.head_dim),
+       value != value ? "NaN" : value > 0 ? "+inf" : "-inf");
+}
+
 void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
                     const int32_t *cu_seqlens, const void *q, const void *k, const void *v,
                     void *out, void *stream) {
@@ -151,6 +277,7 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
   MINIKV_REQUIRE(q && k && v && out, "%s: %s is NULL", call,
                  !q ? "q" : !k ? "k" : !v ? "v" : "out");
   check_stream(call, backend_->kind(), stream);
+  check_aligned(call, {{"q", q}, {"k", k}, {"v", v}, {"out", out}});
   MINIKV_REQUIRE(cu_seqlens[0] == 0, "%s: cu_seqlens[0] (%d) must be 0", call, cu_seqlens[0]);
   for (uint32_t i = 0; i < n_seqs; ++i) {
     const int64_t len = int64_t(cu_seqlens[i + 1]) - cu_seqlens[i];
@@ -159,6 +286,10 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
                    "cu_seqlens[%u]; it must be in [1, max_seq_len = %u]",
                    call, i, seq_ids[i], static_cast<long long>(len), i + 1, i, cfg_.max_seq_len);
   }
+  const uint64_t tokens = uint64_t(cu_seqlens[n_seqs]);
+  check_finite(call, "q", q, tokens, cfg_.num_heads, seq_ids, cu_seqlens);
+  check_finite(call, "k", k, tokens, cfg_.num_kv_heads, seq_ids, cu_seqlens);
+  check_finite(call, "v", v, tokens, cfg_.num_kv_heads, seq_ids, cu_seqlens);
   for (uint32_t i = 0; i < n_seqs; ++i) {
     if (state(seq_ids[i], layer).prefilled) {
       fail(MINIKV_ERR_BAD_STATE,
@@ -183,11 +314,12 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
     it.dst.residual_slot = seq_ids[i] * cfg_.num_layers + layer;
     need += blocks_for(it.dst.quantized);
   }
-  if (need > free_blocks_.size()) {
+  if (need > free_blocks()) {
     fail(MINIKV_ERR_CAPACITY_EXCEEDED,
-         "%s: the batch needs %llu free blocks of %u tokens, the pool has %zu free of %u; "
+         "%s: the batch needs %llu free blocks of %u tokens, the pool has %llu free of %u; "
          "release sequences or raise max_tokens",
-         call, static_cast<unsigned long long>(need), cfg_.residual_length, free_blocks_.size(),
+         call, static_cast<unsigned long long>(need), cfg_.residual_length,
+         static_cast<unsigned long long>(free_blocks()),
          spec_.num_blocks);
   }
 
@@ -221,6 +353,9 @@ void Cache::append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
   check_common(call, layer, n_seqs, seq_ids, true);
   MINIKV_REQUIRE(k && v, "%s: %s is NULL", call, !k ? "k" : "v");
   check_stream(call, backend_->kind(), stream);
+  check_aligned(call, {{"k", k}, {"v", v}});
+  check_finite(call, "k", k, n_seqs, cfg_.num_kv_heads, seq_ids, nullptr);
+  check_finite(call, "v", v, n_seqs, cfg_.num_kv_heads, seq_ids, nullptr);
 
   std::vector<AppendItem> &items = append_items_;
   std::vector<uint32_t> &extra = append_extra_;
@@ -243,11 +378,12 @@ void Cache::append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
       need += extra[i];
     }
   }
-  if (need > free_blocks_.size()) {
+  if (need > free_blocks()) {
     fail(MINIKV_ERR_CAPACITY_EXCEEDED,
-         "%s: flushing the residual needs %llu free blocks, the pool has %zu free of %u; "
+         "%s: flushing the residual needs %llu free blocks, the pool has %llu free of %u; "
          "release or preempt sequences and retry",
-         call, static_cast<unsigned long long>(need), free_blocks_.size(), spec_.num_blocks);
+         call, static_cast<unsigned long long>(need),
+         static_cast<unsigned long long>(free_blocks()), spec_.num_blocks);
   }
   for (uint32_t i = 0; i < n_seqs; ++i) {
     take_blocks(seq_ids[i], layer, extra[i]);
@@ -277,6 +413,8 @@ void Cache::decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
   check_common(call, layer, n_seqs, seq_ids, true);
   MINIKV_REQUIRE(q && out, "%s: %s is NULL", call, !q ? "q" : "out");
   check_stream(call, backend_->kind(), stream);
+  check_aligned(call, {{"q", q}, {"out", out}});
+  check_finite(call, "q", q, n_seqs, cfg_.num_heads, seq_ids, nullptr);
   std::vector<CacheView> &items = decode_items_;
   items.assign(n_seqs, CacheView());  // within the capacity reserved at create
   for (uint32_t i = 0; i < n_seqs; ++i) {

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -60,6 +62,13 @@ class Cache {
   CacheView view(uint32_t seq, uint32_t layer) const;
   void check_common(const char *call, uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
                     bool need_prefilled) const;
+  // Tensor pointers aligned as minikv.h states (element size; 16 bytes for CUDA).
+  void check_aligned(const char *call,
+                     std::initializer_list<std::pair<const char *, const void *>> tensors) const;
+  // CPU backend: every element of a [rows][heads][head_dim] input is finite. Rows are the
+  // tokens of the packed prompts (cu_seqlens given) or the sequences of the batch.
+  void check_finite(const char *call, const char *name, const void *data, uint64_t rows,
+                    uint32_t heads, const uint32_t *seq_ids, const int32_t *cu_seqlens) const;
   uint32_t *table(uint32_t seq, uint32_t layer) {
     return tables_.data() + (size_t(seq) * cfg_.num_layers + layer) * spec_.max_blocks_per_seq;
   }
@@ -75,7 +84,14 @@ class Cache {
   StorageSpec spec_;
   std::vector<double> heavy_ratios_;
   std::vector<LayerState> states_;  // [max_sequences][num_layers]
-  std::vector<uint32_t> free_blocks_;  // stack; back() is handed out next (capacity: all)
+  // Free blocks: those returned by released sequences (a stack, handed out first; capacity
+  // for all) and those never handed out, [next_fresh_block_, num_blocks) — so create does
+  // not write a list of every block. Blocks go out in the order of a stack filled 0, 1, ...
+  std::vector<uint32_t> returned_blocks_;
+  uint32_t next_fresh_block_ = 0;
+  uint64_t free_blocks() const {
+    return returned_blocks_.size() + (spec_.num_blocks - next_fresh_block_);
+  }
   std::vector<uint32_t> tables_;       // [max_sequences][num_layers][max_blocks_per_seq]
   // Per-call scratch, sized at create so that calls allocate nothing.
   mutable std::vector<uint8_t> seen_;  // [max_sequences]: duplicate seq_id check

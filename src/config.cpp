@@ -9,17 +9,6 @@ namespace minikv {
 
 namespace {
 
-// The value a C caller stored in an enum field, read without an enum-typed load: any int
-// may arrive there, and loading one outside the enum's range is undefined behaviour in C++
-// (UBSan -fsanitize=enum, found by tests/fuzz/fuzz_config).
-template <typename E>
-int32_t raw_enum(const E &field) {
-  static_assert(sizeof(E) == sizeof(int32_t), "C enums in the ABI are 32-bit");
-  int32_t v;
-  std::memcpy(&v, &field, sizeof(v));
-  return v;
-}
-
 // The compression fields that differ between presets (minikv.h documents each; the README
 // gives the measurements behind BALANCED), indexed by the preset's value. Every preset
 // has h = r = 0.25, CUMULATIVE scores and R = 128.
@@ -68,9 +57,8 @@ minikv_config config_defaults() {
   return cfg;
 }
 
-void config_preset(minikv_config *cfg, minikv_preset preset) {
+void config_preset(minikv_config *cfg, int32_t p) {
   MINIKV_REQUIRE(cfg != nullptr, "minikv_config_preset: cfg is NULL");
-  const int32_t p = raw_enum(preset);
   MINIKV_REQUIRE(p >= 0 && p < kNumPresets,
                  "minikv_config_preset: preset (%d) must be MINIKV_PRESET_BALANCED (0), _PAPER "
                  "(1), _QUALITY (2) or _EVICTION_ONLY (3)",

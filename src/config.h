@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "minikv.h"
 
@@ -25,9 +26,10 @@ constexpr uint32_t kStatsSizeV1 = sizeof(minikv_memory_stats);
 // MINIKV_PRESET_BALANCED), struct_size = sizeof(minikv_config).
 minikv_config config_defaults();
 
-// minikv_config_preset: sets the compression fields of *cfg to `preset`. Throws Error
-// (INVALID_ARGUMENT, VERSION_MISMATCH) before writing anything.
-void config_preset(minikv_config *cfg, minikv_preset preset);
+// minikv_config_preset: sets the compression fields of *cfg to `preset` (the caller's int,
+// read with raw_enum). Throws Error (INVALID_ARGUMENT, VERSION_MISMATCH) before writing
+// anything.
+void config_preset(minikv_config *cfg, int32_t preset);
 
 // minikv_config_init: writes the defaults into the first `size` bytes of *cfg (bytes past
 // this library's struct are zeroed: "not set" for a newer header) and sets struct_size.
@@ -40,6 +42,18 @@ void config_init(minikv_config *cfg, size_t size);
 minikv_config config_read(const minikv_config *user);
 
 size_t dtype_bytes(minikv_dtype dtype);
+
+// The value a C caller stored in an enum object, read without an enum-typed load: any int
+// may arrive there, and loading one outside the enum's range is undefined behaviour in C++
+// (UBSan -fsanitize=enum, found by tests/fuzz/fuzz_config).
+template <typename E>
+int32_t raw_enum(const E &value) {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums in the ABI are 32-bit");
+  int32_t v;
+  std::memcpy(&v, &value, sizeof(v));
+  return v;
+}
+
 const char *dtype_name(minikv_dtype dtype);
 
 }  // namespace minikv

@@ -69,6 +69,22 @@ template <> inline float from_float<float>(float x) { return x; }
 template <> inline half_t from_float<half_t>(float x) { return half_t{float_to_half_bits(x)}; }
 template <> inline bfloat16_t from_float<bfloat16_t>(float x) { return bfloat16_t{float_to_bf16_bits(x)}; }
 
+// Not NaN and not +-inf, from the bits (exponent all ones).
+inline bool is_finite(float x) { return (float_to_bits(x) & 0x7f800000u) != 0x7f800000u; }
+inline bool is_finite(half_t x) { return (x.bits & 0x7c00u) != 0x7c00u; }
+inline bool is_finite(bfloat16_t x) { return (x.bits & 0x7f80u) != 0x7f80u; }
+
+// The largest finite value of the storage type T, as a float.
+template <typename T> constexpr float finite_max();
+template <> constexpr float finite_max<float>() { return 3.40282347e38f; }
+template <> constexpr float finite_max<half_t>() { return 65504.0f; }
+template <> constexpr float finite_max<bfloat16_t>() { return 3.38953139e38f; }  // 0x7f7f
+
+// x clamped to T's finite range (NaN stays NaN).
+template <typename T> inline float clamp_finite(float x) {
+  return x > finite_max<T>() ? finite_max<T>() : x < -finite_max<T>() ? -finite_max<T>() : x;
+}
+
 // Rounds x to the precision of the storage type T and back.
 template <typename T> inline float round_to(float x) { return to_float(from_float<T>(x)); }
 

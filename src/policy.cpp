@@ -1,24 +1,36 @@
 #include "policy.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 
 namespace minikv {
 
 namespace {
-// floor(ratio * L) robust to the ratio being a hair below an exact multiple.
+// floor(ratio * L). The slack of 1e-12 (1 + L) absorbs the rounding of the double arithmetic
+// behind a ratio (PYRAMID's line: a few ulps of ratios <= 2), so a product that is an integer
+// in exact arithmetic (h = 0.25, depth 7, 4 layers: h_1 * 84 = 27) keeps that integer;
+// it is far below the distance of any other product of a decimal ratio from an integer.
 uint32_t budget_tokens(double ratio, uint32_t prompt_len) {
-  const double x = ratio * static_cast<double>(prompt_len);
-  return static_cast<uint32_t>(std::floor(x + 1e-9 * (1.0 + x)));
+  const double L = static_cast<double>(prompt_len);
+  return static_cast<uint32_t>(std::floor(ratio * L + 1e-12 * (1.0 + L)));
 }
 }  // namespace
 
+double decimal_value(float x) {
+  char text[32];
+  const std::to_chars_result shortest = std::to_chars(text, text + sizeof(text), x);
+  double value = x;
+  std::from_chars(text, shortest.ptr, value);
+  return value;
+}
+
 std::vector<double> layer_heavy_ratios(const minikv_config &cfg) {
   const uint32_t m = cfg.num_layers;
-  const double h = cfg.heavy_ratio, r = cfg.recent_ratio;
+  const double h = decimal_value(cfg.heavy_ratio), r = decimal_value(cfg.recent_ratio);
   std::vector<double> ratios(m, h);
   if (cfg.budget_policy == MINIKV_BUDGET_PYRAMID && m > 1) {
-    const double delta = cfg.pyramid_depth;
+    const double delta = decimal_value(cfg.pyramid_depth);
     const double bottom = h * (2.0 - 1.0 / delta), top = h / delta;
     for (uint32_t l = 0; l < m; ++l)
       ratios[l] = bottom + (top - bottom) * static_cast<double>(l) / static_cast<double>(m - 1);
@@ -34,7 +46,8 @@ SelectionPlan plan_selection(const minikv_config &cfg, double heavy_ratio, uint3
   p.prompt_len = prompt_len;
   p.n_sink = std::min(cfg.sink_tokens, prompt_len);
   const uint32_t n_heavy = budget_tokens(heavy_ratio, prompt_len);
-  uint32_t n_protected = budget_tokens(cfg.recent_ratio, prompt_len);
+  const double recent_ratio = decimal_value(cfg.recent_ratio);
+  uint32_t n_protected = budget_tokens(recent_ratio, prompt_len);
   if (cfg.score_mode == MINIKV_SCORE_WINDOW) {
     const uint32_t window = std::min(cfg.window_size, prompt_len);
     n_protected = std::max(n_protected, window);
@@ -43,7 +56,7 @@ SelectionPlan plan_selection(const minikv_config &cfg, double heavy_ratio, uint3
   // A budget of the whole prompt (h_l + r >= 1, e.g. heavy_ratio = 1, which the clip
   // h_l <= 1 - r turns into 1 - r) keeps everything, even where floor(h_l L) + floor(r L)
   // rounds down to L - 1.
-  const bool whole = heavy_ratio + static_cast<double>(cfg.recent_ratio) >= 1.0 - 1e-12;
+  const bool whole = heavy_ratio + recent_ratio >= 1.0 - 1e-12;
   if (whole || static_cast<uint64_t>(std::max(n_heavy, p.n_sink)) + n_protected >= prompt_len) {
     p.keep_all = true;
     p.n_keep = prompt_len;

@@ -8,6 +8,11 @@
 
 namespace minikv {
 
+// The decimal a caller means by a float field: the shortest decimal that rounds to it (0.7f
+// = 0.699999988 is read as 0.7), so budgets of decimal ratios are their decimal products
+// (0.7 x 1000 keeps 700 tokens, not 699).
+double decimal_value(float x);
+
 // Heavy-hitter ratio h_l of every layer (UNIFORM: h, unclipped, so h = 1 keeps every
 // prompt; PYRAMID: linear from h*(2-1/depth) at layer 0 to h/depth at the top, clipped so
 // h_l + recent_ratio <= 1).
@@ -28,9 +33,9 @@ struct SelectionPlan {
   uint32_t scored_prefix = 0;  // WINDOW mode: keys [0, scored_prefix) get window scores
 };
 
-// n_sink = min(S, L), n_hh = floor(h_l * L), n_rw = floor(r * L); WINDOW mode also
-// protects the last min(window_size, L) tokens. The sinks count inside the heavy-hitter
-// budget: n_heavy = max(0, n_hh - n_sink). Keeps everything when n_hh + protected >= L or
+// n_sink = min(S, L), n_hh = floor(h_l * L), n_rw = floor(r * L) with r =
+// decimal_value(recent_ratio); WINDOW mode also protects the last min(window_size, L)
+// tokens. The sinks count inside the heavy-hitter budget: n_heavy = max(0, n_hh - n_sink). Keeps everything when n_hh + protected >= L or
 // when the sinks and the protected suffix cover the prompt.
 SelectionPlan plan_selection(const minikv_config &cfg, double heavy_ratio, uint32_t prompt_len);
 

@@ -4,12 +4,14 @@
 // The scale and min are rounded to the storage dtype *before* the codes are computed, so
 // that codes are optimal for the values dequantization will actually use:
 //   mn = min x, mx = max x            (exact)
-//   scale_s = dtype((mx - mn) / (2^b - 1)),  mn_s = dtype(mn)
+//   scale_s = dtype((mx - mn) / (2^b - 1)),  mn_s = dtype(mn)   (group_scale: finite
+//                                                              also where mx - mn overflows)
 //   q = scale_s == 0 ? 0 : round_half_even(clamp((x - mn_s) / scale_s, 0, 2^b - 1))
 //   x^ = q * scale_s + mn_s
 // All of it in IEEE float32 (no fast-math: CUDA must be built without it).
 #pragma once
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 
@@ -18,6 +20,16 @@
 namespace minikv {
 
 MINIKV_HD uint32_t quant_levels(uint32_t bits) { return (1u << bits) - 1u; }
+
+// The scale of a group with minimum mn and maximum mx, (mx - mn) / levels, before rounding
+// to the storage dtype. Where mx - mn overflows float (a group spanning more than FLT_MAX:
+// values near the BF16/F32 maximum) the same quotient is formed as mx / levels - mn /
+// levels, which stays finite; otherwise these are the bits of (mx - mn) / levels.
+MINIKV_HD float group_scale(float mn, float mx, uint32_t levels) {
+  const float range = mx - mn;
+  const float lv = static_cast<float>(levels);
+  return range > FLT_MAX ? mx / lv - mn / lv : range / lv;
+}
 
 MINIKV_HD uint32_t quantize_code(float x, float mn_s, float scale_s, uint32_t levels) {
   if (!(scale_s > 0.0f)) return 0;  // constant group (or an unusable scale)

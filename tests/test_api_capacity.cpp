@@ -68,7 +68,7 @@ struct Pool {
 
 TEST_SUITE("cpu") {
 
-TEST_CASE("capacity: prefill that does not fit changes nothing; fits after a release") {
+TEST_CASE("capacity: prefill that does not fit changes nothing and fits after a release") {
   Pool p;
   MKV_REQUIRE_OK(p.prefill(0, 100));  // keeps 50: 48 quantized = 3 blocks, 2 residual
   MKV_REQUIRE_OK(p.prefill(1, 64));   // keeps 32 = 2 blocks; 1 block left
@@ -106,7 +106,7 @@ TEST_CASE("capacity: prefill that does not fit changes nothing; fits after a rel
   CHECK(o1.bit_equal(o2));
 }
 
-TEST_CASE("capacity: a flush without a free block changes nothing; succeeds after a release") {
+TEST_CASE("capacity: a flush without a free block changes nothing and succeeds after a release") {
   Pool p;
   MKV_REQUIRE_OK(p.prefill(0, 100));  // 3 blocks, residual 2
   MKV_REQUIRE_OK(p.prefill(1, 64));   // 2 blocks, residual 0

@@ -1,5 +1,6 @@
 // Every public call with every bad argument: the status, a message naming the offending
 // argument (thread-local and per-handle), and a cache left exactly as it was.
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -86,7 +87,7 @@ struct Fixture {
 
 TEST_SUITE("cpu") {
 
-TEST_CASE("errors: NULL cache handle, every call") {
+TEST_CASE("errors: NULL cache handle in every call") {
   uint32_t seq = 0, count = 0;
   int32_t cu[2] = {0, 1};
   float buf[4096] = {0};
@@ -283,7 +284,7 @@ TEST_CASE("errors: minikv_decode") {
                MINIKV_ERR_BAD_STATE, "layer 1");
 }
 
-TEST_CASE("errors: sequence calls, kept positions and stats") {
+TEST_CASE("errors: sequence calls + kept positions + stats") {
   Fixture fx;
   uint64_t seen = 0, cached = 0;
   uint32_t count = 0;
@@ -355,6 +356,106 @@ TEST_CASE("errors: last-error texts are per thread and per handle") {
   // Handles are independent.
   Fixture other;
   CHECK(std::string(minikv_cache_last_error(other.cache.get())).empty());
+}
+
+TEST_CASE("errors: non-finite inputs are rejected by the CPU backend and change nothing") {
+  // minikv.h: inputs must be finite. A NaN query used to evict every key up to its position
+  // (its scores are NaN), a NaN in a value group's first channel poisoned the group, and an
+  // inf in K/V made every later decode of the sequence NaN, all with status OK.
+  Fixture fx;
+  const float nan = std::nanf(""), inf = INFINITY;
+  const uint32_t ids[2] = {1, 2};
+  const int32_t cu[3] = {0, 10, 30};  // seq_id 1: tokens 0-9, seq_id 2: tokens 10-29
+  SUBCASE("prefill") {
+    fx.q.set((size_t(15) * kH + 3) * kD + 7, nan);  // token 15 = seq_id 2, position 5
+    EXPECT_FAILS(fx, "minikv_prefill",
+                 minikv_prefill(fx.cache.get(), 0, 2, ids, cu, fx.q.data(), fx.k.data(),
+                                fx.v.data(), fx.out.data(), nullptr),
+                 MINIKV_ERR_INVALID_ARGUMENT,
+                 "q[15][3][7] (seq_id 2, position 5, head 3, channel 7) is NaN");
+    fx.q.set((size_t(15) * kH + 3) * kD + 7, 0.5);
+    fx.v.set((size_t(29) * kHkv + 1) * kD, -inf);
+    EXPECT_FAILS(fx, "minikv_prefill",
+                 minikv_prefill(fx.cache.get(), 0, 2, ids, cu, fx.q.data(), fx.k.data(),
+                                fx.v.data(), fx.out.data(), nullptr),
+                 MINIKV_ERR_INVALID_ARGUMENT, "v[29][1][0] (seq_id 2, position 19, kv head 1");
+  }
+  SUBCASE("append") {
+    const uint32_t seq = 0;
+    test::Buf k = fx.k1;  // (fx.q1 serves the snapshot's decode)
+    k.set(kD + 3, inf);   // kv head 1, channel 3 of the one sequence
+    EXPECT_FAILS(fx, "minikv_append",
+                 minikv_append(fx.cache.get(), 0, 1, &seq, k.data(), fx.v1.data(), nullptr),
+                 MINIKV_ERR_INVALID_ARGUMENT, "k[0][1][3] (seq_id 0, sequence 0, kv head 1, channel 3) is +inf");
+  }
+  SUBCASE("decode") {
+    const uint32_t seq = 0;
+    test::Buf q = fx.q1;
+    q.set(2 * kD + 9, -inf);
+    EXPECT_FAILS(fx, "minikv_decode",
+                 minikv_decode(fx.cache.get(), 0, 1, &seq, q.data(), fx.o1.data(), nullptr),
+                 MINIKV_ERR_INVALID_ARGUMENT, "q[0][2][9] (seq_id 0, sequence 0, head 2, channel 9) is -inf");
+  }
+  SUBCASE("every dtype") {
+    for (minikv_dtype dt : {MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
+      CAPTURE(dt);
+      test::CachePtr cache = test::make_cache(test::cpu_config(1, kH, kHkv, kD, dt));
+      test::Buf q(dt, size_t(kL) * kH * kD), k(dt, size_t(kL) * kHkv * kD),
+          v(dt, size_t(kL) * kHkv * kD), out(dt, size_t(kL) * kH * kD);
+      q.fill(0.25);
+      k.fill(0.5);
+      v.fill(1.0);
+      k.set(kHkv * kD * 7, dt == MINIKV_DTYPE_F16 ? 70000.0 : nan);  // F16: rounds to +inf
+      const uint32_t seq = 0;
+      const int32_t one[2] = {0, static_cast<int32_t>(kL)};
+      CHECK(minikv_prefill(cache.get(), 0, 1, &seq, one, q.data(), k.data(), v.data(), out.data(),
+                           nullptr) == MINIKV_ERR_INVALID_ARGUMENT);
+      CHECK(std::string(minikv_last_error_message()).find("k[7][0][0]") != std::string::npos);
+      uint64_t seen = 1;
+      MKV_REQUIRE_OK(minikv_sequence_length(cache.get(), 0, 0, &seen, nullptr));
+      CHECK(seen == 0);
+    }
+  }
+}
+
+TEST_CASE("errors: misaligned tensors are rejected naming the alignment") {
+  // minikv.h: q/k/v/out aligned to the element size (16 bytes for CUDA). Misaligned host
+  // pointers were read as they came (misaligned loads, undefined behaviour: UBSan reported
+  // them in cpu_backend.cpp).
+  Fixture fx;
+  const uint32_t seq = 1;
+  const int32_t cu[2] = {0, 8};
+  auto shifted = [](test::Buf &b) { return static_cast<uint8_t *>(b.data()) + 2; };
+  EXPECT_FAILS(fx, "minikv_prefill",
+               minikv_prefill(fx.cache.get(), 0, 1, &seq, cu, fx.q.data(), shifted(fx.k),
+                              fx.v.data(), fx.out.data(), nullptr),
+               MINIKV_ERR_INVALID_ARGUMENT, "k (");
+  CHECK(std::string(minikv_last_error_message()).find("must be aligned to 4 bytes") != std::string::npos);
+  EXPECT_FAILS(fx, "minikv_prefill",
+               minikv_prefill(fx.cache.get(), 0, 1, &seq, cu, fx.q.data(), fx.k.data(),
+                              fx.v.data(), shifted(fx.out), nullptr),
+               MINIKV_ERR_INVALID_ARGUMENT, "out (");
+  const uint32_t zero = 0;
+  EXPECT_FAILS(fx, "minikv_append",
+               minikv_append(fx.cache.get(), 0, 1, &zero, fx.k1.data(), shifted(fx.v1), nullptr),
+               MINIKV_ERR_INVALID_ARGUMENT, "v (");
+  EXPECT_FAILS(fx, "minikv_decode",
+               minikv_decode(fx.cache.get(), 0, 1, &zero, shifted(fx.q1), fx.o1.data(), nullptr),
+               MINIKV_ERR_INVALID_ARGUMENT, "q (");
+  // 16-bit dtypes: 2-byte alignment is enough on the CPU.
+  test::CachePtr half = test::make_cache(test::cpu_config(1, kH, kHkv, kD, MINIKV_DTYPE_F16));
+  test::Buf q(MINIKV_DTYPE_F16, size_t(9) * kH * kD), k(MINIKV_DTYPE_F16, size_t(9) * kHkv * kD),
+      v(MINIKV_DTYPE_F16, size_t(9) * kHkv * kD), out(MINIKV_DTYPE_F16, size_t(9) * kH * kD);
+  q.fill(0.5);
+  k.fill(0.5);
+  v.fill(0.5);
+  auto odd = [](test::Buf &b) { return static_cast<uint8_t *>(b.data()) + 1; };
+  auto even = [](test::Buf &b) { return static_cast<uint8_t *>(b.data()) + 2; };
+  CHECK(minikv_prefill(half.get(), 0, 1, &zero, cu, q.data(), odd(k), v.data(), out.data(),
+                       nullptr) == MINIKV_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(minikv_last_error_message()).find("must be aligned to 2 bytes") != std::string::npos);
+  MKV_REQUIRE_OK(minikv_prefill(half.get(), 0, 1, &zero, cu, even(q), even(k), even(v),
+                                even(out), nullptr));
 }
 
 }  // TEST_SUITE

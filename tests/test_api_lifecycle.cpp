@@ -107,7 +107,7 @@ TEST_CASE("lifecycle: layers of a sequence are independent and prefilled once ea
   CHECK(seen == 0);
 }
 
-TEST_CASE("lifecycle: release frees every layer; the slot takes a new prompt") {
+TEST_CASE("lifecycle: release frees every layer and the slot takes a new prompt") {
   test::CachePtr c = test::make_cache(config());
   Data a(120, 2), b(90, 3);
   prefill(c.get(), 0, 0, 120, a);
@@ -169,7 +169,7 @@ TEST_CASE("lifecycle: release and reuse many times returns every block") {
                                 big.out.data(), nullptr));
 }
 
-TEST_CASE("lifecycle: kept positions, capacity 0 and partial") {
+TEST_CASE("lifecycle: kept positions with capacity 0 and partial") {
   test::CachePtr c = test::make_cache(config());
   Data d(100, 6);
   prefill(c.get(), 0, 1, 100, d);
@@ -255,7 +255,7 @@ TEST_CASE("lifecycle: a prompt that keeps nothing decodes after its first append
     for (uint32_t ch = 0; ch < kD; ++ch) CHECK(o.get(size_t(h) * kD + ch) == d.v.get(ch));
 }
 
-TEST_CASE("lifecycle: destroy with live sequences, and many caches") {
+TEST_CASE("lifecycle: destroy with live sequences + many caches") {
   for (int i = 0; i < 10; ++i) {
     test::CachePtr c = test::make_cache(config());
     Data d(50, 9 + i);

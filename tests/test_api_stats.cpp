@@ -3,7 +3,9 @@
 // compression (MHA, head_dim 128, 4096-token prompt + 512 generated, 50% budget, 2-bit,
 // G = 16, fp16: ~86%).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "reference/attention_ref.hpp"
@@ -201,7 +203,7 @@ TEST_CASE("stats: pool size follows max_tokens rounded up to whole blocks") {
   CHECK(d.pool_bytes - a.pool_bytes >= uint64_t(32) * (16 + 16) + 2 * 64 * 2 + 32 * 2 * 4 * 2);
 }
 
-TEST_CASE("stats: struct_size of a newer caller: our fields written, the tail untouched") {
+TEST_CASE("stats: struct_size of a newer caller: our fields written and the tail untouched") {
   minikv_config c = test::cpu_config(1, 2, 1, 64);
   test::CachePtr cache = test::make_cache(c);
   struct Bigger {
@@ -215,6 +217,45 @@ TEST_CASE("stats: struct_size of a newer caller: our fields written, the tail un
   CHECK(big.s.used_bytes == 0);
   CHECK(big.s.pool_bytes > 0);
   for (uint64_t f : big.future) CHECK(f == 0xa5a5a5a5a5a5a5a5ull);
+}
+
+TEST_CASE("stats: the workspace is sized by what the config can use") {
+  auto workspace = [](const minikv_config &c, const char *threads) {
+    const char *env = std::getenv("MINIKV_NUM_THREADS");
+    const std::string saved = env ? env : "";
+    setenv("MINIKV_NUM_THREADS", threads, 1);  // read at create
+    minikv_cache *cache = nullptr;
+    const minikv_status st = minikv_cache_create(&c, &cache);
+    if (env) {
+      setenv("MINIKV_NUM_THREADS", saved.c_str(), 1);
+    } else {
+      unsetenv("MINIKV_NUM_THREADS");
+    }
+    REQUIRE(st == MINIKV_OK);
+    minikv_memory_stats s;
+    std::memset(&s, 0, sizeof(s));
+    s.struct_size = sizeof(s);
+    REQUIRE(minikv_memory_stats_get(cache, &s) == MINIKV_OK);
+    minikv_cache_destroy(cache);
+    return s.workspace_bytes;
+  };
+  minikv_config c = test::cpu_config(2, 8, 2, 64);
+  c.budget_policy = MINIKV_BUDGET_UNIFORM;
+  c.max_sequences = 4;
+  c.max_seq_len = 4096;
+  // A budget that keeps every prompt whole never scores: no score buffers
+  // ([num_heads][max_seq_len] doubles and three [max_seq_len] vectors per thread).
+  minikv_config keep_all = c;
+  keep_all.heavy_ratio = 1.0f;
+  const uint64_t scoring = workspace(c, "2"), whole = workspace(keep_all, "2");
+  CHECK(whole + uint64_t(8) * 4096 * 8 + 2 * 3 * 4096 * 4 == scoring);
+  // One query head, one KV head, one sequence: one work item at a time, one thread.
+  minikv_config tiny = test::cpu_config(1, 1, 1, 64);
+  tiny.max_seq_len = 4096;
+  CHECK(workspace(tiny, "4") == workspace(tiny, "1"));
+  // Threads up to the widest loop (8 query heads; 4 sequences x 2 KV heads) are used.
+  CHECK(workspace(c, "8") > workspace(c, "4"));
+  CHECK(workspace(c, "16") == workspace(c, "8"));
 }
 
 }  // TEST_SUITE

@@ -464,7 +464,7 @@ TEST_CASE("config: struct_size versioning") {
   }
 }
 
-TEST_CASE("config: a pool that cannot be addressed is rejected, not allocated") {
+TEST_CASE("config: a pool that cannot be addressed is rejected before any allocation") {
   minikv_config c = valid();
   c.max_tokens = uint64_t(1) << 62;
   minikv_cache *cache = nullptr;
@@ -472,6 +472,58 @@ TEST_CASE("config: a pool that cannot be addressed is rejected, not allocated") 
   CHECK((st == MINIKV_ERR_INVALID_ARGUMENT || st == MINIKV_ERR_OUT_OF_MEMORY));
   CHECK(cache == nullptr);
   CHECK(std::string(minikv_last_error_message()).find("max_tokens") != std::string::npos);
+}
+
+TEST_CASE("config: max_tokens within residual_length of 2^64 is rejected (no wrap)") {
+  // ceil(max_tokens / R) computed as (max_tokens + R - 1) / R wrapped to a pool of 0 blocks:
+  // create said OK and every prefill then failed with CAPACITY_EXCEEDED.
+  for (uint64_t max_tokens : {UINT64_MAX, UINT64_MAX - 1, UINT64_MAX - 126, uint64_t(1) << 63}) {
+    CAPTURE(max_tokens);
+    minikv_config c = valid();
+    c.max_tokens = max_tokens;
+    CHECK(create_status(c, "minikv_cache_create: max_tokens") == MINIKV_ERR_INVALID_ARGUMENT);
+  }
+}
+
+TEST_CASE("config: pool-size errors name the call and the fields that cause them") {
+  SUBCASE("max_sequences x num_layers residual slots") {
+    minikv_config c = valid();
+    c.max_sequences = 1u << 20;
+    c.num_layers = 4096;
+    c.max_seq_len = 16;
+    c.max_tokens = 1024;  // the pool itself is small: max_tokens is not the cause
+    CHECK(create_status(c, "minikv_cache_create: max_sequences (1048576) x num_layers (4096)") ==
+          MINIKV_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(minikv_last_error_message()).find("max_tokens") == std::string::npos);
+  }
+  SUBCASE("the default pool of max_tokens = 0") {
+    minikv_config c = valid();
+    c.max_sequences = 1u << 16;
+    c.num_layers = 64;
+    c.max_seq_len = 1u << 20;
+    const std::string want =
+        "minikv_cache_create: max_tokens = 0 reserves max_sequences (65536) x num_layers (64) x "
+        "ceil(max_seq_len (1048576) / residual_length (128))";
+    CHECK(create_status(c, want.c_str()) == MINIKV_ERR_INVALID_ARGUMENT);
+  }
+  SUBCASE("the block tables") {
+    minikv_config c = valid();
+    c.max_sequences = 1u << 12;
+    c.num_layers = 64;
+    c.max_seq_len = 1u << 30;
+    c.max_tokens = uint64_t(1) << 30;  // 2^23 blocks: each table could hold them all
+    CHECK(create_status(c, "minikv_cache_create: the block tables need max_sequences (4096) x "
+                           "num_layers (64)") == MINIKV_ERR_INVALID_ARGUMENT);
+  }
+  SUBCASE("a pool larger than the machine") {
+    minikv_config c = valid();
+    c.max_tokens = uint64_t(1) << 37;  // 2^30 blocks of 128 tokens: 2^30 x 96 KiB
+    c.num_kv_heads = 8;
+    c.num_heads = 8;
+    c.head_dim = 128;
+    CHECK(create_status(c, "minikv_cache_create: the block pool") == MINIKV_ERR_OUT_OF_MEMORY);
+    CHECK(std::string(minikv_last_error_message()).find("lower max_tokens") != std::string::npos);
+  }
 }
 
 TEST_CASE("config: CUDA backend absent is UNSUPPORTED on a CPU-only build") {
@@ -488,7 +540,7 @@ TEST_CASE("config: CUDA backend absent is UNSUPPORTED on a CPU-only build") {
   }
 }
 
-TEST_CASE("config: AUTO resolves to a concrete backend; CPU stays CPU") {
+TEST_CASE("config: AUTO resolves to a concrete backend and CPU stays CPU") {
   minikv_config c = valid();
   c.backend = MINIKV_BACKEND_AUTO;
   test::CachePtr cache = test::make_cache(c);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,8 @@ struct Run {
   uint32_t sinks = 0;  // sink_tokens
   minikv_score_mode mode = MINIKV_SCORE_CUMULATIVE;
   bool dequantized_oracle = false;  // false: exact attention over the kept tokens
+  double q_scale = 1.5;             // q ~ N(0, q_scale^2)
+  double atol = 0.0, rtol = 0.0;    // 0: the dtype's (atol_for, rtol_for)
 };
 
 std::string describe(const Run &r) {
@@ -73,7 +76,7 @@ double drive(const Run &r, uint64_t seed) {
   const size_t total = static_cast<size_t>(cu.back());
   test::Buf q(r.dt, total * H * D), k(r.dt, total * Hkv * D), v(r.dt, total * Hkv * D),
       out(r.dt, total * H * D);
-  q.fill_normal(rng, 1.5);
+  q.fill_normal(rng, r.q_scale);
   k.fill_normal(rng);
   v.fill_normal(rng);
   std::vector<uint32_t> ids(n);
@@ -95,7 +98,7 @@ double drive(const Run &r, uint64_t seed) {
     CAPTURE(step);
     k_step.fill_normal(rng);
     v_step.fill_normal(rng);
-    q_step.fill_normal(rng, 1.5);
+    q_step.fill_normal(rng, r.q_scale);
     MKV_REQUIRE_OK(minikv_append(cache.get(), 0, n, ids.data(), k_step.data(), v_step.data(),
                                  nullptr));
     o_step.fill(std::nan(""));
@@ -112,7 +115,8 @@ double drive(const Run &r, uint64_t seed) {
           model[i].decode(test::rows(q_step, i, 1, size_t(H) * D), H, r.dequantized_oracle,
                           r.key_bits, r.value_bits, r.dt);
       const std::vector<double> got = test::rows(o_step, i, 1, size_t(H) * D);
-      MKV_CHECK_CLOSE(got, want, atol_for(r.dt), rtol_for(r.dt));
+      MKV_CHECK_CLOSE(got, want, r.atol > 0 ? r.atol : atol_for(r.dt),
+                      r.rtol > 0 ? r.rtol : rtol_for(r.dt));
       for (size_t e = 0; e < got.size(); ++e) worst = std::max(worst, std::fabs(got[e] - want[e]));
     }
   }
@@ -138,7 +142,7 @@ TEST_CASE("decode: bits = 16 with keep-everything is exact attention at every st
   }
 }
 
-TEST_CASE("decode: bits = 16 keep-everything, GQA groups and head_dim 128") {
+TEST_CASE("decode: bits = 16 keep-everything with GQA groups and head_dim 128") {
   for (uint32_t Hkv : {8u, 4u, 1u}) {
     Run r;
     r.H = 8;
@@ -249,7 +253,7 @@ TEST_CASE("decode: quantized cache with sinks equals the oracle on the dequantiz
   }
 }
 
-TEST_CASE("decode: quantized with group sizes 64 and 128, head_dim 128 and 256") {
+TEST_CASE("decode: quantized with group sizes 64/128 and head_dim 128/256") {
   struct Geo {
     uint32_t D, G, R;
   };
@@ -273,7 +277,7 @@ TEST_CASE("decode: quantized with group sizes 64 and 128, head_dim 128 and 256")
   }
 }
 
-TEST_CASE("decode: max_seq_len below residual_length, GQA 8, every prompt length") {
+TEST_CASE("decode: max_seq_len below residual_length with GQA 8 at every prompt length") {
   // Residual slots and scratch sized by max_seq_len < R: prompts of 1..8 tokens, appends up
   // to max_seq_len, exact (bits = 16) and quantized.
   for (uint32_t bits : {16u, 2u}) {
@@ -295,7 +299,7 @@ TEST_CASE("decode: max_seq_len below residual_length, GQA 8, every prompt length
   }
 }
 
-TEST_CASE("decode: quantized, WINDOW scores, PYRAMID-like small budgets, GQA 4") {
+TEST_CASE("decode: quantized with WINDOW scores + PYRAMID-like small budgets + GQA 4") {
   Run r;
   r.H = 8;
   r.Hkv = 2;
@@ -329,7 +333,8 @@ TEST_CASE("decode: quantized, WINDOW scores, PYRAMID-like small budgets, GQA 4")
 // and sum_t |p^_t - p_t| <= B := sum_t p_t beta_t (p from the exact-cache oracle).
 // Output, channel c: o^ - o = sum_t (p^_t - p_t)(v_tc - m_c) + sum_t p^_t (v^_tc - v_tc)
 // for any m_c (sum_t (p^_t - p_t) = 0); with m_c the mid-range of v_.c over the cache,
-//   |o^_c - o_c| <= B (max_t v_tc - min_t v_tc) / 2 + max_t delta_v(t,c).
+//   |o^_c - o_c| <= B (max_t v_tc - min_t v_tc) / 2 + sum_t p^_t delta_v(t,c),
+// and sum_t p^_t delta_v(t,c) <= min(max_t delta_v(t,c), sum_t p_t (1 + beta_t) delta_v(t,c)).
 // Plus float32 arithmetic slack (atol_for) and 1e-6 relative on the deltas (the float32
 // rounding of s and of (x - mn)/s).
 //
@@ -432,10 +437,13 @@ TEST_CASE("decode: 2/4/8-bit error within the derived bound w.r.t. the exact kep
           z_hi += p[t] * std::exp(eps[t]);
         }
         double B = 0.0;
-        for (uint32_t t = 0; t < n; ++t)
-          B += p[t] * std::max(std::exp(eps[t]) / z_lo - 1.0, 1.0 - std::exp(-eps[t]) / z_hi);
+        std::vector<double> beta(n);
+        for (uint32_t t = 0; t < n; ++t) {
+          beta[t] = std::max(std::exp(eps[t]) / z_lo - 1.0, 1.0 - std::exp(-eps[t]) / z_hi);
+          B += p[t] * beta[t];
+        }
         for (uint32_t ch = 0; ch < D; ++ch) {
-          double lo = INFINITY, hi = -INFINITY, dv = 0.0;
+          double lo = INFINITY, hi = -INFINITY, dv_max = 0.0, dv_weighted = 0.0;
           for (uint32_t t = 0; t < n; ++t) {
             lo = std::min(lo, double(V[size_t(t) * D + ch]));
             hi = std::max(hi, double(V[size_t(t) * D + ch]));
@@ -444,8 +452,11 @@ TEST_CASE("decode: 2/4/8-bit error within the derived bound w.r.t. the exact kep
             const uint32_t c0 = ch / G * G;
             const float *row = &V[size_t(t) * D + c0];
             const double glo = *std::min_element(row, row + G), ghi = *std::max_element(row, row + G);
-            dv = std::max(dv, (ghi - glo) / (2.0 * levels) * (1.0 + 1e-6));
+            const double delta = (ghi - glo) / (2.0 * levels) * (1.0 + 1e-6);
+            dv_max = std::max(dv_max, delta);
+            dv_weighted += p[t] * (1.0 + beta[t]) * delta;  // >= p^_t delta
           }
+          const double dv = std::min(dv_max, dv_weighted);
           const double bound = B * (hi - lo) / 2.0 + dv + atol_for(c.dtype);
           const double err = std::fabs(os.get(size_t(h) * D + ch) - exact[size_t(h) * D + ch]);
           worst_err = std::max(worst_err, err);
@@ -464,6 +475,207 @@ TEST_CASE("decode: 2/4/8-bit error within the derived bound w.r.t. the exact kep
     MESSAGE(bits, std::string(rg.sparse_q ? "-bit (sparse q)" : "-bit"), ": max |decode - exact| = ",
             worst_err, ", at most ", worst_ratio, " of the derived bound; bound / trivial "
             "bound <= ", worst_informative);
+  }
+}
+
+// The same bound where it is attained: exact keys (key_bits = 16, so eps = B = 0) and
+// queries aligned with one cached key, so attention is one-hot (within e^-20) on a quantized
+// token t* and the output is that token's dequantized value row. Every value group spans
+// [-1, 1] (two anchor channels), so each has scale s = 2 / (2^b - 1) and the bound is
+// |o^_c - o_c| <= s/2 (+ float32 slack): round-to-nearest codes. The rest of each group is
+// uniform in (-1, 1), so over the channels and steps the error comes within a few percent
+// of s/2, and a quantizer that rounds down (error up to s) or mis-scales exceeds it.
+TEST_CASE("decode: 2/4-bit value error reaches its derived bound s/2 and stays within it") {
+  for (uint32_t bits : {2u, 4u}) {
+    CAPTURE(bits);
+    const uint32_t H = 2, Hkv = 1, D = 64, G = 16, R = 32, L = 96, steps = 64;
+    minikv_config c = test::cpu_config(1, H, Hkv, D, MINIKV_DTYPE_F32);
+    c.key_bits = 16;
+    c.value_bits = bits;
+    c.group_size = G;
+    c.residual_length = R;
+    c.heavy_ratio = 1.0f;  // keep every token: all L prompt tokens quantized (L % G == 0)
+    c.recent_ratio = 0.0f;
+    c.max_seq_len = L + steps;
+    test::CachePtr cache = test::make_cache(c);
+    test::Rng rng(6100 + bits);
+    auto fill_v = [&](test::Buf &b, size_t rows_n) {
+      for (size_t i = 0; i < rows_n * Hkv * D; ++i) {
+        const uint32_t in_group = static_cast<uint32_t>(i % G);
+        b.set(i, in_group == 0 ? -1.0 : in_group == 1 ? 1.0 : 2.0 * rng.uniform() - 1.0);
+      }
+    };
+    test::Buf q(c.dtype, size_t(L) * H * D), k(c.dtype, size_t(L) * Hkv * D),
+        v(c.dtype, size_t(L) * Hkv * D), out(c.dtype, size_t(L) * H * D);
+    q.fill_normal(rng);
+    k.fill_normal(rng);
+    fill_v(v, L);
+    const uint32_t seq = 0;
+    const int32_t cu[2] = {0, static_cast<int32_t>(L)};
+    MKV_REQUIRE_OK(minikv_prefill(cache.get(), 0, 1, &seq, cu, q.data(), k.data(), v.data(),
+                                  out.data(), nullptr));
+    test::SeqModel m(Hkv, D, G, R);
+    m.prefill({test::kept_positions(cache.get(), 0, 0, 0)}, k, v, 0);
+    REQUIRE(m.quantized == L);
+    const double s = 2.0 / double((1u << bits) - 1);
+    const double bound = s / 2.0 * (1.0 + 1e-6) + atol_for(c.dtype);
+    double worst = 0.0;
+    test::Buf ks(c.dtype, size_t(Hkv) * D), vs(c.dtype, size_t(Hkv) * D),
+        qs(c.dtype, size_t(H) * D), os(c.dtype, size_t(H) * D);
+    for (uint32_t step = 0; step < steps; ++step) {
+      CAPTURE(step);
+      ks.fill_normal(rng);
+      fill_v(vs, 1);
+      MKV_REQUIRE_OK(minikv_append(cache.get(), 0, 1, &seq, ks.data(), vs.data(), nullptr));
+      m.append(ks, vs, 0);
+      // Head h attends to quantized token t*: q = 160 k_t* / |k_t*|, a logit of 20 |k_t*|
+      // (about 160) against about 20 N(0, 1) for the others.
+      for (uint32_t h = 0; h < H; ++h) {
+        const uint32_t target = (step * 37 + h * 11) % m.quantized;
+        const float *kt = &m.k[0][size_t(target) * D];
+        double norm = 0.0;
+        for (uint32_t ch = 0; ch < D; ++ch) norm += double(kt[ch]) * kt[ch];
+        for (uint32_t ch = 0; ch < D; ++ch) qs.set(size_t(h) * D + ch, 160.0 * kt[ch] / std::sqrt(norm));
+      }
+      MKV_REQUIRE_OK(minikv_decode(cache.get(), 0, 1, &seq, qs.data(), os.data(), nullptr));
+      const std::vector<double> exact = m.decode(qs.doubles(), H, false, 16, 16, c.dtype);
+      for (size_t e = 0; e < exact.size(); ++e) {
+        const double err = std::fabs(os.get(e) - exact[e]);
+        worst = std::max(worst, err);
+        if (!(err <= bound)) {
+          INFO("element ", e, ": |err| ", err, " > s/2 = ", s / 2.0);
+          CHECK(err <= bound);
+        }
+      }
+    }
+    // Tight: the largest error is within 5% of the bound.
+    CHECK(worst >= 0.95 * s / 2.0);
+    MESSAGE(bits, "-bit values: max |decode - exact| = ", worst, " = ", worst / (s / 2.0),
+            " of s/2");
+  }
+}
+
+TEST_CASE("decode: large-magnitude q against the float64 oracle") {
+  // q ~ N(0, 100^2): logits of several hundred, which overflow exp() unless the running
+  // maximum is subtracted. float32 logits of that size carry ~1e-4 absolute error, hence the
+  // tolerance of 1e-3 (plus the output rounding of F16/BF16).
+  for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
+    for (uint32_t bits : {16u, 2u}) {
+      Run r;
+      r.dt = dt;
+      r.key_bits = r.value_bits = bits;
+      r.heavy = bits == 16 ? 1.0f : 0.25f;
+      r.dequantized_oracle = bits != 16;
+      r.q_scale = 100.0;
+      r.steps = 2 * r.R + 3;
+      r.atol = 1e-3;
+      r.rtol = 1e-3 + rtol_for(dt);
+      drive(r, 7000 + dt * 10 + bits);
+    }
+  }
+}
+
+// Finite inputs at the edge of the dtype's range give finite outputs: the dequantized value
+// of a group's top code can exceed the largest finite value by the scale's rounding (F16
+// 65504 came back as 65520 = inf); a group spanning more than FLT_MAX had an infinite scale
+// (BF16/F32: NaN for the group's tokens, or for the whole KV head through the keys); and
+// decode summed values near the maximum before dividing (inf where prefill is finite).
+TEST_CASE("decode: values at the edge of the dtype's range give finite outputs") {
+  const uint32_t H = 1, D = 16, G = 16, L = 32;
+  auto setup = [&](minikv_dtype dt, uint32_t bits) {
+    minikv_config c = test::cpu_config(1, H, H, D, dt);
+    c.key_bits = c.value_bits = bits;
+    c.group_size = G;
+    c.residual_length = G;
+    c.heavy_ratio = 1.0f;  // keep everything: both groups of the prompt quantized
+    c.recent_ratio = 0.0f;
+    c.max_seq_len = L + 1;
+    return c;
+  };
+  // Prefill of rows (L of them), then one appended token (row L) and its decode with q = 0
+  // (uniform attention); returns the decode output and the prefill's last row.
+  auto run = [&](const minikv_config &c, const std::function<double(size_t t, uint32_t ch)> &key,
+                 const std::function<double(size_t t, uint32_t ch)> &value,
+                 std::vector<double> &decoded, std::vector<double> &prefill_last) {
+    test::CachePtr cache = test::make_cache(c);
+    test::Buf q(c.dtype, size_t(L) * D), k(c.dtype, size_t(L) * D), v(c.dtype, size_t(L) * D),
+        out(c.dtype, size_t(L) * D);
+    q.fill(0.0);
+    for (size_t t = 0; t < L; ++t)
+      for (uint32_t ch = 0; ch < D; ++ch) {
+        k.set(t * D + ch, key(t, ch));
+        v.set(t * D + ch, value(t, ch));
+      }
+    const uint32_t seq = 0;
+    const int32_t cu[2] = {0, static_cast<int32_t>(L)};
+    MKV_REQUIRE_OK(minikv_prefill(cache.get(), 0, 1, &seq, cu, q.data(), k.data(), v.data(),
+                                  out.data(), nullptr));
+    prefill_last = test::rows(out, L - 1, 1, D);
+    test::Buf ks(c.dtype, D), vs(c.dtype, D), qs(c.dtype, D), os(c.dtype, D);
+    for (uint32_t ch = 0; ch < D; ++ch) {
+      ks.set(ch, key(L, ch));
+      vs.set(ch, value(L, ch));
+    }
+    qs.fill(0.0);
+    MKV_REQUIRE_OK(minikv_append(cache.get(), 0, 1, &seq, ks.data(), vs.data(), nullptr));
+    MKV_REQUIRE_OK(minikv_decode(cache.get(), 0, 1, &seq, qs.data(), os.data(), nullptr));
+    decoded = os.doubles();
+  };
+  std::vector<double> decoded, prefill_last;
+  SUBCASE("F16 groups topped by 65504") {
+    // Value groups [-65504, 65504, ..., 65504]: the scale 131008/3 rounds up to 43680 in
+    // F16, so the top code dequantizes to -65504 + 3 x 43680 = 65536 (inf in F16).
+    // Attention is uniform over identical rows: out = the row.
+    run(setup(MINIKV_DTYPE_F16, 2), [](size_t, uint32_t ch) { return 0.125 * ch; },
+        [](size_t, uint32_t ch) { return ch == 0 ? -65504.0 : 65504.0; }, decoded, prefill_last);
+    for (uint32_t ch = 0; ch < D; ++ch) {
+      CAPTURE(ch);
+      CHECK(decoded[ch] == (ch == 0 ? -65504.0 : 65504.0));
+      CHECK(prefill_last[ch] == (ch == 0 ? -65504.0 : 65504.0));
+    }
+  }
+  SUBCASE("BF16 and F32 groups spanning more than FLT_MAX") {
+    for (minikv_dtype dt : {MINIKV_DTYPE_BF16, MINIKV_DTYPE_F32}) {
+      CAPTURE(dt);
+      const double M = 0.99 * (dt == MINIKV_DTYPE_F32 ? 3.4028234663852886e38 : 3.3895313892515355e38);
+      // Keys: every channel spans [-M, M] within each group of tokens; values: every token
+      // spans [-M, M] within each group of channels; the rest in between.
+      auto spread = [M](size_t t, uint32_t ch) {
+        const uint32_t i = static_cast<uint32_t>((t * 7 + ch * 3) % 11);
+        return M * (double(i) / 5.0 - 1.0);  // -M .. M
+      };
+      auto key = [&](size_t t, uint32_t ch) {
+        return t % G == 0 ? -M : t % G == 1 ? M : spread(t, ch);
+      };
+      auto value = [&](size_t t, uint32_t ch) { return ch == 0 ? -M : ch == 1 ? M : spread(t, ch); };
+      run(setup(dt, 2), key, value, decoded, prefill_last);
+      // Uniform attention over the L + 1 tokens: the mean of the values, each dequantized
+      // within s/2 = M/3 (2-bit, range 2M) of its value.
+      for (uint32_t ch = 0; ch < D; ++ch) {
+        CAPTURE(ch);
+        double mean = 0.0;
+        for (size_t t = 0; t <= L; ++t) mean += value(t, ch) / double(L + 1);
+        REQUIRE(std::isfinite(decoded[ch]));
+        CHECK(std::fabs(decoded[ch] - mean) <= M / 3.0 * 1.01);
+        CHECK(std::isfinite(prefill_last[ch]));
+      }
+    }
+  }
+  SUBCASE("decode's running sum of values near the maximum") {
+    for (minikv_dtype dt : {MINIKV_DTYPE_BF16, MINIKV_DTYPE_F32}) {
+      CAPTURE(dt);
+      const double M = dt == MINIKV_DTYPE_F32 ? 3.0e38 : 3.3e38;
+      run(setup(dt, 16), [](size_t t, uint32_t ch) { return 0.01 * double((t + ch) % 5); },
+          [M](size_t, uint32_t) { return M; }, decoded, prefill_last);
+      test::Buf one(dt, 1);
+      one.set(0, M);
+      const double stored = one.get(0);  // M in the dtype
+      for (uint32_t ch = 0; ch < D; ++ch) {
+        CAPTURE(ch);
+        CHECK(prefill_last[ch] == doctest::Approx(stored).epsilon(1e-6));
+        CHECK(decoded[ch] == doctest::Approx(stored).epsilon(1e-6));
+      }
+    }
   }
 }
 

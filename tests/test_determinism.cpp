@@ -86,7 +86,7 @@ TEST_CASE("determinism: identical runs are bit-identical") {
   }
 }
 
-TEST_CASE("determinism: 1, 2 and 3 threads are bit-identical") {
+TEST_CASE("determinism: 1/2/3 threads are bit-identical") {
   for (minikv_score_mode mode : {MINIKV_SCORE_CUMULATIVE, MINIKV_SCORE_WINDOW}) {
     CAPTURE(static_cast<int>(mode));
     const std::vector<uint8_t> one = run(MINIKV_DTYPE_BF16, mode, "1");

@@ -42,14 +42,15 @@ TEST_CASE("policy: UNIFORM gives h to every layer") {
   for (double x : r) CHECK(x == doctest::Approx(0.3).epsilon(1e-7));
 }
 
-TEST_CASE("policy: PYRAMID ratios: bottom h(2-1/d), top h/d, linear, mean h") {
+TEST_CASE("policy: PYRAMID ratios: bottom h(2-1/d) + top h/d + linear + mean h") {
   for (uint32_t layers : {2u, 3u, 8u, 32u, 80u}) {
-    for (float depth : {1.0f, 2.0f, 7.0f, 20.0f}) {
-      for (float h : {0.05f, 0.125f, 0.25f}) {
+    for (double depth : {1.0, 2.0, 7.0, 20.0, 1.5}) {
+      for (double h : {0.05, 0.125, 0.25, 0.3}) {  // the decimals the float fields carry
         CAPTURE(layers);
         CAPTURE(depth);
         CAPTURE(h);
-        const minikv_config c = cfg_with(layers, h, 0.25f, MINIKV_BUDGET_PYRAMID, depth);
+        const minikv_config c = cfg_with(layers, static_cast<float>(h), 0.25f,
+                                         MINIKV_BUDGET_PYRAMID, static_cast<float>(depth));
         const std::vector<double> r = minikv::layer_heavy_ratios(c);
         const std::vector<double> want =
             ref::layer_ratios(true, layers, h, 0.25, depth);
@@ -80,17 +81,103 @@ TEST_CASE("policy: PYRAMID is clipped so h_l + r <= 1") {
   // h = 0.6, depth 7: bottom = 0.6 * (2 - 1/7) = 1.114 > 1 - r = 0.7.
   const minikv_config c = cfg_with(4, 0.6f, 0.3f, MINIKV_BUDGET_PYRAMID, 7.0f);
   const std::vector<double> r = minikv::layer_heavy_ratios(c);
-  const std::vector<double> want = ref::layer_ratios(true, 4, 0.6f, 0.3f, 7.0);
+  const std::vector<double> want = ref::layer_ratios(true, 4, 0.6, 0.3, 7.0);
   for (uint32_t l = 0; l < 4; ++l) {
-    CHECK(r[l] <= 1.0 - double(0.3f) + 1e-12);
+    CHECK(r[l] <= 1.0 - 0.3 + 1e-12);
     CHECK(r[l] == doctest::Approx(want[l]).epsilon(1e-9));
   }
-  CHECK(r[0] == doctest::Approx(1.0 - double(0.3f)));
-  CHECK(r[3] == doctest::Approx(double(0.6f) / 7.0));
+  CHECK(r[0] == doctest::Approx(1.0 - 0.3));
+  CHECK(r[3] == doctest::Approx(0.6 / 7.0));
   // UNIFORM is h itself (MINIKV.md: h_l = h), not clipped; its plan keeps everything.
   const minikv_config u = cfg_with(2, 0.9f, 0.3f, MINIKV_BUDGET_UNIFORM, 7.0f);
-  for (double x : minikv::layer_heavy_ratios(u)) CHECK(x == doctest::Approx(double(0.9f)));
+  for (double x : minikv::layer_heavy_ratios(u)) CHECK(x == doctest::Approx(0.9));
   CHECK(minikv::plan_selection(u, minikv::layer_heavy_ratios(u)[0], 37).keep_all);
+}
+
+TEST_CASE("policy: float ratios are read as the decimals they carry") {
+  // 0.7f is 0.69999998807907: 0.7f * 1000 floored kept 699 tokens.
+  const minikv_config c = cfg_with(1, 0.7f, 0.1f, MINIKV_BUDGET_UNIFORM, 7.0f);
+  const minikv::SelectionPlan p = minikv::plan_selection(c, minikv::layer_heavy_ratios(c)[0], 1000);
+  CHECK(p.n_heavy == 700);
+  CHECK(p.n_keep == 800);
+  CHECK(minikv::decimal_value(0.7f) == 0.7);
+  CHECK(minikv::decimal_value(0.35f) == 0.35);
+  CHECK(minikv::decimal_value(1.0f / 3.0f) == 0.33333334);
+  CHECK(minikv::decimal_value(7.0f) == 7.0);
+}
+
+// The budget of MINIKV.md in exact integer arithmetic, for ratios given in thousandths and a
+// rational PYRAMID depth: h_l = h ((2 delta - 1)(m - 1) - (2 delta - 2) l) / (delta (m - 1)),
+// clipped to 1 - r; n_hh = floor(h_l L), n_rw = floor(r L); everything when h_l + r >= 1 or
+// n_hh + n_rw >= L.
+struct ExactBudget {
+  uint64_t h_num, h_den, n_heavy, n_recent;
+  bool keep_all;
+};
+ExactBudget exact_budget(bool pyramid, uint32_t layers, uint32_t layer, uint64_t h_milli,
+                         uint64_t r_milli, uint64_t depth_num, uint64_t depth_den, uint64_t L) {
+  ExactBudget b{h_milli, 1000, 0, 0, false};
+  if (pyramid) {
+    const uint64_t m1 = layers - 1;
+    b.h_num = h_milli * ((2 * depth_num - depth_den) * m1 - (2 * depth_num - 2 * depth_den) * layer);
+    b.h_den = 1000 * depth_num * m1;
+    if (b.h_num * 1000 > (1000 - r_milli) * b.h_den) {  // clip to 1 - r
+      b.h_num = 1000 - r_milli;
+      b.h_den = 1000;
+    }
+  }
+  b.n_heavy = b.h_num * L / b.h_den;
+  b.n_recent = r_milli * L / 1000;
+  b.keep_all = b.h_num * 1000 + r_milli * b.h_den >= 1000 * b.h_den || b.n_heavy + b.n_recent >= L;
+  return b;
+}
+
+TEST_CASE("policy: budget sweep against the exact formula (layers 3/4/8/32 and L = 1..4096)") {
+  struct Recipe {
+    bool pyramid;
+    uint32_t h_milli, r_milli, depth_num, depth_den;
+  };
+  const Recipe recipes[] = {
+      {false, 250, 250, 7, 1}, {false, 700, 100, 7, 1}, {false, 300, 200, 7, 1},
+      {false, 100, 50, 7, 1},  {false, 330, 330, 7, 1},
+      // The README's keep-everything recipes (h + r = 1) lost 1-2 tokens of some prompts.
+      {false, 900, 100, 7, 1}, {false, 650, 350, 7, 1}, {false, 950, 50, 7, 1},
+      {false, 350, 650, 7, 1},
+      {true, 250, 250, 7, 1},  {true, 250, 250, 2, 1},  {true, 300, 100, 7, 1},
+      {true, 125, 250, 3, 2},  {true, 600, 300, 7, 1},  {true, 700, 300, 7, 1},
+      {true, 50, 250, 20, 1}};
+  uint64_t checked = 0, mismatches = 0;
+  for (const Recipe &rc : recipes) {
+    for (uint32_t layers : {3u, 4u, 8u, 32u}) {
+      const minikv_config c =
+          cfg_with(layers, rc.h_milli / 1000.0f, rc.r_milli / 1000.0f,
+                   rc.pyramid ? MINIKV_BUDGET_PYRAMID : MINIKV_BUDGET_UNIFORM,
+                   static_cast<float>(double(rc.depth_num) / rc.depth_den));
+      const std::vector<double> ratios = minikv::layer_heavy_ratios(c);
+      for (uint32_t layer = 0; layer < layers; ++layer) {
+        for (uint32_t L = 1; L <= 4096; ++L) {
+          const minikv::SelectionPlan p = minikv::plan_selection(c, ratios[layer], L);
+          const ExactBudget b = exact_budget(rc.pyramid, layers, layer, rc.h_milli, rc.r_milli,
+                                             rc.depth_num, rc.depth_den, L);
+          const bool same = p.keep_all == b.keep_all &&
+                            (b.keep_all ? p.n_keep == L
+                                        : p.n_heavy == b.n_heavy && p.candidates == L - b.n_recent &&
+                                              p.n_keep == b.n_heavy + b.n_recent);
+          ++checked;
+          if (!same && mismatches++ < 8) {
+            INFO("pyramid ", rc.pyramid, " h ", rc.h_milli, "/1000 r ", rc.r_milli,
+                 "/1000 depth ", rc.depth_num, "/", rc.depth_den, " layers ", layers, " layer ",
+                 layer, " L ", L, ": library keep_all ", p.keep_all, " n_heavy ", p.n_heavy,
+                 " n_keep ", p.n_keep, "; exact keep_all ", b.keep_all, " n_heavy ", b.n_heavy,
+                 " n_recent ", b.n_recent);
+            CHECK(same);
+          }
+        }
+      }
+    }
+  }
+  CHECK(checked == uint64_t(4096) * (3 + 4 + 8 + 32) * (sizeof(recipes) / sizeof(recipes[0])));
+  CHECK(mismatches == 0);
 }
 
 TEST_CASE("policy: plan_selection sizes (CUMULATIVE)") {
@@ -253,7 +340,7 @@ TEST_CASE("policy: sinks in plan_selection and select_kept match the oracle") {
   }
 }
 
-TEST_CASE("policy: ties go to the higher score, then the lower position") {
+TEST_CASE("policy: ties go to the higher score and then the lower position") {
   minikv_config c = cfg_with(1, 0.25f, 0.25f, MINIKV_BUDGET_UNIFORM, 7.0f);
   // L = 12: n_hh = 3, recent = [9, 12), candidates [0, 9).
   const minikv::SelectionPlan p = minikv::plan_selection(c, 0.25, 12);

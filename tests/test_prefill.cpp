@@ -22,6 +22,7 @@ struct Shape {
   float heavy = 0.25f, recent = 0.25f;
   uint32_t sinks = 0;    // sink_tokens
   double q_scale = 1.5;  // sharper than uniform attention
+  double atol = 0.0, rtol = 0.0;  // 0: the dtype's (atol_for, rtol_for)
 };
 
 // Per-dtype tolerance: float32 accumulation (atol) plus one rounding of the output to the
@@ -129,7 +130,8 @@ void run_and_check(const Shape &s, const Inputs &in, bool check_kept = true) {
         ref::prefill(test::rows(in.q, t0, L, size_t(s.H) * s.D), test::rows(in.k, t0, L, size_t(s.Hkv) * s.D),
                      test::rows(in.v, t0, L, size_t(s.Hkv) * s.D), L, s.H, s.Hkv, s.D, s.window);
     const std::vector<double> got = test::rows(out, t0, L, size_t(s.H) * s.D);
-    MKV_CHECK_CLOSE(got, r.out, atol_for(s.dt), rtol_for(s.dt));
+    MKV_CHECK_CLOSE(got, r.out, s.atol > 0 ? s.atol : atol_for(s.dt),
+                    s.rtol > 0 ? s.rtol : rtol_for(s.dt));
     if (!check_kept) continue;
     const double h_l = ref::layer_ratios(false, 1, s.heavy, s.recent, 7.0)[0];
     const ref::Budget b =
@@ -151,7 +153,7 @@ void run_and_check(const Shape &s, const Inputs &in, bool check_kept = true) {
 
 TEST_SUITE("cpu") {
 
-TEST_CASE("prefill: ragged batch of awkward lengths, every dtype") {
+TEST_CASE("prefill: ragged batch of awkward lengths in every dtype") {
   for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
     Shape s;
     s.dt = dt;
@@ -160,7 +162,7 @@ TEST_CASE("prefill: ragged batch of awkward lengths, every dtype") {
   }
 }
 
-TEST_CASE("prefill: L = 1000, every dtype, head_dim 128") {
+TEST_CASE("prefill: L = 1000 in every dtype with head_dim 128") {
   for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
     Shape s;
     s.dt = dt;
@@ -172,7 +174,7 @@ TEST_CASE("prefill: L = 1000, every dtype, head_dim 128") {
   }
 }
 
-TEST_CASE("prefill: L = 4096, F32") {
+TEST_CASE("prefill: L = 4096 in F32") {
   Shape s;
   s.H = 1;
   s.Hkv = 1;
@@ -181,7 +183,7 @@ TEST_CASE("prefill: L = 4096, F32") {
   run_and_check(s, random_inputs(s, 4096, 20));
 }
 
-TEST_CASE("prefill: GQA groups 1, 2, 4, 8") {
+TEST_CASE("prefill: GQA groups 1/2/4/8") {
   for (uint32_t Hkv : {8u, 4u, 2u, 1u}) {
     for (uint32_t D : {64u, 128u}) {
       Shape s;
@@ -206,7 +208,7 @@ TEST_CASE("prefill: head_dim 16 and 256") {
   }
 }
 
-TEST_CASE("prefill: WINDOW scores, max-pooled, the window always kept") {
+TEST_CASE("prefill: WINDOW scores max-pooled with the window always kept") {
   for (uint32_t pool : {1u, 3u, 7u}) {
     for (uint32_t window : {8u, 32u}) {
       Shape s;
@@ -226,7 +228,7 @@ TEST_CASE("prefill: WINDOW scores, max-pooled, the window always kept") {
   run_and_check(wide, random_inputs(wide, 200, 60));
 }
 
-TEST_CASE("prefill: other budgets (h = 0.1, r = 0.05; keep-all; nothing but the window)") {
+TEST_CASE("prefill: other budgets (h = 0.1 r = 0.05 / keep-all / nothing but the window)") {
   Shape s;
   s.heavy = 0.1f;
   s.recent = 0.05f;
@@ -258,6 +260,68 @@ TEST_CASE("prefill: attention sinks are kept and counted inside the budget") {
   }
 }
 
+TEST_CASE("prefill: large-magnitude q (logits in the hundreds) against the float64 oracle") {
+  // q ~ N(0, 100^2): logits reach several hundred, so exp() without subtracting the row
+  // maximum overflows float (at 88.7) and the output is NaN. With it, the float32 logits
+  // carry an absolute error of about |logit| 2^-22 (~1e-4 here), which moves the output by
+  // about that much relative to |v| <= 4: tolerance 1e-3 (F32), plus the output rounding of
+  // F16/BF16.
+  for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
+    Shape s;
+    s.dt = dt;
+    s.q_scale = 100.0;
+    s.lens = {1, 77, 300};
+    s.atol = 1e-3;
+    s.rtol = 1e-3 + rtol_for(dt);
+    run_and_check(s, random_inputs(s, 378, 90 + dt));
+  }
+}
+
+TEST_CASE("prefill: decimal ratios keep their decimal budgets and h + r = 1 keeps everything") {
+  // The float fields carry decimals: 0.7f (0.69999998807907) x 1000 kept 699 heavy hitters,
+  // and the keep-everything recipes below dropped 1-2 tokens of many prompt lengths.
+  struct Case {
+    float h, r;
+    std::vector<uint32_t> lens;
+    bool keep_all;
+    uint32_t kept_1000;  // tokens kept of a 1000-token prompt when not keep_all
+  };
+  const Case cases[] = {{0.7f, 0.1f, {1000}, false, 800},
+                        {0.9f, 0.1f, {}, true, 0},
+                        {0.65f, 0.35f, {}, true, 0},
+                        {0.95f, 0.05f, {}, true, 0},
+                        {0.35f, 0.65f, {}, true, 0}};
+  const uint32_t H = 1, D = 16;
+  for (const Case &cs : cases) {
+    CAPTURE(cs.h);
+    CAPTURE(cs.r);
+    minikv_config c = test::cpu_config(1, H, H, D);
+    c.heavy_ratio = cs.h;
+    c.recent_ratio = cs.r;
+    c.max_seq_len = 1024;
+    test::CachePtr cache = test::make_cache(c);
+    std::vector<uint32_t> lens = cs.lens;
+    if (cs.keep_all)
+      for (uint32_t L : {3u, 7u, 20u, 33u, 59u, 99u, 101u, 153u, 333u, 1005u}) lens.push_back(L);
+    Shape s;
+    s.H = s.Hkv = H;
+    s.D = D;
+    for (uint32_t L : lens) {
+      CAPTURE(L);
+      const Inputs in = random_inputs(s, L, L);
+      test::Buf out(s.dt, size_t(L) * H * D);
+      const uint32_t seq = 0;
+      const int32_t cu[2] = {0, static_cast<int32_t>(L)};
+      MKV_REQUIRE_OK(minikv_prefill(cache.get(), 0, 1, &seq, cu, in.q.data(), in.k.data(),
+                                    in.v.data(), out.data(), nullptr));
+      uint64_t cached = 0;
+      MKV_REQUIRE_OK(minikv_sequence_length(cache.get(), 0, 0, nullptr, &cached));
+      CHECK(cached == (cs.keep_all ? L : cs.kept_1000));
+      MKV_REQUIRE_OK(minikv_sequence_release(cache.get(), 0));
+    }
+  }
+}
+
 TEST_CASE("prefill: sinks take their place in the heavy-hitter budget") {
   // L = 100, h = r = 0.25: 25 heavy-hitter slots, 4 of them the sinks, 25 recent.
   Shape s;
@@ -284,6 +348,45 @@ TEST_CASE("prefill: sinks take their place in the heavy-hitter budget") {
   uint64_t cached = 0;
   MKV_REQUIRE_OK(minikv_sequence_length(cache.get(), 0, 0, nullptr, &cached));
   CHECK(cached == 50);
+}
+
+TEST_CASE("prefill: WINDOW max-pool at the edges of the scored prefix") {
+  // L = 100, window 8, r = 0.2: the protected suffix [80, 100) is longer than the window, so
+  // the scored prefix [0, 92) reaches past the candidates [0, 80). The window queries
+  // attend only to keys 1 and 80 (equal logits of 20, the other keys are orthogonal to
+  // them). Max-pooling with kernel 7 over the scored prefix spreads key 80's score (a
+  // protected token) to candidates 77-79, and key 1's to 0-4 (clipped at 0); with
+  // h = 0.08 those 8 candidates are exactly the heavy hitters. Pooling only over the
+  // candidates, or not at all, or without clipping, keeps other tokens.
+  const uint32_t L = 100, D = 16;
+  minikv_config c = test::cpu_config(1, 1, 1, D);
+  c.score_mode = MINIKV_SCORE_WINDOW;
+  c.window_size = 8;
+  c.pool_kernel = 7;
+  c.heavy_ratio = 0.08f;
+  c.recent_ratio = 0.2f;
+  c.budget_policy = MINIKV_BUDGET_UNIFORM;
+  c.sink_tokens = 0;
+  c.max_seq_len = L;
+  test::CachePtr cache = test::make_cache(c);
+  test::Rng rng(140);
+  test::Buf q(c.dtype, size_t(L) * D), k(c.dtype, size_t(L) * D), v(c.dtype, size_t(L) * D),
+      out(c.dtype, size_t(L) * D);
+  v.fill_normal(rng);
+  for (uint32_t t = 0; t < L; ++t) {
+    for (uint32_t ch = 0; ch < D; ++ch) {
+      // Channel 0 carries the spikes; the rest is small noise, orthogonal to the queries.
+      k.set(size_t(t) * D + ch, ch == 0 ? (t == 1 || t == 80 ? 4.0 : 0.0) : 0.05 * rng.normal());
+      q.set(size_t(t) * D + ch, ch == 0 ? 20.0 : 0.0);
+    }
+  }
+  const uint32_t seq = 0;
+  const int32_t cu[2] = {0, static_cast<int32_t>(L)};
+  MKV_REQUIRE_OK(minikv_prefill(cache.get(), 0, 1, &seq, cu, q.data(), k.data(), v.data(),
+                                out.data(), nullptr));
+  std::vector<int32_t> want = {0, 1, 2, 3, 4, 77, 78, 79};
+  for (int32_t t = 80; t < int32_t(L); ++t) want.push_back(t);
+  CHECK(test::kept_positions(cache.get(), 0, 0, 0) == want);
 }
 
 TEST_CASE("prefill: PYRAMID budgets per layer") {

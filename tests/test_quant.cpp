@@ -37,7 +37,7 @@ TEST_CASE("quant: quantize_code matches the reference on random inputs") {
   }
 }
 
-TEST_CASE("quant: round half to even, clamping, scale == 0 rule") {
+TEST_CASE("quant: round half to even + clamping + the scale == 0 rule") {
   const uint32_t l2 = minikv::quant_levels(2), l4 = minikv::quant_levels(4);
   CHECK(l2 == 3);
   CHECK(l4 == 15);
@@ -80,7 +80,7 @@ TEST_CASE("quant: dequantize_code is q * scale + min in float32") {
   CHECK(minikv::dequantize_code(0, 1.5f, 0.0f) == 1.5f);
 }
 
-TEST_CASE("quant: unpack_code reads 32/b codes per word, element 0 lowest") {
+TEST_CASE("quant: unpack_code reads 32/b codes per word with element 0 lowest") {
   test::Rng rng(9);
   for (uint32_t bits : {2u, 4u, 8u}) {
     const uint32_t n = 128, per_word = 32 / bits;
@@ -200,7 +200,7 @@ void expected_rows(const ProbeCache &p, uint32_t group, std::vector<float> &k,
 
 }  // namespace
 
-TEST_CASE("quant: value codes and scales written by the CPU backend, read back exactly") {
+TEST_CASE("quant: value codes and scales written by the CPU backend read back exactly") {
   for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
     for (uint32_t bits : {2u, 4u, 8u}) {
       for (uint32_t group : {16u, 32u}) {

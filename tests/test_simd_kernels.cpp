@@ -216,12 +216,16 @@ TEST_CASE("simd kernels: value accumulation is SEQUENTIAL over tokens") {
       const std::vector<float> rows = rng.floats(size_t(n) * d);
       const std::vector<float> acc0 = rng.floats(size_t(n_rep) * d);
       std::vector<float> want = acc0;
+      const float limit = 1.25f;  // dequantized values are clamped to [-limit, limit]
       for (uint32_t r = 0; r < n_rep; ++r)
         for (uint32_t c = 0; c < d; ++c)
           for (uint32_t t = 0; t < n; ++t) {
             const float v = bits == 32 ? rows[t * d + c]
-                                       : ref::dequant(code_of(codes.data() + size_t(t) * words, c, bits),
-                                                      minimum[t * groups + c / G], scale[t * groups + c / G]);
+                                       : std::min(std::max(ref::dequant(code_of(codes.data() + size_t(t) * words, c, bits),
+                                                                        minimum[t * groups + c / G],
+                                                                        scale[t * groups + c / G]),
+                                                           -limit),
+                                                  limit);
             want[r * d + c] = std::fma(p[r * ldp + t], v, want[r * d + c]);
           }
       on_every_target(want, [&] {
@@ -230,7 +234,7 @@ TEST_CASE("simd kernels: value accumulation is SEQUENTIAL over tokens") {
           minikv::cpu::value_accumulate_rows(p.data(), n_rep, ldp, n, rows.data(), d, d, got.data());
         else
           minikv::cpu::value_accumulate_codes(p.data(), n_rep, ldp, n, codes.data(), words, bits,
-                                              scale.data(), minimum.data(), G, d, got.data());
+                                              scale.data(), minimum.data(), G, d, limit, got.data());
         return got;
       });
     }

@@ -950,3 +950,60 @@ func TestBulkHalfConversions(t *testing.T) {
 		cache.Close()
 	}
 }
+
+// A Cache used from two goroutines at once: its mutex serializes the calls, so each
+// succeeds and sees the state before or after the other (the C library itself would fail
+// the overlapping call with MINIKV_ERR_BAD_STATE; the wrapper never lets that happen).
+// Goroutine A prefills and releases a long prompt; this goroutine queries meanwhile.
+func TestConcurrentUseIsSerialized(t *testing.T) {
+	const L = 512
+	cfg := minikv.DefaultConfig()
+	cfg.Backend = minikv.BackendCPU
+	cfg.Dtype = minikv.DtypeF32
+	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = 1, 8, 2, 64
+	cfg.MaxSequences, cfg.MaxSeqLen = 1, L
+	c := mustNew(t, cfg)
+	defer c.Close()
+	rng := rand.New(rand.NewSource(5))
+	tensor := func(heads int) []float32 {
+		x := make([]float32, L*heads*64)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		return x
+	}
+	q, k, v, out := tensor(8), tensor(2), tensor(2), make([]float32, L*8*64)
+	done := make(chan error)
+	go func() {
+		for i := 0; i < 4; i++ {
+			if err := c.Prefill(0, []uint32{0}, []int32{0, L}, q, k, v, out); err != nil {
+				done <- err
+				return
+			}
+			if err := c.Release(0); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	queries := 0
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("prefill goroutine: %v", err)
+			}
+			if queries == 0 {
+				t.Fatal("no query ran")
+			}
+			return
+		default:
+		}
+		seen, _, err := c.SequenceLength(0, 0)
+		if err != nil || (seen != 0 && seen != L) {
+			t.Fatalf("query during a prefill: seen %d, %v", seen, err)
+		}
+		queries++
+	}
+}

@@ -40,26 +40,44 @@ HostBuffer host_alloc(uint64_t bytes, const char *what) {
   return HostBuffer(static_cast<uint8_t *>(p));
 }
 
-// Per-thread scratch, sized at create for the longest sequence.
+// Per-thread scratch, sized at create for what the config can use.
 struct Scratch {
   std::vector<float> k, v;       // [max(max_seq_len, R)][D] rows as float, or key/value panels
   std::vector<float> s;          // [kQueryBlock][max_seq_len] logits / probabilities
   std::vector<float> q, o;       // [kQueryBlock][D]
-  std::vector<float> scores, pooled;  // [max_seq_len]
+  std::vector<float> scores, pooled;  // [max_seq_len], when a layer can need scores
   std::vector<int32_t> kept;          // [max_seq_len]
-  std::vector<uint32_t> order;        // [max_seq_len]
+  std::vector<uint32_t> order;        // [max_seq_len], when a layer can need scores
   std::vector<float> dec;             // decode: DecodeScratch
 };
+
+// Whether any prefill of `cfg` can need importance scores: a layer with heavy hitters to
+// choose and a budget below the whole prompt. Otherwise no score workspace is reserved.
+bool scores_possible(const minikv_config &cfg) {
+  const double r = decimal_value(cfg.recent_ratio);
+  for (double h : layer_heavy_ratios(cfg))
+    if (h > 0.0 && h + r < 1.0 - 1e-12) return true;
+  return false;
+}
+
+// Threads worth having: the widest parallel loop is over the query heads (prefill) or over
+// (sequence, KV head) pairs (append, decode); a thread beyond that would only hold scratch.
+unsigned usable_threads(const minikv_config &cfg) {
+  const uint64_t widest =
+      std::max<uint64_t>(cfg.num_heads, uint64_t(cfg.max_sequences) * cfg.num_kv_heads);
+  return static_cast<unsigned>(std::min<uint64_t>(cpu::default_thread_count(), widest));
+}
 
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const StorageSpec &spec)
       : spec_(spec), cfg_(spec.cfg), bl_(spec.block), rl_(spec.residual),
-        pool_threads_(cpu::default_thread_count()) {
-    pool_ = host_alloc(uint64_t(spec.num_blocks) * bl_.bytes, "block pool");
-    residual_ = host_alloc(uint64_t(spec.residual_slots) * rl_.bytes, "residual slots");
+        pool_threads_(usable_threads(spec.cfg)) {
+    pool_ = host_alloc(spec.pool_bytes, "block pool");
+    residual_ = host_alloc(spec.residual_bytes, "residual slots");
     const uint64_t rows = std::max<uint64_t>(cfg_.max_seq_len, cfg_.residual_length);
     const uint32_t D = cfg_.head_dim;
+    const uint64_t score_len = scores_possible(cfg_) ? cfg_.max_seq_len : 0;
     scratch_.resize(pool_threads_.size());
     for (Scratch &s : scratch_) {
       // Rows as float, or (prefill attention) the prompt's keys and values in panels.
@@ -69,22 +87,22 @@ class CpuBackend final : public Backend {
       s.s.resize(uint64_t(kQueryBlock) * key_stride());
       s.q.resize(kQueryBlock * D);
       s.o.resize(kQueryBlock * D);
-      s.scores.resize(cfg_.max_seq_len);
-      s.pooled.resize(cfg_.max_seq_len);
+      s.scores.resize(score_len);
+      s.pooled.resize(score_len);
       s.kept.resize(cfg_.max_seq_len);
-      s.order.resize(cfg_.max_seq_len);
+      s.order.resize(score_len);
       s.dec.resize(decode_scratch(nullptr).floats);
       workspace_bytes_ += (s.k.size() + s.v.size() + s.s.size() + s.q.size() + s.o.size() +
                            s.scores.size() + s.pooled.size()) * sizeof(float) +
                           (s.kept.size() + s.order.size()) * 4 + s.dec.size() * sizeof(float);
     }
-    head_scores_.resize(uint64_t(cfg_.num_heads) * cfg_.max_seq_len);
+    head_scores_.resize(uint64_t(cfg_.num_heads) * score_len);
     workspace_bytes_ += head_scores_.size() * sizeof(double);
   }
 
   minikv_backend kind() const override { return MINIKV_BACKEND_CPU; }
   uint64_t pool_bytes() const override {
-    return uint64_t(spec_.num_blocks) * bl_.bytes + uint64_t(spec_.residual_slots) * rl_.bytes;
+    return spec_.pool_bytes + spec_.residual_bytes;
   }
   uint64_t workspace_bytes() const override { return workspace_bytes_; }
 
@@ -140,8 +158,8 @@ class CpuBackend final : public Backend {
   }
 
   void read_storage(std::vector<uint8_t> &pool, std::vector<uint8_t> &residual) const override {
-    pool.assign(pool_.get(), pool_.get() + uint64_t(spec_.num_blocks) * bl_.bytes);
-    residual.assign(residual_.get(), residual_.get() + uint64_t(spec_.residual_slots) * rl_.bytes);
+    pool.assign(pool_.get(), pool_.get() + spec_.pool_bytes);
+    residual.assign(residual_.get(), residual_.get() + spec_.residual_bytes);
   }
 
   void read_positions(const CacheView &view, uint32_t kv_head, uint32_t count,
@@ -223,7 +241,7 @@ class CpuBackend final : public Backend {
       cpu::to_floats(v + src, D, row);
       for (uint32_t c = 0; c < D; ++c) v_at[(c / W) * v_panel + c % W] = row[c];
     }
-    double *col = head_scores_.data() + uint64_t(h) * cfg_.max_seq_len;
+    double *col = need_scores ? head_scores_.data() + uint64_t(h) * cfg_.max_seq_len : nullptr;
     if (need_scores) std::fill(col, col + L, 0.0);
 
     for (uint32_t i0 = 0; i0 < L; i0 += kQueryBlock) {
@@ -234,6 +252,8 @@ class CpuBackend final : public Backend {
       cpu::softmax_rows(ws.s.data(), rows, lds, i0, scale, need_scores ? col : nullptr,
                         std::max(score_from, i0) - i0);
       cpu::causal_pv(ws.s.data(), rows, lds, v_panels, v_panel, D, i0, ws.o.data());
+      // Clamped: a mean of values at the dtype's maximum may round just above it.
+      for (uint64_t i = 0; i < uint64_t(rows) * D; ++i) ws.o[i] = clamp_finite<T>(ws.o[i]);
       for (uint32_t r = 0; r < rows; ++r)
         cpu::from_floats(ws.o.data() + r * D, D, out + (uint64_t(it.token_begin + i0 + r) * H + h) * D);
     }
@@ -329,7 +349,7 @@ class CpuBackend final : public Backend {
             mn = std::min(mn, x);
             mx = std::max(mx, x);
           }
-          const T scale_t = from_float<T>((mx - mn) / static_cast<float>(quant_levels(kb)));
+          const T scale_t = from_float<T>(group_scale(mn, mx, quant_levels(kb)));
           const T min_t = from_float<T>(mn);
           scale[c] = scale_t;
           minimum[c] = min_t;
@@ -357,7 +377,7 @@ class CpuBackend final : public Backend {
         for (uint32_t g = 0; g < groups; ++g) {
           const float *xg = x + g * G;
           const float mn = *std::min_element(xg, xg + G), mx = *std::max_element(xg, xg + G);
-          const T scale_t = from_float<T>((mx - mn) / static_cast<float>(quant_levels(vb)));
+          const T scale_t = from_float<T>(group_scale(mn, mx, quant_levels(vb)));
           const T min_t = from_float<T>(mn);
           scale[g] = scale_t;
           minimum[g] = min_t;
@@ -398,7 +418,8 @@ class CpuBackend final : public Backend {
 
   // Carves the per-thread decode scratch; with base == nullptr it only counts floats.
   struct DecodeScratch {
-    float *q, *qs, *bias, *acc, *logits, *m, *l, *correction, *k_scale, *k_min, *v_scale, *v_min;
+    float *q, *qs, *bias, *acc, *logits, *m, *l, *l_old, *correction, *k_scale, *k_min, *v_scale,
+        *v_min;
     uint64_t ld;  // logits row stride: the tile, rounded up to 16 (softmax_update reads it)
     uint64_t floats;
   };
@@ -416,6 +437,7 @@ class CpuBackend final : public Backend {
     d.logits = take(n_rep * d.ld);
     d.m = take(n_rep);
     d.l = take(n_rep);
+    d.l_old = take(n_rep);
     d.correction = take(n_rep);
     d.k_scale = take(tile / G * D);
     d.k_min = take(tile / G * D);
@@ -437,10 +459,20 @@ class CpuBackend final : public Backend {
     std::fill(d.m, d.m + n_rep, -INFINITY);
     std::fill(d.l, d.l + n_rep, 0.0f);
     // d.logits[r][0, n) hold the tile's logits: fold them into the running softmax, which
-    // leaves the probabilities in d.logits for the value pass.
+    // leaves the weights p / l in d.logits for the value pass. d.acc holds the weighted mean
+    // of the values so far (weights summing to 1), not their sum: it stays within the
+    // values' range, where a sum of values near the dtype's maximum overflows although the
+    // output (as prefill's) is finite.
     auto fold = [&](uint32_t n) {
+      std::copy(d.l, d.l + n_rep, d.l_old);
       cpu::softmax_update(d.logits, n_rep, d.ld, n, d.m, d.l, d.correction);
+      for (uint32_t r = 0; r < n_rep; ++r) {
+        const float inv = 1.0f / d.l[r];
+        d.correction[r] *= d.l_old[r] * inv;  // the previous mean's share
+        d.l_old[r] = inv;
+      }
       cpu::scale_rows(d.acc, n_rep, D, d.correction);
+      cpu::scale_rows(d.logits, n_rep, static_cast<uint32_t>(d.ld), d.l_old);
     };
 
     // Unquantized rows k_rows/v_rows [n][D] (sinks, residual), in chunks that fit the
@@ -492,16 +524,16 @@ class CpuBackend final : public Backend {
         const T *vm = reinterpret_cast<const T *>(block + bl_.v_min + kvh * bl_.v_scale_head()) + first;
         cpu::value_accumulate_codes(d.logits, n_rep, d.ld, n, reinterpret_cast<const uint32_t *>(v_codes),
                                     bl_.v_row_bytes / 4, vb, cpu::as_floats(vs, uint64_t(n) * (D / G), d.v_scale),
-                                    cpu::as_floats(vm, uint64_t(n) * (D / G), d.v_min), G, D, d.acc);
+                                    cpu::as_floats(vm, uint64_t(n) * (D / G), d.v_min), G, D,
+                                    finite_max<T>(), d.acc);
       }
     }
 
     attend_dense(residual_row<T>(slot, rl_.k, kvh, 0), residual_row<T>(slot, rl_.v, kvh, 0),
                  view.residual);
-    for (uint32_t r = 0; r < n_rep; ++r) {
-      const float inv = 1.0f / d.l[r];
-      for (uint32_t c = 0; c < D; ++c) d.acc[r * D + c] *= inv;
-    }
+    // A mean of values within the dtype's range is within it too, up to the rounding of
+    // the weights: keep that rounding from overflowing the conversion.
+    for (uint64_t i = 0; i < uint64_t(n_rep) * D; ++i) d.acc[i] = clamp_finite<T>(d.acc[i]);
     cpu::from_floats(d.acc, uint64_t(n_rep) * D, out);
   }
 

@@ -451,7 +451,7 @@ HWY_INLINE uint32_t ValueCodesTile(const float *HWY_RESTRICT p, uint32_t r0, uin
                                    uint32_t n, const uint32_t *HWY_RESTRICT codes,
                                    uint64_t row_words, const float *HWY_RESTRICT scale,
                                    const float *HWY_RESTRICT minimum, uint32_t group,
-                                   uint32_t d, float *HWY_RESTRICT acc, uint32_t c0) {
+                                   uint32_t d, float limit, float *HWY_RESTRICT acc, uint32_t c0) {
   const DF df;
   const DI di;
   const uint32_t groups = d / group;
@@ -469,9 +469,11 @@ HWY_INLINE uint32_t ValueCodesTile(const float *HWY_RESTRICT p, uint32_t r0, uin
       VF value[kCh];
       for (size_t v = 0; v < kCh; ++v) {
         const VF code = hn::ConvertTo(df, hn::BitCast(di, CodeLanes<kBits>(row, c0 + uint32_t(v * kLanes), shift[v])));
-        // dequantize_code (src/quant.h): the product rounded, then the sum.
+        // dequantize_code (src/quant.h): the product rounded, then the sum; then clamped to
+        // the storage dtype's finite range (a group near its maximum can exceed it).
         value[v] = hn::Add(hn::Mul(code, hn::Set(df, scale[t * groups + g[v]])),
                            hn::Set(df, minimum[t * groups + g[v]]));
+        value[v] = hn::Min(hn::Max(value[v], hn::Set(df, -limit)), hn::Set(df, limit));
       }
       for (size_t h = 0; h < kHeads; ++h) {
         const VF pv = hn::Set(df, p[(r0 + h) * ldp + t]);
@@ -487,30 +489,31 @@ HWY_INLINE uint32_t ValueCodesTile(const float *HWY_RESTRICT p, uint32_t r0, uin
 template <uint32_t kBits, size_t kHeads>
 HWY_INLINE void ValueCodesHeads(const float *p, uint32_t r0, uint64_t ldp, uint32_t n,
                                 const uint32_t *codes, uint64_t row_words, const float *scale,
-                                const float *minimum, uint32_t group, uint32_t d, float *acc) {
+                                const float *minimum, uint32_t group, uint32_t d, float limit,
+                                float *acc) {
   constexpr size_t kCh = kHeads >= 4 ? 2 : 4;
-  const uint32_t c = ValueCodesTile<kBits, kHeads, kCh>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, acc, 0);
-  ValueCodesTile<kBits, kHeads, 1>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, acc, c);
+  const uint32_t c = ValueCodesTile<kBits, kHeads, kCh>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc, 0);
+  ValueCodesTile<kBits, kHeads, 1>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc, c);
 }
 
 template <uint32_t kBits>
 void ValueCodesBits(const float *p, uint32_t n_rep, uint64_t ldp, uint32_t n, const uint32_t *codes,
                     uint64_t row_words, const float *scale, const float *minimum, uint32_t group,
-                    uint32_t d, float *acc) {
+                    uint32_t d, float limit, float *acc) {
   uint32_t r0 = 0;
-  for (; r0 + 4 <= n_rep; r0 += 4) ValueCodesHeads<kBits, 4>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, acc);
-  for (; r0 + 2 <= n_rep; r0 += 2) ValueCodesHeads<kBits, 2>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, acc);
-  for (; r0 < n_rep; ++r0) ValueCodesHeads<kBits, 1>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, acc);
+  for (; r0 + 4 <= n_rep; r0 += 4) ValueCodesHeads<kBits, 4>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+  for (; r0 + 2 <= n_rep; r0 += 2) ValueCodesHeads<kBits, 2>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+  for (; r0 < n_rep; ++r0) ValueCodesHeads<kBits, 1>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
 }
 
 void ValueAccumulateCodes(const float *p, uint32_t n_rep, uint64_t ldp, uint32_t n,
                           const uint32_t *codes, uint64_t row_words, uint32_t bits,
                           const float *scale, const float *minimum, uint32_t group, uint32_t d,
-                          float *acc) {
+                          float limit, float *acc) {
   switch (bits) {
-    case 2: return ValueCodesBits<2>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, acc);
-    case 4: return ValueCodesBits<4>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, acc);
-    default: return ValueCodesBits<8>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, acc);
+    case 2: return ValueCodesBits<2>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+    case 4: return ValueCodesBits<4>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+    default: return ValueCodesBits<8>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
   }
 }
 
@@ -736,8 +739,9 @@ void scale_rows(float *acc, uint32_t n_rep, uint32_t d, const float *correction)
 void value_accumulate_codes(const float *p, uint32_t n_rep, uint64_t ldp, uint32_t n,
                             const uint32_t *codes, uint64_t row_words, uint32_t bits,
                             const float *scale, const float *minimum, uint32_t group,
-                            uint32_t d, float *acc) {
-  HWY_DYNAMIC_DISPATCH(ValueAccumulateCodes)(p, n_rep, ldp, n, codes, row_words, bits, scale, minimum, group, d, acc);
+                            uint32_t d, float limit, float *acc) {
+  HWY_DYNAMIC_DISPATCH(ValueAccumulateCodes)(p, n_rep, ldp, n, codes, row_words, bits, scale, minimum, group, d, limit,
+                                             acc);
 }
 
 void value_accumulate_rows(const float *p, uint32_t n_rep, uint64_t ldp, uint32_t n,

@@ -97,12 +97,13 @@ void scale_rows(float *acc, uint32_t n_rep, uint32_t d, const float *correction)
 
 // acc[r * d + c] += p[r * ldp + t] * value(t, c), SEQUENTIAL over t < n, for r < n_rep,
 // where value(t, c) = code(t, c) * scale[t][c / group] + minimum[t][c / group] (the product
-// rounded, then the sum: dequantize_code of src/quant.h) from packed rows as in
-// key_logits_codes; scale and minimum are [n][d / group]. group >= 16.
+// rounded, then the sum: dequantize_code of src/quant.h), clamped to [-limit, limit] (the
+// storage dtype's finite range), from packed rows as in key_logits_codes; scale and minimum
+// are [n][d / group]. group >= 16.
 void value_accumulate_codes(const float *p, uint32_t n_rep, uint64_t ldp, uint32_t n,
                             const uint32_t *codes, uint64_t row_words, uint32_t bits,
                             const float *scale, const float *minimum, uint32_t group,
-                            uint32_t d, float *acc);
+                            uint32_t d, float limit, float *acc);
 
 // acc[r * d + c] += p[r * ldp + t] * rows[t * row_stride + c], SEQUENTIAL over t < n.
 void value_accumulate_rows(const float *p, uint32_t n_rep, uint64_t ldp, uint32_t n,

@@ -1,8 +1,27 @@
 #include "thread_pool.h"
 
+#include <pthread.h>
+
 #include <cstdlib>
 
 namespace minikv::cpu {
+
+namespace {
+
+// Forks this process has gone through, as seen by the current process (incremented in
+// every child). pthread_atfork handlers of a shared library are removed when it is unloaded.
+std::atomic<uint64_t> g_forks{0};
+
+uint64_t forks_so_far() {
+  static const bool registered = [] {
+    pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1, std::memory_order_relaxed); });
+    return true;
+  }();
+  (void)registered;
+  return g_forks.load(std::memory_order_relaxed);
+}
+
+}  // namespace
 
 unsigned default_thread_count() {
   if (const char *env = std::getenv("MINIKV_NUM_THREADS")) {
@@ -13,87 +32,113 @@ unsigned default_thread_count() {
   return hw == 0 ? 1 : hw;
 }
 
-ThreadPool::ThreadPool(unsigned num_threads) {
+ThreadPool::ThreadPool(unsigned num_threads) : num_threads_(num_threads > 1 ? num_threads : 1) {
+  start();
+}
+
+ThreadPool::~ThreadPool() {
+  // In a forked child the workers do not exist: leave their state alone.
+  if (forks_so_far() != forks_at_start_) {
+    (void)workers_.release();
+    return;
+  }
+  workers_->stop_and_join();
+}
+
+void ThreadPool::start() {
+  const uint64_t forks = forks_so_far();
+  auto w = std::make_unique<Workers>();
   // If a worker cannot be started (out of memory, thread limit), stop and join those already
   // running before rethrowing: destroying a joinable std::thread during unwinding would
   // terminate the process (found by tests/reliability/test_oom).
   try {
-    workers_.reserve(num_threads > 1 ? num_threads - 1 : 0);
-    for (unsigned i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+    w->threads.reserve(num_threads_ - 1);
+    Workers *shared = w.get();
+    for (unsigned i = 1; i < num_threads_; ++i)
+      w->threads.emplace_back([shared, i] { shared->loop(i); });
   } catch (...) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (std::thread &t : workers_) t.join();
+    w->stop_and_join();
     throw;
   }
+  workers_ = std::move(w);
+  forks_at_start_ = forks;
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::Workers::stop_and_join() noexcept {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(mutex);
+    stop = true;
   }
-  wake_.notify_all();
-  for (std::thread &t : workers_) t.join();
+  wake.notify_all();
+  for (std::thread &t : threads) t.join();
 }
 
-void ThreadPool::run_items(unsigned worker) {
+void ThreadPool::Workers::run_items(unsigned worker) {
   for (;;) {
-    const uint64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= job_size_) return;
+    const uint64_t i = next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= job_size) return;
     try {
-      job_.call(job_.fn, i, worker);
+      job.call(job.fn, i, worker);
     } catch (...) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!error_) error_ = std::current_exception();
-      next_.store(job_size_, std::memory_order_relaxed);  // skip the rest
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!error) error = std::current_exception();
+      next.store(job_size, std::memory_order_relaxed);  // skip the rest
     }
   }
 }
 
-void ThreadPool::worker_loop(unsigned index) {
+void ThreadPool::Workers::loop(unsigned index) {
   uint64_t seen = 0;
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      std::unique_lock<std::mutex> lock(mutex);
+      wake.wait(lock, [&] { return stop || generation != seen; });
+      if (stop) return;
+      seen = generation;
     }
     run_items(index);
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--busy_ == 0) done_.notify_one();
+      std::lock_guard<std::mutex> lock(mutex);
+      if (--busy == 0) done.notify_one();
     }
   }
 }
 
 void ThreadPool::run(uint64_t n, Job job) {
   if (n == 0) return;
-  if (workers_.empty() || n == 1) {
+  if (forks_so_far() != forks_at_start_) {
+    // A forked child: the parent's workers are not here. Abandon their state (never joined
+    // or destroyed) and start this process's own.
+    Workers *abandoned = workers_.release();
+    try {
+      start();
+    } catch (...) {
+      workers_.reset(abandoned);  // still abandoned: the next call tries again
+      throw;
+    }
+  }
+  Workers &w = *workers_;
+  if (w.threads.empty() || n == 1) {
     for (uint64_t i = 0; i < n; ++i) job.call(job.fn, i, 0);
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_ = job;
-    job_size_ = n;
-    next_.store(0, std::memory_order_relaxed);
-    error_ = nullptr;
-    busy_ = static_cast<unsigned>(workers_.size());
-    ++generation_;
+    std::lock_guard<std::mutex> lock(w.mutex);
+    w.job = job;
+    w.job_size = n;
+    w.next.store(0, std::memory_order_relaxed);
+    w.error = nullptr;
+    w.busy = static_cast<unsigned>(w.threads.size());
+    ++w.generation;
   }
-  wake_.notify_all();
-  run_items(0);
+  w.wake.notify_all();
+  w.run_items(0);
   std::exception_ptr error;
   {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return busy_ == 0; });
-    job_ = Job{nullptr, nullptr};
-    error = error_;
+    std::unique_lock<std::mutex> lock(w.mutex);
+    w.done.wait(lock, [&] { return w.busy == 0; });
+    w.job = Job{nullptr, nullptr};
+    error = w.error;
   }
   if (error) std::rethrow_exception(error);
 }

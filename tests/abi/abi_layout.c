@@ -1,8 +1,10 @@
 /* Pins the layout of the public structs and enums (the ABI callers compiled against
  * 0.1 rely on). Checked at compile time with C11 _Static_assert; a change here is an ABI
  * break: append fields instead, and bump the major version for anything else. */
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "minikv.h"
 
@@ -65,6 +67,20 @@ int main(void) {
     fprintf(stderr, "minikv_config_default wrote struct_size %u, header says %u\n",
             (unsigned)cfg.struct_size, (unsigned)sizeof(minikv_config));
     return 1;
+  }
+  /* A C enum object holds any int: minikv_status_string must take values the enum does not
+   * name without undefined behaviour (a C++ enum-typed load of them is UB; clang's
+   * -fsanitize=enum reports it). */
+  {
+    static const int unnamed[] = {9, 16, 255, 9999, -1, INT_MIN, INT_MAX};
+    size_t i;
+    for (i = 0; i < sizeof(unnamed) / sizeof(unnamed[0]); ++i) {
+      const char *text = minikv_status_string((minikv_status)unnamed[i]);
+      if (!text || strcmp(text, "unknown minikv_status") != 0) {
+        fprintf(stderr, "minikv_status_string(%d) = \"%s\"\n", unnamed[i], text ? text : "(null)");
+        return 1;
+      }
+    }
   }
   printf("abi layout: sizeof(minikv_config) %u, sizeof(minikv_memory_stats) %u\n",
          (unsigned)sizeof(minikv_config), (unsigned)sizeof(minikv_memory_stats));

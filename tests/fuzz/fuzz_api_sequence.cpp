@@ -141,14 +141,15 @@ class Harness {
   uint64_t free_blocks() const { return num_blocks_ - used_blocks(); }
 
   // ---- tensor data ----------------------------------------------------------------------
-  void fill(std::vector<uint8_t> &buf, uint64_t elems, uint64_t seed) {
+  // `special`: in extreme mode, mix in non-finite and out-of-range values.
+  void fill(std::vector<uint8_t> &buf, uint64_t elems, uint64_t seed, bool special = true) {
     buf.assign(std::max<uint64_t>(elems, 1) * esize_, 0);
     fuzz::Rng rng(seed ^ seed_);
     static const float kSpecial[] = {INFINITY, -INFINITY, NAN, 65504.0f, -1e30f, 3e38f,
                                      -0.0f, 1e-40f, 6e-8f};
     for (uint64_t i = 0; i < elems; ++i) {
       float x = 4.0f * rng.uniform();
-      if (extreme_ && rng.next() % 16 == 0) x = kSpecial[rng.next() % (sizeof(kSpecial) / 4)];
+      if (special && extreme_ && rng.next() % 16 == 0) x = kSpecial[rng.next() % (sizeof(kSpecial) / 4)];
       store(buf.data(), i, x);
     }
   }
@@ -177,6 +178,12 @@ class Harness {
       case MINIKV_DTYPE_F16: std::memcpy(&h, p + 2 * i, 2); return minikv::half_bits_to_float(h);
       default: std::memcpy(&h, p + 2 * i, 2); return minikv::bf16_bits_to_float(h);
     }
+  }
+  // minikv.h: the CPU backend rejects non-finite inputs (INVALID_ARGUMENT, nothing changed).
+  bool all_finite(const std::vector<uint8_t> &buf, uint64_t elems) const {
+    for (uint64_t i = 0; i < elems; ++i)
+      if (!std::isfinite(load(buf.data(), i))) return false;
+    return true;
   }
   void check_finite(const std::vector<uint8_t> &buf, uint64_t elems, const char *what) const {
     if (extreme_) return;  // inputs had Inf/NaN: only "no crash, no UB" applies
@@ -237,7 +244,8 @@ class Harness {
   // ---- snapshots ------------------------------------------------------------------------------
   std::vector<uint8_t> probe_query(uint32_t seq, uint32_t layer) {
     std::vector<uint8_t> q;
-    fill(q, uint64_t(H_) * D_, 0x51ull * (seq + 1) + 0x7ull * layer);
+    // Finite: the CPU backend rejects non-finite queries, and the probe must decode.
+    fill(q, uint64_t(H_) * D_, 0x51ull * (seq + 1) + 0x7ull * layer, false);
     return q;
   }
 
@@ -443,6 +451,9 @@ class Harness {
     fill(k, total * Hkv_ * D_, data_seed * 4 + 1);
     fill(v, total * Hkv_ * D_, data_seed * 4 + 2);
     out.assign(std::max<uint64_t>(total, 1) * H_ * D_ * esize_, 0xEE);
+    if (!invalid && !(all_finite(q, total * H_ * D_) && all_finite(k, total * Hkv_ * D_) &&
+                      all_finite(v, total * Hkv_ * D_)))
+      faults |= bit(MINIKV_ERR_INVALID_ARGUMENT);
 
     const Snapshot before = snapshot();
     const minikv_status st = minikv_prefill(
@@ -539,6 +550,8 @@ class Harness {
     std::vector<uint8_t> k, v;
     fill(k, uint64_t(well_formed ? n : 1) * Hkv_ * D_, data_seed * 2);
     fill(v, uint64_t(well_formed ? n : 1) * Hkv_ * D_, data_seed * 2 + 1);
+    if (well_formed && !(all_finite(k, uint64_t(n) * Hkv_ * D_) && all_finite(v, uint64_t(n) * Hkv_ * D_)))
+      faults |= bit(MINIKV_ERR_INVALID_ARGUMENT);
 
     full_check = full_check || faults != 0;
     const Snapshot before = full_check ? snapshot() : Snapshot();
@@ -595,6 +608,7 @@ class Harness {
     const uint64_t rows = ids_ok ? n : 1;
     std::vector<uint8_t> q, out(rows * H_ * D_ * esize_, 0xCD);
     fill(q, rows * H_ * D_, in.u32());
+    if (ids_ok && !all_finite(q, rows * H_ * D_)) faults |= bit(MINIKV_ERR_INVALID_ARGUMENT);
     const Snapshot before = snapshot();
     const minikv_status st = minikv_decode(cache_, layer, n, ids_arg, null_q ? nullptr : q.data(),
                                            null_out ? nullptr : out.data(), stream);
@@ -643,9 +657,12 @@ class Harness {
         std::vector<uint8_t> q, out(size_t(n) * H_ * D_ * esize_, 0);
         fill(q, uint64_t(n) * H_ * D_, seed + 31ull * step + layer);
         const minikv_status st = minikv_decode(cache_, layer, n, ids.data(), q.data(), out.data(), nullptr);
-        FUZZ_CHECK(st == MINIKV_OK, "op %u: decode right after a successful append: %s (%s)", op_,
-                   minikv_status_string(st), minikv_last_error_message());
-        check_finite(out, uint64_t(n) * H_ * D_, "generation decode out");
+        const minikv_status want =
+            all_finite(q, uint64_t(n) * H_ * D_) ? MINIKV_OK : MINIKV_ERR_INVALID_ARGUMENT;
+        FUZZ_CHECK(st == want, "op %u: decode right after a successful append: %s (%s), expected %s",
+                   op_, minikv_status_string(st), minikv_last_error_message(),
+                   minikv_status_string(want));
+        if (st == MINIKV_OK) check_finite(out, uint64_t(n) * H_ * D_, "generation decode out");
       }
       if (!any) return;
     }

@@ -2,12 +2,14 @@
 // normative arithmetic documented in src/quant.h (not from its code):
 //   mn = min x, mx = max x                         (exact)
 //   scale_s = dtype(float32(mx - mn) / (2^b - 1)),  mn_s = dtype(mn)
+//   (mx / l - mn / l where float32(mx - mn) overflows)
 //   q = scale_s == 0 ? 0 : round_half_even(clamp((x - mn_s) / scale_s, 0, 2^b - 1))
 //   x^ = q * scale_s + mn_s                        (float32, no fused multiply-add)
 // Keys: one group per channel over G consecutive cached tokens. Values: one group per
 // token over G consecutive channels.
 #pragma once
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -57,7 +59,9 @@ inline QuantGroup quantize(const float *x, uint32_t n, size_t stride, uint32_t b
     mx = std::fmax(mx, x[i * stride]);
   }
   volatile float range = mx - mn;
-  const float scale = range / static_cast<float>(levels(bits));
+  const float lv = static_cast<float>(levels(bits));
+  // A range beyond FLT_MAX (values near the BF16/F32 maximum): the same quotient, finite.
+  const float scale = range > FLT_MAX ? mx / lv - mn / lv : range / lv;
   g.scale = static_cast<float>(round_dtype(dt, scale));
   g.min = static_cast<float>(round_dtype(dt, mn));
   g.codes.resize(n);

@@ -31,10 +31,14 @@ inline std::atomic<uint64_t> g_fail_at{0};   // 0: none; else the allocation num
 inline std::atomic<bool> g_sticky{false};    // and so does every later one (memory stays short)
 inline std::atomic<size_t> g_max_bytes{SIZE_MAX};  // while armed, larger requests fail
 inline std::atomic<int64_t> g_live{0};       // operator-new blocks currently allocated
+inline std::atomic<size_t> g_largest{0};     // largest request while armed
 
 // Decides whether the allocation being made now must fail, and counts it.
 inline bool should_fail(size_t bytes) {
   if (!g_armed.load(std::memory_order_acquire)) return false;
+  for (size_t seen = g_largest.load(std::memory_order_relaxed);
+       bytes > seen && !g_largest.compare_exchange_weak(seen, bytes, std::memory_order_relaxed);) {
+  }
   if (bytes > g_max_bytes.load(std::memory_order_relaxed)) return true;
   const uint64_t n = g_count.fetch_add(1, std::memory_order_relaxed) + 1;
   const uint64_t f = g_fail_at.load(std::memory_order_relaxed);
@@ -55,6 +59,7 @@ class Armed {
   explicit Armed(uint64_t fail_at = 0, bool sticky = false, size_t max_bytes = SIZE_MAX) {
     minikv::testing::set_host_calloc_hook(&calloc_hook);
     g_count.store(0, std::memory_order_relaxed);
+    g_largest.store(0, std::memory_order_relaxed);
     g_fail_at.store(fail_at, std::memory_order_relaxed);
     g_sticky.store(sticky, std::memory_order_relaxed);
     g_max_bytes.store(max_bytes, std::memory_order_relaxed);
@@ -68,6 +73,8 @@ class Armed {
     minikv::testing::set_host_calloc_hook(nullptr);
   }
   uint64_t count() const { return g_count.load(std::memory_order_relaxed); }
+  // The largest single request (operator new or host_calloc) since arming, failed or not.
+  size_t largest() const { return g_largest.load(std::memory_order_relaxed); }
 };
 
 namespace detail {

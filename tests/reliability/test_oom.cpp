@@ -415,7 +415,7 @@ TEST_SUITE("cpu") {
   TEST_CASE("OOM injection: every allocation of create/prefill/append/decode fails cleanly (F16)") {
     run_oom_suite(MINIKV_DTYPE_F16);
   }
-  TEST_CASE("successful prefill, append (with flushes), decode and queries allocate nothing") {
+  TEST_CASE("successful prefill + append (with flushes) + decode + queries allocate nothing") {
     // The header promises it: everything is reserved at create (the CUDA backend relies on
     // the same host path, so graph capture never meets an allocation).
     minikv_config c;
@@ -462,6 +462,35 @@ TEST_SUITE("cpu") {
     CHECK(allocations == 0);
     minikv_cache_destroy(cache);
   }
+  TEST_CASE("a pool of 2^31 blocks fails before any large allocation") {
+    // The pool size was checked only against the block count (2^31 passed), then create
+    // filled an 8 GiB free list of every block before the 7 TB pool failed (15-22 s, or the
+    // OOM killer on a smaller machine). Requests above 1 GiB fail here, as on a small machine.
+    minikv_config c;
+    minikv_config_default(&c);
+    c.backend = MINIKV_BACKEND_CPU;
+    c.num_layers = 1;
+    c.num_heads = 8;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.max_tokens = (uint64_t(1) << 31) * c.residual_length;
+    minikv_cache *cache = reinterpret_cast<minikv_cache *>(0x1);
+    minikv_status st;
+    size_t largest;
+    {
+      alloc_control::Armed guard(0, false, size_t(1) << 30);
+      st = minikv_cache_create(&c, &cache);
+      largest = guard.largest();
+    }
+    const std::string msg = minikv_last_error_message();
+    INFO("message: ", msg, "; largest request ", largest, " bytes");
+    CHECK(st == MINIKV_ERR_OUT_OF_MEMORY);
+    CHECK(cache == nullptr);
+    CHECK(largest < (size_t(1) << 20));
+    CHECK(msg.rfind("minikv_cache_create: ", 0) == 0);
+    CHECK(msg.find("lower max_tokens") != std::string::npos);
+  }
+
   TEST_CASE("host_calloc seam: set_alloc_failure makes the n-th pool allocation fail") {
     minikv_config c;
     minikv_config_default(&c);

@@ -6,10 +6,13 @@
 //   * a handle handed from thread to thread (with synchronization) behaves as on one thread;
 //   * one thread's failure is not visible as another thread's error; handle errors are
 //     per handle and readable from any thread; under contention each thread sees its own;
+//   * a handle used by two threads at once: the second call fails with BAD_STATE naming
+//     both calls and changes nothing (never a data race);
 //   * outputs and kept positions are bit-identical across runs and across
 //     MINIKV_NUM_THREADS = 1, 2, 4 (the compute pool size the CPU backend reads at create).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "exact_fill.hpp"
+#include "handle.h"  // white-box: minikv_cache::in_use
 #include "minikv.h"
 
 namespace {
@@ -266,7 +270,119 @@ TEST_SUITE("cpu") {
     minikv_cache_destroy(untouched);
   }
 
-  TEST_CASE("threads: concurrent failures, each thread and handle sees its own message") {
+  TEST_CASE("threads: a handle held by another call gives BAD_STATE naming both calls") {
+    // Deterministic: hold the handle as a call running on another thread would.
+    minikv_cache *cache = small_cache();
+    const uint32_t seq = 0;
+    const int32_t cu[2] = {0, 20};
+    std::vector<uint8_t> buf(20 * 16 * 2, 0);
+    REQUIRE(minikv_prefill(cache, 0, 1, &seq, cu, buf.data(), buf.data(), buf.data(), buf.data(),
+                           nullptr) == MINIKV_OK);
+    CHECK(minikv_sequence_release(cache, 99) == MINIKV_ERR_INVALID_ARGUMENT);
+    const std::string handle_error = minikv_cache_last_error(cache);
+    cache->in_use.store("minikv_prefill");
+    std::vector<std::pair<const char *, std::function<minikv_status()>>> calls = {
+        {"minikv_prefill", [&] { return minikv_prefill(cache, 1, 1, &seq, cu, buf.data(), buf.data(),
+                                                       buf.data(), buf.data(), nullptr); }},
+        {"minikv_append", [&] { return minikv_append(cache, 0, 1, &seq, buf.data(), buf.data(), nullptr); }},
+        {"minikv_decode", [&] { return minikv_decode(cache, 0, 1, &seq, buf.data(), buf.data(), nullptr); }},
+        {"minikv_sequence_release", [&] { return minikv_sequence_release(cache, 0); }},
+        {"minikv_sequence_length", [&] { return minikv_sequence_length(cache, 0, 0, nullptr, nullptr); }},
+        {"minikv_kept_positions", [&] {
+           uint32_t n = 0;
+           return minikv_kept_positions(cache, 0, 0, 0, nullptr, 0, &n);
+         }},
+        {"minikv_memory_stats_get", [&] {
+           minikv_memory_stats st{};
+           st.struct_size = sizeof(st);
+           return minikv_memory_stats_get(cache, &st);
+         }},
+        {"minikv_cache_backend", [&] {
+           minikv_backend b;
+           return minikv_cache_backend(cache, &b);
+         }}};
+    for (auto &call : calls) {
+      CAPTURE(call.first);
+      CHECK(call.second() == MINIKV_ERR_BAD_STATE);
+      const std::string msg = minikv_last_error_message();
+      CHECK(msg.rfind(std::string(call.first) + ": the cache is in use by minikv_prefill on another thread", 0) == 0);
+      CHECK(std::string(minikv_cache_last_error(cache)) == handle_error);  // the holder's to write
+    }
+    cache->in_use.store(nullptr);
+    uint64_t seen = 0, cached = 0;
+    CHECK(minikv_sequence_length(cache, 0, 0, &seen, &cached) == MINIKV_OK);
+    CHECK(seen == 20);  // nothing changed: not released, not appended
+    CHECK(minikv_sequence_length(cache, 0, 1, &seen, nullptr) == MINIKV_OK);
+    CHECK(seen == 0);
+    minikv_cache_destroy(cache);
+  }
+
+  TEST_CASE("threads: two threads on one handle at once - the second call fails with BAD_STATE") {
+    // A long prefill on one thread while this thread keeps querying the same handle: each
+    // query that overlaps the prefill must fail cleanly (BAD_STATE naming both calls), never
+    // race. It used to succeed silently (a data race; with compute calls on both threads the
+    // CPU backend's pool deadlocked or returned wrong outputs).
+    minikv_config c;
+    minikv_config_default(&c);
+    c.backend = MINIKV_BACKEND_CPU;
+    c.dtype = MINIKV_DTYPE_F32;
+    c.num_layers = 2;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_dim = 64;
+    c.max_sequences = 2;
+    c.max_seq_len = 768;
+    minikv_cache *cache = nullptr;
+    REQUIRE(minikv_cache_create(&c, &cache) == MINIKV_OK);
+    const int32_t L = 768;
+    std::vector<uint8_t> q, k, v;
+    fill(q, size_t(L) * 8 * 64, 1, c.dtype);
+    fill(k, size_t(L) * 2 * 64, 2, c.dtype);
+    fill(v, size_t(L) * 2 * 64, 3, c.dtype);
+    std::vector<uint8_t> out(q.size());
+    const int32_t cu[2] = {0, L};
+    uint32_t overlaps = 0, wrong = 0, prefills = 0;
+    for (uint32_t attempt = 0; attempt < 50 && overlaps == 0; ++attempt) {
+      std::atomic<int> phase{0};  // 1: the prefill is about to start, 2: it returned
+      minikv_status prefill_status = MINIKV_OK;
+      std::string prefill_message;
+      const uint32_t layer = attempt % 2, seq = (attempt / 2) % 2;
+      std::thread other([&] {
+        phase.store(1);
+        prefill_status = minikv_prefill(cache, layer, 1, &seq, cu, q.data(), k.data(), v.data(),
+                                        out.data(), nullptr);
+        if (prefill_status != MINIKV_OK) prefill_message = minikv_last_error_message();
+        phase.store(2);
+      });
+      while (phase.load() == 0) std::this_thread::yield();
+      while (phase.load() == 1) {
+        uint64_t seen = 0;
+        const minikv_status st = minikv_sequence_length(cache, seq, layer, &seen, nullptr);
+        if (st == MINIKV_ERR_BAD_STATE) {
+          ++overlaps;
+          if (std::string(minikv_last_error_message()).find(
+                  "minikv_sequence_length: the cache is in use by minikv_prefill") != 0)
+            ++wrong;
+        } else if (st != MINIKV_OK || (seen != 0 && seen != uint64_t(L))) {
+          ++wrong;
+        }
+      }
+      other.join();
+      if (prefill_status == MINIKV_OK) {
+        ++prefills;
+        REQUIRE(minikv_sequence_release(cache, seq) == MINIKV_OK);
+      } else if (prefill_status != MINIKV_ERR_BAD_STATE ||  // lost the handle to a query
+                 prefill_message.find("minikv_prefill: the cache is in use by "
+                                      "minikv_sequence_length") != 0) {
+        ++wrong;
+      }
+    }
+    CHECK(overlaps > 0);
+    CHECK(wrong == 0);
+    minikv_cache_destroy(cache);
+  }
+
+  TEST_CASE("threads: concurrent failures - each thread and handle sees its own message") {
     constexpr unsigned kThreads = 4, kIters = 300;
     std::vector<minikv_cache *> caches;
     for (unsigned t = 0; t < kThreads; ++t) caches.push_back(small_cache());
@@ -298,7 +414,7 @@ TEST_SUITE("cpu") {
     }
   }
 
-  TEST_CASE("determinism: bit-identical across runs and across MINIKV_NUM_THREADS = 1, 2, 4") {
+  TEST_CASE("determinism: bit-identical across runs and across MINIKV_NUM_THREADS = 1/2/4") {
     const char *old = std::getenv("MINIKV_NUM_THREADS");
     const std::string saved = old ? old : "";
     for (uint64_t seed : {0u, 1u, 2u, 3u, 5u}) {

@@ -53,8 +53,12 @@ class Cache:
     torch.cuda.Stream, or None = torch's current stream) and return at once: keep the
     tensors alive until that stream has run the work (the outputs returned are).
 
-    A handle is not thread-safe: use it from one thread at a time. Errors raise
-    MinikvError (with .status and the library's message); a failed call changes nothing.
+    A handle is not thread-safe: use it from one thread at a time (a call made while another
+    thread's call is using the handle raises MinikvError with Status.BAD_STATE and changes
+    nothing). A handle created before os.fork() (multiprocessing's "fork" start method)
+    keeps working in the child, which gets its own copy of the cache (CPU backend; CUDA
+    does not survive fork). Errors raise MinikvError (with .status and the library's
+    message); a failed call changes nothing.
     """
 
     def __init__(self, config: Optional[Config] = None, **fields: Any):
@@ -131,7 +135,11 @@ class Cache:
 
     def _check(self, status: int) -> None:
         if status != Status.OK:
-            message = self._lib.minikv_cache_last_error(self._handle)
+            # This thread's message, read right after the call on the same OS thread. (The
+            # handle's own message belongs to whichever call holds the handle: when another
+            # thread uses it at the same time, this call fails with BAD_STATE and only the
+            # thread's message describes it.)
+            message = self._lib.minikv_last_error_message()
             raise MinikvError(status, message.decode(errors="replace"))
 
     # ---- properties ----------------------------------------------------------------------

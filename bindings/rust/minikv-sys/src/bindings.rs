@@ -35,7 +35,8 @@ impl minikv_status {
 }
 impl minikv_status {
     #[doc = "< the call is valid but not now (decode before prefill,"]
-    #[doc = "prefill of a layer twice)"]
+    #[doc = "prefill of a layer twice, the handle in use by"]
+    #[doc = "another thread's call)"]
     pub const MINIKV_ERR_BAD_STATE: minikv_status = minikv_status(4);
 }
 impl minikv_status {
@@ -152,10 +153,17 @@ pub struct minikv_config {
     pub max_seq_len: u32,
     #[doc = "< pool capacity in cached tokens summed over sequences"]
     #[doc = "and layers, rounded up to whole blocks of"]
-    #[doc = "residual_length tokens; 0 = enough for every slot at"]
-    #[doc = "max_seq_len"]
+    #[doc = "residual_length tokens, at most 2^31 blocks; 0 = enough"]
+    #[doc = "for every slot at max_seq_len. CPU: the pool must fit"]
+    #[doc = "the machine's RAM + swap (checked before anything is"]
+    #[doc = "allocated: MINIKV_ERR_OUT_OF_MEMORY)"]
     pub max_tokens: u64,
-    #[doc = "< heavy-hitter budget h as a fraction of the prompt; 0.25"]
+    #[doc = "< heavy-hitter budget h as a fraction of the prompt; 0.25."]
+    #[doc = "Ratios are read as the shortest decimal that rounds to"]
+    #[doc = "the float (0.7f is 0.7, so 0.7 of 1000 tokens is 700);"]
+    #[doc = "a layer keeps floor(h_l L) + floor(r L) tokens (in"]
+    #[doc = "double, with a slack of 1e-12 (1 + L) for the rounding"]
+    #[doc = "of the PYRAMID line), or every token when h_l + r >= 1"]
     pub heavy_ratio: f32,
     #[doc = "< recent-window budget r as a fraction of the prompt; 0.25"]
     pub recent_ratio: f32,
@@ -615,7 +623,11 @@ extern "C" {
     #[doc = "            larger than this library's with non-zero bytes past its end);"]
     #[doc = "          MINIKV_ERR_UNSUPPORTED (CUDA requested but not built or no device, or a size"]
     #[doc = "            the backend does not compile);"]
-    #[doc = "          MINIKV_ERR_OUT_OF_MEMORY; MINIKV_ERR_DEVICE."]
+    #[doc = "          MINIKV_ERR_OUT_OF_MEMORY (also a CPU pool larger than RAM + swap, refused before"]
+    #[doc = "            anything is allocated); MINIKV_ERR_DEVICE. Every size derived from the config"]
+    #[doc = "          is computed with overflow checks: one that does not fit (or more than 2^31"]
+    #[doc = "          blocks, residual slots or block-table entries) is MINIKV_ERR_INVALID_ARGUMENT"]
+    #[doc = "          naming the fields that cause it."]
     pub fn minikv_cache_create(
         cfg: *const minikv_config,
         out: *mut *mut minikv_cache,
@@ -667,9 +679,11 @@ extern "C" {
     #[doc = "                    prompt token and may not alias the inputs."]
     #[doc = "  @param stream     cudaStream_t or NULL (must be NULL for the CPU backend)."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL pointer, bad id/layer, repeated"]
-    #[doc = "          seq_id, bad cu_seqlens); MINIKV_ERR_BAD_STATE (a (sequence, layer) already"]
-    #[doc = "          prefilled); MINIKV_ERR_CAPACITY_EXCEEDED (not enough free blocks for the whole"]
-    #[doc = "          batch); MINIKV_ERR_DEVICE. On failure no sequence of the batch changes."]
+    #[doc = "          seq_id, bad cu_seqlens, a misaligned tensor, a non-finite input with the CPU"]
+    #[doc = "          backend); MINIKV_ERR_BAD_STATE (a (sequence, layer) already prefilled, or the"]
+    #[doc = "          handle in use by another thread's call); MINIKV_ERR_CAPACITY_EXCEEDED (not"]
+    #[doc = "          enough free blocks for the whole batch); MINIKV_ERR_DEVICE. On failure no"]
+    #[doc = "          sequence of the batch changes."]
     pub fn minikv_prefill(
         cache: *mut minikv_cache,
         layer: u32,
@@ -689,8 +703,10 @@ extern "C" {
     #[doc = "  are quantized into the pool as one flush, before the token's decode (as the reference"]
     #[doc = "  implementation does)."]
     #[doc = "  @param k,v  backend memory [n_seqs, num_kv_heads, head_dim]."]
-    #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not"]
-    #[doc = "          prefilled for a sequence); MINIKV_ERR_CAPACITY_EXCEEDED (a flush needs a block"]
+    #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (also a misaligned tensor or, with"]
+    #[doc = "          the CPU backend, a non-finite k/v); MINIKV_ERR_BAD_STATE (layer not prefilled"]
+    #[doc = "          for a sequence, or the handle in use by another thread's call);"]
+    #[doc = "          MINIKV_ERR_CAPACITY_EXCEEDED (a flush needs a block"]
     #[doc = "          and the pool has none, or a sequence reached max_seq_len); MINIKV_ERR_DEVICE."]
     #[doc = "          On failure no sequence changes. Allocates nothing; with CUDA it never synchronizes"]
     #[doc = "          the host (CUDA-graph capturable)."]
@@ -710,8 +726,10 @@ extern "C" {
     #[doc = "  one softmax over all of them, scale 1/sqrt(head_dim). Append the token first: it then"]
     #[doc = "  attends to itself. Reads the cache only."]
     #[doc = "  @param q,out  backend memory [n_seqs, num_heads, head_dim]."]
-    #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT; MINIKV_ERR_BAD_STATE (layer not"]
-    #[doc = "          prefilled, or no token cached yet); MINIKV_ERR_DEVICE. Allocates nothing; with CUDA"]
+    #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (also a misaligned tensor or, with"]
+    #[doc = "          the CPU backend, a non-finite q); MINIKV_ERR_BAD_STATE (layer not prefilled, no"]
+    #[doc = "          token cached yet, or the handle in use by another thread's call);"]
+    #[doc = "          MINIKV_ERR_DEVICE. Allocates nothing; with CUDA"]
     #[doc = "          it never synchronizes the host (CUDA-graph capturable, like minikv_append)."]
     pub fn minikv_decode(
         cache: *mut minikv_cache,

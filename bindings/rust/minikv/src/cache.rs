@@ -42,7 +42,14 @@ pub struct MemoryStats {
 ///
 /// `Send` but not `Sync`: the handle is not internally synchronized (even a failing query
 /// records its message in the handle), so calls that change it take `&mut self` and the
-/// handle moves between threads but is never shared.
+/// handle moves between threads but is never shared. (Sharing the raw handle from
+/// [`as_ptr`](Self::as_ptr) anyway makes the C library fail an overlapping call with
+/// `Status::BadState`.)
+///
+/// ```compile_fail
+/// fn shared_between_threads<T: Sync>() {}
+/// shared_between_threads::<minikv::KvCache>();
+/// ```
 ///
 /// Host buffers go through the slice methods ([`prefill`](Self::prefill),
 /// [`append`](Self::append), [`decode`](Self::decode)), which check every length and the
@@ -136,14 +143,17 @@ impl KvCache {
         self.raw.as_ptr()
     }
 
-    /// `Ok` for MINIKV_OK, else the error with this handle's message, read right away.
+    /// `Ok` for MINIKV_OK, else the error with this thread's message, read right away (on
+    /// the thread that made the call). The handle's own message belongs to whichever call
+    /// holds the handle: a call made while another thread uses it (through `as_ptr`) fails
+    /// with `BadState`, and only the thread's message describes that.
     fn check(&self, status: sys::minikv_status) -> Result<()> {
         if status == sys::minikv_status::MINIKV_OK {
             return Ok(());
         }
-        // SAFETY: the handle is live; the returned string is valid until the next failing
-        // call on it, and Error::from_c copies it now.
-        Err(unsafe { Error::from_c(status, sys::minikv_cache_last_error(self.raw.as_ptr())) })
+        // SAFETY: minikv_last_error_message never returns NULL; the text stays valid until
+        // this thread's next minikv call, and Error::from_c copies it now.
+        Err(unsafe { Error::from_c(status, sys::minikv_last_error_message()) })
     }
 
     // ---- the compute calls over host slices (CPU backend) ---------------------------

@@ -800,4 +800,44 @@ class KvCacheTest {
     assertEquals((short) 0x3f80, Half.bf16Bits(1.00390625f)); // tie → even
     assertEquals((short) 0x3f82, Half.bf16Bits(1.01171875f)); // tie → even (up)
   }
+
+  /**
+   * One KvCache used from two threads at once: its methods are synchronized, so each call
+   * succeeds and sees the state before or after the other (the C library itself would fail
+   * the overlapping call with MINIKV_ERR_BAD_STATE; the wrapper never lets that happen).
+   */
+  @Test
+  void concurrentUseIsSerialized() throws Exception {
+    final int l = 512;
+    Config cfg = Config.builder().backend(Backend.CPU).dtype(Dtype.F32).numLayers(1)
+        .numHeads(8).numKvHeads(2).headDim(64).maxSequences(1).maxSeqLen(l).build();
+    Random rng = new Random(5);
+    float[] q = new float[l * 8 * 64], k = new float[l * 2 * 64], v = new float[l * 2 * 64];
+    for (float[] x : new float[][] {q, k, v}) {
+      for (int i = 0; i < x.length; i++) {
+        x[i] = (float) rng.nextGaussian();
+      }
+    }
+    ExecutorService pool = Executors.newSingleThreadExecutor();
+    try (KvCache cache = new KvCache(cfg)) {
+      Future<?> prefills = pool.submit(() -> {
+        float[] out = new float[l * 8 * 64];
+        for (int i = 0; i < 4; i++) {
+          cache.prefill(0, new int[] {0}, new int[] {0, l}, q, k, v, out);
+          cache.release(0);
+        }
+        return null;
+      });
+      int queries = 0;
+      while (!prefills.isDone()) {
+        long seen = cache.sequenceLength(0, 0).tokensSeen();
+        assertTrue(seen == 0 || seen == l, "seen " + seen);
+        queries++;
+      }
+      prefills.get(); // rethrows a failure of the other thread
+      assertTrue(queries > 0);
+    } finally {
+      pool.shutdown();
+    }
+  }
 }
