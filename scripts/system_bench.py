@@ -102,6 +102,8 @@ class Bench:
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
         # The paper's quantization (MINIKV_PRESET_PAPER) under the chosen budget.
         self.fields = dict(MINIKV_SETTINGS[args.setting], preset="paper")
+        # Tokens per pool block, as the preset sets them (the pool is sized in blocks).
+        self.block_tokens = minikv.Config.from_preset("paper").residual_length
         self.total = torch.cuda.get_device_properties(self.device).total_memory if self.cuda else 0
         self._kept = {}
 
@@ -205,7 +207,7 @@ class Bench:
                                  f"model {self.kept_per_layer(prompt)}")
 
     def _run_minikv(self, batch, prompt, steps, cache_len, static):
-        R = self.fields["residual_length"]
+        R = self.block_tokens
         gen_tokens = cache_len - prompt
         # The pool holds what the budget keeps plus the generated tokens (whole blocks of R
         # tokens per sequence and layer, one block of slack), not max_seq_len per slot.
