@@ -14,6 +14,11 @@ cell: times, GB/s, the fraction of copy bandwidth, and `of_cudnn_rate` = libmini
 over cuDNN's bytes/s on its full cache (the issue's target is >= 0.85).
 
   python3 bench/bench_decode_matrix.py --out bench/results/x.json [--quick] [--dtype f16]
+      [--storage 0,2] [--shapes 1,2] [--kernels auto,generic]
+
+--kernels measures each cell once per decode kernel: `auto` is the plan the library picks,
+`fast`, `mma` or `generic` force one through MINIKV_DECODE_KERNEL (docs/kernels.md#decode);
+a kernel that cannot take the configuration is recorded as an error row.
 """
 import argparse
 import ctypes
@@ -57,7 +62,11 @@ def rand(shape, tdtype):
     return torch.randn(shape, device=DEV, dtype=tdtype)
 
 
-def make_cache(dtype, B, H, Hkv, D, L, kb, vb, G, sinks):
+def make_cache(dtype, B, H, Hkv, D, L, kb, vb, G, sinks, kernel="auto"):
+    if kernel == "auto":
+        os.environ.pop("MINIKV_DECODE_KERNEL", None)
+    else:
+        os.environ["MINIKV_DECODE_KERNEL"] = kernel  # read by minikv_cache_create
     fields = dict(backend="cuda", dtype=dtype, num_layers=LAYERS, num_heads=H, num_kv_heads=Hkv,
                   head_dim=D, max_sequences=B, max_seq_len=L + 1024, score_mode="window",
                   key_bits=kb, value_bits=vb, group_size=G, residual_length=128,
@@ -65,9 +74,9 @@ def make_cache(dtype, B, H, Hkv, D, L, kb, vb, G, sinks):
     return minikv.Cache(minikv.Config(**fields))
 
 
-def bench_cell(dtype, tdtype, storage, B, H, Hkv, D, L, copy_gbs, baselines):
+def bench_cell(dtype, tdtype, storage, B, H, Hkv, D, L, copy_gbs, baselines, kernel):
     name, kb, vb, G, sinks = storage
-    cache = make_cache(dtype, B, H, Hkv, D, L, kb, vb, G, sinks)
+    cache = make_cache(dtype, B, H, Hkv, D, L, kb, vb, G, sinks, kernel)
     lib, handle = minikv.load(), ctypes.c_void_p(cache.handle)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream or None)
     for layer in range(LAYERS):  # one sequence at a time: bounded prompt buffers
@@ -106,7 +115,7 @@ def bench_cell(dtype, tdtype, storage, B, H, Hkv, D, L, copy_gbs, baselines):
     read = used + 2 * qd.numel() * qd.element_size()
     gbs = read / (t_dec * 1e-3) / 1e9
     base = baselines[(B, H, Hkv, D, L)]
-    r = dict(kind="decode", dtype=dtype, storage=name, key_bits=kb, value_bits=vb, group=G,
+    r = dict(kind="decode", kernel=kernel, dtype=dtype, storage=name, key_bits=kb, value_bits=vb, group=G,
              sinks=sinks, B=B, H=H, Hkv=Hkv, D=D, L=L, minikv_ms=t_dec, step_ms=t_step,
              step_over_decode=t_step / t_dec, compressed_bytes=read, minikv_GBps=gbs,
              fraction_of_copy=gbs / copy_gbs, **base)
@@ -149,6 +158,8 @@ def main():
     ap.add_argument("--dtype", default="f16")
     ap.add_argument("--quick", action="store_true", help="L = 32K only")
     ap.add_argument("--storage", default="", help="comma-separated indices into STORAGE")
+    ap.add_argument("--shapes", default="", help="comma-separated indices into the shape list")
+    ap.add_argument("--kernels", default="auto", help="auto, fast, mma, generic (comma-separated)")
     args = ap.parse_args()
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name(), commit=git_commit() or "?",
@@ -163,24 +174,26 @@ def main():
               (8, 32, 8, 64, 32768)]
     if not args.quick:
         shapes += [(8, 32, 32, 128, 131072), (8, 32, 8, 128, 131072)]
+    if args.shapes:
+        shapes = [shapes[int(i)] for i in args.shapes.split(",")]
     rows = []
     for dtype in args.dtype.split(","):
         tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
         baselines = {s: bench_baselines(tdtype, *s) for s in shapes}
         for (B, H, Hkv, D, L) in shapes:
-            for st in storages:
+            for st, kernel in ((st, k) for st in storages for k in args.kernels.split(",")):
                 if st[1] == 16 and st[2] == 16 and D != 128:
                     continue
                 try:
-                    r = bench_cell(dtype, tdtype, st, B, H, Hkv, D, L, copy_gbs, baselines)
+                    r = bench_cell(dtype, tdtype, st, B, H, Hkv, D, L, copy_gbs, baselines, kernel)
                 except (RuntimeError, TypeError, minikv.MinikvError) as e:
-                    r = dict(kind="decode", dtype=dtype, storage=st[0], B=B, H=H, Hkv=Hkv, D=D,
-                             L=L, error=str(e)[:300])
-                    print(f"{dtype} {st[0]:20} B={B} {H}/{Hkv} D={D} L={L}: {r['error']}", flush=True)
+                    r = dict(kind="decode", kernel=kernel, dtype=dtype, storage=st[0], B=B, H=H,
+                             Hkv=Hkv, D=D, L=L, error=str(e)[:300])
+                    print(f"{dtype} {st[0]:20} {kernel:7} B={B} {H}/{Hkv} D={D} L={L}: {r['error']}", flush=True)
                     rows.append(r)
                     continue
                 rows.append(r)
-                print(f"{dtype} {st[0]:20} B={B} {H:2}/{Hkv:2} D={D:3} L={L:6}: "
+                print(f"{dtype} {st[0]:20} {kernel:7} B={B} {H:2}/{Hkv:2} D={D:3} L={L:6}: "
                       f"{r['minikv_ms']:.4f} ms {100 * r['fraction_of_copy']:3.0f}% copy  "
                       f"step/decode {r['step_over_decode']:.2f}  cudnn {r.get('cudnn_ms', float('nan')):.4f} ms "
                       f"x{r.get('speedup_vs_cudnn', float('nan')):.2f}  "

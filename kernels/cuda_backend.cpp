@@ -12,8 +12,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "../src/backend.h"
@@ -22,6 +24,7 @@
 #include "cuda_check.h"
 #include "cuda_debug.h"
 #include "decode_generic_plan.h"
+#include "decode_mma_plan.h"
 #include "launchers.h"
 
 namespace minikv {
@@ -121,25 +124,50 @@ class CudaBackend final : public Backend {
     scores_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill score workspace");
     kept_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill selection workspace");
 
-    // The decode plan, chosen once: the fast kernel where it applies, else the generic one.
+    // The decode plan, chosen once: the tensor-core kernel for GQA groups, the fast kernel
+    // for the paper's storage without groups, the generic kernel for the rest.
+    // MINIKV_DECODE_KERNEL=fast|mma|generic forces one (a debugging and benchmarking knob,
+    // docs/kernels.md#decode; a kernel that cannot take the configuration is an error).
     // Split-K partials: enough rows for every head of a full decode launch plus the extra
     // splits that fill the GPU when the batch is small (two rounds of the resident CTAs).
     const uint32_t n_rep = H / Hkv;
-    fast_decode_ = decode_fast_path(spec.block, spec.residual, n_rep);
     const uint64_t rows = uint64_t(std::min(cfg_.max_sequences, kMaxDecodeSeqs)) * H;
-    if (fast_decode_) {
-      heads_per_cta_ = n_rep;
-      decode_slots_ = num_sms_ * decode_fast_ctas_per_sm(cfg_.dtype, D, n_rep);
-    } else {
-      if (const char *why = decode_generic_unsupported(spec.block)) {
+    const bool fast_ok = decode_fast_path(spec.block, spec.residual, n_rep);
+    const bool mma_ok = decode_mma_path(spec.block, n_rep);
+    decode_kernel_ = mma_ok ? DecodeKernel::kMma : fast_ok ? DecodeKernel::kFast : DecodeKernel::kGeneric;
+    if (const char *forced = std::getenv("MINIKV_DECODE_KERNEL")) {
+      const std::string name(forced);
+      if (name == "fast" && fast_ok) decode_kernel_ = DecodeKernel::kFast;
+      else if (name == "mma" && mma_ok) decode_kernel_ = DecodeKernel::kMma;
+      else if (name == "generic") decode_kernel_ = DecodeKernel::kGeneric;
+      else if (!name.empty())
         fail(MINIKV_ERR_UNSUPPORTED,
-             "minikv_cache_create: this configuration cannot be decoded by the CUDA backend: "
-             "%s (head_dim %u, key_bits %u, value_bits %u)",
-             why, D, cfg_.key_bits, cfg_.value_bits);
-      }
-      heads_per_cta_ = decode_generic_heads_per_cta(n_rep);
-      decode_tile_ = make_generic_decode_plan(spec.block, heads_per_cta_).qtile;
-      decode_slots_ = num_sms_ * configure_decode_generic(cfg_.dtype, spec.block, n_rep);
+             "minikv_cache_create: MINIKV_DECODE_KERNEL=%s cannot decode this configuration "
+             "(fast: 2-bit keys and values, G 16, no sinks, n_rep 1/2/4/8; mma: n_rep >= 2, "
+             "G >= 16 with head_dim / G <= 8; generic: any)",
+             forced);
+    }
+    switch (decode_kernel_) {
+      case DecodeKernel::kFast:
+        heads_per_cta_ = n_rep;
+        decode_slots_ = num_sms_ * decode_fast_ctas_per_sm(cfg_.dtype, D, n_rep);
+        break;
+      case DecodeKernel::kMma:
+        heads_per_cta_ = decode_mma_heads_per_cta(n_rep);
+        decode_tile_ = make_mma_decode_plan(spec.block).qtile;
+        decode_slots_ = num_sms_ * configure_decode_mma(cfg_.dtype, spec.block);
+        break;
+      case DecodeKernel::kGeneric:
+        if (const char *why = decode_generic_unsupported(spec.block)) {
+          fail(MINIKV_ERR_UNSUPPORTED,
+               "minikv_cache_create: this configuration cannot be decoded by the CUDA backend: "
+               "%s (head_dim %u, key_bits %u, value_bits %u)",
+               why, D, cfg_.key_bits, cfg_.value_bits);
+        }
+        heads_per_cta_ = decode_generic_heads_per_cta(n_rep);
+        decode_tile_ = make_generic_decode_plan(spec.block, heads_per_cta_).qtile;
+        decode_slots_ = num_sms_ * configure_decode_generic(cfg_.dtype, spec.block, n_rep);
+        break;
     }
     part_rows_ = rows + 2ull * decode_slots_ * heads_per_cta_;
     part_o_ = DeviceBuffer(part_rows_ * D * 4, "decode workspace");
@@ -257,14 +285,16 @@ class CudaBackend final : public Backend {
           std::max<uint64_t>(part_rows_ / (uint64_t(p.n) * H), 1), kDecodeMaxSplits);
       const uint64_t ctas = uint64_t(p.n) * Hkv * ceil_div(H / Hkv, heads_per_cta_);
       // Generic: the sink and residual segments add up to two tiles (residual ≤ R rows).
-      const uint64_t tiles = fast_decode_ ? ceil_div(longest_quantized, kDecodeFastTile)
-                                          : ceil_div(longest, decode_tile_) + 2;
+      const bool fast = decode_kernel_ == DecodeKernel::kFast;
+      const uint64_t tiles = fast ? ceil_div(longest_quantized, kDecodeFastTile)
+                                  : ceil_div(longest, decode_tile_) + 2;
       const uint64_t splits = best_splits(ctas, tiles, max_splits);
       p.splits = static_cast<uint32_t>(std::max<uint64_t>(splits, 1));
-      if (fast_decode_) {
-        launch_decode_fast(cfg_.dtype, D, p, static_cast<cudaStream_t>(stream));
-      } else {
-        launch_decode_generic(cfg_.dtype, p, static_cast<cudaStream_t>(stream));
+      const cudaStream_t s = static_cast<cudaStream_t>(stream);
+      switch (decode_kernel_) {
+        case DecodeKernel::kFast: launch_decode_fast(cfg_.dtype, D, p, s); break;
+        case DecodeKernel::kMma: launch_decode_mma(cfg_.dtype, p, s); break;
+        case DecodeKernel::kGeneric: launch_decode_generic(cfg_.dtype, p, s); break;
       }
     }
   }
@@ -430,7 +460,8 @@ class CudaBackend final : public Backend {
   uint32_t num_sms_ = 0;
   uint32_t ws_tokens_ = 0;
   uint32_t heads_per_cta_ = 1;  // query heads of one decode CTA
-  bool fast_decode_ = false;    // the decode plan: decode_fast_path(), else the generic kernel
+  enum class DecodeKernel { kFast, kMma, kGeneric };
+  DecodeKernel decode_kernel_ = DecodeKernel::kGeneric;  // the decode plan
   bool prefill_wgmma_ = false;  // prefill_wgmma_usable(): the sm_90a forward on this device
   uint64_t decode_slots_ = 1;   // resident decode CTAs on the device
   uint32_t decode_tile_ = kDecodeFastTile;  // tokens per decode tile (generic: quantized tiles)

@@ -40,7 +40,7 @@ void launch_set_block_table(const TableParams &p, cudaStream_t stream);
 // append_flush.cu
 void launch_append(minikv_dtype dtype, const AppendParams &p, cudaStream_t stream);
 
-// Decode: two strategies and one combine. The backend picks one at create (its plan) and
+// Decode: three strategies and one combine. The backend picks one at create (its plan) and
 // sizes splits and workspaces from it.
 // decode_fast.cu: 2-bit keys and values, G = 16, head_dim 64/128, 16-bit dtype, GQA group
 // 1/2/4/8, no sinks: one-warp CTAs over tiles of kDecodeFastTile quantized tokens; splits
@@ -60,6 +60,13 @@ uint32_t decode_generic_heads_per_cta(uint32_t n_rep);
 // Raises the kernel's shared-memory limit on the current device; returns resident CTAs per SM.
 uint32_t configure_decode_generic(minikv_dtype dtype, const BlockLayout &bl, uint32_t n_rep);
 void launch_decode_generic(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream);
+// decode_mma.cu: GQA groups (n_rep >= 2) of every storage configuration on tensor cores,
+// one-warp CTAs of at most kMmaMaxHeads query heads over the tiles of decode_mma_plan.h.
+bool decode_mma_path(const BlockLayout &bl, uint32_t n_rep);
+uint32_t decode_mma_heads_per_cta(uint32_t n_rep);
+// Raises the kernel's shared-memory limit on the current device; returns resident CTAs per SM.
+uint32_t configure_decode_mma(minikv_dtype dtype, const BlockLayout &bl);
+void launch_decode_mma(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream);
 // decode_merge.cu: out = the combine of p.splits partials per (sequence, query head).
 void launch_decode_merge(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
                          cudaStream_t stream);
