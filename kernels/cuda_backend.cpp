@@ -124,8 +124,8 @@ class CudaBackend final : public Backend {
     scores_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill score workspace");
     kept_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill selection workspace");
 
-    // The decode plan, chosen once: the tensor-core kernel for GQA groups, the fast kernel
-    // for the paper's storage without groups, the generic kernel for the rest.
+    // The decode plan, chosen once: the fast kernel for the paper's storage, the tensor-core
+    // kernel for the other GQA groups, the generic kernel for the rest.
     // MINIKV_DECODE_KERNEL=fast|mma|generic forces one (a debugging and benchmarking knob,
     // docs/kernels.md#decode; a kernel that cannot take the configuration is an error).
     // Split-K partials: enough rows for every head of a full decode launch plus the extra
@@ -134,7 +134,7 @@ class CudaBackend final : public Backend {
     const uint64_t rows = uint64_t(std::min(cfg_.max_sequences, kMaxDecodeSeqs)) * H;
     const bool fast_ok = decode_fast_path(spec.block, spec.residual, n_rep);
     const bool mma_ok = decode_mma_path(spec.block, n_rep);
-    decode_kernel_ = mma_ok ? DecodeKernel::kMma : fast_ok ? DecodeKernel::kFast : DecodeKernel::kGeneric;
+    decode_kernel_ = fast_ok ? DecodeKernel::kFast : mma_ok ? DecodeKernel::kMma : DecodeKernel::kGeneric;
     if (const char *forced = std::getenv("MINIKV_DECODE_KERNEL")) {
       const std::string name(forced);
       if (name == "fast" && fast_ok) decode_kernel_ = DecodeKernel::kFast;

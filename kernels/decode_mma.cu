@@ -232,9 +232,10 @@ __device__ __forceinline__ void build_query_pairs(const T *qh, uint32_t qi, uint
 
 // A = (q ⊙ s_k of one key group) in fp16 pieces hi + lo, key-pair order; us = 2^(12 − ks).
 template <typename T, int D, int KB>
-__device__ __forceinline__ void build_key_operand(const T *ks_row, uint32_t qi,
-                                                  const uint32_t (&q2)[D / 8], uint32_t (&xh)[D / 8],
+__device__ __forceinline__ void build_key_operand(const T *ks_row, uint32_t lane,
+                                                  const uint32_t *q2_s, uint32_t (&xh)[D / 8],
                                                   uint32_t (&xl)[D / 8], float &us) {
+  const uint32_t qi = lane & 3;
   using KP = KeyPairs<KB>;
   constexpr int QC = D / 4, NW = QC / 2;
   uint32_t w[NW];  // natural channel pairs (2j, 2j + 1) of the quarter
@@ -273,8 +274,9 @@ __device__ __forceinline__ void build_key_operand(const T *ks_row, uint32_t qi,
       const int lo = KP::lo(P), hi = KP::hi(P);
       const uint32_t sel = (lo & 1 ? 0x32u : 0x10u) | (hi & 1 ? 0x7600u : 0x5400u);
       const uint32_t s2 = hmul2_bits(prmt(w[lo / 2], w[hi / 2], sel), f2);
-      xh[P] = hmul2_bits(q2[P], s2);
-      xl[P] = hfms2_bits(q2[P], s2, xh[P]);
+      const uint32_t q2 = q2_s[P * 32 + lane];
+      xh[P] = hmul2_bits(q2, s2);
+      xl[P] = hfms2_bits(q2, s2, xh[P]);
     }
   } else {
     const float f = pow2i(ks);
@@ -283,8 +285,9 @@ __device__ __forceinline__ void build_key_operand(const T *ks_row, uint32_t qi,
       const int lo = KP::lo(P), hi = KP::hi(P);
       const uint32_t s2 = pack_f16(elem_to_float<T>(w[lo / 2], lo & 1) * f,
                                    elem_to_float<T>(w[hi / 2], hi & 1) * f);
-      xh[P] = hmul2_bits(q2[P], s2);
-      xl[P] = hfms2_bits(q2[P], s2, xh[P]);
+      const uint32_t q2 = q2_s[P * 32 + lane];
+      xh[P] = hmul2_bits(q2, s2);
+      xl[P] = hfms2_bits(q2, s2, xh[P]);
     }
   }
 }
@@ -293,8 +296,7 @@ __device__ __forceinline__ void build_key_operand(const T *ks_row, uint32_t qi,
 template <typename T, int D, int KB>
 __device__ __forceinline__ void qk_quantized(const uint8_t *stage, const MmaDecodePlan &g,
                                              const BlockLayout &bl, uint32_t ntiles,
-                                             const uint32_t (&q2)[D / 8], const uint32_t (&qp)[D / 16][2],
-                                             float uq, float scale_log2, uint32_t lane,
+                                             const uint32_t *q2_s, const uint32_t *qp_s, float uq, float scale_log2, uint32_t lane,
                                              float (&lg)[kMmaMaxTile / 8][2]) {
   using KP = KeyPairs<KB>;
   constexpr int QB = D * KB / 32;  // bytes of a row's quarter
@@ -308,7 +310,7 @@ __device__ __forceinline__ void qk_quantized(const uint8_t *stage, const MmaDeco
   float cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
-    const uint32_t a[4] = {qp[ks][0], 0u, qp[ks][1], 0u};
+    const uint32_t a[4] = {qp_s[(2 * ks) * 32 + lane], 0u, qp_s[(2 * ks + 1) * 32 + lane], 0u};
     const uint8_t *mrow = kmin + gq * D * sizeof(T) + (16 * ks + 2 * qi) * sizeof(T);
     const bool live = gq < ngroups;
     const uint32_t b0 = live ? *reinterpret_cast<const uint32_t *>(mrow) : 0u;
@@ -319,74 +321,91 @@ __device__ __forceinline__ void qk_quantized(const uint8_t *stage, const MmaDeco
   uint32_t xh[D / 8], xl[D / 8];
   float us = 1.0f, bias = 0.0f;
   int group = -1;
+  // Two n-tiles (16 tokens, one key group: G >= 16) at a time: four independent mma chains.
 #pragma unroll
-  for (int nt = 0; nt < int(kMmaMaxTile / 8); ++nt) {
+  for (int nt = 0; nt < int(kMmaMaxTile / 8); nt += 2) {
     if (uint32_t(nt) >= ntiles) break;
     const int gl = int((8u * nt) / G);
     if (gl != group) {
       group = gl;
-      build_key_operand<T, D, KB>(kscale + gl * D, qi, q2, xh, xl, us);
+      build_key_operand<T, D, KB>(kscale + gl * D, lane, q2_s, xh, xl, us);
       const float b0 = __shfl_sync(kFull, cb[0], 4 * gq + gl / 2);
       const float b1 = __shfl_sync(kFull, cb[1], 4 * gq + gl / 2);
       bias = gl & 1 ? b1 : b0;
     }
-    const uint8_t *row = stage + (8 * nt + gq) * g.k_stride + qi * QB;
-    uint32_t wd[QW];
-    if constexpr (QB % 16 == 0) {
+    uint32_t wd[2][QW];
 #pragma unroll
-      for (int v = 0; v < QB / 16; ++v) {
-        const uint4 u = reinterpret_cast<const uint4 *>(row)[v];
-        wd[4 * v] = u.x;
-        wd[4 * v + 1] = u.y;
-        wd[4 * v + 2] = u.z;
-        wd[4 * v + 3] = u.w;
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t *row = stage + (8 * (nt + h) + gq) * g.k_stride + qi * QB;
+      if constexpr (QB % 16 == 0) {
+#pragma unroll
+        for (int v = 0; v < QB / 16; ++v) {
+          const uint4 u = reinterpret_cast<const uint4 *>(row)[v];
+          wd[h][4 * v] = u.x;
+          wd[h][4 * v + 1] = u.y;
+          wd[h][4 * v + 2] = u.z;
+          wd[h][4 * v + 3] = u.w;
+        }
+      } else if constexpr (QB == 8) {
+        const uint2 u = *reinterpret_cast<const uint2 *>(row);
+        wd[h][0] = u.x;
+        wd[h][QW - 1] = u.y;
+      } else {
+        wd[h][0] = *reinterpret_cast<const uint32_t *>(row);
       }
-    } else if constexpr (QB == 8) {
-      const uint2 u = *reinterpret_cast<const uint2 *>(row);
-      wd[0] = u.x;
-      wd[QW - 1] = u.y;
-    } else {
-      wd[0] = *reinterpret_cast<const uint32_t *>(row);
     }
-    float dh[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float d[4][4] = {};  // (n-tile, piece)
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       constexpr int kPw = KP::kPerWord;
-      const uint32_t b0 = KP::code_pair(wd[(2 * ks) / kPw], 2 * ks);
-      const uint32_t b1 = KP::code_pair(wd[(2 * ks + 1) / kPw], 2 * ks + 1);
       const uint32_t ah[4] = {xh[2 * ks], 0u, xh[2 * ks + 1], 0u};
       const uint32_t al[4] = {xl[2 * ks], 0u, xl[2 * ks + 1], 0u};
-      mma_16816<__half>(dh, ah, b0, b1);
-      mma_16816<__half>(dl, al, b0, b1);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t b0 = KP::code_pair(wd[h][(2 * ks) / kPw], 2 * ks);
+        const uint32_t b1 = KP::code_pair(wd[h][(2 * ks + 1) / kPw], 2 * ks + 1);
+        mma_16816<__half>(d[2 * h], ah, b0, b1);
+        mma_16816<__half>(d[2 * h + 1], al, b0, b1);
+      }
     }
     const float unscale = uq * us;
-    lg[nt][0] = fmaf(dh[0] + dl[0], unscale, bias) * scale_log2;
-    lg[nt][1] = fmaf(dh[1] + dl[1], unscale, bias) * scale_log2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      lg[nt + h][0] = fmaf(d[2 * h][0] + d[2 * h + 1][0], unscale, bias) * scale_log2;
+      lg[nt + h][1] = fmaf(d[2 * h][1] + d[2 * h + 1][1], unscale, bias) * scale_log2;
+    }
   }
 }
 
 // Logits of 16-bit key rows (row stride `stride`): exact products.
 template <typename T, int D>
 __device__ __forceinline__ void qk_rows(const uint8_t *rows, uint32_t stride, uint32_t ntiles,
-                                        const uint32_t (&qp)[D / 16][2], float scale_log2,
+                                        const uint32_t *qp_s, float scale_log2,
                                         uint32_t lane, float (&lg)[kMmaMaxTile / 8][2]) {
 #pragma unroll
-  for (int nt = 0; nt < int(kMmaMaxTile / 8); ++nt) {
+  for (int nt = 0; nt < int(kMmaMaxTile / 8); nt += 2) {
     if (uint32_t(nt) >= ntiles) break;
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    // ldmatrix.x4: matrices (k-step ks, channels +0 / +8) and (ks + 1, +0 / +8) of 8 tokens.
-    const uint8_t *addr = rows + (8 * nt + (lane & 7)) * stride + ((lane >> 3) * 8) * sizeof(T);
+    float d[2][2][4] = {};  // (n-tile, k-step parity): four independent chains
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ks += 2) {
-      uint32_t b[4];
-      ldmatrix_x4(b, addr + ks * 16 * sizeof(T));
-      const uint32_t a0[4] = {qp[ks][0], 0u, qp[ks][1], 0u};
-      const uint32_t a1[4] = {qp[ks + 1][0], 0u, qp[ks + 1][1], 0u};
-      mma_16816<T>(d, a0, b[0], b[1]);
-      mma_16816<T>(d, a1, b[2], b[3]);
+    for (int h = 0; h < 2; ++h) {
+      // ldmatrix.x4: matrices (k-step ks, channels +0 / +8) and (ks + 1, +0 / +8) of 8 tokens.
+      const uint8_t *addr =
+          rows + (8 * (nt + h) + (lane & 7)) * stride + ((lane >> 3) * 8) * sizeof(T);
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ks += 2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, addr + ks * 16 * sizeof(T));
+        const uint32_t a0[4] = {qp_s[(2 * ks) * 32 + lane], 0u, qp_s[(2 * ks + 1) * 32 + lane], 0u};
+        const uint32_t a1[4] = {qp_s[(2 * ks + 2) * 32 + lane], 0u, qp_s[(2 * ks + 3) * 32 + lane], 0u};
+        mma_16816<T>(d[h][0], a0, b[0], b[1]);
+        mma_16816<T>(d[h][1], a1, b[2], b[3]);
+      }
     }
-    lg[nt][0] = d[0] * scale_log2;
-    lg[nt][1] = d[1] * scale_log2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      lg[nt + h][0] = (d[h][0][0] + d[h][1][0]) * scale_log2;
+      lg[nt + h][1] = (d[h][0][1] + d[h][1][1]) * scale_log2;
+    }
   }
 }
 
@@ -445,7 +464,7 @@ __device__ __forceinline__ void pv_codes(const uint8_t *vrows, uint32_t stride, 
 /// \tparam T dtype of q/out and of scales and 16-bit rows (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
 template <typename T, int D>
-__global__ void __launch_bounds__(32, 8) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(32, D == 128 ? 10 : 12) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
   using Prob = ProbOperand<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   const BlockLayout &bl = p.st.block;
@@ -470,22 +489,31 @@ __global__ void __launch_bounds__(32, 8) decode_mma_kernel(const __grid_constant
   // the key-pair order for quantized keys.
   const T *qh = gq < nh ? static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0 + gq) * D
                         : nullptr;
-  uint32_t qp[D / 16][2];
+  // Both live in shared memory, [word][lane] (conflict-free), read where used: registers
+  // are what bounds the resident warps.
+  uint32_t *qp_s = reinterpret_cast<uint32_t *>(smem + g.qp);  // [D / 8][32]
+  uint32_t *q2_s = reinterpret_cast<uint32_t *>(smem + g.q2);  // [D / 8][32]
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
-    qp[ks][0] = qh ? *reinterpret_cast<const uint32_t *>(qh + 16 * ks + 2 * qi) : 0u;
-    qp[ks][1] = qh ? *reinterpret_cast<const uint32_t *>(qh + 16 * ks + 2 * qi + 8) : 0u;
+    qp_s[(2 * ks) * 32 + lane] = qh ? *reinterpret_cast<const uint32_t *>(qh + 16 * ks + 2 * qi) : 0u;
+    qp_s[(2 * ks + 1) * 32 + lane] =
+        qh ? *reinterpret_cast<const uint32_t *>(qh + 16 * ks + 2 * qi + 8) : 0u;
   }
-  uint32_t q2[D / 8];
   float uq = 1.0f;
-  switch (bl.key_bits) {
-    case 2: build_query_pairs<T, D, 2>(qh, qi, q2, uq); break;
-    case 4: build_query_pairs<T, D, 4>(qh, qi, q2, uq); break;
-    case 8: build_query_pairs<T, D, 8>(qh, qi, q2, uq); break;
-    default:
+  {
+    uint32_t q2[D / 8];
+    switch (bl.key_bits) {
+      case 2: build_query_pairs<T, D, 2>(qh, qi, q2, uq); break;
+      case 4: build_query_pairs<T, D, 4>(qh, qi, q2, uq); break;
+      case 8: build_query_pairs<T, D, 8>(qh, qi, q2, uq); break;
+      default:
 #pragma unroll
-      for (int P = 0; P < D / 8; ++P) q2[P] = 0u;
+        for (int P = 0; P < D / 8; ++P) q2[P] = 0u;
+    }
+#pragma unroll
+    for (int P = 0; P < D / 8; ++P) q2_s[P * 32 + lane] = q2[P];
   }
+  __syncwarp();
 
   const MmaTiles tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], g);
   const uint32_t per_split = (tiles.total + p.splits - 1) / p.splits;
@@ -526,10 +554,10 @@ __global__ void __launch_bounds__(32, 8) decode_mma_kernel(const __grid_constant
     // 1. Logits.
     float lg[kMmaMaxTile / 8][2];
     switch (kb) {
-      case 2: qk_quantized<T, D, 2>(stage, g, bl, ntiles, q2, qp, uq, p.scale_log2, lane, lg); break;
-      case 4: qk_quantized<T, D, 4>(stage, g, bl, ntiles, q2, qp, uq, p.scale_log2, lane, lg); break;
-      case 8: qk_quantized<T, D, 8>(stage, g, bl, ntiles, q2, qp, uq, p.scale_log2, lane, lg); break;
-      default: qk_rows<T, D>(krows, kstride, ntiles, qp, p.scale_log2, lane, lg); break;
+      case 2: qk_quantized<T, D, 2>(stage, g, bl, ntiles, q2_s, qp_s, uq, p.scale_log2, lane, lg); break;
+      case 4: qk_quantized<T, D, 4>(stage, g, bl, ntiles, q2_s, qp_s, uq, p.scale_log2, lane, lg); break;
+      case 8: qk_quantized<T, D, 8>(stage, g, bl, ntiles, q2_s, qp_s, uq, p.scale_log2, lane, lg); break;
+      default: qk_rows<T, D>(krows, kstride, ntiles, qp_s, p.scale_log2, lane, lg); break;
     }
 
     // 2. Online softmax of head g over the tile.
@@ -547,7 +575,8 @@ __global__ void __launch_bounds__(32, 8) decode_mma_kernel(const __grid_constant
     const float m_new = fmaxf(m_run, tmax);
     const float base = m_new == -INFINITY ? 0.0f : m_new;
     const float corr = exp2f(m_run - base);
-    float pr[kMmaMaxTile / 8][2], sum = 0.0f;
+    float(&pr)[kMmaMaxTile / 8][2] = lg;  // probabilities replace the logits
+    float sum = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < int(kMmaMaxTile / 8); ++nt)
 #pragma unroll

@@ -11,7 +11,7 @@ namespace minikv {
 namespace kernels {
 
 constexpr uint32_t kMmaMaxTile = 64;         // tokens per tile, at most (eight n-tiles of 8)
-constexpr uint32_t kMmaStageBudget = 12288;  // bytes one pipeline stage may take
+constexpr uint32_t kMmaStageBudget = 8192;   // bytes one pipeline stage may take (12 CTAs/SM)
 constexpr uint32_t kMmaMaxHeads = 8;         // query heads of one CTA: the mma's 8 live rows
 constexpr uint32_t kMmaMaxGroups = 8;        // value groups per token (D / G), at most
 
@@ -28,6 +28,7 @@ struct MmaDecodePlan {
   // After the two stages:
   uint32_t sv;     // [kMmaMaxGroups][kMmaMaxTile] fp32 value scales of the tile, by group
   uint32_t mv;     // [kMmaMaxGroups][kMmaMaxTile] dtype value minima of the tile, by group
+  uint32_t qp, q2;  // [D / 8][32 lanes] 32-bit query operands (natural pairs, key-pair order)
   uint32_t total;  // dynamic shared memory of one CTA
 };
 
@@ -68,6 +69,10 @@ MINIKV_HD MmaDecodePlan make_mma_decode_plan(const BlockLayout &bl) {
   off = generic_align16(off + uint64_t(kMmaMaxGroups) * kMmaMaxTile * 4);
   g.mv = off;
   off = generic_align16(off + uint64_t(kMmaMaxGroups) * kMmaMaxTile * e);
+  g.qp = off;
+  off = generic_align16(off + uint64_t(D / 8) * 32 * 4);
+  g.q2 = off;
+  off = generic_align16(off + uint64_t(D / 8) * 32 * 4);
   g.total = off;
   return g;
 }
