@@ -120,14 +120,19 @@ template <typename T> struct ProbOperand {
 };
 
 // ---- staging (one warp) -----------------------------------------------------------------
+// `rows` rows of `row_bytes` (a multiple of 16) into rows of `stride` bytes, and zeros up to
+// row `padded`: the mma reads whole 16-token k-steps, and a stale row of an earlier tile
+// (codes read as fp16) may be Inf or NaN, which 0 · row would not cancel.
 __device__ __forceinline__ void copy_rows(uint8_t *dst, uint32_t stride, const uint8_t *src,
-                                          uint64_t row_bytes, uint32_t rows, uint32_t lane) {
+                                          uint64_t row_bytes, uint32_t rows, uint32_t padded,
+                                          uint32_t lane) {
   const uint32_t units = static_cast<uint32_t>(row_bytes / 16);
   const uint32_t shift = __ffs(units) - 1;
   const bool pow2 = (units & (units - 1)) == 0;
-  for (uint32_t x = lane; x < rows * units; x += 32) {
+  for (uint32_t x = lane; x < padded * units; x += 32) {
     const uint32_t r = pow2 ? x >> shift : x / units, u = pow2 ? x & (units - 1) : x % units;
-    cp_async_16(dst + r * stride + u * 16, src + r * row_bytes + u * 16, true);
+    const bool live = r < rows;
+    cp_async_16(dst + r * stride + u * 16, src + (live ? r : 0) * row_bytes + u * 16, live);
   }
 }
 __device__ __forceinline__ void copy_bytes(uint8_t *dst, const uint8_t *src, uint64_t bytes,
@@ -144,11 +149,12 @@ __device__ void stage_tile(const DecodeParams &p, const MmaDecodePlan &g, const 
   if (tr.segment == kSegQuantized) {
     const uint32_t R = bl.tokens, row0 = tr.first % R;  // qtile divides R
     const uint8_t *block = p.st.pool + uint64_t(table[tr.first / R]) * bl.bytes;
+    // Quantized counts are multiples of G >= 16: no padding.
     copy_rows(stage, g.k_stride, block + bl.k_codes + kvh * bl.k_codes_head() + row0 * bl.k_row_bytes,
-              bl.k_row_bytes, tr.count, lane);
+              bl.k_row_bytes, tr.count, tr.count, lane);
     copy_rows(stage + g.q_vcodes, g.v_stride,
               block + bl.v_codes + kvh * bl.v_codes_head() + row0 * bl.v_row_bytes, bl.v_row_bytes,
-              tr.count, lane);
+              tr.count, tr.count, lane);
     if (bl.key_bits != 16) {
       const uint64_t groups = (tr.count + G - 1) / G, at = (row0 / G) * D * e;
       copy_bytes(stage + g.q_kscale, block + bl.k_scale + kvh * bl.k_scale_head() + at, groups * D * e, lane);
@@ -170,8 +176,9 @@ __device__ void stage_tile(const DecodeParams &p, const MmaDecodePlan &g, const 
       k = res_slot + rl.k + kvh * rl.kv_head_stride();
       v = res_slot + rl.v + kvh * rl.kv_head_stride();
     }
-    copy_rows(stage, g.p_stride, k + tr.first * D * e, D * e, tr.count, lane);
-    copy_rows(stage + g.p_v, g.p_stride, v + tr.first * D * e, D * e, tr.count, lane);
+    const uint32_t padded = (tr.count + 15) / 16 * 16;
+    copy_rows(stage, g.p_stride, k + tr.first * D * e, D * e, tr.count, padded, lane);
+    copy_rows(stage + g.p_v, g.p_stride, v + tr.first * D * e, D * e, tr.count, padded, lane);
   }
 }
 
@@ -480,7 +487,8 @@ __global__ void __launch_bounds__(32, D == 128 ? 10 : 12) decode_mma_kernel(cons
 
   float *sv_s = reinterpret_cast<float *>(smem + g.sv);  // [group][token] fp32
   T *mv_s = reinterpret_cast<T *>(smem + g.mv);          // [group][token]
-  // Rows past a short tile must hold finite bytes (0 · row = 0 in the mma).
+  // Stage bytes past the staged regions are read (and multiplied by 0) before any tile has
+  // written them: they start as zeros.
   for (uint32_t x = lane; x < g.total / 16; x += 32)
     reinterpret_cast<uint4 *>(smem)[x] = make_uint4(0, 0, 0, 0);
   __syncwarp();
