@@ -27,9 +27,10 @@ One minikv.Cache per generator (num_layers = the model's layers); the backend fo
 model's device (CPU tensors -> CPU backend, CUDA tensors -> CUDA backend on torch's current
 stream) and the cache dtype the model's dtype (float32, float16, bfloat16).
 
-Tensor parallelism. A model loaded with transformers' tensor-parallel plan
-(`from_pretrained(..., tp_plan="auto")` under torchrun; torch.distributed with NCCL on CUDA,
-gloo on the CPU) splits q/k/v_proj column-wise, so each rank's attention sees whole heads:
+Tensor parallelism. A model loaded with transformers' tensor-parallel plan under torchrun
+(`from_pretrained(..., distributed_config=transformers.DistributedConfig(tp_plan="auto"))`,
+or the older `tp_plan="auto"`; torch.distributed with NCCL on CUDA, gloo on the CPU; needs
+accelerate) splits q/k/v_proj column-wise, so each rank's attention sees whole heads:
 rank r holds query heads [r*H/W, (r+1)*H/W) and KV heads [r*Hkv/W, (r+1)*Hkv/W) of the W
 ranks. Every rank builds its own MiniKVGenerator: its cache holds only its heads, on its own
 device. libminikv selects, budgets and quantizes each KV head on its own, so the ranks'
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Iterable, List, Optional, Sequence, Union
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -80,13 +81,14 @@ def register() -> None:
 class _Call:
     """What one model call asks of the attention layers: which sequences, and how."""
 
-    __slots__ = ("mode", "seq_ids", "cu_seqlens", "cache")
+    __slots__ = ("mode", "seq_ids", "cu_seqlens", "cache", "heads")
 
-    def __init__(self, mode: str, seq_ids: np.ndarray, cache: Cache,
+    def __init__(self, mode: str, seq_ids: np.ndarray, cache: Cache, heads: Tuple[int, int],
                  cu_seqlens: Optional[np.ndarray] = None):
         self.mode = mode  # "prefill" | "decode"
         self.seq_ids = seq_ids
         self.cache = cache
+        self.heads = heads  # (query heads, KV heads) of the cache
         self.cu_seqlens = cu_seqlens
 
 
@@ -110,12 +112,11 @@ def minikv_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
         raise RuntimeError(f"minikv.hf: {type(module).__name__} has no layer_idx")
     cache = call.cache
     b, h, t, d = query.shape
-    heads = (cache.config.num_heads, cache.config.num_kv_heads)
-    if (h, key.shape[1]) != heads:
+    if (h, key.shape[1]) != call.heads:
         raise RuntimeError(
             f"minikv.hf: layer {layer}'s attention has {h} query and {key.shape[1]} KV heads but "
-            f"the cache holds {heads[0]} and {heads[1]} (a tensor-parallel plan that does not "
-            f"split q/k/v_proj column-wise into whole heads?)")
+            f"the cache holds {call.heads[0]} and {call.heads[1]} (a tensor-parallel plan that "
+            f"does not split q/k/v_proj column-wise into whole heads?)")
     if query.dtype != key.dtype or query.dtype != value.dtype:
         raise TypeError(f"minikv.hf: query/key/value dtypes differ ({query.dtype}, {key.dtype}, "
                         f"{value.dtype})")
@@ -154,7 +155,7 @@ def _text_config(config: Any) -> Any:
     return get() if callable(get) else config
 
 
-def tensor_parallel_heads(config: Any, world_size: int) -> "tuple[int, int]":
+def tensor_parallel_heads(config: Any, world_size: int) -> Tuple[int, int]:
     """The query and KV heads of each rank's attention when a model with this (transformers)
     config runs tensor-parallel over `world_size` ranks with its heads split column-wise
     (transformers' tp_plan "auto" for the LLaMA family): (num_heads / W, num_kv_heads / W).
@@ -177,7 +178,7 @@ def tensor_parallel_heads(config: Any, world_size: int) -> "tuple[int, int]":
     return num_heads // world_size, num_kv_heads // world_size
 
 
-def _tensor_parallel_rank(model: Any) -> "tuple[int, int]":
+def _tensor_parallel_rank(model: Any) -> Tuple[int, int]:
     """(world, rank) of the model's tensor-parallel group over its attention heads; (1, 0)
     when the model is not tensor-parallel or its plan leaves the K/V projections whole."""
     world = int(getattr(model, "tp_size", None) or 1)
@@ -250,7 +251,7 @@ class MiniKVGenerator:
     the lowest free ones unless given `seq_ids`, and `step` advances the sequences named
     (by default every active one, in prefill order).
 
-    A tensor-parallel model (from_pretrained(..., tp_plan="auto")): one generator per rank,
+    A tensor-parallel model (DistributedConfig(tp_plan="auto")): one generator per rank,
     each caching its rank's heads (`tp_world`, `tp_rank`; its KV head j is the model's KV
     head kv_head_offset + j); every rank makes the same calls.
     """
@@ -274,6 +275,7 @@ class MiniKVGenerator:
         self.tp_world, self.tp_rank = _tensor_parallel_rank(model)
         num_heads, num_kv_heads = tensor_parallel_heads(tc, self.tp_world)
         self.kv_head_offset = self.tp_rank * num_kv_heads
+        self._heads = (num_heads, num_kv_heads)
         param = next(model.parameters())
         dtype = _TORCH_TO_MINIKV.get(param.dtype)
         if dtype is None:
@@ -381,7 +383,7 @@ class MiniKVGenerator:
         flat = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=dev)[None]
         pos = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths]).to(dev)[None]
         keep = 0 if all_logits else torch.as_tensor(cu[1:] - 1, dtype=torch.long, device=dev)
-        call = _Call("prefill", np.asarray(seq_ids, dtype=np.uint32), self.cache, cu)
+        call = _Call("prefill", np.asarray(seq_ids, dtype=np.uint32), self.cache, self._heads, cu)
         try:
             logits = self._run(flat, pos, call, keep)[0]
         except BaseException:
@@ -433,7 +435,7 @@ class MiniKVGenerator:
             pos = torch.arange(starts[0], starts[0] + t, device=self.device).expand(len(starts), t)
         else:
             pos = (torch.tensor(starts)[:, None] + torch.arange(t)[None]).to(self.device)
-        call = _Call("decode", np.asarray(seq_ids, dtype=np.uint32), self.cache)
+        call = _Call("decode", np.asarray(seq_ids, dtype=np.uint32), self.cache, self._heads)
         try:
             logits = self._run(ids.to(self.device), pos, call, 0)
         except BaseException:

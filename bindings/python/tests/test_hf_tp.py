@@ -200,3 +200,14 @@ def test_tensor_parallel_heads():
         hf.tensor_parallel_heads(cfg, 3)
     with pytest.raises(ValueError, match="world_size"):
         hf.tensor_parallel_heads(cfg, 0)
+
+
+def test_attention_refuses_heads_the_cache_does_not_hold():
+    """A plan that hands a rank's attention other heads than its cache holds is an error
+    naming both counts, before any libminikv call."""
+    class Layer:
+        layer_idx = 0
+    q, kv = torch.zeros(1, 4, 3, 32), torch.zeros(1, 2, 3, 32)
+    call = hf._Call("prefill", np.zeros(1, dtype=np.uint32), None, (2, 1), np.array([0, 3]))
+    with pytest.raises(RuntimeError, match="4 query and 2 KV heads but the cache holds 2 and 1"):
+        hf.minikv_attention(Layer(), q, kv, kv, None, minikv_call=call)
