@@ -3,13 +3,15 @@
 `run(model, fields)` drives one MiniKVGenerator through a fixed scenario and returns what it
 saw; test_hf_tp.py runs it in its own process on the whole model, and this file, started
 by torchrun (`python -m torch.distributed.run --nproc-per-node 2 tp_scenario.py CKPT
-CKPT_BAD OUT`), runs it on every rank of the model loaded with tp_plan "auto" and saves
-each rank's results to OUT/rank<r>.pt.
+CKPT_BAD OUT DEVICE`), runs it on every rank of the model loaded with tp_plan "auto" (on the
+CPU with gloo, float32; or on one GPU per rank with NCCL, float16) and saves each rank's
+results to OUT/rank<r>.pt.
 
 The scenario: a ragged batch of two prompts prefilled (every position's logits), 140
 teacher-forced tokens each in one step (past the default residual_length of 128: a flush),
 the kept positions of every (sequence, layer, KV head), the memory statistics, then greedy
-generation of one prompt. Every libminikv call is recorded (inputs and outputs, and the releases), so the
+generation of one prompt. Every libminikv call is recorded (inputs and outputs, copied to
+the host, and the releases), so the
 test can replay a run's calls into another cache.
 """
 import os
@@ -35,6 +37,10 @@ SETTINGS = {
 }
 
 
+def host(t):
+    return t.detach().to("cpu", copy=True)
+
+
 class Recorder:
     """A minikv.Cache that records each prefill/append/decode call: its inputs and output."""
 
@@ -48,12 +54,12 @@ class Recorder:
     def prefill(self, layer, seq_ids, cu_seqlens, q, k, v, **kw):
         out = self._cache.prefill(layer, seq_ids, cu_seqlens, q, k, v, **kw)
         self.calls.append(("prefill", layer, np.array(seq_ids), np.array(cu_seqlens),
-                           q.clone(), k.clone(), v.clone(), out.clone()))
+                           host(q), host(k), host(v), host(out)))
         return out
 
     def append(self, layer, seq_ids, k, v, **kw):
         self._cache.append(layer, seq_ids, k, v, **kw)
-        self.calls.append(("append", layer, np.array(seq_ids), k.clone(), v.clone()))
+        self.calls.append(("append", layer, np.array(seq_ids), host(k), host(v)))
 
     def release(self, seq_id):
         self._cache.release(seq_id)
@@ -61,7 +67,7 @@ class Recorder:
 
     def decode(self, layer, seq_ids, q, **kw):
         out = self._cache.decode(layer, seq_ids, q, **kw)
-        self.calls.append(("decode", layer, np.array(seq_ids), q.clone(), out.clone()))
+        self.calls.append(("decode", layer, np.array(seq_ids), host(q), host(out)))
         return out
 
 
@@ -88,19 +94,27 @@ def run(model, fields):
         greedy = gen.generate(tokens(20, GREEDY[0]), max_new_tokens=GREEDY[1])[0]
     finally:
         gen.close()
-    return dict(prompt_logits=[t.clone() for t in prompt_logits], forced_logits=forced_logits.clone(),
+    return dict(prompt_logits=[host(t) for t in prompt_logits], forced_logits=host(forced_logits),
                 kept=kept, used_bytes=stats.used_bytes, tokens_cached=stats.tokens_cached,
                 greedy=greedy, calls=rec.calls, config=cfg, tp=(gen.tp_world, gen.tp_rank))
 
 
-def main(checkpoint, bad_checkpoint, out_dir):
+DTYPES = {"cpu": torch.float32, "cuda": torch.float16}  # the CUDA backend has no float32
+
+
+def main(checkpoint, bad_checkpoint, out_dir, device):
     import transformers
 
-    def load(path):  # the model's own tensor-parallel plan over every rank
+    # The model's own tensor-parallel plan over every rank; transformers puts it on the
+    # machine's accelerator (one GPU per rank, NCCL) or, where there is none, on the CPU
+    # (gloo). The caller hides the GPUs for a CPU run.
+    def load(path):
         return transformers.AutoModelForCausalLM.from_pretrained(
             path, distributed_config=transformers.DistributedConfig(tp_plan="auto"),
-            dtype=torch.float32).eval()
+            dtype=DTYPES[device]).eval()
     model = load(checkpoint)
+    if next(model.parameters()).device.type != device:
+        raise RuntimeError(f"the model is on {next(model.parameters()).device}, not {device}")
     rank = torch.distributed.get_rank()
     results = {name: run(model, fields) for name, fields in SETTINGS.items()}
     # A model whose KV heads do not split over the ranks: the generator refuses it.
