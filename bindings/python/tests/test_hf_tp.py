@@ -86,6 +86,7 @@ def runs(request, checkpoints, exact, tmp_path_factory):
             if e.status == minikv.Status.UNSUPPORTED:
                 pytest.skip(f"this libminikv has no CUDA backend: {e}")
             raise
+        env.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast in NCCL
     else:
         # One thread per rank (CI machines are small; results do not depend on it), and no
         # GPU: transformers would put the model on it.
