@@ -26,7 +26,9 @@ engine one cache per rank with that rank's heads. The random weights then come f
 transformers' loader, which initializes each rank's own shards (rank 0 writes a checkpoint
 holding only the config and the final norm). Memory is per rank (--memory-limit-gb per
 GPU; peak = the largest rank's, peak_bytes_per_rank each), times are the slowest rank's,
-and a batch fits only when it fits on every rank. Only rank 0 prints and writes.
+and a batch fits only when it fits on every rank. Only rank 0 prints and writes. (A rank
+that ran out of memory in the middle of a step would leave the others waiting in a
+collective; the ranks allocate the same sizes, so they run out at the same call.)
 
 Writes bench/results/system-<date>-<device>/system.json and fig11_memory.png,
 fig12_max_prompt.png, fig13_latency.png, fig13_throughput.png (matplotlib; --plot-only
