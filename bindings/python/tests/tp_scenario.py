@@ -11,8 +11,7 @@ The scenario: a ragged batch of two prompts prefilled (every position's logits),
 teacher-forced tokens each in one step (past the default residual_length of 128: a flush),
 the kept positions of every (sequence, layer, KV head), the memory statistics, then greedy
 generation of one prompt. Every libminikv call is recorded (inputs and outputs, copied to
-the host, and the releases), so the
-test can replay a run's calls into another cache.
+the host, and the releases), so the test can replay a run's calls into another cache.
 """
 import os
 import sys
