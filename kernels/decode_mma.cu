@@ -471,7 +471,7 @@ __device__ __forceinline__ void pv_codes(const uint8_t *vrows, uint32_t stride, 
 /// \tparam T dtype of q/out and of scales and 16-bit rows (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
 template <typename T, int D>
-__global__ void __launch_bounds__(32, D == 128 ? 10 : 12) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(32, 8) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
   using Prob = ProbOperand<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   const BlockLayout &bl = p.st.block;

@@ -11,7 +11,7 @@ namespace minikv {
 namespace kernels {
 
 constexpr uint32_t kMmaMaxTile = 64;         // tokens per tile, at most (eight n-tiles of 8)
-constexpr uint32_t kMmaStageBudget = 8192;   // bytes one pipeline stage may take (12 CTAs/SM)
+constexpr uint32_t kMmaStageBudget = 12288;  // bytes one pipeline stage may take
 constexpr uint32_t kMmaMaxHeads = 8;         // query heads of one CTA: the mma's 8 live rows
 constexpr uint32_t kMmaMaxGroups = 8;        // value groups per token (D / G), at most
 
