@@ -169,7 +169,20 @@ minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uint32_t n_seq
                              const void *k, const void *v, void *out, void *stream) {
   if (!cache) return null_handle("minikv_prefill");
   return exclusive(cache, "minikv_prefill", [&] {
-    cache->impl.prefill(layer, n_seqs, seq_ids, cu_seqlens, q, k, v, out, stream);
+    cache->impl.prefill("minikv_prefill", layer, n_seqs, seq_ids, cu_seqlens, nullptr, q, k, v,
+                        out, stream);
+  });
+}
+
+minikv_status minikv_prefill_chunk(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
+                                   const uint32_t *seq_ids, const int32_t *cu_seqlens,
+                                   const uint32_t *prompt_lens, const void *q, const void *k,
+                                   const void *v, void *out, void *stream) {
+  if (!cache) return null_handle("minikv_prefill_chunk");
+  return exclusive(cache, "minikv_prefill_chunk", [&] {
+    MINIKV_REQUIRE(prompt_lens != nullptr, "minikv_prefill_chunk: prompt_lens is NULL");
+    cache->impl.prefill("minikv_prefill_chunk", layer, n_seqs, seq_ids, cu_seqlens, prompt_lens,
+                        q, k, v, out, stream);
   });
 }
 

@@ -903,7 +903,7 @@ void corrupted_create(fuzz::Input &in, const minikv_config &valid) {
       {offsetof(minikv_config, window_size), 4, true},  {offsetof(minikv_config, pool_kernel), 4, false},
       {offsetof(minikv_config, key_bits), 4, false},    {offsetof(minikv_config, value_bits), 4, false},
       {offsetof(minikv_config, group_size), 4, false},  {offsetof(minikv_config, residual_length), 4, true},
-      {offsetof(minikv_config, sink_tokens), 4, true},  {offsetof(minikv_config, reserved_v2_), 4, false},
+      {offsetof(minikv_config, sink_tokens), 4, true},  {offsetof(minikv_config, prefill_staging_tokens), 4, true},
   };
   // The struct lives in a larger zeroed buffer, so a struct_size above sizeof still names
   // readable bytes (the caller's side of the contract).
