@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 /// \tparam T dtype of q/k (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
-/// 3 CTAs/SM (12 warps): 168 registers at D = 128; its 56 B of spills serve the clamped
+/// 3 CTAs/SM (12 warps): 168 registers at D = 128; its 60 B of spills serve the clamped
 /// cp.async of a sequence's last (partial) Q tile, off the per-tile path.
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 3)
@@ -294,10 +294,13 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
   const int wkey = k0 + warp * 32;  // this warp's keys: m-tile mt = wkey + 16 mt
+  // The masks compare in query-row coordinates (position - qp): keys and the window's first
+  // position shifted once here, not per tile.
+  const int k0_row = k0 - qp, wkey_row = wkey - qp, row_first = row_begin - qp;
 
   // Query tiles (of the n rows) with a row at a position >= max(row_begin, k0): on or below
   // the diagonal, in the window.
-  const int qt0 = max(max(row_begin, k0) - qp, 0) / kSQ;
+  const int qt0 = max(max(row_first, k0_row), 0) / kSQ;
   const int qt_end = (n + kSQ - 1) / kSQ;
   const int total = n_rep * (qt_end - qt0);
   // This thread's cp.async chunk of a full Q tile (see the forward kernel).
@@ -382,9 +385,9 @@ __global__ void __launch_bounds__(kThreads, 3)
 
     // s[mt][nt][e]: key wkey + 16 mt + g + 8 (e / 2), query row i0 + 8 nt + 2 tq + (e & 1)
     // (prompt position qp + that).
-    const int i0 = cur_qt * kSQ, ia = qp + i0;
+    const int i0 = cur_qt * kSQ;
     if (++cur_qt == qt_end) cur_qt = qt0;
-    if (ia >= k0 + kSK - 1 && i0 + kSQ <= n && ia >= row_begin) {  // no key or query masked
+    if (i0 >= k0_row + kSK - 1 && i0 + kSQ <= n && i0 >= row_first) {  // no key or query masked
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         const float2 lv = *reinterpret_cast<const float2 *>(ls + nt * 8 + 2 * tq);
@@ -403,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-          lo[mt][r] = max(wkey + 16 * mt + g + 8 * r, row_begin) - ia - 2 * tq;
+          lo[mt][r] = max(wkey_row + 16 * mt + g + 8 * r, row_first) - i0 - 2 * tq;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         const float2 lv = *reinterpret_cast<const float2 *>(ls + nt * 8 + 2 * tq);
