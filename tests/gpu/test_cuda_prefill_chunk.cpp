@@ -283,11 +283,11 @@ TEST_CASE("CUDA chunked prefill equals one call: ragged batches in both score mo
         {31, 500}, 20},
        {17}},
       // chunks of one token; GQA 8 with pyramid budgets and 4-bit values
-      {{"f16 hd64 gqa8 pyramid 2/4 G16", F16, 64, 16, 2, CUM, 2, 4, 16, 32, PYR, 0.25f, 0.25f,
-        {300}, 30},
+      {{"f16 hd64 gqa8 pyramid 2/4 G16 1-token chunks", F16, 64, 16, 2, CUM, 2, 4, 16, 32, PYR,
+        0.25f, 0.25f, {130}, 30},
        {1}},
       {{"bf16 hd128 gqa4 window 1-token chunks", BF16, 128, 8, 2, WIN, 2, 2, 16, 32, UNI, 0.25f,
-        0.25f, {150, 70}, 10},
+        0.25f, {70, 33}, 10},
        {1}},
       // pure eviction with sinks; keep-all; recent-only
       {{"bf16 hd128 gqa2 16/16 4 sinks", BF16, 128, 4, 2, CUM, 16, 16, 16, 32, UNI, 0.25f, 0.25f,
