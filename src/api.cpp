@@ -169,8 +169,7 @@ minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uint32_t n_seq
                              const void *k, const void *v, void *out, void *stream) {
   if (!cache) return null_handle("minikv_prefill");
   return exclusive(cache, "minikv_prefill", [&] {
-    cache->impl.prefill("minikv_prefill", layer, n_seqs, seq_ids, cu_seqlens, nullptr, q, k, v,
-                        out, stream);
+    cache->impl.prefill(layer, n_seqs, seq_ids, cu_seqlens, q, k, v, out, stream);
   });
 }
 

@@ -33,6 +33,11 @@ class Cache {
   void prefill(const char *call, uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
                const int32_t *cu_seqlens, const uint32_t *prompt_lens, const void *q,
                const void *k, const void *v, void *out, void *stream);
+  void prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
+               const int32_t *cu_seqlens, const void *q, const void *k, const void *v,
+               void *out, void *stream) {
+    prefill("minikv_prefill", layer, n_seqs, seq_ids, cu_seqlens, nullptr, q, k, v, out, stream);
+  }
   void append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *k,
               const void *v, void *stream);
   void decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *q,

@@ -25,6 +25,7 @@ namespace {
 using gt::Case;
 using gt::DevBuf;
 using gt::Tensor;
+using gt::check_stats_equal;
 
 const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
 const minikv_score_mode CUM = MINIKV_SCORE_CUMULATIVE, WIN = MINIKV_SCORE_WINDOW;
@@ -167,17 +168,6 @@ size_t identical_rows(const Tensor &a, const Tensor &b, size_t row) {
   for (size_t r = 0; r < a.size() / row; ++r)
     same += std::equal(a.bits.begin() + r * row, a.bits.begin() + (r + 1) * row, b.bits.begin() + r * row);
   return same;
-}
-
-void check_stats_equal(minikv_cache *a, minikv_cache *b) {
-  minikv_memory_stats x{}, y{};
-  x.struct_size = y.struct_size = sizeof(minikv_memory_stats);
-  MKV_OK(minikv_memory_stats_get(a, &x));
-  MKV_OK(minikv_memory_stats_get(b, &y));
-  CHECK_EQ(x.used_bytes, y.used_bytes);
-  CHECK_EQ(x.tokens_seen, y.tokens_seen);
-  CHECK_EQ(x.tokens_cached, y.tokens_cached);
-  CHECK_EQ(x.pool_bytes, y.pool_bytes);
 }
 
 void run_chunked(const Case &c, const Cut &cut) {
