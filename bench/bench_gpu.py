@@ -5,7 +5,8 @@ In one process on one GPU, for each shape, the median time of
   - libminikv decode: one layer, one query token per sequence, over a cache prefilled with
     L tokens at the default budget (heavy 0.25 + recent 0.25), 2-bit, G = 16;
   - libminikv prefill, CUMULATIVE and WINDOW score modes (attention + scores + selection +
-    quantization);
+    quantization); with --chunk N also the same prompt in N-token chunks
+    (minikv_prefill_chunk, all chunks of one prompt per timed call) and its ratio to one call;
   - PyTorch scaled_dot_product_attention with the FlashAttention backend on the full FP16
     cache (decode: q_len 1; prefill: causal);
   - a device-to-device copy, the same-run memory-bandwidth ceiling.
@@ -14,6 +15,7 @@ zero); the median of the per-call times is reported. Decode bandwidth counts the
 kernel must read: the compressed cache (used_bytes of the layer) plus q and out.
 
   python3 bench/bench_gpu.py --out bench/results/x.json [--quick] [--dtype f16|bf16]
+  python3 bench/bench_gpu.py --out x.json --no-decode --lengths 32768 --chunk 4096
 """
 import argparse
 import ctypes
@@ -67,10 +69,11 @@ def sdpa_flash(q, k, v, causal):
                                               enable_gqa=q.shape[1] != k.shape[1])
 
 
-def make_cache(dtype, B, H, Hkv, L, score_mode, gen=16):
+def make_cache(dtype, B, H, Hkv, L, score_mode, gen=16, staging=0):
     return minikv.Cache(minikv.Config.from_preset(
         "paper", backend="cuda", dtype=dtype, num_layers=1, num_heads=H, num_kv_heads=Hkv,
-        head_dim=128, max_sequences=B, max_seq_len=L + gen, score_mode=score_mode))
+        head_dim=128, max_sequences=B, max_seq_len=L + gen, score_mode=score_mode,
+        prefill_staging_tokens=staging))
 
 
 def rand(shape, tdtype):
@@ -118,7 +121,7 @@ def bench_decode(dtype, tdtype, B, H, Hkv, L, copy_gbs):
                 sdpa_GBps=full_bytes / (t_sdpa * 1e-3) / 1e9)
 
 
-def bench_prefill(dtype, tdtype, B, H, Hkv, L):
+def bench_prefill(dtype, tdtype, B, H, Hkv, L, chunk=0):
     D = 128
     q = rand((B * L, H, D), tdtype)
     k = rand((B * L, Hkv, D), tdtype)
@@ -144,6 +147,14 @@ def bench_prefill(dtype, tdtype, B, H, Hkv, L):
         reps = 3 if L >= 65536 else 5
         res[f"minikv_{mode}_ms"] = median_ms(call, calls_per_sample=1, samples=reps, warmup=1)
         cache.close()
+        if 0 < chunk < L:
+            res[f"minikv_{mode}_chunked_ms"] = median_ms(
+                chunked_prefill_call(lib, dtype, tdtype, B, H, Hkv, L, mode, chunk, q, k, v, out, stream),
+                calls_per_sample=1, samples=reps, warmup=1)
+            res[f"{mode}_chunked_over_one_call"] = (res[f"minikv_{mode}_chunked_ms"] /
+                                                    res[f"minikv_{mode}_ms"])
+    if 0 < chunk < L:
+        res["chunk"] = chunk
     qs = q.view(B, L, H, D).transpose(1, 2)
     ks = k.view(B, L, Hkv, D).transpose(1, 2)
     vs = v.view(B, L, Hkv, D).transpose(1, 2)
@@ -157,6 +168,38 @@ def bench_prefill(dtype, tdtype, B, H, Hkv, L):
     return res
 
 
+def chunked_prefill_call(lib, dtype, tdtype, B, H, Hkv, L, mode, chunk, q, k, v, out, stream):
+    """A call that sends each sequence's L-token prompt in `chunk`-token chunks
+    (minikv_prefill_chunk, one call per chunk with every sequence's next chunk), then
+    releases. q/k/v/out are the packed prompts; each chunk batch is gathered into
+    contiguous buffers first (outside the timed call)."""
+    D = 128
+    cache = make_cache(dtype, B, H, Hkv, L, mode, staging=B * L)
+    handle = ctypes.c_void_p(cache.handle)
+    ids_c = (ctypes.c_uint32 * B)(*range(B))
+    lens_c = (ctypes.c_uint32 * B)(*[L] * B)
+    batches = []
+    for c0 in range(0, L, chunk):
+        n = min(chunk, L - c0)
+        rows = torch.cat([torch.arange(s * L + c0, s * L + c0 + n, device=DEV) for s in range(B)])
+        qc, kc, vc = q[rows].contiguous(), k[rows].contiguous(), v[rows].contiguous()
+        batches.append((qc, kc, vc, torch.empty_like(qc),
+                        (ctypes.c_int32 * (B + 1))(*[i * n for i in range(B + 1)])))
+
+    def call():
+        for qc, kc, vc, oc, cu_c in batches:
+            st = lib.minikv_prefill_chunk(handle, 0, B, ids_c, cu_c, lens_c,
+                                          ctypes.c_void_p(qc.data_ptr()), ctypes.c_void_p(kc.data_ptr()),
+                                          ctypes.c_void_p(vc.data_ptr()), ctypes.c_void_p(oc.data_ptr()),
+                                          stream)
+            if st != 0:
+                raise RuntimeError(lib.minikv_cache_last_error(handle))
+        for i in range(B):
+            lib.minikv_sequence_release(handle, i)
+    call.cache = cache  # keeps the cache (and the chunk buffers) alive while timed
+    return call
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -166,6 +209,9 @@ def main():
     ap.add_argument("--batches", default="1,8", help="decode batch sizes")
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--chunk", type=int, default=0,
+                    help="also time each prefill prompt in chunks of this many tokens "
+                         "(minikv_prefill_chunk) against one call")
     args = ap.parse_args()
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [4096, 32768] if args.quick else [4096, 32768, 131072])
@@ -194,11 +240,16 @@ def main():
                     save()
         for L in ([] if args.no_prefill else lengths):
             for (H, Hkv) in ((32, 32), (32, 8)):
-                r = bench_prefill(dtype, tdtype, 1, H, Hkv, L)
+                r = bench_prefill(dtype, tdtype, 1, H, Hkv, L, args.chunk)
                 rows.append(r)
                 print(f"prefill {dtype:4} B=1 H={H} Hkv={Hkv:2} L={L:6}: cumulative {r['minikv_cumulative_ms']:.2f} ms "
                       f"({r['cumulative_over_sdpa']:.2f}x sdpa)  window {r['minikv_window_ms']:.2f} ms "
                       f"({r['window_over_sdpa']:.2f}x)  sdpa {r['sdpa_ms']:.2f} ms", flush=True)
+                if "chunk" in r:
+                    print(f"        in chunks of {r['chunk']}: cumulative {r['minikv_cumulative_chunked_ms']:.2f} ms "
+                          f"({r['cumulative_chunked_over_one_call']:.3f}x one call)  window "
+                          f"{r['minikv_window_chunked_ms']:.2f} ms "
+                          f"({r['window_chunked_over_one_call']:.3f}x)", flush=True)
                 torch.cuda.empty_cache()
                 save()
     save()

@@ -17,6 +17,7 @@
  *   minikv_cache *cache;
  *   if (minikv_cache_create(&cfg, &cache) != MINIKV_OK) puts(minikv_last_error_message());
  *   for each layer: minikv_prefill(cache, layer, ...)    // prompt attention + compression
+ *     (or the prompt in chunks: for each chunk, for each layer: minikv_prefill_chunk(...))
  *   for each generated token, for each layer:
  *       minikv_append(cache, layer, ...)                 // the token's K/V
  *       minikv_decode(cache, layer, ...)                 // the token's attention output
@@ -250,10 +251,22 @@ typedef struct minikv_config {
                                      heavy hitters of a layer are floor(h_l*L) - S, chosen
                                      among the positions after the sinks); a prompt of at
                                      most S tokens keeps all of them as sinks. 0..64; 4 */
-  uint32_t reserved_v2_;        /**< must be 0: fills the tail to the struct's 8-byte
-                                     alignment, so that a later field appended here changes
-                                     sizeof and an older library rejects it instead of
-                                     ignoring it */
+  uint32_t prefill_staging_tokens; /**< chunked prefill (minikv_prefill_chunk): the most
+                                     prompt tokens that may be in flight at once, summed over
+                                     the sequences whose prompt has started but not finished.
+                                     Their 16-bit K/V wait, in every layer, in a staging area
+                                     reserved at create: num_layers x this x num_kv_heads x
+                                     head_dim x 2 (K, V) x dtype bytes, plus the score sums
+                                     (num_layers x this x num_heads x 8 B on the CPU, x
+                                     num_kv_heads x 4 B on CUDA). At most max_sequences x
+                                     max_seq_len. 0 = chunked prefill off: every prompt comes
+                                     in one call, nothing is reserved; 0.
+                                     This field sits in the first layout's tail padding
+                                     (struct_size 104 either way): a library older than it
+                                     reads the slot as a reserved field that must be 0 and
+                                     rejects a non-zero value (MINIKV_ERR_VERSION_MISMATCH)
+                                     instead of ignoring it; the next field appended makes
+                                     the struct larger. */
 } minikv_config;
 
 /** Fills the first `struct_size` bytes of `*cfg` with the defaults (see the field
@@ -376,16 +389,77 @@ MINIKV_API minikv_status minikv_cache_backend(const minikv_cache *cache, minikv_
  *  @param q,k,v,out  backend memory, layouts in the introduction; out is written for every
  *                    prompt token and may not alias the inputs.
  *  @param stream     cudaStream_t or NULL (must be NULL for the CPU backend).
+ *  A prompt may also arrive in several calls: minikv_prefill_chunk.
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL pointer, bad id/layer, repeated
  *          seq_id, bad cu_seqlens, a misaligned tensor, a non-finite input with the CPU
- *          backend); MINIKV_ERR_BAD_STATE (a (sequence, layer) already prefilled, or the
- *          handle in use by another thread's call); MINIKV_ERR_CAPACITY_EXCEEDED (not
+ *          backend); MINIKV_ERR_BAD_STATE (a (sequence, layer) already prefilled or
+ *          mid-prompt (minikv_prefill_chunk), or the handle in use by another thread's call); MINIKV_ERR_CAPACITY_EXCEEDED (not
  *          enough free blocks for the whole batch); MINIKV_ERR_DEVICE. On failure no
  *          sequence of the batch changes. */
 MINIKV_API minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
                                         const uint32_t *seq_ids, const int32_t *cu_seqlens,
                                         const void *q, const void *k, const void *v, void *out,
                                         void *stream);
+
+/** METHOD: chunked prefill of one layer: each sequence of the batch gives the next chunk of
+ *  its prompt, as engines that split long prompts (or mix prompt and decode tokens in one
+ *  step) send them. The result of a prompt sent in any number of chunks of any sizes is the
+ *  result of minikv_prefill on the whole prompt: the outputs (CPU: the same values; CUDA:
+ *  equal to fp32 rounding, scores summed in a different order), and the kept positions,
+ *  the stored bytes, minikv_sequence_length and minikv_memory_stats (identical; on CUDA
+ *  where no two scores at the selection boundary are within fp32 rounding of each other).
+ *
+ *  Chunks. For each sequence s, rows [cu_seqlens[s], cu_seqlens[s+1]) of q/k/v/out are the
+ *  prompt positions [p, p + n) of seq_ids[s] in `layer`, where p is the number of tokens
+ *  this (sequence, layer) has received so far (chunks come in order; 0 for a new prompt).
+ *  The chunk's queries attend causally to every earlier prompt token of the sequence and
+ *  to their own chunk; `out` receives their n output rows.
+ *  prompt_lens[s] is the length of the whole prompt, the same value at every chunk of it:
+ *  the chunk that reaches it is the last. Then, as in minikv_prefill, the prompt is scored
+ *  (CUMULATIVE: the column sums over every prompt query, accumulated exactly across chunks;
+ *  WINDOW: over the last window_size queries of the whole prompt, known from prompt_lens
+ *  whichever chunks they arrive in), selected, quantized into the cache, and the pair is
+ *  prefilled: append and decode may follow.
+ *  A first chunk that is the whole prompt (n == prompt_lens[s]) is exactly minikv_prefill
+ *  and needs no staging; one batch may mix first, middle, last and whole-prompt chunks of
+ *  different sequences.
+ *
+ *  Staging. A prompt that arrives in several chunks keeps its 16-bit K/V (and, for the
+ *  score modes that need them, its running score sums) in the layer's staging area, sized
+ *  by cfg.prefill_staging_tokens, from its first chunk to its last. The first chunk reserves
+ *  prompt_lens[s] contiguous staging rows of the layer and every pool block the finished
+ *  prompt will keep, so later chunks of the prompt cannot run out of either. The last chunk
+ *  (or minikv_sequence_release) frees the staging rows. A staging area split by prompts
+ *  still in flight may refuse a prompt that fits its free total (no contiguous run): size
+ *  it with room to spare.
+ *
+ *  States. Between its first and last chunk a (sequence, layer) is mid-prompt:
+ *  minikv_append, minikv_decode and minikv_kept_positions on it fail with
+ *  MINIKV_ERR_BAD_STATE, minikv_prefill too, minikv_sequence_length reports 0 and 0, and
+ *  minikv_memory_stats counts none of its tokens (its staging is part of workspace_bytes).
+ *  A prompt abandoned mid-way is freed by minikv_sequence_release (staging rows and
+ *  reserved blocks, every layer); minikv_cache_destroy frees everything.
+ *
+ *  @param layer, n_seqs, seq_ids, q, k, v, out, stream  as in minikv_prefill.
+ *  @param cu_seqlens  host [n_seqs+1] prefix sums of the chunk lengths, each >= 1.
+ *  @param prompt_lens host [n_seqs] whole-prompt lengths in [1, max_seq_len], each at least
+ *                     p + n (the positions received so far plus this chunk).
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (as minikv_prefill; also a NULL
+ *          prompt_lens, a chunk beyond prompt_lens[s], a prompt_lens[s] that differs from
+ *          the one of the prompt's first chunk, a first chunk shorter than its prompt when
+ *          prefill_staging_tokens is 0, or a prompt longer than prefill_staging_tokens, which
+ *          can never be staged); MINIKV_ERR_BAD_STATE (a (sequence, layer) already
+ *          prefilled, or the handle in use by another thread's call);
+ *          MINIKV_ERR_CAPACITY_EXCEEDED (a first chunk finds no free run of prompt_lens[s]
+ *          staging rows, or not enough free pool blocks for what the batch will keep:
+ *          finish or release prompts and retry); MINIKV_ERR_DEVICE. On failure no sequence
+ *          of the batch changes. Allocates nothing; with CUDA it never synchronizes the host. */
+MINIKV_API minikv_status minikv_prefill_chunk(minikv_cache *cache, uint32_t layer,
+                                              uint32_t n_seqs, const uint32_t *seq_ids,
+                                              const int32_t *cu_seqlens,
+                                              const uint32_t *prompt_lens, const void *q,
+                                              const void *k, const void *v, void *out,
+                                              void *stream);
 
 /** METHOD: appends one new token's K/V (for one layer) to each sequence of the batch. The
  *  token goes to the 16-bit residual; when the residual holds residual_length tokens they
@@ -394,7 +468,8 @@ MINIKV_API minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uin
  *  @param k,v  backend memory [n_seqs, num_kv_heads, head_dim].
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (also a misaligned tensor or, with
  *          the CPU backend, a non-finite k/v); MINIKV_ERR_BAD_STATE (layer not prefilled
- *          for a sequence, or the handle in use by another thread's call);
+ *          for a sequence or still mid-prompt (minikv_prefill_chunk), or the handle in use
+ *          by another thread's call);
  *          MINIKV_ERR_CAPACITY_EXCEEDED (a flush needs a block
  *          and the pool has none, or a sequence reached max_seq_len); MINIKV_ERR_DEVICE.
  *          On failure no sequence changes. Allocates nothing; with CUDA it never synchronizes
@@ -409,8 +484,9 @@ MINIKV_API minikv_status minikv_append(minikv_cache *cache, uint32_t layer, uint
  *  attends to itself. Reads the cache only.
  *  @param q,out  backend memory [n_seqs, num_heads, head_dim].
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (also a misaligned tensor or, with
- *          the CPU backend, a non-finite q); MINIKV_ERR_BAD_STATE (layer not prefilled, no
- *          token cached yet, or the handle in use by another thread's call);
+ *          the CPU backend, a non-finite q); MINIKV_ERR_BAD_STATE (layer not prefilled or
+ *          still mid-prompt (minikv_prefill_chunk), no token cached yet, or the handle in
+ *          use by another thread's call);
  *          MINIKV_ERR_DEVICE. Allocates nothing; with CUDA
  *          it never synchronizes the host (CUDA-graph capturable, like minikv_append). */
 MINIKV_API minikv_status minikv_decode(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
@@ -419,8 +495,9 @@ MINIKV_API minikv_status minikv_decode(minikv_cache *cache, uint32_t layer, uint
 
 /* ---- sequences -------------------------------------------------------------------- */
 
-/** METHOD: frees every block of sequence `seq_id` (all layers); the slot can then take a
- *  new prompt. Releasing an empty slot is a no-op. For CUDA, queue the release after the
+/** METHOD: frees every block of sequence `seq_id` (all layers), and the staging rows and
+ *  reserved blocks of a prompt still mid-way through minikv_prefill_chunk (the prompt is
+ *  abandoned); the slot can then take a new prompt. Releasing an empty slot is a no-op. For CUDA, queue the release after the
  *  work that reads the sequence (same stream, or synchronize first).
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cache, seq_id >= max_sequences). */
 MINIKV_API minikv_status minikv_sequence_release(minikv_cache *cache, uint32_t seq_id);

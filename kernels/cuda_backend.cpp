@@ -123,6 +123,17 @@ class CudaBackend final : public Backend {
     lse_ = DeviceBuffer(uint64_t(H) * ws_tokens_ * 4, "prefill LSE workspace");
     scores_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill score workspace");
     kept_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill selection workspace");
+    // Chunked prefill: the staged K/V of every layer, the running score sums of the staged
+    // prompts ([num_layers][num_kv_heads][staging rows]) and the selection of their last
+    // chunks ([num_kv_heads][staging rows]), all indexed by the prompts' staging runs.
+    const uint64_t S = cfg_.prefill_staging_tokens;
+    if (S > 0) {
+      staging_ = DeviceBuffer(spec.staging_bytes, "prefill staging area");
+      if (scores_possible(cfg_))
+        staged_scores_ = DeviceBuffer(uint64_t(cfg_.num_layers) * Hkv * S * 4, "prefill staging scores");
+      staged_kept_ = DeviceBuffer(uint64_t(Hkv) * S * 4, "prefill staging selection");
+    }
+    prefill_order_.reserve(cfg_.max_sequences);
 
     // The decode plan, chosen once: the fast kernel for the paper's storage, the tensor-core
     // kernel for the other GQA groups, the generic kernel for the rest.
@@ -195,7 +206,8 @@ class CudaBackend final : public Backend {
   uint64_t pool_bytes() const override { return pool_.bytes() + residual_.bytes(); }
   uint64_t workspace_bytes() const override {
     return table_.bytes() + lse_.bytes() + scores_.bytes() + kept_.bytes() + part_o_.bytes() +
-           part_ml_.bytes() + split_counters_.bytes();
+           part_ml_.bytes() + split_counters_.bytes() + staging_.bytes() + staged_scores_.bytes() +
+           staged_kept_.bytes();
   }
 
   // ---- prefill ----------------------------------------------------------------------
@@ -203,17 +215,38 @@ class CudaBackend final : public Backend {
                const void *k, const void *v, void *out, void *stream) override {
     DeviceGuard guard(device_);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    for (const PrefillItem &it : items) set_table(it.dst.residual_slot, 0, it.dst.blocks, it.dst.num_blocks, s);
+    // Whole prompts first, then the chunks of staged prompts: a launch reads one K/V source.
+    std::vector<uint32_t> &order = prefill_order_;  // within the capacity reserved at create
+    order.clear();
+    for (int staged = 0; staged < 2; ++staged)
+      for (uint32_t i = 0; i < items.size(); ++i)
+        if (items[i].staged == (staged == 1)) order.push_back(i);
+    for (const PrefillItem &it : items) {
+      if (it.last) set_table(it.dst.residual_slot, 0, it.dst.blocks, it.dst.num_blocks, s);
+      // A chunk joins its prompt's earlier rows in the staging run, where every kernel of
+      // the launch reads the prompt's K/V.
+      if (it.staged) {
+        const uint64_t row = kv_row_bytes(), at = (uint64_t(it.staging_begin) + it.position) * row;
+        const uint64_t from = uint64_t(it.token_begin) * row, bytes = uint64_t(it.rows) * row;
+        MINIKV_CUDA_CHECK(cudaMemcpyAsync(stage_k(layer) + at, static_cast<const uint8_t *>(k) + from,
+                                          bytes, cudaMemcpyDeviceToDevice, s));
+        MINIKV_CUDA_CHECK(cudaMemcpyAsync(stage_v(layer) + at, static_cast<const uint8_t *>(v) + from,
+                                          bytes, cudaMemcpyDeviceToDevice, s));
+      }
+    }
     size_t i = 0;
-    while (i < items.size()) {
+    while (i < order.size()) {
+      // The workspaces hold the launch's rows: whole prompts (LSE, scores, selection) or
+      // chunks (LSE; their sums and selection live in the staging buffers).
+      const bool staged = items[order[i]].staged;
       size_t j = i;
       uint64_t rows = 0;
-      while (j < items.size() && j - i < kMaxPrefillSeqs &&
-             rows + items[j].plan.prompt_len <= ws_tokens_) {
-        rows += items[j].plan.prompt_len;
+      while (j < order.size() && j - i < kMaxPrefillSeqs && items[order[j]].staged == staged &&
+             rows + items[order[j]].rows <= ws_tokens_) {
+        rows += items[order[j]].rows;
         ++j;
       }
-      prefill_launch(items, i, j, q, k, v, out, s);
+      prefill_launch(layer, items, order, i, j, q, k, v, out, s);
       i = j;
     }
   }
@@ -364,19 +397,43 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // Attention, scores, selection and store of items [begin, end), whose prompts fit the
-  // workspaces together.
-  void prefill_launch(const std::vector<PrefillItem> &items, size_t begin, size_t end,
+  uint64_t kv_row_bytes() const {
+    return uint64_t(cfg_.num_kv_heads) * cfg_.head_dim * dtype_bytes(cfg_.dtype);
+  }
+  // The staging rows of `layer` (K, then V): [prefill_staging_tokens][num_kv_heads][head_dim].
+  uint8_t *stage_k(uint32_t layer) const {
+    return staging_.as<uint8_t>() + uint64_t(layer) * 2 * cfg_.prefill_staging_tokens * kv_row_bytes();
+  }
+  uint8_t *stage_v(uint32_t layer) const {
+    return stage_k(layer) + uint64_t(cfg_.prefill_staging_tokens) * kv_row_bytes();
+  }
+  float *stage_scores(uint32_t layer) const {
+    return staged_scores_.as<float>() +
+           uint64_t(layer) * cfg_.num_kv_heads * cfg_.prefill_staging_tokens;
+  }
+
+  // Attention, scores, and (for the items that complete their prompt) selection and store
+  // of items order[begin, end): all whole prompts, whose rows fit the workspaces together,
+  // or all chunks of staged prompts, whose K/V, score sums and selection are in the staging
+  // buffers of `layer` (their rows fit the LSE workspace together).
+  void prefill_launch(uint32_t layer, const std::vector<PrefillItem> &items,
+                      const std::vector<uint32_t> &order, size_t begin, size_t end,
                       const void *q, const void *k, const void *v, void *out, cudaStream_t s) {
     const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
     const uint32_t G = cfg_.group_size;
     const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
     const bool window = cfg_.score_mode == MINIKV_SCORE_WINDOW;
+    const bool staged = items[order[begin]].staged;
+    const uint32_t S = cfg_.prefill_staging_tokens;
+    const void *keys = staged ? stage_k(layer) : k, *values = staged ? stage_v(layer) : v;
+    float *sums = staged ? stage_scores(layer) : scores_.as<float>();
+    int32_t *kept = staged ? staged_kept_.as<int32_t>() : kept_.as<int32_t>();
+    const uint32_t select_stride = staged ? S : ws_tokens_;
 
     PrefillAttnParams attn{};
     attn.q = q;
-    attn.k = k;
-    attn.v = v;
+    attn.k = keys;
+    attn.v = values;
     attn.out = out;
     attn.lse = lse_.as<float>();
     attn.num_heads = H;
@@ -386,70 +443,87 @@ class CudaBackend final : public Backend {
 
     PrefillScoreParams sc{};
     sc.q = q;
-    sc.k = k;
+    sc.k = keys;
     sc.lse = lse_.as<float>();
-    sc.scores = scores_.as<float>();
+    sc.scores = sums;
     sc.num_heads = H;
     sc.num_kv_heads = Hkv;
     sc.ws_tokens = ws_tokens_;
+    sc.scores_stride = select_stride;
     sc.scale_log2 = scale_log2;
 
     SelectParams sel{};
-    sel.scores = scores_.as<float>();
-    sel.kept = kept_.as<int32_t>();
-    sel.ws_tokens = ws_tokens_;
+    sel.scores = sums;
+    sel.kept = kept;
+    sel.ws_tokens = select_stride;
     sel.pool_kernel = window ? cfg_.pool_kernel : 1;
 
     StoreParams store{};
-    store.k = k;
-    store.v = v;
-    store.kept = kept_.as<int32_t>();
+    store.k = keys;
+    store.v = values;
+    store.kept = kept;
     store.st = st_;
-    store.ws_tokens = ws_tokens_;
+    store.ws_tokens = select_stride;
 
     uint32_t ws_off = 0, max_tasks = 0;
     for (size_t i = begin; i < end; ++i) {
-      const PrefillItem &it = items[i];
+      const PrefillItem &it = items[order[i]];
       const SelectionPlan &plan = it.plan;
       const uint32_t L = plan.prompt_len;
-      const uint32_t b = static_cast<uint32_t>(i - begin);
-      auto add_seq = [&](PrefillSeqs &seqs, uint32_t tiles) {
+      // Where the prompt's K/V rows, score sums and selection start (position 0).
+      const int64_t kv_begin = staged ? int64_t(it.staging_begin) : it.token_begin;
+      const uint32_t prompt_at = staged ? it.staging_begin : ws_off;
+      auto add_seq = [&](PrefillSeqs &seqs, int64_t token_begin, uint32_t len, uint32_t ws_offset,
+                         uint32_t tiles) {
         const uint32_t n = seqs.n++;
-        seqs.token_begin[n] = it.token_begin;
-        seqs.len[n] = L;
-        seqs.ws_offset[n] = ws_off;
+        seqs.token_begin[n] = token_begin;
+        seqs.len[n] = len;
+        seqs.ws_offset[n] = ws_offset;
         seqs.tile_begin[n + 1] = seqs.tile_begin[n] + tiles;
         return n;
       };
-      add_seq(attn.seqs, ceil_div(L, kPrefillQueryTile));
+      const uint32_t a = add_seq(attn.seqs, it.token_begin, it.rows, ws_off,
+                                 ceil_div(it.rows, kPrefillQueryTile));
+      attn.keys.kv_begin[a] = kv_begin;
+      attn.keys.q_pos[a] = it.position;
 
-      const bool scored = !plan.keep_all && plan.n_heavy > 0;
-      if (scored) {
-        const bool pooled = window && cfg_.pool_kernel > 1;
-        const uint32_t col_end = pooled ? plan.scored_prefix : plan.candidates;
-        const uint32_t n = add_seq(sc.seqs, ceil_div(col_end, kPrefillKeyTile));
-        sc.row_begin[n] = window ? plan.scored_prefix : 0;
+      const bool pooled = window && cfg_.pool_kernel > 1;
+      if (chunk_scores(cfg_, it)) {
+        // Columns up to the chunk's last key (a whole prompt: all of col_end).
+        const uint32_t col_end = std::min(pooled ? plan.scored_prefix : plan.candidates,
+                                          it.position + it.rows);
+        const uint32_t n = add_seq(sc.seqs, it.token_begin, it.rows, ws_off,
+                                   ceil_div(col_end, kPrefillKeyTile));
+        sc.keys.kv_begin[n] = kv_begin;
+        sc.keys.q_pos[n] = it.position;
+        sc.row_begin[n] = first_scoring_row(cfg_, plan);
         sc.col_end[n] = col_end;
-        sel.scored_prefix[b] = pooled ? plan.scored_prefix : 0;
+        sc.col_done[n] = it.scored_keys;
+        sc.score_offset[n] = prompt_at;
       }
-      add_seq(sel.seqs, 0);
+      ws_off += staged ? it.rows : L;
+      if (!it.last) continue;
+
+      const bool scored = plan_needs_scores(plan);
+      const uint32_t b = add_seq(sel.seqs, 0, L, prompt_at, 0);
       sel.mode[b] = plan.keep_all ? 0 : scored ? 2 : 1;
       sel.candidates[b] = plan.keep_all ? L : plan.candidates;
       sel.n_sink[b] = plan.n_sink;
       sel.n_heavy[b] = plan.keep_all ? 0 : plan.n_heavy;
       sel.n_keep[b] = plan.n_keep;
+      sel.scored_prefix[b] = scored && pooled ? plan.scored_prefix : 0;
 
-      add_seq(store.seqs, 0);
+      add_seq(store.seqs, kv_begin, L, prompt_at, 0);
       store.sinks[b] = it.dst.sinks;
       store.quantized[b] = it.dst.quantized;
       store.n_keep[b] = plan.n_keep;
       store.slot[b] = it.dst.residual_slot;
       max_tasks = std::max(max_tasks, it.dst.quantized / G + (plan.n_keep > it.dst.quantized ? 1u : 0u));
-      ws_off += L;
     }
     if (prefill_wgmma_) launch_prefill_wgmma(cfg_.dtype, D, attn, s);
     else launch_prefill_attention(cfg_.dtype, D, attn, s);
     if (sc.seqs.n > 0) launch_prefill_scores(cfg_.dtype, D, sc, s);
+    if (sel.seqs.n == 0) return;
     launch_select(sel, Hkv, s);
     launch_store_kept(cfg_.dtype, store, max_tasks, s);
   }
@@ -468,6 +542,8 @@ class CudaBackend final : public Backend {
   uint64_t part_rows_ = 0;
   DeviceBuffer pool_, residual_, table_;
   DeviceBuffer lse_, scores_, kept_;
+  DeviceBuffer staging_, staged_scores_, staged_kept_;  // chunked prefill (empty when off)
+  std::vector<uint32_t> prefill_order_;  // per call: whole prompts, then staged chunks
   DeviceBuffer part_o_, part_ml_, split_counters_;
   DeviceStorage st_{};
 

@@ -44,26 +44,40 @@ struct PrefillSeqs {
   uint32_t tile_begin[kMaxPrefillSeqs + 1];  // prefix sums of this launch's tiles per sequence
 };
 
+// The keys of each sequence (chunked prefill, minikv_prefill_chunk): the seqs.len query
+// rows of a sequence are its prompt positions [q_pos, q_pos + len) and attend to the keys
+// [0, q_pos + len), key p at row kv_begin + p of k/v. A whole prompt: q_pos = 0 and
+// kv_begin = token_begin; a chunk: k/v are the layer's staging rows, kv_begin its run.
+struct PrefillKeys {
+  int64_t kv_begin[kMaxPrefillSeqs];
+  uint32_t q_pos[kMaxPrefillSeqs];
+};
+
 struct PrefillAttnParams {
   const void *q, *k, *v;
   void *out;
   float *lse;  // [num_heads][ws_tokens] row log-sum-exp in log2 units (of logits * log2 e)
   uint32_t num_heads, num_kv_heads, ws_tokens;
   float scale_log2;  // log2(e) / sqrt(head_dim)
-  PrefillSeqs seqs;  // tiles: ceil(L / kPrefillQueryTile) query tiles
+  PrefillSeqs seqs;  // tiles: ceil(len / kPrefillQueryTile) query tiles
+  PrefillKeys keys;
 };
 
-// Column sums of exp(s - LSE) over query rows [row_begin, L) for key columns
-// [0, col_end), summed over the query heads of each KV head.
+// Column sums of exp(s - LSE) over the query rows at prompt positions >= row_begin for key
+// columns [0, col_end), summed over the query heads of each KV head. Columns below col_done
+// add to the sums already there (earlier chunks of the prompt); the others are written.
 struct PrefillScoreParams {
   const void *q, *k;
   const float *lse;
-  float *scores;  // [num_kv_heads][ws_tokens]
-  uint32_t num_heads, num_kv_heads, ws_tokens;
+  float *scores;  // [num_kv_heads][scores_stride], a sequence's columns from score_offset
+  uint32_t num_heads, num_kv_heads, ws_tokens, scores_stride;
   float scale_log2;
   PrefillSeqs seqs;  // tiles: ceil(col_end / kPrefillKeyTile) key tiles
+  PrefillKeys keys;
   uint32_t row_begin[kMaxPrefillSeqs];
   uint32_t col_end[kMaxPrefillSeqs];
+  uint32_t col_done[kMaxPrefillSeqs];
+  uint32_t score_offset[kMaxPrefillSeqs];
 };
 
 // Selection of the kept positions per (sequence, KV head), ascending, into kept: the sinks

@@ -15,6 +15,10 @@
 //   registers. Each column is owned by one thread and summed in a fixed order:
 //   deterministic, no atomics, no L×L buffer. WINDOW mode is the same pass restricted to
 //   the last window_size query rows.
+// Chunked prefill (params.h PrefillKeys): a launch's rows of a sequence may be a chunk of
+//   its prompt, at prompt positions [q_pos, q_pos + len), over keys [0, q_pos + len) read
+//   from the prompt's staging rows; pass 2 then adds the chunk's part of each column to the
+//   sums of the earlier chunks (one owner thread per column: still no atomics).
 #include "dispatch.cuh"
 #include "prefill_common.cuh"
 #include "launchers.h"
@@ -94,22 +98,25 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint32_t tile = blockIdx.x / p.num_heads;
   const int h = static_cast<int>(blockIdx.x % p.num_heads);
   const uint32_t seq = find_seq(p.seqs, tile);
-  const int L = static_cast<int>(p.seqs.len[seq]);
+  // n query rows at prompt positions [qp, qp + n) over the keys [0, L) (params.h PrefillKeys).
+  const int n = static_cast<int>(p.seqs.len[seq]), qp = static_cast<int>(p.keys.q_pos[seq]);
+  const int L = qp + n;
   const uint32_t last = p.seqs.tile_begin[seq + 1] - 1;
   const int q0 = static_cast<int>(last - tile) * kBM;  // longest query tiles first
+  const int qa = qp + q0;  // prompt position of the tile's first row
   const int kvh = h / (p.num_heads / p.num_kv_heads);
-  const int64_t tb = p.seqs.token_begin[seq];
+  const int64_t tb = p.seqs.token_begin[seq], kb = p.keys.kv_begin[seq];
   const int64_t q_stride = int64_t(p.num_heads) * D, kv_stride = int64_t(p.num_kv_heads) * D;
   const T *q = static_cast<const T *>(p.q) + tb * q_stride + int64_t(h) * D;
-  const T *k = static_cast<const T *>(p.k) + tb * kv_stride + int64_t(kvh) * D;
-  const T *v = static_cast<const T *>(p.v) + tb * kv_stride + int64_t(kvh) * D;
+  const T *k = static_cast<const T *>(p.k) + kb * kv_stride + int64_t(kvh) * D;
+  const T *v = static_cast<const T *>(p.v) + kb * kv_stride + int64_t(kvh) * D;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
   const int wrow = warp * 32;  // this warp's rows in the tile: m-tile mt = wrow + 16 mt
   const float scale = p.scale_log2;
 
-  load_tile<T, D, kBM>(q_s, q + q0 * q_stride, q_stride, L - q0);
+  load_tile<T, D, kBM>(q_s, q + q0 * q_stride, q_stride, n - q0);
   load_tile<T, D, kBN>(k_s, k, kv_stride, L);
   load_tile<T, D, kBN>(v_s, v, kv_stride, L);
   cp_async_commit();
@@ -122,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   int64_t next_off = tile_step + int64_t(threadIdx.x / (D / 8)) * kv_stride +
                      (threadIdx.x % (D / 8)) * 8;  // chunk of tile j + 1
 
-  const int n_kv = min((L + kBN - 1) / kBN, (q0 + kBM - 1) / kBN + 1);  // up to the diagonal
+  const int n_kv = min((L + kBN - 1) / kBN, (qa + kBM - 1) / kBN + 1);  // up to the diagonal
   float o[2][D / 8][4];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -158,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     // Every key of the tile lies after every row of this warp (only on the diagonal's last
     // tile): the scores would all be masked, p = 0 and the row maxima unchanged, so skipping
     // the tile leaves o, m and l bit-identical.
-    if (k0 <= q0 + wrow + 31) {
+    if (k0 <= qa + wrow + 31) {
       float s[2][8][4];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
@@ -185,10 +192,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 
       // Causal + length mask only on tiles that reach past the warp's first row or past L;
       // then the online softmax, one 16-row m-tile at a time (prefill_common.cuh).
-      if (k0 + kBN - 1 > q0 + wrow || k0 + kBN > L) {
+      if (k0 + kBN - 1 > qa + wrow || k0 + kBN > L) {
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
-          mask_mtile(reinterpret_cast<float(&)[32]>(s[mt]), q0 + wrow + 16 * mt, k0, L, g, tq);
+          mask_mtile(reinterpret_cast<float(&)[32]>(s[mt]), qa + wrow + 16 * mt, k0, L, g, tq);
       }
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
@@ -240,13 +247,13 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int dt = 0; dt < D / 8; ++dt)
         dst[dt * 4] = DType<T>::pack2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
       const float base = m[mt][r] == -INFINITY ? 0.0f : m[mt][r] * scale;
-      if (tq == 0 && q0 + trow < L) lse[q0 + trow] = base + log2f(sum);
+      if (tq == 0 && q0 + trow < n) lse[q0 + trow] = base + log2f(sum);
     }
   __syncwarp();
   T *out = static_cast<T *>(p.out) + tb * q_stride + int64_t(h) * D;
   constexpr int kChunks = D / 8, kRowsPerIt = 32 / kChunks;  // 16-byte chunks per row
   const int r0 = wrow + lane / kChunks, c = (lane % kChunks) * 8;
-  const int rows_left = L - q0 - r0;  // store row r0 + it·kRowsPerIt while it·kRowsPerIt < this
+  const int rows_left = n - q0 - r0;  // store row r0 + it·kRowsPerIt while it·kRowsPerIt < this
   T *dst = out + int64_t(q0 + r0) * q_stride + c;
   const int64_t dst_step = kRowsPerIt * q_stride;
 #pragma unroll
@@ -258,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 /// \tparam T dtype of q/k (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
-/// 3 CTAs/SM (12 warps): 168 registers at D = 128; its 56 B of spills serve the clamped
+/// 3 CTAs/SM (12 warps): 168 registers at D = 128; its 60 B of spills serve the clamped
 /// cp.async of a sequence's last (partial) Q tile, off the per-tile path.
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 3)
@@ -272,23 +279,29 @@ __global__ void __launch_bounds__(kThreads, 3)
   const uint32_t tile = blockIdx.x / p.num_kv_heads;
   const int kvh = static_cast<int>(blockIdx.x % p.num_kv_heads);
   const uint32_t seq = find_seq(p.seqs, tile);
-  const int L = static_cast<int>(p.seqs.len[seq]);
+  // n query rows (and their LSE) at prompt positions [qp, qp + n), keys [0, L) from kv_begin.
+  const int n = static_cast<int>(p.seqs.len[seq]), qp = static_cast<int>(p.keys.q_pos[seq]);
+  const int L = qp + n;
   const int k0 = static_cast<int>(tile - p.seqs.tile_begin[seq]) * kSK;  // longest first
   const int n_rep = p.num_heads / p.num_kv_heads;
-  const int row_begin = static_cast<int>(p.row_begin[seq]);
+  const int row_begin = static_cast<int>(p.row_begin[seq]);  // a prompt position
   const int64_t tb = p.seqs.token_begin[seq];
   const uint32_t ws_off = p.seqs.ws_offset[seq];
   const int64_t q_stride = int64_t(p.num_heads) * D, kv_stride = int64_t(p.num_kv_heads) * D;
-  const T *k = static_cast<const T *>(p.k) + (tb + k0) * kv_stride + int64_t(kvh) * D;
+  const T *k = static_cast<const T *>(p.k) + (p.keys.kv_begin[seq] + k0) * kv_stride + int64_t(kvh) * D;
   const float scale = p.scale_log2;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
   const int wkey = k0 + warp * 32;  // this warp's keys: m-tile mt = wkey + 16 mt
+  // The masks compare in query-row coordinates (position - qp): keys and the window's first
+  // position shifted once here, not per tile.
+  const int k0_row = k0 - qp, wkey_row = wkey - qp, row_first = row_begin - qp;
 
-  // Query tiles with a row >= max(row_begin, k0): on or below the diagonal, in the window.
-  const int qt0 = max(row_begin, k0) / kSQ;
-  const int qt_end = (L + kSQ - 1) / kSQ;
+  // Query tiles (of the n rows) with a row at a position >= max(row_begin, k0): on or below
+  // the diagonal, in the window.
+  const int qt0 = max(max(row_first, k0_row), 0) / kSQ;
+  const int qt_end = (n + kSQ - 1) / kSQ;
   const int total = n_rep * (qt_end - qt0);
   // This thread's cp.async chunk of a full Q tile (see the forward kernel).
   const int64_t chunk_off = int64_t(threadIdx.x / (D / 8)) * q_stride + (threadIdx.x % (D / 8)) * 8;
@@ -301,14 +314,14 @@ __global__ void __launch_bounds__(kThreads, 3)
         static_cast<const T *>(p.q) + (tb + int64_t(qt) * kSQ) * q_stride + int64_t(h) * D;
     T *dst = q_s + (it & 1) * kSQ * S;
     const int row = qt * kSQ + threadIdx.x;
-    if (qt * kSQ + kSQ <= L) {
+    if (qt * kSQ + kSQ <= n) {
       load_full_tile<T, D, kSQ>(dst + chunk_s, src + chunk_off, q_stride);
     } else {
-      load_tile<T, D, kSQ>(dst, src, q_stride, L - qt * kSQ);
+      load_tile<T, D, kSQ>(dst, src, q_stride, n - qt * kSQ);
     }
     if (threadIdx.x < kSQ) {
       const float *lse = p.lse + int64_t(h) * p.ws_tokens + ws_off;
-      cp_async_4(lse_s + (it & 1) * kSQ + threadIdx.x, row < L ? lse + row : lse, row < L);
+      cp_async_4(lse_s + (it & 1) * kSQ + threadIdx.x, row < n ? lse + row : lse, row < n);
     }
   };
   int nh = kvh * n_rep, nqt = qt0;  // the next item to issue
@@ -370,10 +383,11 @@ __global__ void __launch_bounds__(kThreads, 3)
         }
       }
 
-    // s[mt][nt][e]: key wkey + 16 mt + g + 8 (e / 2), query i0 + 8 nt + 2 tq + (e & 1).
+    // s[mt][nt][e]: key wkey + 16 mt + g + 8 (e / 2), query row i0 + 8 nt + 2 tq + (e & 1)
+    // (prompt position qp + that).
     const int i0 = cur_qt * kSQ;
     if (++cur_qt == qt_end) cur_qt = qt0;
-    if (i0 >= k0 + kSK - 1 && i0 + kSQ <= L && i0 >= row_begin) {  // no key or query masked
+    if (i0 >= k0_row + kSK - 1 && i0 + kSQ <= n && i0 >= row_first) {  // no key or query masked
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         const float2 lv = *reinterpret_cast<const float2 *>(ls + nt * 8 + 2 * tq);
@@ -385,14 +399,14 @@ __global__ void __launch_bounds__(kThreads, 3)
       }
     } else {
       // Query offset 8 nt + (e & 1) (a constant) is kept when lo <= it <= hi, i.e. key <=
-      // query, query >= row_begin and query < L: two compares + one select per score.
-      const int hi = L - 1 - i0 - 2 * tq;
+      // query, query >= row_begin and query row < n: two compares + one select per score.
+      const int hi = n - 1 - i0 - 2 * tq;
       int lo[2][2];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-          lo[mt][r] = max(wkey + 16 * mt + g + 8 * r, row_begin) - i0 - 2 * tq;
+          lo[mt][r] = max(wkey_row + 16 * mt + g + 8 * r, row_first) - i0 - 2 * tq;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         const float2 lv = *reinterpret_cast<const float2 *>(ls + nt * 8 + 2 * tq);
@@ -410,8 +424,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     __syncthreads();  // buffer it & 1 is refilled by iteration it + 1's prefetch of it + 2
   }
 
-  // Key totals: the 4 lanes of a quad hold the same keys (different queries).
-  float *scores = p.scores + int64_t(kvh) * p.ws_tokens + ws_off;
+  // Key totals: the 4 lanes of a quad hold the same keys (different queries). A column an
+  // earlier chunk of the prompt summed (below col_done) adds this chunk's part to it.
+  float *scores = p.scores + int64_t(kvh) * p.scores_stride + p.score_offset[seq];
+  const int col_done = static_cast<int>(p.col_done[seq]);
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -420,7 +436,8 @@ __global__ void __launch_bounds__(kThreads, 3)
       x += __shfl_xor_sync(0xffffffffu, x, 1);
       x += __shfl_xor_sync(0xffffffffu, x, 2);
       const int key = wkey + 16 * mt + g + 8 * r;
-      if (tq == 0 && key < static_cast<int>(p.col_end[seq])) scores[key] = x;
+      if (tq == 0 && key < static_cast<int>(p.col_end[seq]))
+        scores[key] = key < col_done ? scores[key] + x : x;
     }
 }
 

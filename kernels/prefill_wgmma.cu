@@ -11,7 +11,8 @@
 //   of the next wgmma, as with mma.sync) and V as an MN-major (transposed) operand.
 // The other CTA on the SM fills the gaps that remain (its softmax during our P·V).
 // Everything else — causal and length masks, online softmax in log2 units on raw scores,
-// the LSE, the longest-tiles-first order, ragged batches — is prefill_attention_kernel's.
+// the LSE, the longest-tiles-first order, ragged batches, chunks of a prompt over its staged
+// keys (params.h PrefillKeys) — is prefill_attention_kernel's.
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -203,29 +204,32 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   const int h = static_cast<int>((blockIdx.x / 2) % p.num_heads);
   const int half = 1 - static_cast<int>(blockIdx.x % 2);
   const uint32_t seq = find_seq(p.seqs, host_tile);
-  const int L = static_cast<int>(p.seqs.len[seq]);
+  // n query rows at prompt positions [qp, qp + n) over the keys [0, L) (params.h PrefillKeys).
+  const int n = static_cast<int>(p.seqs.len[seq]), qp = static_cast<int>(p.keys.q_pos[seq]);
+  const int L = qp + n;
   const uint32_t last = p.seqs.tile_begin[seq + 1] - 1;
   const int q0 = static_cast<int>(last - host_tile) * int(kPrefillQueryTile) + half * kWgRows;
-  if (q0 >= L) return;  // the second half of a sequence's last, short tile
+  if (q0 >= n) return;  // the second half of a sequence's last, short tile
+  const int qa = qp + q0;  // prompt position of the CTA's first row
   const int kvh = h / (p.num_heads / p.num_kv_heads);
-  const int64_t tb = p.seqs.token_begin[seq];
+  const int64_t tb = p.seqs.token_begin[seq], kb = p.keys.kv_begin[seq];
   const int64_t q_stride = int64_t(p.num_heads) * D, kv_stride = int64_t(p.num_kv_heads) * D;
   const T *q = static_cast<const T *>(p.q) + tb * q_stride + int64_t(h) * D;
-  const T *k = static_cast<const T *>(p.k) + tb * kv_stride + int64_t(kvh) * D;
-  const T *v = static_cast<const T *>(p.v) + tb * kv_stride + int64_t(kvh) * D;
+  const T *k = static_cast<const T *>(p.k) + kb * kv_stride + int64_t(kvh) * D;
+  const T *v = static_cast<const T *>(p.v) + kb * kv_stride + int64_t(kvh) * D;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
   const int wrow = 16 * warp;  // this warp's rows: wrow + g, wrow + g + 8
   const float scale = p.scale_log2;
-  const int n_kv = min((L + kWgKeys - 1) / kWgKeys, q0 / kWgKeys + 1);  // up to the diagonal
+  const int n_kv = min((L + kWgKeys - 1) / kWgKeys, (qa + kWgRows - 1) / kWgKeys + 1);  // up to the diagonal
 
   auto load_kv = [&](int j) {
     const int st = j % kWgStages, k0 = j * kWgKeys;
     load_swizzled<T, D>(smem_raw + Sm::kK + st * Sm::kTile, k + k0 * kv_stride, kv_stride, L - k0);
     load_swizzled<T, D>(smem_raw + Sm::kV + st * Sm::kTile, v + k0 * kv_stride, kv_stride, L - k0);
   };
-  load_swizzled<T, D>(q_s, q + q0 * q_stride, q_stride, L - q0);
+  load_swizzled<T, D>(q_s, q + q0 * q_stride, q_stride, n - q0);
   load_kv(0);
   cp_async_commit();
   if (n_kv > 1) load_kv(1);
@@ -259,7 +263,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     }
 
     // Mask where the tile reaches past this warp's first row or past L, then softmax.
-    if (k0 + kWgKeys - 1 > q0 + wrow || k0 + kWgKeys > L) mask_mtile(s, q0 + wrow, k0, L, g, tq);
+    if (k0 + kWgKeys - 1 > qa + wrow || k0 + kWgKeys > L) mask_mtile(s, qa + wrow, k0, L, g, tq);
     online_softmax_mtile<D>(s, o, m, l, scale);
 
     fence_regs(o);
@@ -292,7 +296,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) dst[4 * i] = DType<T>::pack2(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
     const float base = m[r] == -INFINITY ? 0.0f : m[r] * scale;
-    if (tq == 0 && q0 + row < L) lse[q0 + row] = base + log2f(sum);
+    if (tq == 0 && q0 + row < n) lse[q0 + row] = base + log2f(sum);
   }
   __syncthreads();
   T *out = static_cast<T *>(p.out) + tb * q_stride + int64_t(h) * D;
@@ -301,7 +305,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   for (int it = 0; it < kWgRows * kChunks / kWgThreads; ++it) {
     const int i = it * kWgThreads + threadIdx.x;
     const int r = i / kChunks, c = (i % kChunks) * 8;
-    if (q0 + r < L)
+    if (q0 + r < n)
       *reinterpret_cast<uint4 *>(out + int64_t(q0 + r) * q_stride + c) =
           *reinterpret_cast<const uint4 *>(stage + r * kStride + c);
   }

@@ -173,6 +173,18 @@ minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uint32_t n_seq
   });
 }
 
+minikv_status minikv_prefill_chunk(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
+                                   const uint32_t *seq_ids, const int32_t *cu_seqlens,
+                                   const uint32_t *prompt_lens, const void *q, const void *k,
+                                   const void *v, void *out, void *stream) {
+  if (!cache) return null_handle("minikv_prefill_chunk");
+  return exclusive(cache, "minikv_prefill_chunk", [&] {
+    MINIKV_REQUIRE(prompt_lens != nullptr, "minikv_prefill_chunk: prompt_lens is NULL");
+    cache->impl.prefill("minikv_prefill_chunk", layer, n_seqs, seq_ids, cu_seqlens, prompt_lens,
+                        q, k, v, out, stream);
+  });
+}
+
 minikv_status minikv_append(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
                             const uint32_t *seq_ids, const void *k, const void *v,
                             void *stream) {

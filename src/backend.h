@@ -26,6 +26,9 @@ struct StorageSpec {
   uint32_t max_blocks_per_seq;  // blocks one (sequence, layer) can ever hold
   uint64_t pool_bytes;       // num_blocks * block.bytes
   uint64_t residual_bytes;   // residual_slots * residual.bytes
+  // Chunked prefill: every layer has a staging area of cfg.prefill_staging_tokens rows
+  // [rows][num_kv_heads][head_dim] of K and of V in the caller's dtype (0: none).
+  uint64_t staging_bytes;    // K + V of all layers
 };
 
 // Where one (sequence, layer) keeps its tokens.
@@ -38,12 +41,34 @@ struct CacheView {
   uint32_t residual = 0;   // tokens in the residual slot
 };
 
+// One sequence of a prefill call: its whole prompt, or one chunk of it (minikv_prefill_chunk).
+// A chunked prompt keeps its K/V in a run of staging rows of the layer, row p = prompt
+// position p, and its running score sums beside them, from the first chunk to the last.
 struct PrefillItem {
-  int64_t token_begin = 0;  // first row of this sequence in the packed q/k/v/out
-  SelectionPlan plan;
+  int64_t token_begin = 0;  // first row of this sequence's chunk in the packed q/k/v/out
+  uint32_t rows = 0;        // rows of the chunk (a whole prompt: plan.prompt_len)
+  uint32_t position = 0;    // prompt position of the chunk's first row
+  bool staged = false;      // the prompt goes through the staging run (not one call)
+  bool last = true;         // the chunk completes the prompt: select and store
+  uint32_t staging_begin = 0;  // staged: first staging row of the run (position 0)
+  // staged: score sums of keys [0, scored_keys) hold the earlier chunks' queries (the keys
+  // of every earlier chunk that had scoring queries); sums of later keys are not set yet.
+  uint32_t scored_keys = 0;
+  SelectionPlan plan;  // of the whole prompt
   CacheView dst;  // sinks = plan.n_sink; quantized = the other kept tokens rounded down to
-                  // G; residual = the rest
+                  // G; residual = the rest (the last chunk writes it)
 };
+
+// Whether a prompt's queries score keys (heavy hitters to choose), and from which prompt
+// position on (WINDOW: the last window_size queries).
+inline bool plan_needs_scores(const SelectionPlan &plan) { return !plan.keep_all && plan.n_heavy > 0; }
+inline uint32_t first_scoring_row(const minikv_config &cfg, const SelectionPlan &plan) {
+  return cfg.score_mode == MINIKV_SCORE_WINDOW ? plan.scored_prefix : 0;
+}
+// Whether the rows of an item include scoring queries.
+inline bool chunk_scores(const minikv_config &cfg, const PrefillItem &it) {
+  return plan_needs_scores(it.plan) && it.position + it.rows > first_scoring_row(cfg, it.plan);
+}
 
 struct AppendItem {
   CacheView dst;        // state before the append; blocks already include a flush's new ones
@@ -58,6 +83,7 @@ class Backend {
   virtual uint64_t pool_bytes() const = 0;
   virtual uint64_t workspace_bytes() const = 0;
 
+  // Staged items read and write the staging area of `layer`.
   virtual void prefill(uint32_t layer, const std::vector<PrefillItem> &items, const void *q,
                        const void *k, const void *v, void *out, void *stream) = 0;
   virtual void append(uint32_t layer, const std::vector<AppendItem> &items, const void *k,

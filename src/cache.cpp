@@ -74,6 +74,10 @@ StorageSpec plan_storage(const minikv_config &cfg) {
   spec.pool_bytes = checked_size(kCreate, "the block pool in bytes", {blocks, spec.block.bytes});
   spec.residual_bytes =
       checked_size(kCreate, "the residual slots in bytes", {slots, spec.residual.bytes});
+  spec.staging_bytes = checked_size(
+      kCreate, "the prefill staging area in bytes (num_layers x prefill_staging_tokens x "
+               "num_kv_heads x head_dim x 2 x dtype bytes)",
+      {cfg.num_layers, cfg.prefill_staging_tokens, cfg.num_kv_heads, cfg.head_dim, 2, elem});
   return spec;
 }
 
@@ -81,17 +85,21 @@ StorageSpec plan_storage(const minikv_config &cfg) {
 // backend cannot fit the machine's RAM + swap (calloc would refuse it later, or succeed
 // under overcommit and leave the process to the OOM killer).
 void check_host_storage(const StorageSpec &spec) {
-  const uint64_t need =
-      checked_sum(kCreate, "the host storage in bytes", spec.pool_bytes, spec.residual_bytes);
+  const uint64_t need = checked_sum(
+      kCreate, "the host storage in bytes",
+      checked_sum(kCreate, "the host storage in bytes", spec.pool_bytes, spec.residual_bytes),
+      spec.staging_bytes);
   const uint64_t have = host_memory_bytes();
   if (need > have) {
     fail(MINIKV_ERR_OUT_OF_MEMORY,
-         "%s: the block pool (%llu blocks, %llu bytes) and the residual slots (%llu bytes) "
-         "need more than this machine's memory (%llu bytes of RAM + swap): lower max_tokens "
-         "(or max_sequences, num_layers, max_seq_len when it is 0)",
+         "%s: the block pool (%llu blocks, %llu bytes), the residual slots (%llu bytes) and "
+         "the prefill staging area (%llu bytes) need more than this machine's memory (%llu "
+         "bytes of RAM + swap): lower max_tokens (or max_sequences, num_layers, max_seq_len "
+         "when it is 0) or prefill_staging_tokens",
          kCreate, static_cast<unsigned long long>(spec.num_blocks),
          static_cast<unsigned long long>(spec.pool_bytes),
          static_cast<unsigned long long>(spec.residual_bytes),
+         static_cast<unsigned long long>(spec.staging_bytes),
          static_cast<unsigned long long>(have));
   }
 }
@@ -132,6 +140,10 @@ Cache::Cache(const minikv_config &cfg) : cfg_(cfg), spec_(plan_storage(cfg)) {
   append_extra_.reserve(cfg.max_sequences);
   decode_items_.reserve(cfg.max_sequences);
   returned_blocks_.reserve(spec_.num_blocks);  // untouched until blocks come back
+  if (cfg.prefill_staging_tokens > 0) {
+    staging_.resize(cfg.num_layers);
+    for (StagingRuns &runs : staging_) runs.init(cfg.prefill_staging_tokens, cfg.max_sequences);
+  }
 }
 
 Cache::~Cache() = default;
@@ -205,13 +217,21 @@ void Cache::check_common(const char *call, uint32_t layer, uint32_t n_seqs,
   MINIKV_REQUIRE(!repeated, "%s: seq_ids[%u] (%u) appears twice in one call", call, at,
                  seq_ids[at]);
   if (need_prefilled) {
-    for (uint32_t i = 0; i < n_seqs; ++i) {
-      if (!state(seq_ids[i], layer).prefilled) {
-        fail(MINIKV_ERR_BAD_STATE, "%s: sequence %u has not been prefilled for layer %u", call,
-             seq_ids[i], layer);
-      }
-    }
+    for (uint32_t i = 0; i < n_seqs; ++i) require_prefilled(call, seq_ids[i], layer);
   }
+}
+
+void Cache::require_prefilled(const char *call, uint32_t seq, uint32_t layer) const {
+  const LayerState &s = state(seq, layer);
+  if (s.prefilled) return;
+  if (s.pending_len > 0) {
+    fail(MINIKV_ERR_BAD_STATE,
+         "%s: sequence %u is mid-prompt in layer %u (%u of %u prompt tokens received by "
+         "minikv_prefill_chunk): send the rest of its prompt first",
+         call, seq, layer, s.received, s.pending_len);
+  }
+  fail(MINIKV_ERR_BAD_STATE, "%s: sequence %u has not been prefilled for layer %u", call, seq,
+       layer);
 }
 
 static void check_stream(const char *call, minikv_backend kind, void *stream) {
@@ -268,12 +288,12 @@ void Cache::check_finite(const char *call, const char *name, const void *data, u
        value != value ? "NaN" : value > 0 ? "+inf" : "-inf");
 }
 
-void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
-                    const int32_t *cu_seqlens, const void *q, const void *k, const void *v,
-                    void *out, void *stream) {
-  constexpr const char *call = "minikv_prefill";
+void Cache::prefill(const char *call, uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
+                    const int32_t *cu_seqlens, const uint32_t *prompt_lens, const void *q,
+                    const void *k, const void *v, void *out, void *stream) {
   check_common(call, layer, n_seqs, seq_ids, false);
   MINIKV_REQUIRE(cu_seqlens != nullptr, "%s: cu_seqlens is NULL", call);
+  const bool chunked = prompt_lens != nullptr;  // minikv_prefill_chunk
   MINIKV_REQUIRE(q && k && v && out, "%s: %s is NULL", call,
                  !q ? "q" : !k ? "k" : !v ? "v" : "out");
   check_stream(call, backend_->kind(), stream);
@@ -282,37 +302,85 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
   for (uint32_t i = 0; i < n_seqs; ++i) {
     const int64_t len = int64_t(cu_seqlens[i + 1]) - cu_seqlens[i];
     MINIKV_REQUIRE(len >= 1 && len <= cfg_.max_seq_len,
-                   "%s: sequence %u (seq_id %u) has length %lld = cu_seqlens[%u] - "
+                   "%s: sequence %u (seq_id %u) has %s %lld = cu_seqlens[%u] - "
                    "cu_seqlens[%u]; it must be in [1, max_seq_len = %u]",
-                   call, i, seq_ids[i], static_cast<long long>(len), i + 1, i, cfg_.max_seq_len);
+                   call, i, seq_ids[i], chunked ? "a chunk of length" : "length",
+                   static_cast<long long>(len), i + 1, i, cfg_.max_seq_len);
+    if (chunked) {
+      MINIKV_REQUIRE(prompt_lens[i] >= 1 && prompt_lens[i] <= cfg_.max_seq_len,
+                     "%s: prompt_lens[%u] (%u, seq_id %u) must be in [1, max_seq_len = %u]",
+                     call, i, prompt_lens[i], seq_ids[i], cfg_.max_seq_len);
+    }
   }
   const uint64_t tokens = uint64_t(cu_seqlens[n_seqs]);
   check_finite(call, "q", q, tokens, cfg_.num_heads, seq_ids, cu_seqlens);
   check_finite(call, "k", k, tokens, cfg_.num_kv_heads, seq_ids, cu_seqlens);
   check_finite(call, "v", v, tokens, cfg_.num_kv_heads, seq_ids, cu_seqlens);
   for (uint32_t i = 0; i < n_seqs; ++i) {
-    if (state(seq_ids[i], layer).prefilled) {
+    const LayerState &s = state(seq_ids[i], layer);
+    if (s.prefilled) {
       fail(MINIKV_ERR_BAD_STATE,
            "%s: sequence %u is already prefilled for layer %u (release it to start a new "
            "prompt)",
            call, seq_ids[i], layer);
     }
+    if (!chunked && s.pending_len > 0) {
+      fail(MINIKV_ERR_BAD_STATE,
+           "%s: sequence %u is mid-prompt in layer %u (%u of %u prompt tokens received by "
+           "minikv_prefill_chunk): send the rest with minikv_prefill_chunk, or release it",
+           call, seq_ids[i], layer, s.received, s.pending_len);
+    }
+    if (!chunked) continue;
+    const uint32_t len = static_cast<uint32_t>(cu_seqlens[i + 1] - cu_seqlens[i]);
+    const uint32_t whole = prompt_lens[i];
+    if (s.pending_len > 0) {
+      MINIKV_REQUIRE(whole == s.pending_len,
+                     "%s: prompt_lens[%u] (%u) differs from the prompt length %u that the first "
+                     "chunk of sequence %u gave in layer %u",
+                     call, i, whole, s.pending_len, seq_ids[i], layer);
+    }
+    MINIKV_REQUIRE(uint64_t(s.received) + len <= whole,
+                   "%s: the chunk of sequence %u (seq_id %u) covers prompt positions [%u, %llu), "
+                   "past its prompt_lens[%u] (%u)",
+                   call, i, seq_ids[i], s.received,
+                   static_cast<unsigned long long>(uint64_t(s.received) + len), i, whole);
+    if (s.pending_len == 0 && len < whole) {  // the first of several chunks
+      MINIKV_REQUIRE(cfg_.prefill_staging_tokens > 0,
+                     "%s: sequence %u (seq_id %u) sends %u of its %u prompt tokens, but chunked "
+                     "prefill is off (prefill_staging_tokens = 0): send whole prompts, or set "
+                     "prefill_staging_tokens at create",
+                     call, i, seq_ids[i], len, whole);
+      MINIKV_REQUIRE(whole <= cfg_.prefill_staging_tokens,
+                     "%s: prompt_lens[%u] (%u, seq_id %u) exceeds prefill_staging_tokens (%u): "
+                     "such a prompt can never be staged; send it in one call or raise "
+                     "prefill_staging_tokens",
+                     call, i, whole, seq_ids[i], cfg_.prefill_staging_tokens);
+    }
   }
 
+  // Plans, and the blocks that prompts starting now will keep (reserved at their first
+  // chunk, so that later chunks cannot run out).
   std::vector<PrefillItem> &items = prefill_items_;
   items.assign(n_seqs, PrefillItem());  // within the capacity reserved at create
   uint64_t need = 0;
   for (uint32_t i = 0; i < n_seqs; ++i) {
+    const LayerState &s = state(seq_ids[i], layer);
     PrefillItem &it = items[i];
     it.token_begin = cu_seqlens[i];
-    it.plan = plan_selection(cfg_, heavy_ratios_[layer],
-                             static_cast<uint32_t>(cu_seqlens[i + 1] - cu_seqlens[i]));
+    it.rows = static_cast<uint32_t>(cu_seqlens[i + 1] - cu_seqlens[i]);
+    it.position = s.received;
+    const uint32_t whole = chunked ? prompt_lens[i] : it.rows;
+    it.staged = it.rows < whole;  // not the whole prompt in this call
+    it.last = it.position + it.rows == whole;
+    it.staging_begin = s.staging_begin;
+    it.scored_keys = s.scored_keys;
+    it.plan = plan_selection(cfg_, heavy_ratios_[layer], whole);
     it.dst.sinks = it.plan.n_sink;
     const uint32_t rest = it.plan.n_keep - it.plan.n_sink;
     it.dst.quantized = rest - rest % cfg_.group_size;
     it.dst.residual = rest - it.dst.quantized;
     it.dst.residual_slot = seq_ids[i] * cfg_.num_layers + layer;
-    need += blocks_for(it.dst.quantized);
+    if (s.pending_len == 0) need += blocks_for(it.dst.quantized);
   }
   if (need > free_blocks()) {
     fail(MINIKV_ERR_CAPACITY_EXCEEDED,
@@ -322,9 +390,35 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
          static_cast<unsigned long long>(free_blocks()),
          spec_.num_blocks);
   }
+  // Staging runs of the prompts whose first chunk this is.
+  StagingRuns *runs = staging_.empty() ? nullptr : &staging_[layer];
+  auto give_runs = [&](uint32_t count) {
+    for (uint32_t i = count; i-- > 0;)
+      if (items[i].staged && items[i].position == 0) runs->give(items[i].staging_begin);
+  };
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    PrefillItem &it = items[i];
+    if (!it.staged || it.position > 0) continue;
+    const uint32_t at = runs->find(it.plan.prompt_len);
+    if (at == StagingRuns::kNone) {
+      const uint32_t used = runs->used(), largest = runs->largest_free();
+      give_runs(i);
+      const uint32_t by_call = used - runs->used();
+      fail(MINIKV_ERR_CAPACITY_EXCEEDED,
+           "%s: sequence %u (seq_id %u) needs %u contiguous staging rows for its prompt in "
+           "layer %u; of prefill_staging_tokens (%u), %u are staged for prompts in flight%s "
+           "and the longest free run is %u rows: finish or release prompts and retry",
+           call, i, seq_ids[i], it.plan.prompt_len, layer, runs->capacity(), runs->used(),
+           by_call > 0 ? format(" (%u more by earlier sequences of this call)", by_call).c_str()
+                       : "",
+           largest);
+    }
+    runs->take(at, it.plan.prompt_len);
+    it.staging_begin = at;
+  }
 
   for (uint32_t i = 0; i < n_seqs; ++i) {
-    take_blocks(seq_ids[i], layer, blocks_for(items[i].dst.quantized));
+    if (items[i].position == 0) take_blocks(seq_ids[i], layer, blocks_for(items[i].dst.quantized));
     items[i].dst.blocks = table(seq_ids[i], layer);
     items[i].dst.num_blocks = state(seq_ids[i], layer).num_blocks;
   }
@@ -332,18 +426,31 @@ void Cache::prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
     backend_->prefill(layer, items, q, k, v, out, stream);
   } catch (...) {
     for (uint32_t i = n_seqs; i-- > 0;)
-      return_blocks(seq_ids[i], layer, state(seq_ids[i], layer).num_blocks);
+      if (items[i].position == 0)
+        return_blocks(seq_ids[i], layer, state(seq_ids[i], layer).num_blocks);
+    give_runs(n_seqs);
     throw;
   }
   for (uint32_t i = 0; i < n_seqs; ++i) {
+    const PrefillItem &it = items[i];
     LayerState &s = state(seq_ids[i], layer);
+    if (!it.last) {  // mid-prompt
+      s.pending_len = it.plan.prompt_len;
+      s.received = it.position + it.rows;
+      s.staging_begin = it.staging_begin;
+      if (chunk_scores(cfg_, it)) s.scored_keys = it.position + it.rows;
+      continue;
+    }
+    if (it.staged) runs->give(it.staging_begin);
+    const uint32_t blocks = s.num_blocks;
+    s = LayerState();
+    s.num_blocks = blocks;
     s.prefilled = true;
-    s.prompt_len = items[i].plan.prompt_len;
-    s.kept_prompt = items[i].plan.n_keep;
-    s.generated = 0;
-    s.sinks = items[i].dst.sinks;
-    s.quantized = items[i].dst.quantized;
-    s.residual = items[i].dst.residual;
+    s.prompt_len = it.plan.prompt_len;
+    s.kept_prompt = it.plan.n_keep;
+    s.sinks = it.dst.sinks;
+    s.quantized = it.dst.quantized;
+    s.residual = it.dst.residual;
   }
 }
 
@@ -434,8 +541,11 @@ void Cache::release(uint32_t seq_id) {
                  "minikv_sequence_release: seq_id (%u) must be < max_sequences (%u)", seq_id,
                  cfg_.max_sequences);
   for (uint32_t layer = cfg_.num_layers; layer-- > 0;) {
-    return_blocks(seq_id, layer, state(seq_id, layer).num_blocks);
-    state(seq_id, layer) = LayerState();
+    LayerState &s = state(seq_id, layer);
+    // An abandoned chunked prompt: its staging run (a prompt sent whole has none).
+    if (s.pending_len > 0) staging_[layer].give(s.staging_begin);
+    return_blocks(seq_id, layer, s.num_blocks);
+    s = LayerState();
   }
 }
 
@@ -464,11 +574,8 @@ void Cache::kept_positions(uint32_t seq_id, uint32_t layer, uint32_t kv_head,
   MINIKV_REQUIRE(count != nullptr, "%s: count is NULL", call);
   MINIKV_REQUIRE(capacity == 0 || positions != nullptr,
                  "%s: positions is NULL but capacity is %u", call, capacity);
+  require_prefilled(call, seq_id, layer);
   const LayerState &s = state(seq_id, layer);
-  if (!s.prefilled) {
-    fail(MINIKV_ERR_BAD_STATE, "%s: sequence %u has not been prefilled for layer %u", call,
-         seq_id, layer);
-  }
   // Sinks first, at their implicit positions 0..sinks-1; then blocks and residual.
   const uint32_t n = std::min(capacity, s.kept_prompt);
   const uint32_t sinks = std::min(n, s.sinks);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "staging_runs.h"
 #include "minikv.h"
 
 namespace minikv {
@@ -27,9 +28,16 @@ class Cache {
   // White-box tests (tests/gpu): the backend, e.g. to read its storage.
   const Backend &backend() const { return *backend_; }
 
+  // minikv_prefill (prompt_lens NULL: each sequence's rows are its whole prompt) and
+  // minikv_prefill_chunk; `call` names the function in messages.
+  void prefill(const char *call, uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
+               const int32_t *cu_seqlens, const uint32_t *prompt_lens, const void *q,
+               const void *k, const void *v, void *out, void *stream);
   void prefill(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
                const int32_t *cu_seqlens, const void *q, const void *k, const void *v,
-               void *out, void *stream);
+               void *out, void *stream) {
+    prefill("minikv_prefill", layer, n_seqs, seq_ids, cu_seqlens, nullptr, q, k, v, out, stream);
+  }
   void append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *k,
               const void *v, void *stream);
   void decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *q,
@@ -53,7 +61,15 @@ class Cache {
     uint32_t sinks = 0;
     uint32_t quantized = 0;
     uint32_t residual = 0;
-    uint32_t num_blocks = 0;  // entries used in this pair's row of tables_
+    uint32_t num_blocks = 0;  // entries used in this pair's row of tables_ (mid-prompt:
+                              // the blocks the finished prompt will keep, reserved)
+    // Mid-prompt (minikv_prefill_chunk, between the first and the last chunk): the whole
+    // prompt's length (0: not mid-prompt), the positions received so far, the staging run
+    // and the keys whose score sums are set (PrefillItem::scored_keys).
+    uint32_t pending_len = 0;
+    uint32_t received = 0;
+    uint32_t staging_begin = 0;
+    uint32_t scored_keys = 0;
   };
 
   LayerState &state(uint32_t seq, uint32_t layer) { return states_[size_t(seq) * cfg_.num_layers + layer]; }
@@ -62,6 +78,8 @@ class Cache {
   CacheView view(uint32_t seq, uint32_t layer) const;
   void check_common(const char *call, uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
                     bool need_prefilled) const;
+  // BAD_STATE unless the (sequence, layer) is prefilled (the message tells mid-prompt apart).
+  void require_prefilled(const char *call, uint32_t seq, uint32_t layer) const;
   // Tensor pointers aligned as minikv.h states (element size; 16 bytes for CUDA).
   void check_aligned(const char *call,
                      std::initializer_list<std::pair<const char *, const void *>> tensors) const;
@@ -93,6 +111,7 @@ class Cache {
     return returned_blocks_.size() + (spec_.num_blocks - next_fresh_block_);
   }
   std::vector<uint32_t> tables_;       // [max_sequences][num_layers][max_blocks_per_seq]
+  std::vector<StagingRuns> staging_;   // [num_layers] when prefill_staging_tokens > 0
   // Per-call scratch, sized at create so that calls allocate nothing.
   mutable std::vector<uint8_t> seen_;  // [max_sequences]: duplicate seq_id check
   std::vector<PrefillItem> prefill_items_;

@@ -165,6 +165,11 @@ void validate(const minikv_config &c) {
                  c.residual_length, c.group_size);
   MINIKV_REQUIRE(c.sink_tokens <= kMaxSinkTokens, "sink_tokens (%u) must be in [0, %u]",
                  c.sink_tokens, kMaxSinkTokens);
+  // More staging could never be in use: each sequence stages at most one prompt.
+  MINIKV_REQUIRE(c.prefill_staging_tokens <= uint64_t(c.max_sequences) * c.max_seq_len,
+                 "prefill_staging_tokens (%u) must be at most max_sequences (%u) x max_seq_len "
+                 "(%u): the prompt tokens that can be in flight at once",
+                 c.prefill_staging_tokens, c.max_sequences, c.max_seq_len);
 }
 
 }  // namespace
@@ -192,12 +197,6 @@ minikv_config config_read(const minikv_config *user) {
   }
   minikv_config cfg = config_defaults();
   std::memcpy(&cfg, user, sizeof(minikv_config) < size ? sizeof(minikv_config) : size);
-  if (cfg.reserved_v2_ != 0) {
-    fail(MINIKV_ERR_VERSION_MISMATCH,
-         "config sets reserved_v2_ (%u): a field this library (version %s) does not know; it "
-         "must be 0",
-         cfg.reserved_v2_, minikv_version_string());
-  }
   cfg.struct_size = sizeof(minikv_config);
   validate(cfg);
   return cfg;

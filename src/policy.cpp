@@ -68,6 +68,13 @@ SelectionPlan plan_selection(const minikv_config &cfg, double heavy_ratio, uint3
   return p;
 }
 
+bool scores_possible(const minikv_config &cfg) {
+  const double r = decimal_value(cfg.recent_ratio);
+  for (double h : layer_heavy_ratios(cfg))
+    if (h > 0.0 && h + r < 1.0 - 1e-12) return true;
+  return false;
+}
+
 void select_kept(const SelectionPlan &plan, const float *scores, int32_t *kept,
                  uint32_t *scratch) {
   uint32_t n = 0;

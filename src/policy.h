@@ -39,6 +39,10 @@ struct SelectionPlan {
 // when the sinks and the protected suffix cover the prompt.
 SelectionPlan plan_selection(const minikv_config &cfg, double heavy_ratio, uint32_t prompt_len);
 
+// Whether any prefill of `cfg` can need importance scores: a layer with heavy hitters to
+// choose and a budget below the whole prompt. Otherwise no score workspace is reserved.
+bool scores_possible(const minikv_config &cfg);
+
 // Writes the n_keep kept positions in ascending order: the sinks, the n_heavy best of
 // scores[n_sink, candidates) (higher score first, ties to the lower position, NaN lowest)
 // and the protected suffix [candidates, L). `scores` is indexed by position; `scratch`

@@ -59,7 +59,7 @@ TEST_CASE("config: defaults are MINIKV_PRESET_BALANCED") {
   CHECK(c.group_size == 32);
   CHECK(c.residual_length == 128);
   CHECK(c.sink_tokens == 4);
-  CHECK(c.reserved_v2_ == 0);
+  CHECK(c.prefill_staging_tokens == 0);
   CHECK(minikv_config_default(nullptr) == MINIKV_ERR_INVALID_ARGUMENT);  // and no crash
   // The same bytes as the BALANCED preset applied on top.
   minikv_config b = c;
@@ -127,7 +127,7 @@ TEST_CASE("config: each preset sets exactly its compression fields") {
     CHECK(c.max_seq_len == 777);
     CHECK(c.max_tokens == 12345);
     CHECK(c.reserved_v1_ == 0xdead);
-    CHECK(c.reserved_v2_ == 0);
+    CHECK(c.prefill_staging_tokens == 0);
     CHECK(c.key_bits == p.key_bits);
     CHECK(c.value_bits == p.value_bits);
     CHECK(c.group_size == p.group_size);
@@ -174,7 +174,7 @@ TEST_CASE("config: a preset writes only within struct_size and checks its argume
   auto *cfg = reinterpret_cast<minikv_config *>(frame);
   unsigned char before[sizeof(frame)];
   auto unchanged = [&] { return std::memcmp(frame, before, sizeof(frame)) == 0; };
-  SUBCASE("a struct_size that covers sink_tokens but not reserved_v2_") {
+  SUBCASE("a struct_size that covers sink_tokens but not prefill_staging_tokens") {
     std::memset(frame, 0xA5, sizeof(frame));
     MKV_REQUIRE_OK(minikv_config_init(cfg, 100));
     MKV_REQUIRE_OK(minikv_config_preset(cfg, MINIKV_PRESET_PAPER));
@@ -447,9 +447,11 @@ TEST_CASE("config: struct_size versioning") {
     big.future_fields[3] = 1;
     CHECK(create_status(big.cfg, "struct_size") == MINIKV_ERR_VERSION_MISMATCH);
   }
-  SUBCASE("a non-zero reserved_v2_ is a field this library does not know") {
-    big.cfg.reserved_v2_ = 1;
-    CHECK(create_status(big.cfg, "reserved_v2_") == MINIKV_ERR_VERSION_MISMATCH);
+  SUBCASE("prefill_staging_tokens is read only when struct_size covers it") {
+    big.cfg.prefill_staging_tokens = big.cfg.max_sequences * big.cfg.max_seq_len + 1;
+    CHECK(create_status(big.cfg, "prefill_staging_tokens") == MINIKV_ERR_INVALID_ARGUMENT);
+    big.cfg.struct_size = 100;  // a caller whose struct ends with sink_tokens: not read
+    CHECK(create_status(big.cfg, "") == MINIKV_OK);
   }
   SUBCASE("a tail byte just past our struct counts") {
     big.cfg.struct_size = sizeof(minikv_config) + 1;

@@ -122,14 +122,39 @@ func (c *Cache) Close() error {
 // causal attention output of every prompt token to out, scores the tokens, keeps the
 // recent window and heavy hitters, and stores them quantized. DtypeF32 only; see Prefill16.
 func (c *Cache) Prefill(layer int, seqIDs []uint32, cuSeqlens []int32, q, k, v, out []float32) error {
-	return c.prefillHost("Prefill", DtypeF32, layer, seqIDs, cuSeqlens,
+	return c.prefillHost("Prefill", DtypeF32, layer, seqIDs, nil, cuSeqlens,
 		len(q), len(k), len(v), len(out), f32addr(q), f32addr(k), f32addr(v), f32addr(out),
 		func() { runtime.KeepAlive(q); runtime.KeepAlive(k); runtime.KeepAlive(v); runtime.KeepAlive(out) })
 }
 
 // Prefill16 is Prefill for DtypeF16 and DtypeBF16: elements are raw 16-bit patterns.
 func (c *Cache) Prefill16(layer int, seqIDs []uint32, cuSeqlens []int32, q, k, v, out []uint16) error {
-	return c.prefillHost("Prefill16", 0, layer, seqIDs, cuSeqlens,
+	return c.prefillHost("Prefill16", 0, layer, seqIDs, nil, cuSeqlens,
+		len(q), len(k), len(v), len(out), u16addr(q), u16addr(k), u16addr(v), u16addr(out),
+		func() { runtime.KeepAlive(q); runtime.KeepAlive(k); runtime.KeepAlive(v); runtime.KeepAlive(out) })
+}
+
+// PrefillChunk is Prefill for the next chunk of each sequence's prompt (chunked prefill,
+// minikv_prefill_chunk): the rows of sequence i are the prompt positions that follow those
+// already sent for (seqIDs[i], layer), promptLens[i] is the length of its whole prompt (the
+// same at every chunk), and the chunk that reaches it completes the prompt as one Prefill
+// would. Prompts in more than one chunk need Config.PrefillStagingTokens. DtypeF32 only;
+// see PrefillChunk16.
+func (c *Cache) PrefillChunk(layer int, seqIDs, promptLens []uint32, cuSeqlens []int32, q, k, v, out []float32) error {
+	if promptLens == nil {
+		promptLens = []uint32{}
+	}
+	return c.prefillHost("PrefillChunk", DtypeF32, layer, seqIDs, promptLens, cuSeqlens,
+		len(q), len(k), len(v), len(out), f32addr(q), f32addr(k), f32addr(v), f32addr(out),
+		func() { runtime.KeepAlive(q); runtime.KeepAlive(k); runtime.KeepAlive(v); runtime.KeepAlive(out) })
+}
+
+// PrefillChunk16 is PrefillChunk for DtypeF16 and DtypeBF16.
+func (c *Cache) PrefillChunk16(layer int, seqIDs, promptLens []uint32, cuSeqlens []int32, q, k, v, out []uint16) error {
+	if promptLens == nil {
+		promptLens = []uint32{}
+	}
+	return c.prefillHost("PrefillChunk16", 0, layer, seqIDs, promptLens, cuSeqlens,
 		len(q), len(k), len(v), len(out), u16addr(q), u16addr(k), u16addr(v), u16addr(out),
 		func() { runtime.KeepAlive(q); runtime.KeepAlive(k); runtime.KeepAlive(v); runtime.KeepAlive(out) })
 }
@@ -177,6 +202,22 @@ func (c *Cache) PrefillDevice(layer int, seqIDs []uint32, cuSeqlens []int32, q, 
 		return err
 	}
 	return convert(capi.Prefill(c.h, uint(layer), seqIDs, cuSeqlens, q, k, v, out, stream))
+}
+
+// PrefillChunkDevice is PrefillChunk with device addresses and a stream (asynchronous).
+func (c *Cache) PrefillChunkDevice(layer int, seqIDs, promptLens []uint32, cuSeqlens []int32, q, k, v, out, stream uintptr) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.check("PrefillChunkDevice", layer, seqIDs); err != nil {
+		return err
+	}
+	if _, err := c.promptTokens("PrefillChunkDevice", seqIDs, cuSeqlens); err != nil {
+		return err
+	}
+	if err := checkPromptLens("PrefillChunkDevice", seqIDs, promptLens); err != nil {
+		return err
+	}
+	return convert(capi.Prefill_chunk(c.h, uint(layer), seqIDs, cuSeqlens, promptLens, q, k, v, out, stream))
 }
 
 // AppendDevice is Append with device addresses and a stream (asynchronous).
@@ -357,7 +398,8 @@ func checkLen(method, name string, got, want int) error {
 	return nil
 }
 
-func (c *Cache) prefillHost(method string, dtype Dtype, layer int, seqIDs []uint32, cuSeqlens []int32,
+// prefillHost runs minikv_prefill, or minikv_prefill_chunk when promptLens is not nil.
+func (c *Cache) prefillHost(method string, dtype Dtype, layer int, seqIDs, promptLens []uint32, cuSeqlens []int32,
 	nq, nk, nv, nout int, q, k, v, out uintptr, keepAlive func()) error {
 	defer keepAlive()
 	c.mu.Lock()
@@ -377,7 +419,23 @@ func (c *Cache) prefillHost(method string, dtype Dtype, layer int, seqIDs []uint
 			return e
 		}
 	}
-	return convert(capi.Prefill(c.h, uint(layer), seqIDs, cuSeqlens, q, k, v, out, 0))
+	if promptLens == nil {
+		return convert(capi.Prefill(c.h, uint(layer), seqIDs, cuSeqlens, q, k, v, out, 0))
+	}
+	if err := checkPromptLens(method, seqIDs, promptLens); err != nil {
+		return err
+	}
+	return convert(capi.Prefill_chunk(c.h, uint(layer), seqIDs, cuSeqlens, promptLens, q, k, v, out, 0))
+}
+
+// checkPromptLens checks that promptLens has one entry per sequence (the library reads that
+// many).
+func checkPromptLens(method string, seqIDs, promptLens []uint32) error {
+	if len(promptLens) != len(seqIDs) {
+		return errorf(StatusInvalidArgument, fmt.Sprintf(
+			"Cache.%s: promptLens has %d entries, want len(seqIDs) = %d", method, len(promptLens), len(seqIDs)))
+	}
+	return nil
 }
 
 func (c *Cache) appendHost(method string, dtype Dtype, layer int, seqIDs []uint32, nk, nv int,

@@ -1007,3 +1007,55 @@ func TestConcurrentUseIsSerialized(t *testing.T) {
 		queries++
 	}
 }
+
+// TestPrefillChunk: a prompt sent in chunks (PrefillChunk) gives exactly the outputs and the
+// kept positions of one Prefill; decode refuses a sequence mid-prompt; a mismatched
+// promptLens is refused before the library is called.
+func TestPrefillChunk(t *testing.T) {
+	cfg := exactConfig(minikv.DtypeF32)
+	cfg.NumLayers = 1
+	cfg.HeavyRatio, cfg.RecentRatio = 0.25, 0.25
+	cfg.PrefillStagingTokens = 100
+	whole, chunked := mustNew(t, cfg), mustNew(t, cfg)
+	defer whole.Close()
+	defer chunked.Close()
+	rng := rand.New(rand.NewSource(33))
+	const L = 100
+	q, _ := tensor(rng, L*tH*tD, identity)
+	k, _ := tensor(rng, L*tHkv*tD, identity)
+	v, _ := tensor(rng, L*tHkv*tD, identity)
+	want := make([]float32, L*tH*tD)
+	if err := whole.Prefill(0, []uint32{1}, []int32{0, L}, q, k, v, want); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, L*tH*tD)
+	for _, cut := range [][2]int{{0, 30}, {30, 31}, {31, 100}} {
+		a, b := cut[0], cut[1]
+		if err := chunked.PrefillChunk(0, []uint32{1}, []uint32{L}, []int32{0, int32(b - a)},
+			q[a*tH*tD:b*tH*tD], k[a*tHkv*tD:b*tHkv*tD], v[a*tHkv*tD:b*tHkv*tD], got[a*tH*tD:b*tH*tD]); err != nil {
+			t.Fatal(err)
+		}
+		if b < L {
+			err := chunked.Decode(0, []uint32{1}, q[:tH*tD], make([]float32, tH*tD))
+			if !errors.Is(err, minikv.ErrBadState) || !strings.Contains(err.Error(), "mid-prompt") {
+				t.Fatalf("decode mid-prompt: %v, want ErrBadState naming mid-prompt", err)
+			}
+		}
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("output element %d: chunked %v, one call %v", i, got[i], want[i])
+		}
+	}
+	for h := 0; h < tHkv; h++ {
+		a, _ := chunked.KeptPositions(1, 0, h)
+		b, _ := whole.KeptPositions(1, 0, h)
+		if fmt.Sprint(a) != fmt.Sprint(b) {
+			t.Fatalf("head %d kept %v in chunks, %v in one call", h, a, b)
+		}
+	}
+	err := chunked.PrefillChunk(0, []uint32{2}, nil, []int32{0, 1}, q[:tH*tD], k[:tHkv*tD], v[:tHkv*tD], got[:tH*tD])
+	if !errors.Is(err, minikv.ErrInvalidArgument) || !strings.Contains(err.Error(), "promptLens has 0 entries") {
+		t.Fatalf("nil promptLens: %v", err)
+	}
+}

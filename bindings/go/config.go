@@ -112,6 +112,10 @@ type Config struct {
 	GroupSize      uint32 // 16, 32, 64 or 128
 	ResidualLength uint32 // a multiple of GroupSize
 	SinkTokens     uint32 // first prompt positions always kept unquantized, inside the budget; 0..64
+	// PrefillStagingTokens sizes the staging area of chunked prefill (PrefillChunk): the most
+	// prompt tokens in flight at once across sequences (their K/V wait there, every layer);
+	// 0 = off (every prompt in one call). At most MaxSequences x MaxSeqLen.
+	PrefillStagingTokens uint32
 }
 
 // DefaultConfig returns the library's defaults (minikv_config_default, PresetBalanced): F16,
@@ -162,6 +166,8 @@ func configFromC(c capi.ConfigStruct) Config {
 		GroupSize:      uint32(c.GetGroup_size()),
 		ResidualLength: uint32(c.GetResidual_length()),
 		SinkTokens:     uint32(c.GetSink_tokens()),
+
+		PrefillStagingTokens: uint32(c.GetPrefill_staging_tokens()),
 	}
 }
 
@@ -190,6 +196,7 @@ func (cfg *Config) toC() capi.ConfigStruct {
 	c.SetGroup_size(uint(cfg.GroupSize))
 	c.SetResidual_length(uint(cfg.ResidualLength))
 	c.SetSink_tokens(uint(cfg.SinkTokens))
+	c.SetPrefill_staging_tokens(uint(cfg.PrefillStagingTokens))
 	return c
 }
 

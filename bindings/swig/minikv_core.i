@@ -20,8 +20,8 @@
  *      Go:   the function returns `error` (nil or *StatusError{Status, Message}).
  *      Java: the function returns void and throws MINIKV_JAVA_EXCEPTION(int status, String).
  *  - Host index arrays: seq_ids (uint32, with n_seqs taken from the array's length),
- *    cu_seqlens (int32) and kept positions (int32, with capacity = length) as Go slices /
- *    Java int[].
+ *    cu_seqlens (int32), prompt_lens (uint32) and kept positions (int32, with capacity =
+ *    length) as Go slices / Java int[].
  *  - Tensor pointers (q, k, v, out) and the stream as plain addresses: uintptr in Go, long in
  *    Java. Device memory passes through untouched; host memory is the caller's business
  *    (the idiomatic wrappers pin or copy it).
@@ -53,6 +53,7 @@
 %minikv_expose(minikv_cache_last_error)
 %minikv_expose(minikv_cache_backend)
 %minikv_expose(minikv_prefill)
+%minikv_expose(minikv_prefill_chunk)
 %minikv_expose(minikv_append)
 %minikv_expose(minikv_decode)
 %minikv_expose(minikv_sequence_release)
@@ -127,6 +128,7 @@
 %minikv_keep(minikv_config::group_size)
 %minikv_keep(minikv_config::residual_length)
 %minikv_keep(minikv_config::sink_tokens)
+%minikv_keep(minikv_config::prefill_staging_tokens)
 %rename(ConfigStruct) minikv_config::minikv_config;
 %minikv_keep(minikv_config::~minikv_config)
 
@@ -289,6 +291,8 @@ func swigStatusError(s string) error {
 %}
 %typemap(gotype) const int32_t *cu_seqlens "[]int32"
 %typemap(in) const int32_t *cu_seqlens %{ $1 = (int32_t *)$input.array; %}
+%typemap(gotype) const uint32_t *prompt_lens "[]uint32"
+%typemap(in) const uint32_t *prompt_lens %{ $1 = (uint32_t *)$input.array; %}
 %typemap(gotype) (int32_t *positions, uint32_t capacity) "[]int32"
 %typemap(in) (int32_t *positions, uint32_t capacity) %{
   $1 = (int32_t *)$input.array;
@@ -406,6 +410,32 @@ static void minikv_swig_java_throw(JNIEnv *jenv, minikv_status status) {
   if (!$1) return $null;
 %}
 %typemap(freearg) const int32_t *cu_seqlens %{
+  if ($1) (*jenv)->ReleaseIntArrayElements(jenv, $input, (jint *)$1, JNI_ABORT);
+%}
+
+/* prompt_lens (minikv_prefill_chunk): n_seqs entries (arg3, as for cu_seqlens). */
+%typemap(jni) const uint32_t *prompt_lens "jintArray"
+%typemap(jtype) const uint32_t *prompt_lens "int[]"
+%typemap(jstype) const uint32_t *prompt_lens "int[]"
+%typemap(javain) const uint32_t *prompt_lens "$javainput"
+%typemap(in) const uint32_t *prompt_lens (jintArray lens_array = NULL) %{
+  if (!$input) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaNullPointerException, "prompt_lens is null");
+    return $null;
+  }
+  if ((uint64_t)(*jenv)->GetArrayLength(jenv, $input) != (uint64_t)arg3) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException,
+                            "prompt_lens must have seq_ids.length entries");
+    return $null;
+  }
+  lens_array = $input;
+  $1 = NULL;
+%}
+%typemap(check) const uint32_t *prompt_lens %{
+  $1 = (uint32_t *)(*jenv)->GetIntArrayElements(jenv, lens_array$argnum, NULL);
+  if (!$1) return $null;
+%}
+%typemap(freearg) const uint32_t *prompt_lens %{
   if ($1) (*jenv)->ReleaseIntArrayElements(jenv, $input, (jint *)$1, JNI_ABORT);
 %}
 

@@ -51,15 +51,6 @@ struct Scratch {
   std::vector<float> dec;             // decode: DecodeScratch
 };
 
-// Whether any prefill of `cfg` can need importance scores: a layer with heavy hitters to
-// choose and a budget below the whole prompt. Otherwise no score workspace is reserved.
-bool scores_possible(const minikv_config &cfg) {
-  const double r = decimal_value(cfg.recent_ratio);
-  for (double h : layer_heavy_ratios(cfg))
-    if (h > 0.0 && h + r < 1.0 - 1e-12) return true;
-  return false;
-}
-
 // Threads worth having: the widest parallel loop is over the query heads (prefill) or over
 // (sequence, KV head) pairs (append, decode); a thread beyond that would only hold scratch.
 unsigned usable_threads(const minikv_config &cfg) {
@@ -98,6 +89,15 @@ class CpuBackend final : public Backend {
     }
     head_scores_.resize(uint64_t(cfg_.num_heads) * score_len);
     workspace_bytes_ += head_scores_.size() * sizeof(double);
+    // Chunked prefill: the staged K/V of every layer, and the running score sums of its
+    // prompts ([num_layers][num_heads][staging rows], when scores can be needed).
+    const uint64_t S = cfg_.prefill_staging_tokens;
+    if (S > 0) {
+      staging_ = host_alloc(spec.staging_bytes, "prefill staging area");
+      const uint64_t sums = scores_possible(cfg_) ? uint64_t(cfg_.num_layers) * cfg_.num_heads * S : 0;
+      staged_scores_ = host_alloc(sums * sizeof(double), "prefill staging scores");
+      workspace_bytes_ += spec.staging_bytes + sums * sizeof(double);
+    }
   }
 
   minikv_backend kind() const override { return MINIKV_BACKEND_CPU; }
@@ -108,11 +108,10 @@ class CpuBackend final : public Backend {
 
   void prefill(uint32_t layer, const std::vector<PrefillItem> &items, const void *q,
                const void *k, const void *v, void *out, void *) override {
-    (void)layer;
     dispatch_dtype(cfg_.dtype, [&](auto tag) {
       using T = decltype(tag);
       for (const PrefillItem &it : items)
-        prefill_sequence<T>(it, static_cast<const T *>(q), static_cast<const T *>(k),
+        prefill_sequence<T>(layer, it, static_cast<const T *>(q), static_cast<const T *>(k),
                             static_cast<const T *>(v), static_cast<T *>(out));
       return 0;
     });
@@ -195,63 +194,92 @@ class CpuBackend final : public Backend {
   }
 
   // ---- prefill --------------------------------------------------------------------
+  // Where a prompt's keys and values are read from (the caller's rows, or the staging run
+  // of a chunked prompt: row0 + p is prompt position p) and where its score sums go
+  // (column sums per query head h at scores + h * score_stride, indexed by position).
+  template <typename T> struct PromptRows {
+    const T *k, *v;
+    int64_t row0;
+    double *scores;
+    uint64_t score_stride;
+  };
+
   template <typename T>
-  void prefill_sequence(const PrefillItem &it, const T *q, const T *k, const T *v, T *out) {
+  void prefill_sequence(uint32_t layer, const PrefillItem &it, const T *q, const T *k, const T *v,
+                        T *out) {
     const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads;
-    const uint32_t L = it.plan.prompt_len;
-    const bool need_scores = !it.plan.keep_all && it.plan.n_heavy > 0;
-    // Rows whose attention counts towards the scores.
-    const uint32_t score_from = cfg_.score_mode == MINIKV_SCORE_WINDOW
-                                    ? L - std::min(cfg_.window_size, L)
-                                    : 0;
+    const bool need_scores = plan_needs_scores(it.plan);
+    PromptRows<T> src{k, v, it.token_begin, head_scores_.data(), cfg_.max_seq_len};
+    if (it.staged) {
+      // The chunk joins the prompt's earlier rows in the staging run; the attention and the
+      // selection read the whole prompt from there.
+      const uint64_t S = cfg_.prefill_staging_tokens, row = uint64_t(Hkv) * cfg_.head_dim;
+      T *k_stage = reinterpret_cast<T *>(staging_.get()) + uint64_t(layer) * 2 * S * row;
+      T *v_stage = k_stage + S * row;
+      const uint64_t at = (uint64_t(it.staging_begin) + it.position) * row;
+      std::memcpy(k_stage + at, k + it.token_begin * row, it.rows * row * sizeof(T));
+      std::memcpy(v_stage + at, v + it.token_begin * row, it.rows * row * sizeof(T));
+      double *sums = reinterpret_cast<double *>(staged_scores_.get());
+      src = {k_stage, v_stage, it.staging_begin,
+             need_scores ? sums + uint64_t(layer) * H * S + it.staging_begin : nullptr, S};
+    }
+    // Rows whose attention counts towards the scores (prompt positions).
+    const uint32_t score_from = first_scoring_row(cfg_, it.plan);
+    const bool scores_now = chunk_scores(cfg_, it);
     pool_threads_.parallel_for(H, [&](uint64_t h, unsigned worker) {
-      attention_head<T>(it, static_cast<uint32_t>(h), need_scores, score_from, q, k, v, out,
+      attention_head<T>(it, static_cast<uint32_t>(h), scores_now, score_from, q, src, out,
                         scratch_[worker]);
     });
+    if (!it.last) return;
     pool_threads_.parallel_for(Hkv, [&](uint64_t kvh, unsigned worker) {
-      select_and_store<T>(it, static_cast<uint32_t>(kvh), need_scores, k, v, scratch_[worker]);
+      select_and_store<T>(it, static_cast<uint32_t>(kvh), need_scores, src, scratch_[worker]);
     });
   }
 
-  // Causal attention of one query head over its prompt, optionally accumulating the
-  // column sums of the probabilities (the importance scores) into head_scores_[h]: blocks
-  // of kQueryBlock query rows, each with its full row of logits (exact softmax, no L×L).
+  // Causal attention of one query head: the item's rows (prompt positions [position,
+  // position + rows)) over the prompt's keys [0, position + rows), optionally accumulating the
+  // column sums of the probabilities of rows >= score_from (the importance scores) into the
+  // head's sums: blocks of kQueryBlock query rows, each with its full row of logits (exact
+  // softmax, no L×L). Each row's probabilities depend on its position and the keys only, and
+  // rows add to the sums in position order, so a prompt in chunks sums as in one call.
   template <typename T>
-  void attention_head(const PrefillItem &it, uint32_t h, bool need_scores, uint32_t score_from,
-                      const T *q, const T *k, const T *v, T *out, Scratch &ws) {
+  void attention_head(const PrefillItem &it, uint32_t h, bool scores_now, uint32_t score_from,
+                      const T *q, const PromptRows<T> &src, T *out, Scratch &ws) {
     const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
     const uint32_t kvh = h / (H / Hkv);
-    const uint32_t L = it.plan.prompt_len;
+    const uint32_t keys = it.position + it.rows;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const uint64_t lds = key_stride();
     // Keys and values in zero-padded panels of W columns (src/cpu/simd_kernels.h), in the
     // row buffers ws.k and ws.v (sized for them), each row converted through ws.o.
     constexpr uint32_t W = cpu::kPanelWidth;
-    const uint32_t L_pad = static_cast<uint32_t>(align_up(L, W));
+    const uint32_t L_pad = static_cast<uint32_t>(align_up(keys, W));
     const uint64_t v_panel = uint64_t(L_pad) * W;
     float *k_panels = ws.k.data(), *v_panels = ws.v.data(), *row = ws.o.data();
     std::fill(k_panels, k_panels + uint64_t(L_pad) * D, 0.0f);
     std::fill(v_panels, v_panels + align_up(D, W) * L_pad, 0.0f);
-    for (uint32_t j = 0; j < L; ++j) {
-      const uint64_t src = (uint64_t(it.token_begin + j) * Hkv + kvh) * D;
+    for (uint32_t j = 0; j < keys; ++j) {
+      const uint64_t at = (uint64_t(src.row0 + j) * Hkv + kvh) * D;
       float *k_at = k_panels + (uint64_t(j / W) * D) * W + j % W;
-      cpu::to_floats(k + src, D, row);
+      cpu::to_floats(src.k + at, D, row);
       for (uint32_t c = 0; c < D; ++c) k_at[uint64_t(c) * W] = row[c];
       float *v_at = v_panels + uint64_t(j) * W;
-      cpu::to_floats(v + src, D, row);
+      cpu::to_floats(src.v + at, D, row);
       for (uint32_t c = 0; c < D; ++c) v_at[(c / W) * v_panel + c % W] = row[c];
     }
-    double *col = need_scores ? head_scores_.data() + uint64_t(h) * cfg_.max_seq_len : nullptr;
-    if (need_scores) std::fill(col, col + L, 0.0);
+    // Sums of keys [0, scored_keys) hold the earlier chunks' rows; the others start here.
+    double *col = scores_now ? src.scores + uint64_t(h) * src.score_stride : nullptr;
+    if (scores_now) std::fill(col + it.scored_keys, col + keys, 0.0);
 
-    for (uint32_t i0 = 0; i0 < L; i0 += kQueryBlock) {
-      const uint32_t rows = std::min(kQueryBlock, L - i0);
+    for (uint32_t i0 = 0; i0 < it.rows; i0 += kQueryBlock) {
+      const uint32_t rows = std::min(kQueryBlock, it.rows - i0);
+      const uint32_t first = it.position + i0;  // prompt position of the block's first row
       for (uint32_t r = 0; r < rows; ++r)
         cpu::to_floats(q + (uint64_t(it.token_begin + i0 + r) * H + h) * D, D, ws.q.data() + r * D);
-      cpu::causal_logits(ws.q.data(), rows, D, k_panels, i0, ws.s.data(), lds);
-      cpu::softmax_rows(ws.s.data(), rows, lds, i0, scale, need_scores ? col : nullptr,
-                        std::max(score_from, i0) - i0);
-      cpu::causal_pv(ws.s.data(), rows, lds, v_panels, v_panel, D, i0, ws.o.data());
+      cpu::causal_logits(ws.q.data(), rows, D, k_panels, first, ws.s.data(), lds);
+      cpu::softmax_rows(ws.s.data(), rows, lds, first, scale, col,
+                        std::max(score_from, first) - first);
+      cpu::causal_pv(ws.s.data(), rows, lds, v_panels, v_panel, D, first, ws.o.data());
       // Clamped: a mean of values at the dtype's maximum may round just above it.
       for (uint64_t i = 0; i < uint64_t(rows) * D; ++i) ws.o[i] = clamp_finite<T>(ws.o[i]);
       for (uint32_t r = 0; r < rows; ++r)
@@ -262,8 +290,8 @@ class CpuBackend final : public Backend {
   // Scores of one KV head (sum over its query heads), selection, and storage of the kept
   // tokens: whole groups quantized into blocks, the tail into the residual.
   template <typename T>
-  void select_and_store(const PrefillItem &it, uint32_t kvh, bool need_scores, const T *k,
-                        const T *v, Scratch &ws) {
+  void select_and_store(const PrefillItem &it, uint32_t kvh, bool need_scores,
+                        const PromptRows<T> &src, Scratch &ws) {
     const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
     const uint32_t n_rep = H / Hkv;
     const SelectionPlan &plan = it.plan;
@@ -272,7 +300,7 @@ class CpuBackend final : public Backend {
       for (uint32_t j = 0; j < n; ++j) {
         double acc = 0.0;
         for (uint32_t r = 0; r < n_rep; ++r)
-          acc += head_scores_[uint64_t(kvh * n_rep + r) * cfg_.max_seq_len + j];
+          acc += src.scores[uint64_t(kvh * n_rep + r) * src.score_stride + j];
         ws.scores[j] = static_cast<float>(acc);
       }
       const float *scores = ws.scores.data();
@@ -281,7 +309,7 @@ class CpuBackend final : public Backend {
         for (uint32_t j = n; j < plan.scored_prefix; ++j) {
           double acc = 0.0;
           for (uint32_t r = 0; r < n_rep; ++r)
-            acc += head_scores_[uint64_t(kvh * n_rep + r) * cfg_.max_seq_len + j];
+            acc += src.scores[uint64_t(kvh * n_rep + r) * src.score_stride + j];
           ws.scores[j] = static_cast<float>(acc);
         }
         max_pool_1d(ws.scores.data(), ws.pooled.data(), plan.scored_prefix, cfg_.pool_kernel);
@@ -295,9 +323,9 @@ class CpuBackend final : public Backend {
     // Gather the kept rows (ascending positions) as float.
     const uint32_t n_keep = plan.n_keep;
     for (uint32_t t = 0; t < n_keep; ++t) {
-      const uint64_t src = (uint64_t(it.token_begin + ws.kept[t]) * Hkv + kvh) * D;
-      cpu::to_floats(k + src, D, ws.k.data() + uint64_t(t) * D);
-      cpu::to_floats(v + src, D, ws.v.data() + uint64_t(t) * D);
+      const uint64_t at = (uint64_t(src.row0 + ws.kept[t]) * Hkv + kvh) * D;
+      cpu::to_floats(src.k + at, D, ws.k.data() + uint64_t(t) * D);
+      cpu::to_floats(src.v + at, D, ws.v.data() + uint64_t(t) * D);
     }
     // Cache order: sinks [0, sinks), blocks, residual.
     const uint32_t sinks = it.dst.sinks, first_residual = sinks + it.dst.quantized;
@@ -542,6 +570,8 @@ class CpuBackend final : public Backend {
   BlockLayout bl_;
   ResidualLayout rl_;
   HostBuffer pool_, residual_;
+  HostBuffer staging_;        // [num_layers][K, V][prefill_staging_tokens][Hkv][D] of T
+  HostBuffer staged_scores_;  // [num_layers][num_heads][prefill_staging_tokens] double
   cpu::ThreadPool pool_threads_;
   std::vector<Scratch> scratch_;
   std::vector<double> head_scores_;  // [num_heads][max_seq_len] column sums of one sequence

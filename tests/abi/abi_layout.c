@@ -42,7 +42,7 @@ PIN_OFFSET(minikv_config, group_size, 84);
 PIN_OFFSET(minikv_config, residual_length, 88);
 PIN_OFFSET(minikv_config, reserved_v1_, 92);
 PIN_OFFSET(minikv_config, sink_tokens, 96);
-PIN_OFFSET(minikv_config, reserved_v2_, 100);
+PIN_OFFSET(minikv_config, prefill_staging_tokens, 100);
 
 #if defined(__x86_64__) || defined(__aarch64__) || defined(__powerpc64__) || \
     (defined(__riscv) && __riscv_xlen == 64)

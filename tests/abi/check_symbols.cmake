@@ -8,7 +8,8 @@ set(contract
   minikv_append minikv_cache_create minikv_cache_destroy minikv_cache_last_error
   minikv_config_default minikv_config_init minikv_config_preset minikv_decode minikv_kept_positions
   minikv_last_error_message
-  minikv_memory_stats_get minikv_prefill minikv_sequence_length minikv_sequence_release
+  minikv_memory_stats_get minikv_prefill minikv_prefill_chunk minikv_sequence_length
+  minikv_sequence_release
   minikv_status_string minikv_version_number minikv_version_string)
 list(SORT contract)
 

@@ -1,6 +1,7 @@
 // Fuzz target: the input is decoded into a small CPU-backend configuration and a sequence
 // of C API calls with random, often invalid, arguments (sequence ids, layers, lengths,
-// cu_seqlens, NULL pointers, streams, release and reuse of slots, a tight block pool).
+// cu_seqlens, NULL pointers, streams, release and reuse of slots, a tight block pool,
+// prompts in chunks that may be abandoned, a tight staging area).
 // A shadow model of every (sequence, layer) predicts the status of each call, and after
 // each call the harness checks:
 //   1. the status is the one the contract in minikv.h predicts (any of them when a call
@@ -56,6 +57,9 @@ struct Pair {
   uint32_t sinks = 0;      // of those, the 16-bit sinks (positions 0..sinks-1)
   uint32_t quantized = 0;  // tokens in pool blocks (a multiple of group_size)
   uint32_t residual = 0;   // tokens in the 16-bit residual (< residual_length)
+  // Mid-prompt (minikv_prefill_chunk): the whole prompt's length (0: not mid-prompt), the
+  // positions received, the first staging row and the pool blocks reserved for the prompt.
+  uint32_t pending_len = 0, received = 0, staging_begin = 0, reserved = 0;
   uint64_t seen() const { return uint64_t(prompt_len) + generated; }
   uint64_t cached() const { return uint64_t(sinks) + quantized + residual; }
 };
@@ -85,6 +89,7 @@ class Harness {
                                       : (cfg.max_tokens + R_ - 1) / R_;
     ratios_ = minikv::layer_heavy_ratios(cfg);
     pairs_.resize(size_t(S_) * L_);
+    staged_.assign(size_t(L_) * cfg.prefill_staging_tokens, false);
     const minikv_status st = minikv_cache_create(&cfg_, &cache_);
     FUZZ_CHECK(st == MINIKV_OK && cache_ != nullptr,
                "a valid configuration must create: %s (%s)", minikv_status_string(st),
@@ -117,7 +122,8 @@ class Harness {
         case 5: op_query(in); break;
         case 6: op_null_handle(in); break;
         case 7: op_prefill_all_layers(in); break;
-        default: op_generate(in, 1 + in.below(kMaxSteps)); break;
+        case 8: op_generate(in, 1 + in.below(kMaxSteps)); break;
+        default: op_prefill_chunk(in); break;
       }
       check_invariants();
     }
@@ -135,7 +141,7 @@ class Harness {
 
   uint64_t used_blocks() const {
     uint64_t n = 0;
-    for (const Pair &p : pairs_) n += (p.quantized + R_ - 1) / R_;
+    for (const Pair &p : pairs_) n += (p.quantized + R_ - 1) / R_ + p.reserved;
     return n;
   }
   uint64_t free_blocks() const { return num_blocks_ - used_blocks(); }
@@ -429,9 +435,10 @@ class Harness {
       }
     }
     StatusSet faults = invalid ? bit(MINIKV_ERR_INVALID_ARGUMENT) : 0;
-    bool any_prefilled = false;
+    bool any_prefilled = false;  // or mid-prompt: minikv_prefill takes neither
     if (ids_ok && layer < L_)
-      for (uint32_t i = 0; i < n; ++i) any_prefilled |= pair(ids[i], layer).prefilled;
+      for (uint32_t i = 0; i < n; ++i)
+        any_prefilled |= pair(ids[i], layer).prefilled || pair(ids[i], layer).pending_len > 0;
     if (any_prefilled) faults |= bit(MINIKV_ERR_BAD_STATE);
     std::vector<minikv::SelectionPlan> plans;
     if (!invalid && !any_prefilled) {
@@ -464,42 +471,210 @@ class Harness {
 
     std::vector<bool> touched(pairs_.size(), false);
     for (uint32_t i = 0; i < n; ++i) {
-      Pair &p = pair(ids[i], layer);
-      const minikv::SelectionPlan &plan = plans[i];
-      p = Pair();
-      p.prefilled = true;
-      p.prompt_len = plan.prompt_len;
-      p.n_keep = plan.n_keep;
-      p.sinks = plan.n_sink;
-      p.quantized = quantized_of(plan);
-      p.residual = plan.n_keep - plan.n_sink - p.quantized;
+      set_prefilled(pair(ids[i], layer), plans[i]);
       touched[pair_index(ids[i], layer)] = true;
     }
     check_finite(out, total * H_ * D_, "prefill out");
     const Snapshot after = snapshot();
     compare(before, after, touched, "a successful minikv_prefill");
-    // The kept positions follow the plan: ascending, the sinks and the protected suffix
-    // entirely, and exactly n_heavy of the candidates.
-    for (uint32_t i = 0; i < n; ++i) {
-      const minikv::SelectionPlan &plan = plans[i];
-      for (uint32_t h = 0; h < Hkv_; ++h) {
-        const std::vector<int32_t> &pos = after.kept[pair_index(ids[i], layer) * Hkv_ + h];
-        uint32_t heavy = 0;
-        for (size_t t = 0; t < pos.size(); ++t) {
-          FUZZ_CHECK(pos[t] >= 0 && uint32_t(pos[t]) < plan.prompt_len && (t == 0 || pos[t] > pos[t - 1]),
-                     "op %u: kept positions of seq %u layer %u head %u not ascending in [0, %u)",
-                     op_, ids[i], layer, h, plan.prompt_len);
-          if (!plan.keep_all && uint32_t(pos[t]) >= plan.n_sink && uint32_t(pos[t]) < plan.candidates) ++heavy;
-          FUZZ_CHECK(t >= plan.n_sink || pos[t] == int32_t(t),
-                     "op %u: seq %u layer %u head %u: sink %zu at position %d", op_, ids[i], layer,
-                     h, t, pos[t]);
-        }
-        const uint32_t expect_heavy = plan.keep_all ? 0 : plan.n_heavy;
-        FUZZ_CHECK(heavy == expect_heavy && pos.size() == plan.n_keep,
-                   "op %u: seq %u layer %u head %u kept %zu positions, %u heavy (plan: %u, %u heavy)",
-                   op_, ids[i], layer, h, pos.size(), heavy, plan.n_keep, expect_heavy);
+    for (uint32_t i = 0; i < n; ++i) check_kept(after, ids[i], layer, plans[i]);
+  }
+
+  // The kept positions follow the plan: ascending, the sinks and the protected suffix
+  // entirely, and exactly n_heavy of the candidates.
+  void check_kept(const Snapshot &after, uint32_t seq, uint32_t layer,
+                  const minikv::SelectionPlan &plan) {
+    for (uint32_t h = 0; h < Hkv_; ++h) {
+      const std::vector<int32_t> &pos = after.kept[pair_index(seq, layer) * Hkv_ + h];
+      uint32_t heavy = 0;
+      for (size_t t = 0; t < pos.size(); ++t) {
+        FUZZ_CHECK(pos[t] >= 0 && uint32_t(pos[t]) < plan.prompt_len && (t == 0 || pos[t] > pos[t - 1]),
+                   "op %u: kept positions of seq %u layer %u head %u not ascending in [0, %u)",
+                   op_, seq, layer, h, plan.prompt_len);
+        if (!plan.keep_all && uint32_t(pos[t]) >= plan.n_sink && uint32_t(pos[t]) < plan.candidates) ++heavy;
+        FUZZ_CHECK(t >= plan.n_sink || pos[t] == int32_t(t),
+                   "op %u: seq %u layer %u head %u: sink %zu at position %d", op_, seq, layer, h,
+                   t, pos[t]);
+      }
+      const uint32_t expect_heavy = plan.keep_all ? 0 : plan.n_heavy;
+      FUZZ_CHECK(heavy == expect_heavy && pos.size() == plan.n_keep,
+                 "op %u: seq %u layer %u head %u kept %zu positions, %u heavy (plan: %u, %u heavy)",
+                 op_, seq, layer, h, pos.size(), heavy, plan.n_keep, expect_heavy);
+    }
+  }
+
+  // The pair after a successful prefill of its whole prompt (in one call or the last chunk).
+  void set_prefilled(Pair &p, const minikv::SelectionPlan &plan) {
+    p = Pair();
+    p.prefilled = true;
+    p.prompt_len = plan.prompt_len;
+    p.n_keep = plan.n_keep;
+    p.sinks = plan.n_sink;
+    p.quantized = quantized_of(plan);
+    p.residual = plan.n_keep - plan.n_sink - p.quantized;
+  }
+
+  // ---- staging model (an independent first fit over a row bitmap per layer) ------------------
+  uint32_t staging_find(uint32_t layer, uint32_t n) const {
+    const uint32_t cap = cfg_.prefill_staging_tokens;
+    const std::vector<bool>::const_iterator rows = staged_.begin() + size_t(layer) * cap;
+    for (uint32_t a = 0; a + n <= cap; ++a) {
+      uint32_t r = a;
+      while (r < a + n && !rows[r]) ++r;
+      if (r == a + n) return a;
+      a = r;  // the next candidate starts after the used row r
+    }
+    return UINT32_MAX;
+  }
+  void staging_mark(uint32_t layer, uint32_t begin, uint32_t n, bool used) {
+    for (uint32_t r = begin; r < begin + n; ++r)
+      staged_[size_t(layer) * cfg_.prefill_staging_tokens + r] = used;
+  }
+  // Frees what a pair mid-prompt holds (staging rows; its reserved blocks go with the Pair).
+  void drop_pending(uint32_t seq, uint32_t layer) {
+    const Pair &p = pair(seq, layer);
+    if (p.pending_len > 0) staging_mark(layer, p.staging_begin, p.pending_len, false);
+  }
+
+  // minikv_prefill_chunk: the next chunk of 1-4 sequences' prompts (a new prompt, often in
+  // several chunks, or the continuation of one mid-prompt), with faults of its own: a NULL
+  // prompt_lens, a prompt length out of range or different from the first chunk's, a chunk
+  // past the prompt.
+  void op_prefill_chunk(fuzz::Input &in) {
+    const uint8_t v = in.u8();
+    const uint32_t fault = v >= 160 ? 1 + v % 18 : 0;
+    uint32_t n = 1 + in.below(std::min(S_, 4u));
+    uint32_t layer = in.below(L_);
+    std::vector<uint32_t> ids = pick_ids(in, n, -1);
+    bool null_ids = false, null_cu = false, null_lens = false, null_tensor[4] = {false, false, false, false};
+    void *stream = nullptr;
+    const bool corrupted = corrupt_batch(in, fault, n, ids, layer, null_ids);
+    // Lengths: continue a prompt mid-way, else a new one, usually cut short.
+    std::vector<int64_t> lens(n, 1);
+    std::vector<uint32_t> prompt_lens(n, 1);
+    const uint32_t valid_n = std::min<uint32_t>(n, static_cast<uint32_t>(ids.size()));
+    for (uint32_t i = 0; i < valid_n; ++i) {
+      const Pair *p = ids[i] < S_ && layer < L_ ? &pair(ids[i], layer) : nullptr;
+      if (p && p->pending_len > 0) {
+        prompt_lens[i] = p->pending_len;
+        lens[i] = 1 + in.below(p->pending_len - p->received);
+      } else {
+        prompt_lens[i] = 1 + in.below(cfg_.max_seq_len);
+        lens[i] = in.u8() % 4 == 0 ? prompt_lens[i] : 1 + in.below(prompt_lens[i]);
       }
     }
+    if (!corrupted && fault >= 7) {
+      const uint32_t at = in.below(n);  // the sequence a fault of its own applies to
+      switch (fault) {
+        case 7: null_cu = true; break;
+        case 8: null_tensor[in.below(4)] = true; break;
+        case 9: stream = reinterpret_cast<void *>(uintptr_t(0x4000)); break;
+        case 10: lens[at] = 0; break;
+        case 11: lens[at] = int64_t(cfg_.max_seq_len) + 1 + in.below(4); break;
+        case 12: null_lens = true; break;
+        case 13: prompt_lens[at] = in.u8() % 2 ? 0 : cfg_.max_seq_len + 1 + in.below(9); break;
+        case 14: prompt_lens[at] += 1 + in.below(3); break;       // differs, or past max
+        case 15: lens[at] = int64_t(prompt_lens[at]) + 1; break;  // past the prompt
+        default: break;
+      }
+    }
+    std::vector<int32_t> cu(n + 1, 0);
+    for (uint32_t i = 0; i < n; ++i) cu[i + 1] = static_cast<int32_t>(cu[i] + lens[i]);
+
+    // Prediction, in the library's order: arguments, then each sequence's state.
+    const uint32_t *ids_arg = null_ids ? nullptr : ids.data();
+    const bool ids_ok = ids_valid(n, ids_arg);
+    bool invalid = !ids_ok || layer >= L_ || null_cu || null_lens || stream != nullptr ||
+                   null_tensor[0] || null_tensor[1] || null_tensor[2] || null_tensor[3];
+    if (ids_ok) {
+      for (uint32_t i = 0; i < n; ++i) {
+        if (lens[i] < 1 || lens[i] > cfg_.max_seq_len) invalid = true;
+        if (prompt_lens[i] < 1 || prompt_lens[i] > cfg_.max_seq_len) invalid = true;
+      }
+    }
+    StatusSet faults = invalid ? bit(MINIKV_ERR_INVALID_ARGUMENT) : 0;
+    const uint64_t total = invalid ? 1 : static_cast<uint64_t>(cu[n]);
+    std::vector<uint8_t> q, k, vv, out;
+    const uint64_t data_seed = in.u32();
+    fill(q, total * H_ * D_, data_seed * 4 + 0);
+    fill(k, total * Hkv_ * D_, data_seed * 4 + 1);
+    fill(vv, total * Hkv_ * D_, data_seed * 4 + 2);
+    out.assign(std::max<uint64_t>(total, 1) * H_ * D_ * esize_, 0xEE);
+    if (!invalid && !(all_finite(q, total * H_ * D_) && all_finite(k, total * Hkv_ * D_) &&
+                      all_finite(vv, total * Hkv_ * D_)))
+      faults |= bit(MINIKV_ERR_INVALID_ARGUMENT);
+    bool state_fault = false;
+    std::vector<minikv::SelectionPlan> plans;
+    if (!invalid) {
+      for (uint32_t i = 0; i < n; ++i) {
+        const Pair &p = pair(ids[i], layer);
+        const uint32_t len = static_cast<uint32_t>(lens[i]), whole = prompt_lens[i];
+        if (p.prefilled) {
+          faults |= bit(MINIKV_ERR_BAD_STATE);
+          state_fault = true;
+        }
+        const bool bad = (p.pending_len > 0 && whole != p.pending_len) ||
+                         uint64_t(p.received) + len > whole ||
+                         (p.pending_len == 0 && len < whole &&
+                          (cfg_.prefill_staging_tokens == 0 || whole > cfg_.prefill_staging_tokens));
+        if (bad && !p.prefilled) {
+          faults |= bit(MINIKV_ERR_INVALID_ARGUMENT);
+          state_fault = true;
+        }
+        plans.push_back(minikv::plan_selection(cfg_, ratios_[layer], whole));
+      }
+    }
+    // Capacity: the blocks of prompts starting now, then their staging runs (first fit, in
+    // batch order).
+    if (!invalid && !state_fault) {
+      uint64_t need = 0;
+      for (uint32_t i = 0; i < n; ++i)
+        if (pair(ids[i], layer).pending_len == 0) need += (quantized_of(plans[i]) + R_ - 1) / R_;
+      bool full = need > free_blocks();
+      std::vector<std::pair<uint32_t, uint32_t>> taken;
+      for (uint32_t i = 0; i < n && !full; ++i) {
+        if (pair(ids[i], layer).pending_len > 0 || uint32_t(lens[i]) == prompt_lens[i]) continue;
+        const uint32_t at = staging_find(layer, prompt_lens[i]);
+        if (at == UINT32_MAX) {
+          full = true;
+        } else {
+          staging_mark(layer, at, prompt_lens[i], true);
+          taken.emplace_back(at, prompt_lens[i]);
+        }
+      }
+      for (const auto &t : taken) staging_mark(layer, t.first, t.second, false);
+      if (full) faults |= bit(MINIKV_ERR_CAPACITY_EXCEEDED);
+    }
+
+    const Snapshot before = snapshot();
+    const minikv_status st = minikv_prefill_chunk(
+        cache_, layer, n, ids_arg, null_cu ? nullptr : cu.data(), null_lens ? nullptr : prompt_lens.data(),
+        null_tensor[0] ? nullptr : q.data(), null_tensor[1] ? nullptr : k.data(),
+        null_tensor[2] ? nullptr : vv.data(), null_tensor[3] ? nullptr : out.data(), stream);
+    if (!check_call("minikv_prefill_chunk", st, faults, before)) return;
+
+    std::vector<bool> touched(pairs_.size(), false);
+    std::vector<uint32_t> finished;
+    for (uint32_t i = 0; i < n; ++i) {
+      Pair &p = pair(ids[i], layer);
+      const uint32_t len = static_cast<uint32_t>(lens[i]), whole = prompt_lens[i];
+      touched[pair_index(ids[i], layer)] = true;
+      if (p.pending_len == 0 && len < whole) {  // the first of several chunks
+        p.pending_len = whole;
+        p.staging_begin = staging_find(layer, whole);
+        staging_mark(layer, p.staging_begin, whole, true);
+        p.reserved = (quantized_of(plans[i]) + R_ - 1) / R_;
+      }
+      p.received += len;
+      if (p.received < whole) continue;
+      drop_pending(ids[i], layer);
+      set_prefilled(p, plans[i]);
+      finished.push_back(i);
+    }
+    check_finite(out, total * H_ * D_, "prefill_chunk out");
+    const Snapshot after = snapshot();
+    compare(before, after, touched, "a successful minikv_prefill_chunk");
+    for (uint32_t i : finished) check_kept(after, ids[i], layer, plans[i]);
   }
 
   void op_append(fuzz::Input &in) {
@@ -627,6 +802,7 @@ class Harness {
     if (!check_call("minikv_sequence_release", st, faults, before)) return;
     std::vector<bool> touched(pairs_.size(), false);
     for (uint32_t layer = 0; layer < L_; ++layer) {
+      drop_pending(seq, layer);  // an abandoned prompt: its staging rows and reserved blocks
       pair(seq, layer) = Pair();
       touched[pair_index(seq, layer)] = true;
     }
@@ -842,6 +1018,7 @@ class Harness {
   uint64_t num_blocks_ = 0, pool_bytes_ = 0, workspace_bytes_ = 0;
   std::vector<double> ratios_;
   std::vector<Pair> pairs_;
+  std::vector<bool> staged_;  // [layer][prefill_staging_tokens]: rows held by prompts mid-way
   uint32_t op_ = 0;
 };
 
@@ -883,7 +1060,12 @@ minikv_config decode_config(fuzz::Input &in, bool &extreme) {
   cfg.pool_kernel = 1 + 2 * ((b8 >> 4) % 4);
   static const uint32_t kSinks[4] = {0, 1, 4, 17};
   cfg.sink_tokens = kSinks[b8 >> 6];
-  cfg.pyramid_depth = 1.0f + static_cast<float>(in.u8() % 8);
+  const uint8_t b9 = in.u8();
+  cfg.pyramid_depth = 1.0f + static_cast<float>(b9 % 8);
+  // Chunked prefill off, or a staging area of half, one or two longest prompts.
+  static const uint32_t kStaging[4] = {0, 1, 2, 4};
+  cfg.prefill_staging_tokens = std::min<uint32_t>(
+      kStaging[(b9 >> 3) % 4] * cfg.max_seq_len / 2, cfg.max_sequences * cfg.max_seq_len);
   return cfg;
 }
 
@@ -903,7 +1085,7 @@ void corrupted_create(fuzz::Input &in, const minikv_config &valid) {
       {offsetof(minikv_config, window_size), 4, true},  {offsetof(minikv_config, pool_kernel), 4, false},
       {offsetof(minikv_config, key_bits), 4, false},    {offsetof(minikv_config, value_bits), 4, false},
       {offsetof(minikv_config, group_size), 4, false},  {offsetof(minikv_config, residual_length), 4, true},
-      {offsetof(minikv_config, sink_tokens), 4, true},  {offsetof(minikv_config, reserved_v2_), 4, false},
+      {offsetof(minikv_config, sink_tokens), 4, true},  {offsetof(minikv_config, prefill_staging_tokens), 4, true},
   };
   // The struct lives in a larger zeroed buffer, so a struct_size above sizeof still names
   // readable bytes (the caller's side of the contract).

@@ -4,8 +4,7 @@
 // struct_size up to sizeof + 64 names readable bytes. Checks:
 //   1. the status is a documented one for minikv_cache_create;
 //   2. VERSION_MISMATCH exactly when struct_size is below the first version (96 bytes),
-//      or covers reserved_v2_ and it is non-zero, or is larger with a non-zero byte past
-//      this library's struct;
+//      or is larger with a non-zero byte past this library's struct;
 //   3. a failed create sets *out = NULL and a message;
 //   4. an accepted config satisfies every constraint minikv.h documents, and a modest
 //      config that satisfies them is accepted (or fails with OUT_OF_MEMORY, never INVALID);
@@ -67,7 +66,8 @@ bool documented_valid(const minikv_config &c) {
          c.window_size >= 1 && c.pool_kernel % 2 == 1 && bits_ok(c.key_bits) && bits_ok(c.value_bits) &&
          (c.group_size == 16 || c.group_size == 32 || c.group_size == 64 || c.group_size == 128) &&
          (c.value_bits == 16 || c.head_dim % c.group_size == 0) && c.residual_length >= c.group_size &&
-         c.residual_length % c.group_size == 0 && c.sink_tokens <= 64;
+         c.residual_length % c.group_size == 0 && c.sink_tokens <= 64 &&
+         uint64_t(c.prefill_staging_tokens) <= uint64_t(c.max_sequences) * c.max_seq_len;
 }
 
 bool modest(const minikv_config &c) {
@@ -191,10 +191,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   minikv_config cfg;
   minikv_config_default(&cfg);
   std::memcpy(&cfg, buf, std::min<size_t>(struct_size, sizeof(cfg)));
-  // Any byte of reserved_v2_ the caller's size covers counts (a size may end mid-field).
-  const bool reserved_set = struct_size > offsetof(minikv_config, reserved_v2_) &&
-                            cfg.reserved_v2_ != 0;
-  const bool readable = struct_size >= kFirstVersion && !tail_set && !reserved_set;
+  const bool readable = struct_size >= kFirstVersion && !tail_set;
   // minikv_status_string takes any int a C caller passes (here: the first field, often far
   // outside the enum) without undefined behaviour (UBSan -fsanitize=enum in the clang build).
   {

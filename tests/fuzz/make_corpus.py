@@ -35,7 +35,8 @@ class Seq:
     def __init__(self, dtype=F16, extreme=False, pyramid=False, window=False, layers=2, kv=2, rep=2,
                  head_dim=32, group=16, r_mult=2, seqs=3, max_seq_len=96, max_tokens=0, heavy=2,
                  recent=2, key_bits=2, value_bits=2, window_size=8, pool_kernel=3, depth=7, seed=1,
-                 sinks=0):
+                 sinks=0, staging=0):
+        # staging: prefill_staging_tokens in halves of max_seq_len: 0, 1, 2 or 4.
         # heavy/recent are in eighths (ratio = x / 8).
         self.S, self.L, self.max_seq_len = seqs, layers, max_seq_len
         b = bytearray()
@@ -53,8 +54,9 @@ class Seq:
         b.append(search(lambda x: BITS[x % 4] == key_bits and BITS[(x // 4) % 4] == value_bits))
         b.append(search(lambda x: 1 + x % 16 == window_size and 1 + 2 * ((x >> 4) % 4) == pool_kernel
                         and SINKS[x >> 6] == sinks))
-        b.append(depth - 1)
+        b.append((depth - 1) | ([0, 1, 2, 4].index(staging) << 3))
         self.b = b
+        self.pending = {}  # (seq, layer) -> [prompt length, positions received]
         self.no_corruption()
         self.b += struct.pack("<Q", seed)
 
@@ -129,6 +131,41 @@ class Seq:
     def null_handle(self, which):
         self.b.append(6)
         self.b.append(which)
+
+    def prefill_chunk(self, ids, layer, chunks, fault=0, at=0, extra=b"", data=13, ok=True):
+        """chunks: (prompt length, chunk length) per id. A sequence mid-prompt in the model
+        continues its prompt (the length must match); ok: the call is meant to succeed (the
+        model of prompts mid-way follows it)."""
+        self.b.append(9)
+        self.b.append(0 if fault == 0 else search(lambda v: v >= 160 and 1 + v % 18 == fault))
+        self.b.append(len(ids) - 1)
+        self.b.append(layer)
+        self.b += self.pick(ids)
+        for seq, (plen, clen) in zip(ids, chunks):
+            got = self.pending.get((seq, layer))
+            if got:
+                assert got[0] == plen and clen <= got[0] - got[1]
+                self.b.append(clen - 1)
+            else:
+                self.b.append(plen - 1)
+                if clen == plen:
+                    self.b.append(0)
+                else:
+                    self.b += bytes([1, clen - 1])
+        if fault >= 7:
+            self.b.append(at)
+            self.b += extra
+        self.u32(data)
+        if ok:
+            for seq, (plen, clen) in zip(ids, chunks):
+                p = self.pending.setdefault((seq, layer), [plen, 0])
+                p[1] += clen
+                if p[1] == plen:
+                    del self.pending[(seq, layer)]
+
+    def release_pending(self, seq):
+        for key in [k for k in self.pending if k[0] == seq]:
+            del self.pending[key]
 
     def generate(self, steps, data=3):
         self.b.append(8)
@@ -260,6 +297,27 @@ def api_seeds():
     s.prefill([2, 1], 1, [40, 3])
     s.generate(30)
     write("fuzz_api_sequence", "seed-10-sinks-8bit", s.b)
+
+    # 11. Chunked prefill: prompts in chunks through both layers, mixed with whole prompts;
+    #     decode mid-prompt (BAD_STATE); a full staging area (CAPACITY_EXCEEDED); an
+    #     abandoned prompt; every fault of prefill_chunk's own; then generation.
+    s = Seq(dtype=F16, seqs=3, max_seq_len=64, r_mult=1, staging=2)  # 64 staging rows
+    for layer in (0, 1):
+        s.prefill_chunk([0, 1], layer, [(50, 20), (30, 30)])
+    s.decode(0, [0])                                                   # mid-prompt
+    s.prefill_chunk([2], 0, [(40, 5)], ok=False)                       # 50 + 40 > 64 rows
+    s.prefill([0], 0, [10])                                            # minikv_prefill: BAD_STATE
+    for fault, extra in [(12, b""), (13, b"\x01"), (14, b"\x01"), (15, b""), (10, b""), (7, b"")]:
+        s.prefill_chunk([0], 0, [(50, 7)], fault=fault, extra=extra, ok=False)
+    s.prefill_chunk([0], 0, [(50, 1)])
+    s.prefill_chunk([0], 0, [(50, 29)])                                # done in layer 0
+    s.prefill_chunk([2, 0], 1, [(14, 3), (50, 30)])                    # first chunk + last
+    s.release(2)                                                       # abandoned mid-prompt
+    s.release_pending(2)
+    s.prefill_chunk([2], 0, [(64, 1)])
+    s.prefill_chunk([2], 0, [(64, 63)])
+    s.generate(20)
+    write("fuzz_api_sequence", "seed-11-chunked-prefill", s.b)
 
 
 def config_seeds():

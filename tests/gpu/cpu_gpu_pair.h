@@ -52,6 +52,18 @@ inline minikv_config make_config(const Case &c, minikv_backend backend) {
   return cfg;
 }
 
+// Two caches hold the same tokens in the same bytes and pool.
+inline void check_stats_equal(minikv_cache *x, minikv_cache *y) {
+  minikv_memory_stats a{}, b{};
+  a.struct_size = b.struct_size = sizeof(minikv_memory_stats);
+  MKV_OK(minikv_memory_stats_get(x, &a));
+  MKV_OK(minikv_memory_stats_get(y, &b));
+  CHECK_EQ(a.used_bytes, b.used_bytes);
+  CHECK_EQ(a.tokens_seen, b.tokens_seen);
+  CHECK_EQ(a.tokens_cached, b.tokens_cached);
+  CHECK_EQ(a.pool_bytes, b.pool_bytes);
+}
+
 // A CPU cache and a CUDA cache driven with the same calls.
 class Pair {
  public:
@@ -141,16 +153,7 @@ class Pair {
     return pos;
   }
 
-  void check_stats() const {
-    minikv_memory_stats a{}, b{};
-    a.struct_size = b.struct_size = sizeof(minikv_memory_stats);
-    MKV_OK(minikv_memory_stats_get(cpu_, &a));
-    MKV_OK(minikv_memory_stats_get(gpu_, &b));
-    CHECK_EQ(a.used_bytes, b.used_bytes);
-    CHECK_EQ(a.tokens_seen, b.tokens_seen);
-    CHECK_EQ(a.tokens_cached, b.tokens_cached);
-    CHECK_EQ(a.pool_bytes, b.pool_bytes);
-  }
+  void check_stats() const { check_stats_equal(cpu_, gpu_); }
 
  private:
   minikv_config cfg_;

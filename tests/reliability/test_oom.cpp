@@ -46,7 +46,7 @@ struct Failures {
   }
 };
 
-enum class Kind { kCreate, kPrefill, kAppend, kDecode, kRelease, kLength, kKept, kStats };
+enum class Kind { kCreate, kPrefill, kPrefillChunk, kAppend, kDecode, kRelease, kLength, kKept, kStats };
 
 struct Step {
   std::string name;
@@ -54,6 +54,7 @@ struct Step {
   uint32_t layer = 0;
   std::vector<uint32_t> ids;
   std::vector<int32_t> cu;
+  std::vector<uint32_t> prompt_lens;  // kPrefillChunk
   std::vector<uint8_t> q, k, v;
   std::vector<uint8_t> out;  // preallocated: a step allocates nothing on the test's side
 };
@@ -82,6 +83,7 @@ Workload make_workload(minikv_dtype dtype) {
   c.group_size = 16;
   c.residual_length = 16;
   c.max_tokens = 16 * 16;  // 16 blocks: tight enough that a lost block shows
+  c.prefill_staging_tokens = 64;
   w.esize = dtype == MINIKV_DTYPE_F32 ? 4 : 2;
   const size_t H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
   uint64_t seed = static_cast<uint64_t>(dtype) * 1000;
@@ -100,6 +102,15 @@ Workload make_workload(minikv_dtype dtype) {
     s.out.assign(T * H * D * w.esize, 0);
     s.name = "prefill layer " + std::to_string(layer) + " of " + std::to_string(ids.size()) + " sequences";
     w.steps.push_back(std::move(s));
+  };
+  // The chunks `lens` of prompts of lengths `prompt_lens` (minikv_prefill_chunk).
+  auto prefill_chunk = [&](uint32_t layer, std::vector<uint32_t> ids, std::vector<int32_t> lens,
+                           std::vector<uint32_t> prompt_lens) {
+    prefill(layer, ids, lens);
+    Step &s = w.steps.back();
+    s.kind = Kind::kPrefillChunk;
+    s.prompt_lens = prompt_lens;
+    s.name = "prefill_chunk layer " + std::to_string(layer);
   };
   auto append = [&](uint32_t layer, std::vector<uint32_t> ids) {
     Step s;
@@ -135,6 +146,9 @@ Workload make_workload(minikv_dtype dtype) {
   prefill(0, {0, 1}, {70, 45});  // keeps 34 (32 quantized + 2) and 22 (16 + 6)
   prefill(1, {1, 0}, {45, 70});
   prefill(0, {2}, {33});
+  // Sequence 2's prompt in layer 1 in chunks: the first reserves staging rows and blocks.
+  prefill_chunk(1, {2}, {10}, {33});
+  prefill_chunk(1, {2}, {23}, {33});
   decode(0, {2, 0, 1});
   decode(1, {0, 1});
   // 14 appends: sequence 1 flushes at the 10th, sequence 0 at the 14th.
@@ -142,6 +156,7 @@ Workload make_workload(minikv_dtype dtype) {
   decode(0, {0, 1});
   simple(Kind::kRelease, "release sequence 1", 1);
   prefill(0, {1}, {20});
+  prefill_chunk(1, {1}, {15}, {40});  // mid-prompt at the end: released by the capacity probe
   append(0, {1, 2});
   decode(0, {1, 2, 0});
   simple(Kind::kLength, "sequence_length", 0, 0);
@@ -157,6 +172,9 @@ minikv_status run_step(Step &s, minikv_cache *&c, const minikv_config &cfg) {
     case Kind::kPrefill:
       return minikv_prefill(c, s.layer, n, s.ids.data(), s.cu.data(), s.q.data(), s.k.data(), s.v.data(),
                             s.out.data(), nullptr);
+    case Kind::kPrefillChunk:
+      return minikv_prefill_chunk(c, s.layer, n, s.ids.data(), s.cu.data(), s.prompt_lens.data(),
+                                  s.q.data(), s.k.data(), s.v.data(), s.out.data(), nullptr);
     case Kind::kAppend: return minikv_append(c, s.layer, n, s.ids.data(), s.k.data(), s.v.data(), nullptr);
     case Kind::kDecode: return minikv_decode(c, s.layer, n, s.ids.data(), s.q.data(), s.out.data(), nullptr);
     case Kind::kRelease: return minikv_sequence_release(c, s.ids[0]);
@@ -415,7 +433,7 @@ TEST_SUITE("cpu") {
   TEST_CASE("OOM injection: every allocation of create/prefill/append/decode fails cleanly (F16)") {
     run_oom_suite(MINIKV_DTYPE_F16);
   }
-  TEST_CASE("successful prefill + append (with flushes) + decode + queries allocate nothing") {
+  TEST_CASE("successful prefill (whole and in chunks) + append + decode + queries allocate nothing") {
     // The header promises it: everything is reserved at create (the CUDA backend relies on
     // the same host path, so graph capture never meets an allocation).
     minikv_config c;
@@ -430,6 +448,7 @@ TEST_SUITE("cpu") {
     c.max_sequences = 3;
     c.max_seq_len = 256;
     c.residual_length = 16;
+    c.prefill_staging_tokens = 100;
     minikv_cache *cache = nullptr;
     REQUIRE(minikv_cache_create(&c, &cache) == MINIKV_OK);
     const uint32_t ids[3] = {2, 0, 1};
@@ -440,9 +459,15 @@ TEST_SUITE("cpu") {
     uint64_t allocations = 0;
     {
       alloc_control::Armed armed;
-      for (uint32_t layer = 0; layer < 2; ++layer)
-        REQUIRE(minikv_prefill(cache, layer, 3, ids, cu, q.data(), kv.data(), kv.data(),
-                               out.data(), nullptr) == MINIKV_OK);
+      REQUIRE(minikv_prefill(cache, 0, 3, ids, cu, q.data(), kv.data(), kv.data(), out.data(),
+                             nullptr) == MINIKV_OK);
+      // Layer 1 in two chunks (the 1-token prompt whole in the first).
+      const uint32_t lens[3] = {40, 1, 59}, ids_rest[2] = {2, 1}, lens_rest[2] = {40, 59};
+      const int32_t cu_first[4] = {0, 17, 18, 48}, cu_rest[3] = {0, 23, 52};
+      REQUIRE(minikv_prefill_chunk(cache, 1, 3, ids, cu_first, lens, q.data(), kv.data(),
+                                   kv.data(), out.data(), nullptr) == MINIKV_OK);
+      REQUIRE(minikv_prefill_chunk(cache, 1, 2, ids_rest, cu_rest, lens_rest, q.data(), kv.data(),
+                                   kv.data(), out.data(), nullptr) == MINIKV_OK);
       for (int step = 0; step < 40; ++step)  // 40 > residual_length: several flushes
         for (uint32_t layer = 0; layer < 2; ++layer) {
           REQUIRE(minikv_append(cache, layer, 3, ids, kv.data(), kv.data(), nullptr) == MINIKV_OK);

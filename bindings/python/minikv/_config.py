@@ -57,6 +57,7 @@ class Config:
     group_size: int = LIBRARY_DEFAULT
     residual_length: int = LIBRARY_DEFAULT
     sink_tokens: int = LIBRARY_DEFAULT
+    prefill_staging_tokens: int = LIBRARY_DEFAULT
 
     if TYPE_CHECKING:
         # The generated __init__ as type checkers should see it: an enum field also takes
@@ -71,7 +72,8 @@ class Config:
                      pyramid_depth: float = ..., score_mode: Union[ScoreMode, str, int] = ...,
                      window_size: int = ..., pool_kernel: int = ..., key_bits: int = ...,
                      value_bits: int = ..., group_size: int = ...,
-                     residual_length: int = ..., sink_tokens: int = ...) -> None: ...
+                     residual_length: int = ..., sink_tokens: int = ...,
+                     prefill_staging_tokens: int = ...) -> None: ...
 
     def __post_init__(self) -> None:
         defaults = None

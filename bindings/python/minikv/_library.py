@@ -105,6 +105,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "minikv_cache_backend": (status, [c_void_p, P(ctypes.c_int)]),
         "minikv_prefill": (status, [c_void_p, c_u32, c_u32, P(c_u32), P(c_i32), c_void_p,
                                     c_void_p, c_void_p, c_void_p, c_void_p]),
+        "minikv_prefill_chunk": (status, [c_void_p, c_u32, c_u32, P(c_u32), P(c_i32), P(c_u32),
+                                          c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
         "minikv_append": (status, [c_void_p, c_u32, c_u32, P(c_u32), c_void_p, c_void_p,
                                    c_void_p]),
         "minikv_decode": (status, [c_void_p, c_u32, c_u32, P(c_u32), c_void_p, c_void_p,

@@ -145,7 +145,7 @@ class MinikvConfigStruct(ctypes.Structure):
         ("residual_length", ctypes.c_uint32),
         ("reserved_v1_", ctypes.c_uint32),
         ("sink_tokens", ctypes.c_uint32),
-        ("reserved_v2_", ctypes.c_uint32),
+        ("prefill_staging_tokens", ctypes.c_uint32),
     ]
 
 

@@ -174,6 +174,26 @@ class Cache:
         `cu_seqlens` (n_seqs+1 prefix sums), or pass `cu_seqlens=None` and lists of
         per-sequence q/k/v ([len_i, heads, head_dim] each): the output is then a list of
         per-sequence outputs. Returns `out` (allocated when None)."""
+        return self._prefill(layer, seq_ids, None, cu_seqlens, q, k, v, out, stream)
+
+    def prefill_chunk(self, layer: int, seq_ids: SeqIds, prompt_lens: SeqIds, cu_seqlens: Any,
+                      q: Any, k: Any, v: Any, out: Any = None, stream: Any = None) -> Any:
+        """The next chunk of each sequence's prompt (minikv_prefill_chunk): rows of the
+        chunk are the prompt positions that follow the ones sent so far for this sequence
+        and layer; `prompt_lens` gives each whole prompt's length (the same at every chunk),
+        and the chunk that reaches it completes the prompt (selection and compression, as
+        one `prefill` of the whole prompt would). Needs Config.prefill_staging_tokens for
+        prompts sent in more than one chunk. Tensors as in `prefill`, for the chunk's rows;
+        returns the chunk's output."""
+        lens = _u32_array(prompt_lens, "prompt_lens")
+        n = len(_u32_array(seq_ids, "seq_ids"))
+        if len(lens) != n:
+            raise ValueError(f"prompt_lens has {len(lens)} entries; seq_ids has {n}")
+        return self._prefill(layer, seq_ids, lens, cu_seqlens, q, k, v, out, stream)
+
+    def _prefill(self, layer: int, seq_ids: SeqIds, prompt_lens: Any, cu_seqlens: Any, q: Any,
+                 k: Any, v: Any, out: Any, stream: Any) -> Any:
+        """minikv_prefill (prompt_lens None) or minikv_prefill_chunk."""
         handle = self._live()
         c = self._config
         ids = _u32_array(seq_ids, "seq_ids")
@@ -205,8 +225,8 @@ class Cache:
                         raise ValueError(f"q[{i}]: a prompt needs at least one token")
                     lengths.append(L)
                 cu = cu_seqlens_from_lengths(lengths)
-                packed = self.prefill(layer, ids, cu, T.concat(q, "q"), T.concat(k, "k"),
-                                      T.concat(v, "v"), None, stream)
+                packed = self._prefill(layer, ids, prompt_lens, cu, T.concat(q, "q"),
+                                       T.concat(k, "k"), T.concat(v, "v"), None, stream)
                 return T.split(packed, cu)
 
             cu = self._cu_seqlens(cu_seqlens, n)
@@ -222,9 +242,14 @@ class Cache:
             to = self._tensor(out, "out", tq.shape, "q's shape", writable=True)
             T.check_no_overlap(to, [("q", tq), ("k", tk), ("v", tv)])
             cu_c = (ctypes.c_int32 * len(cu))(*(int(x) for x in cu))
-            self._check(self._lib.minikv_prefill(
-                handle, self._layer(layer), n, ids, cu_c, tq.ptr, tk.ptr, tv.ptr, to.ptr,
-                stream_ptr))
+            if prompt_lens is None:
+                status = self._lib.minikv_prefill(handle, self._layer(layer), n, ids, cu_c,
+                                                  tq.ptr, tk.ptr, tv.ptr, to.ptr, stream_ptr)
+            else:
+                status = self._lib.minikv_prefill_chunk(handle, self._layer(layer), n, ids, cu_c,
+                                                        prompt_lens, tq.ptr, tk.ptr, tv.ptr,
+                                                        to.ptr, stream_ptr)
+            self._check(status)
         return out
 
     def append(self, layer: int, seq_ids: SeqIds, k: Any, v: Any, stream: Any = None) -> None:
@@ -262,7 +287,8 @@ class Cache:
 
     # ---- sequences and statistics --------------------------------------------------------
     def release(self, seq_id: int) -> None:
-        """Frees every block of `seq_id` (all layers); its slot can take a new prompt."""
+        """Frees every block of `seq_id` (all layers), and the staging of a prompt still
+        mid-way through prefill_chunk; its slot can take a new prompt."""
         self._check(self._lib.minikv_sequence_release(self._live(), self._u32(seq_id, "seq_id")))
 
     def sequence_length(self, seq_id: int, layer: int) -> SequenceLength:

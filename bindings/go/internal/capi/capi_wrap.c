@@ -1102,6 +1102,31 @@ intgo _wrap_ConfigStruct_sink_tokens_get_capi_68e625ddbd40b45d(struct minikv_con
 }
 
 
+void _wrap_ConfigStruct_prefill_staging_tokens_set_capi_68e625ddbd40b45d(struct minikv_config *_swig_go_0, intgo _swig_go_1) {
+  struct minikv_config *arg1 = (struct minikv_config *) 0 ;
+  uint32_t arg2 ;
+  
+  arg1 = *(struct minikv_config **)&_swig_go_0; 
+  arg2 = (uint32_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->prefill_staging_tokens = arg2;
+  
+}
+
+
+intgo _wrap_ConfigStruct_prefill_staging_tokens_get_capi_68e625ddbd40b45d(struct minikv_config *_swig_go_0) {
+  struct minikv_config *arg1 = (struct minikv_config *) 0 ;
+  uint32_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(struct minikv_config **)&_swig_go_0; 
+  
+  result = (uint32_t) ((arg1)->prefill_staging_tokens);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
 struct minikv_config *_wrap_new_ConfigStruct_capi_68e625ddbd40b45d() {
   struct minikv_config *result = 0 ;
   struct minikv_config *_swig_go_result;
@@ -1366,6 +1391,61 @@ _gostring_ _wrap_prefill_capi_68e625ddbd40b45d(struct minikv_cache *_swig_go_0, 
   arg10 = *(void **)&_swig_go_8; 
   
   result = (minikv_status)minikv_prefill(arg1,arg2,arg3,(unsigned int const *)arg4,(int const *)arg5,(void const *)arg6,(void const *)arg7,(void const *)arg8,arg9,arg10);
+  
+  if (result == MINIKV_OK) {
+    _swig_go_result.p = NULL;
+    _swig_go_result.n = 0;
+  } else {
+    const char *msg = minikv_last_error_message();
+    const size_t len = strlen(msg);
+    char *buf = (char *)malloc(len + 2);
+    if (buf) {
+      buf[0] = (char)result;
+      buf[1] = 1;
+      memcpy(buf + 2, msg, len);
+      _swig_go_result.p = buf;
+      _swig_go_result.n = (intgo)(len + 2);
+    } else {
+      const unsigned s = (unsigned)result < 9 ? (unsigned)result : 8;
+      _swig_go_result.p = (char *)minikv_swig_static_errors[s];
+      _swig_go_result.n = 2;
+    }
+  }
+  
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_prefill_chunk_capi_68e625ddbd40b45d(struct minikv_cache *_swig_go_0, intgo _swig_go_1, _goslice_ _swig_go_2, _goslice_ _swig_go_3, _goslice_ _swig_go_4, void *_swig_go_5, void *_swig_go_6, void *_swig_go_7, void *_swig_go_8, void *_swig_go_9) {
+  minikv_cache *arg1 = (minikv_cache *) 0 ;
+  uint32_t arg2 ;
+  uint32_t arg3 ;
+  uint32_t *arg4 = (uint32_t *) 0 ;
+  int32_t *arg5 = (int32_t *) 0 ;
+  uint32_t *arg6 = (uint32_t *) 0 ;
+  void *arg7 = (void *) 0 ;
+  void *arg8 = (void *) 0 ;
+  void *arg9 = (void *) 0 ;
+  void *arg10 = (void *) 0 ;
+  void *arg11 = (void *) 0 ;
+  minikv_status result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = *(minikv_cache **)&_swig_go_0; 
+  arg2 = (uint32_t)_swig_go_1; 
+  
+  arg4 = (uint32_t *)_swig_go_2.array;
+  arg3 = (uint32_t)_swig_go_2.len;
+  
+  arg5 = (int32_t *)_swig_go_3.array; 
+  arg6 = (uint32_t *)_swig_go_4.array; 
+  arg7 = *(void **)&_swig_go_5; 
+  arg8 = *(void **)&_swig_go_6; 
+  arg9 = *(void **)&_swig_go_7; 
+  arg10 = *(void **)&_swig_go_8; 
+  arg11 = *(void **)&_swig_go_9; 
+  
+  result = (minikv_status)minikv_prefill_chunk(arg1,arg2,arg3,(unsigned int const *)arg4,(int const *)arg5,(unsigned int const *)arg6,(void const *)arg7,(void const *)arg8,(void const *)arg9,arg10,arg11);
   
   if (result == MINIKV_OK) {
     _swig_go_result.p = NULL;

@@ -199,11 +199,23 @@ pub struct minikv_config {
     #[doc = "among the positions after the sinks); a prompt of at"]
     #[doc = "most S tokens keeps all of them as sinks. 0..64; 4"]
     pub sink_tokens: u32,
-    #[doc = "< must be 0: fills the tail to the struct's 8-byte"]
-    #[doc = "alignment, so that a later field appended here changes"]
-    #[doc = "sizeof and an older library rejects it instead of"]
-    #[doc = "ignoring it"]
-    pub reserved_v2_: u32,
+    #[doc = "< chunked prefill (minikv_prefill_chunk): the most"]
+    #[doc = "prompt tokens that may be in flight at once, summed over"]
+    #[doc = "the sequences whose prompt has started but not finished."]
+    #[doc = "Their 16-bit K/V wait, in every layer, in a staging area"]
+    #[doc = "reserved at create: num_layers x this x num_kv_heads x"]
+    #[doc = "head_dim x 2 (K, V) x dtype bytes, plus the score sums"]
+    #[doc = "(num_layers x this x num_heads x 8 B on the CPU, x"]
+    #[doc = "num_kv_heads x 4 B on CUDA). At most max_sequences x"]
+    #[doc = "max_seq_len. 0 = chunked prefill off: every prompt comes"]
+    #[doc = "in one call, nothing is reserved; 0."]
+    #[doc = "This field sits in the first layout's tail padding"]
+    #[doc = "(struct_size 104 either way): a library older than it"]
+    #[doc = "reads the slot as a reserved field that must be 0 and"]
+    #[doc = "rejects a non-zero value (MINIKV_ERR_VERSION_MISMATCH)"]
+    #[doc = "instead of ignoring it; the next field appended makes"]
+    #[doc = "the struct larger."]
+    pub prefill_staging_tokens: u32,
 }
 #[test]
 fn bindgen_test_layout_minikv_config() {
@@ -525,18 +537,23 @@ fn bindgen_test_layout_minikv_config() {
         );
     }
     test_field_sink_tokens();
-    fn test_field_reserved_v2_() {
+    fn test_field_prefill_staging_tokens() {
         assert_eq!(
             unsafe {
                 let uninit = ::core::mem::MaybeUninit::<minikv_config>::uninit();
                 let ptr = uninit.as_ptr();
-                ::core::ptr::addr_of!((*ptr).reserved_v2_) as usize - ptr as usize
+                ::core::ptr::addr_of!((*ptr).prefill_staging_tokens) as usize - ptr as usize
             },
             100usize,
-            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(reserved_v2_))
+            concat!(
+                "Offset of field: ",
+                stringify!(minikv_config),
+                "::",
+                stringify!(prefill_staging_tokens)
+            )
         );
     }
-    test_field_reserved_v2_();
+    test_field_prefill_staging_tokens();
 }
 extern "C" {
     #[doc = " Fills the first `struct_size` bytes of `*cfg` with the defaults (see the field"]
@@ -678,10 +695,11 @@ extern "C" {
     #[doc = "  @param q,k,v,out  backend memory, layouts in the introduction; out is written for every"]
     #[doc = "                    prompt token and may not alias the inputs."]
     #[doc = "  @param stream     cudaStream_t or NULL (must be NULL for the CPU backend)."]
+    #[doc = "  A prompt may also arrive in several calls: minikv_prefill_chunk."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL pointer, bad id/layer, repeated"]
     #[doc = "          seq_id, bad cu_seqlens, a misaligned tensor, a non-finite input with the CPU"]
-    #[doc = "          backend); MINIKV_ERR_BAD_STATE (a (sequence, layer) already prefilled, or the"]
-    #[doc = "          handle in use by another thread's call); MINIKV_ERR_CAPACITY_EXCEEDED (not"]
+    #[doc = "          backend); MINIKV_ERR_BAD_STATE (a (sequence, layer) already prefilled or"]
+    #[doc = "          mid-prompt (minikv_prefill_chunk), or the handle in use by another thread's call); MINIKV_ERR_CAPACITY_EXCEEDED (not"]
     #[doc = "          enough free blocks for the whole batch); MINIKV_ERR_DEVICE. On failure no"]
     #[doc = "          sequence of the batch changes."]
     pub fn minikv_prefill(
@@ -698,6 +716,74 @@ extern "C" {
     ) -> minikv_status;
 }
 extern "C" {
+    #[doc = " METHOD: chunked prefill of one layer: each sequence of the batch gives the next chunk of"]
+    #[doc = "  its prompt, as engines that split long prompts (or mix prompt and decode tokens in one"]
+    #[doc = "  step) send them. The result of a prompt sent in any number of chunks of any sizes is the"]
+    #[doc = "  result of minikv_prefill on the whole prompt: the outputs (CPU: the same values; CUDA:"]
+    #[doc = "  equal to fp32 rounding, scores summed in a different order), and the kept positions,"]
+    #[doc = "  the stored bytes, minikv_sequence_length and minikv_memory_stats (identical; on CUDA"]
+    #[doc = "  where no two scores at the selection boundary are within fp32 rounding of each other)."]
+    #[doc = ""]
+    #[doc = "  Chunks. For each sequence s, rows [cu_seqlens[s], cu_seqlens[s+1]) of q/k/v/out are the"]
+    #[doc = "  prompt positions [p, p + n) of seq_ids[s] in `layer`, where p is the number of tokens"]
+    #[doc = "  this (sequence, layer) has received so far (chunks come in order; 0 for a new prompt)."]
+    #[doc = "  The chunk's queries attend causally to every earlier prompt token of the sequence and"]
+    #[doc = "  to their own chunk; `out` receives their n output rows."]
+    #[doc = "  prompt_lens[s] is the length of the whole prompt, the same value at every chunk of it:"]
+    #[doc = "  the chunk that reaches it is the last. Then, as in minikv_prefill, the prompt is scored"]
+    #[doc = "  (CUMULATIVE: the column sums over every prompt query, accumulated exactly across chunks;"]
+    #[doc = "  WINDOW: over the last window_size queries of the whole prompt, known from prompt_lens"]
+    #[doc = "  whichever chunks they arrive in), selected, quantized into the cache, and the pair is"]
+    #[doc = "  prefilled: append and decode may follow."]
+    #[doc = "  A first chunk that is the whole prompt (n == prompt_lens[s]) is exactly minikv_prefill"]
+    #[doc = "  and needs no staging; one batch may mix first, middle, last and whole-prompt chunks of"]
+    #[doc = "  different sequences."]
+    #[doc = ""]
+    #[doc = "  Staging. A prompt that arrives in several chunks keeps its 16-bit K/V (and, for the"]
+    #[doc = "  score modes that need them, its running score sums) in the layer's staging area, sized"]
+    #[doc = "  by cfg.prefill_staging_tokens, from its first chunk to its last. The first chunk reserves"]
+    #[doc = "  prompt_lens[s] contiguous staging rows of the layer and every pool block the finished"]
+    #[doc = "  prompt will keep, so later chunks of the prompt cannot run out of either. The last chunk"]
+    #[doc = "  (or minikv_sequence_release) frees the staging rows. A staging area split by prompts"]
+    #[doc = "  still in flight may refuse a prompt that fits its free total (no contiguous run): size"]
+    #[doc = "  it with room to spare."]
+    #[doc = ""]
+    #[doc = "  States. Between its first and last chunk a (sequence, layer) is mid-prompt:"]
+    #[doc = "  minikv_append, minikv_decode and minikv_kept_positions on it fail with"]
+    #[doc = "  MINIKV_ERR_BAD_STATE, minikv_prefill too, minikv_sequence_length reports 0 and 0, and"]
+    #[doc = "  minikv_memory_stats counts none of its tokens (its staging is part of workspace_bytes)."]
+    #[doc = "  A prompt abandoned mid-way is freed by minikv_sequence_release (staging rows and"]
+    #[doc = "  reserved blocks, every layer); minikv_cache_destroy frees everything."]
+    #[doc = ""]
+    #[doc = "  @param layer, n_seqs, seq_ids, q, k, v, out, stream  as in minikv_prefill."]
+    #[doc = "  @param cu_seqlens  host [n_seqs+1] prefix sums of the chunk lengths, each >= 1."]
+    #[doc = "  @param prompt_lens host [n_seqs] whole-prompt lengths in [1, max_seq_len], each at least"]
+    #[doc = "                     p + n (the positions received so far plus this chunk)."]
+    #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (as minikv_prefill; also a NULL"]
+    #[doc = "          prompt_lens, a chunk beyond prompt_lens[s], a prompt_lens[s] that differs from"]
+    #[doc = "          the one of the prompt's first chunk, a first chunk shorter than its prompt when"]
+    #[doc = "          prefill_staging_tokens is 0, or a prompt longer than prefill_staging_tokens, which"]
+    #[doc = "          can never be staged); MINIKV_ERR_BAD_STATE (a (sequence, layer) already"]
+    #[doc = "          prefilled, or the handle in use by another thread's call);"]
+    #[doc = "          MINIKV_ERR_CAPACITY_EXCEEDED (a first chunk finds no free run of prompt_lens[s]"]
+    #[doc = "          staging rows, or not enough free pool blocks for what the batch will keep:"]
+    #[doc = "          finish or release prompts and retry); MINIKV_ERR_DEVICE. On failure no sequence"]
+    #[doc = "          of the batch changes. Allocates nothing; with CUDA it never synchronizes the host."]
+    pub fn minikv_prefill_chunk(
+        cache: *mut minikv_cache,
+        layer: u32,
+        n_seqs: u32,
+        seq_ids: *const u32,
+        cu_seqlens: *const i32,
+        prompt_lens: *const u32,
+        q: *const core::ffi::c_void,
+        k: *const core::ffi::c_void,
+        v: *const core::ffi::c_void,
+        out: *mut core::ffi::c_void,
+        stream: *mut core::ffi::c_void,
+    ) -> minikv_status;
+}
+extern "C" {
     #[doc = " METHOD: appends one new token's K/V (for one layer) to each sequence of the batch. The"]
     #[doc = "  token goes to the 16-bit residual; when the residual holds residual_length tokens they"]
     #[doc = "  are quantized into the pool as one flush, before the token's decode (as the reference"]
@@ -705,7 +791,8 @@ extern "C" {
     #[doc = "  @param k,v  backend memory [n_seqs, num_kv_heads, head_dim]."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (also a misaligned tensor or, with"]
     #[doc = "          the CPU backend, a non-finite k/v); MINIKV_ERR_BAD_STATE (layer not prefilled"]
-    #[doc = "          for a sequence, or the handle in use by another thread's call);"]
+    #[doc = "          for a sequence or still mid-prompt (minikv_prefill_chunk), or the handle in use"]
+    #[doc = "          by another thread's call);"]
     #[doc = "          MINIKV_ERR_CAPACITY_EXCEEDED (a flush needs a block"]
     #[doc = "          and the pool has none, or a sequence reached max_seq_len); MINIKV_ERR_DEVICE."]
     #[doc = "          On failure no sequence changes. Allocates nothing; with CUDA it never synchronizes"]
@@ -727,8 +814,9 @@ extern "C" {
     #[doc = "  attends to itself. Reads the cache only."]
     #[doc = "  @param q,out  backend memory [n_seqs, num_heads, head_dim]."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (also a misaligned tensor or, with"]
-    #[doc = "          the CPU backend, a non-finite q); MINIKV_ERR_BAD_STATE (layer not prefilled, no"]
-    #[doc = "          token cached yet, or the handle in use by another thread's call);"]
+    #[doc = "          the CPU backend, a non-finite q); MINIKV_ERR_BAD_STATE (layer not prefilled or"]
+    #[doc = "          still mid-prompt (minikv_prefill_chunk), no token cached yet, or the handle in"]
+    #[doc = "          use by another thread's call);"]
     #[doc = "          MINIKV_ERR_DEVICE. Allocates nothing; with CUDA"]
     #[doc = "          it never synchronizes the host (CUDA-graph capturable, like minikv_append)."]
     pub fn minikv_decode(
@@ -742,8 +830,9 @@ extern "C" {
     ) -> minikv_status;
 }
 extern "C" {
-    #[doc = " METHOD: frees every block of sequence `seq_id` (all layers); the slot can then take a"]
-    #[doc = "  new prompt. Releasing an empty slot is a no-op. For CUDA, queue the release after the"]
+    #[doc = " METHOD: frees every block of sequence `seq_id` (all layers), and the staging rows and"]
+    #[doc = "  reserved blocks of a prompt still mid-way through minikv_prefill_chunk (the prompt is"]
+    #[doc = "  abandoned); the slot can then take a new prompt. Releasing an empty slot is a no-op. For CUDA, queue the release after the"]
     #[doc = "  work that reads the sequence (same stream, or synchronize first)."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cache, seq_id >= max_sequences)."]
     pub fn minikv_sequence_release(cache: *mut minikv_cache, seq_id: u32) -> minikv_status;

@@ -178,14 +178,7 @@ impl KvCache {
         v: &[T],
         out: &mut [T],
     ) -> Result<()> {
-        const CALL: &str = "minikv_prefill";
-        self.check_host::<T>(CALL)?;
-        let total = prefill_total(CALL, seq_ids, cu_seqlens)?;
-        let (qo, kv) = (self.q_row(), self.kv_row());
-        check_len(CALL, "q", q.len(), total, qo)?;
-        check_len(CALL, "k", k.len(), total, kv)?;
-        check_len(CALL, "v", v.len(), total, kv)?;
-        check_len(CALL, "out", out.len(), total, qo)?;
+        self.check_prefill_host("minikv_prefill", seq_ids, cu_seqlens, q, k, v, out)?;
         // SAFETY: host slices of the checked sizes on a CPU cache; `out` is exclusive.
         unsafe {
             self.prefill_raw(
@@ -199,6 +192,66 @@ impl KvCache {
                 ptr::null_mut(),
             )
         }
+    }
+
+    /// Chunked prefill (`minikv_prefill_chunk`): the next chunk of each sequence's prompt.
+    ///
+    /// The rows of sequence `s` (`cu_seqlens[s]..cu_seqlens[s + 1]`, slices as in
+    /// [`prefill`](Self::prefill)) are the prompt positions that follow those already sent
+    /// for (`seq_ids[s]`, `layer`); `prompt_lens[s]` is the length of its whole prompt (the
+    /// same at every chunk), and the chunk that reaches it completes the prompt exactly as
+    /// one `prefill` of the whole prompt would. Prompts sent in more than one chunk need
+    /// [`Config::prefill_staging_tokens`](crate::Config::prefill_staging_tokens); a sequence
+    /// mid-prompt refuses `append` and `decode`, and [`release`](Self::release) abandons
+    /// its prompt. On error nothing changed.
+    #[allow(clippy::too_many_arguments)] // mirrors the C call
+    pub fn prefill_chunk<T: Element>(
+        &mut self,
+        layer: u32,
+        seq_ids: &[u32],
+        prompt_lens: &[u32],
+        cu_seqlens: &[i32],
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        out: &mut [T],
+    ) -> Result<()> {
+        self.check_prefill_host("minikv_prefill_chunk", seq_ids, cu_seqlens, q, k, v, out)?;
+        // SAFETY: host slices of the checked sizes on a CPU cache; `out` is exclusive.
+        unsafe {
+            self.prefill_chunk_raw(
+                layer,
+                seq_ids,
+                prompt_lens,
+                cu_seqlens,
+                q.as_ptr().cast(),
+                k.as_ptr().cast(),
+                v.as_ptr().cast(),
+                out.as_mut_ptr().cast(),
+                ptr::null_mut(),
+            )
+        }
+    }
+
+    /// The host-slice checks of a prefill call: CPU cache, element type, slice lengths.
+    #[allow(clippy::too_many_arguments)]
+    fn check_prefill_host<T: Element>(
+        &self,
+        call: &str,
+        seq_ids: &[u32],
+        cu_seqlens: &[i32],
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        out: &[T],
+    ) -> Result<()> {
+        self.check_host::<T>(call)?;
+        let total = prefill_total(call, seq_ids, cu_seqlens)?;
+        let (qo, kv) = (self.q_row(), self.kv_row());
+        check_len(call, "q", q.len(), total, qo)?;
+        check_len(call, "k", k.len(), total, kv)?;
+        check_len(call, "v", v.len(), total, kv)?;
+        check_len(call, "out", out.len(), total, qo)
     }
 
     /// Appends one new token's K/V for `layer` to each sequence of `seq_ids`
@@ -293,6 +346,53 @@ impl KvCache {
         self.check(status)
     }
 
+    /// [`prefill_chunk`](Self::prefill_chunk) over raw pointers in the backend's memory space.
+    /// `prompt_lens` is checked (`prompt_lens.len() == seq_ids.len()`).
+    ///
+    /// # Safety
+    /// As for [`prefill_raw`](Self::prefill_raw), for the chunk's rows.
+    #[allow(clippy::too_many_arguments)] // mirrors the C call
+    pub unsafe fn prefill_chunk_raw(
+        &mut self,
+        layer: u32,
+        seq_ids: &[u32],
+        prompt_lens: &[u32],
+        cu_seqlens: &[i32],
+        q: *const c_void,
+        k: *const c_void,
+        v: *const c_void,
+        out: *mut c_void,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        const CALL: &str = "minikv_prefill_chunk";
+        let n = n_seqs(CALL, seq_ids)?;
+        check_cu_len(CALL, seq_ids, cu_seqlens)?;
+        if prompt_lens.len() != seq_ids.len() {
+            return Err(Error::new(
+                Status::InvalidArgument,
+                format!(
+                    "{CALL}: prompt_lens has {} entries; seq_ids has {}",
+                    prompt_lens.len(),
+                    seq_ids.len()
+                ),
+            ));
+        }
+        let status = sys::minikv_prefill_chunk(
+            self.raw.as_ptr(),
+            layer,
+            n,
+            seq_ids.as_ptr(),
+            cu_seqlens.as_ptr(),
+            prompt_lens.as_ptr(),
+            q,
+            k,
+            v,
+            out,
+            stream,
+        );
+        self.check(status)
+    }
+
     /// [`append`](Self::append) over raw pointers in the backend's memory space.
     ///
     /// # Safety
@@ -337,7 +437,8 @@ impl KvCache {
 
     // ---- sequences and statistics ------------------------------------------------------
 
-    /// Frees every block of sequence `seq_id` (all layers); the slot can take a new prompt.
+    /// Frees every block of sequence `seq_id` (all layers), and the staging of a prompt still
+    /// mid-way through [`prefill_chunk`](Self::prefill_chunk); the slot can take a new prompt.
     /// Releasing an empty slot is a no-op. For CUDA, call it after the work that reads the
     /// sequence has run (or was queued on the stream the library uses next).
     pub fn release(&mut self, seq_id: u32) -> Result<()> {

@@ -107,6 +107,10 @@ pub struct Config {
     /// Attention sinks: the first `sink_tokens` prompt positions kept unquantized in every
     /// layer, counted inside the heavy-hitter budget; 0..=64.
     pub sink_tokens: u32,
+    /// Chunked prefill ([`KvCache::prefill_chunk`](crate::KvCache::prefill_chunk)): the most
+    /// prompt tokens in flight at once across sequences, whose K/V wait in a staging area
+    /// reserved at creation; 0 = off (every prompt in one call).
+    pub prefill_staging_tokens: u32,
 }
 
 impl Config {
@@ -176,6 +180,7 @@ impl Config {
         c.group_size = self.group_size;
         c.residual_length = self.residual_length;
         c.sink_tokens = self.sink_tokens;
+        c.prefill_staging_tokens = self.prefill_staging_tokens;
         c
     }
 }
@@ -242,6 +247,7 @@ impl Config {
             group_size: c.group_size,
             residual_length: c.residual_length,
             sink_tokens: c.sink_tokens,
+            prefill_staging_tokens: c.prefill_staging_tokens,
         }
     }
 }

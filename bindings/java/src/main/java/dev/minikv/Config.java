@@ -19,7 +19,7 @@ public final class Config {
   private final float pyramidDepth;
   private final ScoreMode scoreMode;
   private final int windowSize, poolKernel, keyBits, valueBits, groupSize, residualLength,
-      sinkTokens;
+      sinkTokens, prefillStagingTokens;
 
   private Config(Builder b) {
     backend = b.backend;
@@ -44,6 +44,7 @@ public final class Config {
     groupSize = b.groupSize;
     residualLength = b.residualLength;
     sinkTokens = b.sinkTokens;
+    prefillStagingTokens = b.prefillStagingTokens;
   }
 
   /** A builder holding the library's defaults ({@code minikv_config_default}). */
@@ -76,6 +77,7 @@ public final class Config {
     b.groupSize = groupSize;
     b.residualLength = residualLength;
     b.sinkTokens = sinkTokens;
+    b.prefillStagingTokens = prefillStagingTokens;
     return b;
   }
 
@@ -104,6 +106,7 @@ public final class Config {
     c.setGroup_size(groupSize);
     c.setResidual_length(residualLength);
     c.setSink_tokens(sinkTokens);
+    c.setPrefill_staging_tokens(prefillStagingTokens);
     return c;
   }
 
@@ -131,6 +134,7 @@ public final class Config {
     b.groupSize = c.getGroup_size();
     b.residualLength = c.getResidual_length();
     b.sinkTokens = c.getSink_tokens();
+    b.prefillStagingTokens = c.getPrefill_staging_tokens();
     return b.build();
   }
 
@@ -157,6 +161,11 @@ public final class Config {
   public int residualLength() { return residualLength; }
   /** Attention sinks: the first prompt positions kept unquantized, inside the budget. */
   public int sinkTokens() { return sinkTokens; }
+  /**
+   * Chunked prefill ({@link KvCache#prefillChunk}): the most prompt tokens in flight at once
+   * across sequences, whose K/V wait in a staging area reserved at creation; 0 = off.
+   */
+  public int prefillStagingTokens() { return prefillStagingTokens; }
 
   @Override
   public String toString() {
@@ -166,7 +175,7 @@ public final class Config {
         + ", maxTokens=" + maxTokens + ", heavy=" + heavyRatio + ", recent=" + recentRatio
         + ", " + budgetPolicy + ", " + scoreMode + ", bits=" + keyBits + "/" + valueBits
         + ", group=" + groupSize + ", residual=" + residualLength + ", sinks=" + sinkTokens
-        + "}";
+        + ", prefillStaging=" + prefillStagingTokens + "}";
   }
 
   /** Mutable builder; every setter returns {@code this}. Unsigned C fields take Java ints. */
@@ -181,7 +190,7 @@ public final class Config {
     private float pyramidDepth;
     private ScoreMode scoreMode;
     private int windowSize, poolKernel, keyBits, valueBits, groupSize, residualLength,
-        sinkTokens;
+        sinkTokens, prefillStagingTokens;
 
     private Builder(boolean defaults) {
       if (defaults) {
@@ -222,6 +231,7 @@ public final class Config {
       groupSize = d.groupSize;
       residualLength = d.residualLength;
       sinkTokens = d.sinkTokens;
+      prefillStagingTokens = d.prefillStagingTokens;
     }
 
     public Builder backend(Backend v) { backend = java.util.Objects.requireNonNull(v); return this; }
@@ -246,6 +256,7 @@ public final class Config {
     public Builder groupSize(int v) { groupSize = v; return this; }
     public Builder residualLength(int v) { residualLength = v; return this; }
     public Builder sinkTokens(int v) { sinkTokens = v; return this; }
+    public Builder prefillStagingTokens(int v) { prefillStagingTokens = v; return this; }
 
     /**
      * Sets the compression fields (bits, group size, sink tokens, budgets, score mode,

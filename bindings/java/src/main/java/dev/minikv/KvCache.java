@@ -142,12 +142,31 @@ public final class KvCache implements AutoCloseable {
    */
   public synchronized void prefill(int layer, int[] seqIds, int[] cuSeqlens, float[] q,
       float[] k, float[] v, float[] out) {
-    int tokens = hostPrompt("prefill", Dtype.F32, seqIds, cuSeqlens);
-    checkLen("prefill", "q", q.length, tokens * qRow());
-    checkLen("prefill", "k", k.length, tokens * kvRow());
-    checkLen("prefill", "v", v.length, tokens * kvRow());
-    checkLen("prefill", "out", out.length, tokens * qRow());
-    MinikvNative.prefill(handle, layer, seqIds, cuSeqlens, put(0, q), put(1, k), put(2, v),
+    prefillHost("prefill", layer, seqIds, null, cuSeqlens, q, k, v, out);
+  }
+
+  /**
+   * Chunked prefill ({@code minikv_prefill_chunk}): the next chunk of each sequence's prompt.
+   * The rows of sequence i are the prompt positions that follow those already sent for
+   * (seqIds[i], layer); promptLens[i] is the length of its whole prompt (the same at every
+   * chunk), and the chunk that reaches it completes the prompt as one {@code prefill} would.
+   * Prompts in more than one chunk need {@link Config#prefillStagingTokens()}. A sequence
+   * mid-prompt refuses append and decode; {@link #release(int)} abandons its prompt.
+   */
+  public synchronized void prefillChunk(int layer, int[] seqIds, int[] promptLens,
+      int[] cuSeqlens, float[] q, float[] k, float[] v, float[] out) {
+    prefillHost("prefillChunk", layer, seqIds, lens("prefillChunk", seqIds, promptLens),
+        cuSeqlens, q, k, v, out);
+  }
+
+  private void prefillHost(String method, int layer, int[] seqIds, int[] promptLens,
+      int[] cuSeqlens, float[] q, float[] k, float[] v, float[] out) {
+    int tokens = hostPrompt(method, Dtype.F32, seqIds, cuSeqlens);
+    checkLen(method, "q", q.length, tokens * qRow());
+    checkLen(method, "k", k.length, tokens * kvRow());
+    checkLen(method, "v", v.length, tokens * kvRow());
+    checkLen(method, "out", out.length, tokens * qRow());
+    prefillNative(layer, seqIds, promptLens, cuSeqlens, put(0, q), put(1, k), put(2, v),
         address(scratch(3, out.length * 4)), 0);
     scratch[3].asFloatBuffer().get(out);
   }
@@ -180,12 +199,24 @@ public final class KvCache implements AutoCloseable {
   /** {@link #prefill(int, int[], int[], float[], float[], float[], float[])} for F16/BF16. */
   public synchronized void prefill(int layer, int[] seqIds, int[] cuSeqlens, short[] q,
       short[] k, short[] v, short[] out) {
-    int tokens = hostPrompt("prefill", null, seqIds, cuSeqlens);
-    checkLen("prefill", "q", q.length, tokens * qRow());
-    checkLen("prefill", "k", k.length, tokens * kvRow());
-    checkLen("prefill", "v", v.length, tokens * kvRow());
-    checkLen("prefill", "out", out.length, tokens * qRow());
-    MinikvNative.prefill(handle, layer, seqIds, cuSeqlens, put(0, q), put(1, k), put(2, v),
+    prefillHost("prefill", layer, seqIds, null, cuSeqlens, q, k, v, out);
+  }
+
+  /** {@link #prefillChunk(int, int[], int[], int[], float[], float[], float[], float[])} for F16/BF16. */
+  public synchronized void prefillChunk(int layer, int[] seqIds, int[] promptLens,
+      int[] cuSeqlens, short[] q, short[] k, short[] v, short[] out) {
+    prefillHost("prefillChunk", layer, seqIds, lens("prefillChunk", seqIds, promptLens),
+        cuSeqlens, q, k, v, out);
+  }
+
+  private void prefillHost(String method, int layer, int[] seqIds, int[] promptLens,
+      int[] cuSeqlens, short[] q, short[] k, short[] v, short[] out) {
+    int tokens = hostPrompt(method, null, seqIds, cuSeqlens);
+    checkLen(method, "q", q.length, tokens * qRow());
+    checkLen(method, "k", k.length, tokens * kvRow());
+    checkLen(method, "v", v.length, tokens * kvRow());
+    checkLen(method, "out", out.length, tokens * qRow());
+    prefillNative(layer, seqIds, promptLens, cuSeqlens, put(0, q), put(1, k), put(2, v),
         address(scratch(3, out.length * 2)), 0);
     scratch[3].asShortBuffer().get(out);
   }
@@ -212,11 +243,23 @@ public final class KvCache implements AutoCloseable {
   /** Prefill from direct buffers in native order holding exactly the tensor's bytes. */
   public synchronized void prefill(int layer, int[] seqIds, int[] cuSeqlens, ByteBuffer q,
       ByteBuffer k, ByteBuffer v, ByteBuffer out) {
-    int tokens = hostPrompt("prefill", config.dtype(), seqIds, cuSeqlens);
+    prefillHost("prefill", layer, seqIds, null, cuSeqlens, q, k, v, out);
+  }
+
+  /** Chunked prefill from direct buffers (see the float[] overload). */
+  public synchronized void prefillChunk(int layer, int[] seqIds, int[] promptLens,
+      int[] cuSeqlens, ByteBuffer q, ByteBuffer k, ByteBuffer v, ByteBuffer out) {
+    prefillHost("prefillChunk", layer, seqIds, lens("prefillChunk", seqIds, promptLens),
+        cuSeqlens, q, k, v, out);
+  }
+
+  private void prefillHost(String method, int layer, int[] seqIds, int[] promptLens,
+      int[] cuSeqlens, ByteBuffer q, ByteBuffer k, ByteBuffer v, ByteBuffer out) {
+    int tokens = hostPrompt(method, config.dtype(), seqIds, cuSeqlens);
     int e = config.dtype().bytes();
-    MinikvNative.prefill(handle, layer, seqIds, cuSeqlens,
-        direct("prefill", "q", q, tokens * qRow() * e), direct("prefill", "k", k, tokens * kvRow() * e),
-        direct("prefill", "v", v, tokens * kvRow() * e), writable("prefill", "out", out, tokens * qRow() * e), 0);
+    prefillNative(layer, seqIds, promptLens, cuSeqlens,
+        direct(method, "q", q, tokens * qRow() * e), direct(method, "k", k, tokens * kvRow() * e),
+        direct(method, "v", v, tokens * kvRow() * e), writable(method, "out", out, tokens * qRow() * e), 0);
   }
 
   /** Append from direct buffers. */
@@ -248,6 +291,15 @@ public final class KvCache implements AutoCloseable {
     MinikvNative.prefill(handle, layer, seqIds, cuSeqlens, q, k, v, out, stream);
   }
 
+  /** Chunked prefill with device addresses and a stream (asynchronous). */
+  public synchronized void prefillChunkDevice(int layer, int[] seqIds, int[] promptLens,
+      int[] cuSeqlens, long q, long k, long v, long out, long stream) {
+    open("prefillChunkDevice");
+    prompt("prefillChunkDevice", seqIds, cuSeqlens);
+    prefillNative(layer, seqIds, lens("prefillChunkDevice", seqIds, promptLens), cuSeqlens, q,
+        k, v, out, stream);
+  }
+
   /** Append with device addresses and a stream (asynchronous). */
   public synchronized void appendDevice(int layer, int[] seqIds, long k, long v, long stream) {
     open("appendDevice");
@@ -264,7 +316,10 @@ public final class KvCache implements AutoCloseable {
 
   // ---- sequences and statistics ------------------------------------------------------------
 
-  /** Frees every block of a sequence (all layers); the slot can take a new prompt. */
+  /**
+   * Frees every block of a sequence (all layers), and the staging of a prompt still mid-way
+   * through {@code prefillChunk}; the slot can take a new prompt.
+   */
   public synchronized void release(int seqId) {
     open("release");
     MinikvNative.sequence_release(handle, seqId);
@@ -334,6 +389,27 @@ public final class KvCache implements AutoCloseable {
           + " entries, want seqIds.length + 1 = " + (seqIds.length + 1));
     }
     return Math.max(0, cuSeqlens[seqIds.length]);
+  }
+
+  /** promptLens must have seqIds.length entries (the library reads that many). */
+  private static int[] lens(String method, int[] seqIds, int[] promptLens) {
+    Objects.requireNonNull(seqIds, "seqIds");
+    Objects.requireNonNull(promptLens, "promptLens");
+    if (promptLens.length != seqIds.length) {
+      throw invalid("KvCache." + method + ": promptLens has " + promptLens.length
+          + " entries, want seqIds.length = " + seqIds.length);
+    }
+    return promptLens;
+  }
+
+  /** minikv_prefill, or minikv_prefill_chunk when promptLens is not null. */
+  private void prefillNative(int layer, int[] seqIds, int[] promptLens, int[] cuSeqlens, long q,
+      long k, long v, long out, long stream) {
+    if (promptLens == null) {
+      MinikvNative.prefill(handle, layer, seqIds, cuSeqlens, q, k, v, out, stream);
+    } else {
+      MinikvNative.prefill_chunk(handle, layer, seqIds, cuSeqlens, promptLens, q, k, v, out, stream);
+    }
   }
 
   /** Host calls: open, CPU backend, the array type matches the dtype (null = 16-bit). */

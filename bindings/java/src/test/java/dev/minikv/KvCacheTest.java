@@ -11,6 +11,7 @@ import static org.junit.jupiter.api.Assertions.fail;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -623,7 +624,7 @@ class KvCacheTest {
         .maxTokens(12345).heavyRatio(0.125f).recentRatio(0.375f)
         .budgetPolicy(BudgetPolicy.PYRAMID).pyramidDepth(3.5f).scoreMode(ScoreMode.WINDOW)
         .windowSize(17).poolKernel(5).keyBits(4).valueBits(16).groupSize(32)
-        .residualLength(64).sinkTokens(9).build();
+        .residualLength(64).sinkTokens(9).prefillStagingTokens(321).build();
     ConfigStruct c = in.toNative();
     try {
       assertTrue(c.getStruct_size() > 0);
@@ -635,6 +636,7 @@ class KvCacheTest {
       assertEquals(in.windowSize(), back.windowSize());
       assertEquals(in.poolKernel(), back.poolKernel());
       assertEquals(9, back.sinkTokens());
+      assertEquals(321, back.prefillStagingTokens());
     } finally {
       c.delete();
     }
@@ -643,6 +645,7 @@ class KvCacheTest {
     assertEquals(2, d.valueBits());
     assertEquals(32, d.groupSize());
     assertEquals(4, d.sinkTokens());
+    assertEquals(0, d.prefillStagingTokens());
     assertEquals(128, d.residualLength());
     assertEquals(0.25f, d.heavyRatio());
     assertEquals(Backend.AUTO, d.backend());
@@ -681,6 +684,47 @@ class KvCacheTest {
     assertEquals(Config.builder().build().toString(),
         Config.builder().preset(Preset.BALANCED).build().toString(), "the default is BALANCED");
     assertThrows(NullPointerException.class, () -> Config.builder().preset(null));
+  }
+
+  /**
+   * A prompt in chunks (prefillChunk) gives exactly one prefill's outputs and kept positions;
+   * decode refuses the sequence mid-prompt; promptLens must match seqIds.
+   */
+  @Test
+  void prefillChunkEqualsOneCall() {
+    Config cfg = exact(Dtype.F32).toBuilder().numLayers(1).heavyRatio(0.25f).recentRatio(0.25f)
+        .prefillStagingTokens(90).build();
+    try (KvCache whole = new KvCache(cfg); KvCache chunked = new KvCache(cfg)) {
+      Random rng = new Random(12);
+      int len = 90;
+      float[] q = uniform(rng, len * H * D), k = uniform(rng, len * HKV * D),
+          v = uniform(rng, len * HKV * D), want = new float[len * H * D];
+      whole.prefill(0, new int[] {3}, new int[] {0, len}, q, k, v, want);
+      float[] got = new float[len * H * D];
+      int[][] cuts = {{0, 17}, {17, 18}, {18, 90}};
+      for (int[] cut : cuts) {
+        int a = cut[0], b = cut[1];
+        float[] out = new float[(b - a) * H * D];
+        chunked.prefillChunk(0, new int[] {3}, new int[] {len}, new int[] {0, b - a},
+            Arrays.copyOfRange(q, a * H * D, b * H * D), Arrays.copyOfRange(k, a * HKV * D, b * HKV * D),
+            Arrays.copyOfRange(v, a * HKV * D, b * HKV * D), out);
+        System.arraycopy(out, 0, got, a * H * D, out.length);
+        if (b < len) {
+          MinikvException e = assertThrows(MinikvException.class,
+              () -> chunked.decode(0, new int[] {3}, new float[H * D], new float[H * D]));
+          assertEquals(Status.BAD_STATE, e.status());
+          assertTrue(e.getMessage().contains("mid-prompt"), e.getMessage());
+        }
+      }
+      assertArrayEquals(want, got);
+      for (int h = 0; h < HKV; h++) {
+        assertArrayEquals(whole.keptPositions(3, 0, h), chunked.keptPositions(3, 0, h));
+      }
+      MinikvException e = assertThrows(MinikvException.class, () -> chunked.prefillChunk(0,
+          new int[] {1}, new int[] {5, 5}, new int[] {0, 1}, new float[H * D],
+          new float[HKV * D], new float[HKV * D], new float[H * D]));
+      assertTrue(e.getMessage().contains("promptLens has 2 entries"), e.getMessage());
+    }
   }
 
   /** Sinks are the first kept positions of every head, inside the budget. */
