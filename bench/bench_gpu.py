@@ -14,6 +14,7 @@ zero); the median of the per-call times is reported. Decode bandwidth counts the
 kernel must read: the compressed cache (used_bytes of the layer) plus q and out.
 
   python3 bench/bench_gpu.py --out bench/results/x.json [--quick] [--dtype f16|bf16]
+      [--head-dims 64,128,256]   (decode and prefill at each head_dim; default 128)
 """
 import argparse
 import ctypes
@@ -67,19 +68,18 @@ def sdpa_flash(q, k, v, causal):
                                               enable_gqa=q.shape[1] != k.shape[1])
 
 
-def make_cache(dtype, B, H, Hkv, L, score_mode, gen=16):
+def make_cache(dtype, B, H, Hkv, D, L, score_mode, gen=16):
     return minikv.Cache(minikv.Config.from_preset(
         "paper", backend="cuda", dtype=dtype, num_layers=1, num_heads=H, num_kv_heads=Hkv,
-        head_dim=128, max_sequences=B, max_seq_len=L + gen, score_mode=score_mode))
+        head_dim=D, max_sequences=B, max_seq_len=L + gen, score_mode=score_mode))
 
 
 def rand(shape, tdtype):
     return torch.randn(shape, device=DEV, dtype=tdtype)
 
 
-def bench_decode(dtype, tdtype, B, H, Hkv, L, copy_gbs):
-    D = 128
-    cache = make_cache(dtype, B, H, Hkv, L, "cumulative")
+def bench_decode(dtype, tdtype, B, H, Hkv, D, L, copy_gbs):
+    cache = make_cache(dtype, B, H, Hkv, D, L, "cumulative")
     ids = list(range(B))
     cu = [i * L for i in range(B + 1)]
     q = rand((B * L, H, D), tdtype)
@@ -112,25 +112,24 @@ def bench_decode(dtype, tdtype, B, H, Hkv, L, copy_gbs):
     del qs, ks, vs
     read = used + 2 * qd.numel() * qd.element_size()
     gbs = read / (t_mkv * 1e-3) / 1e9
-    return dict(kind="decode", dtype=dtype, B=B, H=H, Hkv=Hkv, L=L, minikv_ms=t_mkv,
+    return dict(kind="decode", dtype=dtype, B=B, H=H, Hkv=Hkv, D=D, L=L, minikv_ms=t_mkv,
                 sdpa_ms=t_sdpa, speedup_vs_sdpa=t_sdpa / t_mkv, compressed_bytes=read,
                 minikv_GBps=gbs, fraction_of_copy=gbs / copy_gbs,
                 sdpa_GBps=full_bytes / (t_sdpa * 1e-3) / 1e9)
 
 
-def bench_prefill(dtype, tdtype, B, H, Hkv, L):
-    D = 128
+def bench_prefill(dtype, tdtype, B, H, Hkv, D, L):
     q = rand((B * L, H, D), tdtype)
     k = rand((B * L, Hkv, D), tdtype)
     v = rand((B * L, Hkv, D), tdtype)
     out = torch.empty_like(q)
-    res = dict(kind="prefill", dtype=dtype, B=B, H=H, Hkv=Hkv, L=L)
+    res = dict(kind="prefill", dtype=dtype, B=B, H=H, Hkv=Hkv, D=D, L=L)
     lib = minikv.load()
     ids_c = (ctypes.c_uint32 * B)(*range(B))
     cu_c = (ctypes.c_int32 * (B + 1))(*[i * L for i in range(B + 1)])
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream or None)
     for mode in ("cumulative", "window"):
-        cache = make_cache(dtype, B, H, Hkv, L, mode)
+        cache = make_cache(dtype, B, H, Hkv, D, L, mode)
         handle = ctypes.c_void_p(cache.handle)
 
         def call():  # prefill, then release so the next call can prefill again
@@ -166,7 +165,10 @@ def main():
     ap.add_argument("--batches", default="1,8", help="decode batch sizes")
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--head-dims", default="128",
+                    help="comma-separated head_dim values (64, 80, 96, 128, 256)")
     args = ap.parse_args()
+    head_dims = [int(d) for d in args.head_dims.split(",")]
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [4096, 32768] if args.quick else [4096, 32768, 131072])
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -182,25 +184,28 @@ def main():
 
     for dtype in args.dtype.split(","):
         tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
-        for L in ([] if args.no_decode else lengths):
-            for (H, Hkv) in ((32, 32), (32, 8)):
-                for B in [int(b) for b in args.batches.split(",")]:
-                    r = bench_decode(dtype, tdtype, B, H, Hkv, L, copy_gbs)
+        for D in head_dims:
+            for L in ([] if args.no_decode else lengths):
+                for (H, Hkv) in ((32, 32), (32, 8)):
+                    for B in [int(b) for b in args.batches.split(",")]:
+                        r = bench_decode(dtype, tdtype, B, H, Hkv, D, L, copy_gbs)
+                        rows.append(r)
+                        print(f"decode  {dtype:4} B={B} H={H} Hkv={Hkv:2} D={D:3} L={L:6}: "
+                              f"minikv {r['minikv_ms']:.4f} ms ({r['minikv_GBps']:.0f} GB/s, "
+                              f"{100 * r['fraction_of_copy']:.0f}% of copy)  sdpa {r['sdpa_ms']:.4f} ms  "
+                              f"speed-up {r['speedup_vs_sdpa']:.2f}x", flush=True)
+                        torch.cuda.empty_cache()
+                        save()
+            for L in ([] if args.no_prefill else lengths):
+                for (H, Hkv) in ((32, 32), (32, 8)):
+                    r = bench_prefill(dtype, tdtype, 1, H, Hkv, D, L)
                     rows.append(r)
-                    print(f"decode  {dtype:4} B={B} H={H} Hkv={Hkv:2} L={L:6}: minikv {r['minikv_ms']:.4f} ms "
-                          f"({r['minikv_GBps']:.0f} GB/s, {100 * r['fraction_of_copy']:.0f}% of copy)  "
-                          f"sdpa {r['sdpa_ms']:.4f} ms  speed-up {r['speedup_vs_sdpa']:.2f}x", flush=True)
+                    print(f"prefill {dtype:4} B=1 H={H} Hkv={Hkv:2} D={D:3} L={L:6}: "
+                          f"cumulative {r['minikv_cumulative_ms']:.2f} ms "
+                          f"({r['cumulative_over_sdpa']:.2f}x sdpa)  window {r['minikv_window_ms']:.2f} ms "
+                          f"({r['window_over_sdpa']:.2f}x)  sdpa {r['sdpa_ms']:.2f} ms", flush=True)
                     torch.cuda.empty_cache()
                     save()
-        for L in ([] if args.no_prefill else lengths):
-            for (H, Hkv) in ((32, 32), (32, 8)):
-                r = bench_prefill(dtype, tdtype, 1, H, Hkv, L)
-                rows.append(r)
-                print(f"prefill {dtype:4} B=1 H={H} Hkv={Hkv:2} L={L:6}: cumulative {r['minikv_cumulative_ms']:.2f} ms "
-                      f"({r['cumulative_over_sdpa']:.2f}x sdpa)  window {r['minikv_window_ms']:.2f} ms "
-                      f"({r['window_over_sdpa']:.2f}x)  sdpa {r['sdpa_ms']:.2f} ms", flush=True)
-                torch.cuda.empty_cache()
-                save()
     save()
     print(f"wrote {args.out}")
 
