@@ -14,11 +14,12 @@ cell: times, GB/s, the fraction of copy bandwidth, and `of_cudnn_rate` = libmini
 over cuDNN's bytes/s on its full cache (the issue's target is >= 0.85).
 
   python3 bench/bench_decode_matrix.py --out bench/results/x.json [--quick] [--dtype f16]
-      [--storage 0,2] [--shapes 1,2] [--kernels auto,generic]
+      [--storage 0,2] [--shapes 1,2] [--kernels auto,generic] [--head-dims 64,128,256]
 
 --kernels measures each cell once per decode kernel: `auto` is the plan the library picks,
 `fast`, `mma` or `generic` force one through MINIKV_DECODE_KERNEL (docs/kernels.md#decode);
-a kernel that cannot take the configuration is recorded as an error row.
+a kernel that cannot take the configuration is recorded as an error row. --head-dims runs
+every (selected) shape at each listed head_dim instead of its own: the 64 and 256 columns.
 """
 import argparse
 import ctypes
@@ -160,6 +161,9 @@ def main():
     ap.add_argument("--storage", default="", help="comma-separated indices into STORAGE")
     ap.add_argument("--shapes", default="", help="comma-separated indices into the shape list")
     ap.add_argument("--kernels", default="auto", help="auto, fast, mma, generic (comma-separated)")
+    ap.add_argument("--head-dims", default="",
+                    help="comma-separated head_dim values (64, 80, 96, 128, 256): every shape "
+                         "runs at each of them instead of its own")
     args = ap.parse_args()
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name(), commit=git_commit() or "?",
@@ -176,6 +180,9 @@ def main():
         shapes += [(8, 32, 32, 128, 131072), (8, 32, 8, 128, 131072)]
     if args.shapes:
         shapes = [shapes[int(i)] for i in args.shapes.split(",")]
+    if args.head_dims:
+        dims = [int(d) for d in args.head_dims.split(",")]
+        shapes = list(dict.fromkeys((B, H, Hkv, D, L) for (B, H, Hkv, _, L) in shapes for D in dims))
     rows = []
     for dtype in args.dtype.split(","):
         tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]

@@ -16,6 +16,7 @@ kernel must read: the compressed cache (used_bytes of the layer) plus q and out.
 
   python3 bench/bench_gpu.py --out bench/results/x.json [--quick] [--dtype f16|bf16]
   python3 bench/bench_gpu.py --out x.json --no-decode --lengths 32768 --chunk 4096
+      [--head-dims 64,128,256]   (decode and prefill at each head_dim; default 128)
 """
 import argparse
 import ctypes
@@ -69,10 +70,10 @@ def sdpa_flash(q, k, v, causal):
                                               enable_gqa=q.shape[1] != k.shape[1])
 
 
-def make_cache(dtype, B, H, Hkv, L, score_mode, gen=16, staging=0):
+def make_cache(dtype, B, H, Hkv, D, L, score_mode, gen=16, staging=0):
     return minikv.Cache(minikv.Config.from_preset(
         "paper", backend="cuda", dtype=dtype, num_layers=1, num_heads=H, num_kv_heads=Hkv,
-        head_dim=128, max_sequences=B, max_seq_len=L + gen, score_mode=score_mode,
+        head_dim=D, max_sequences=B, max_seq_len=L + gen, score_mode=score_mode,
         prefill_staging_tokens=staging))
 
 
@@ -80,9 +81,8 @@ def rand(shape, tdtype):
     return torch.randn(shape, device=DEV, dtype=tdtype)
 
 
-def bench_decode(dtype, tdtype, B, H, Hkv, L, copy_gbs):
-    D = 128
-    cache = make_cache(dtype, B, H, Hkv, L, "cumulative")
+def bench_decode(dtype, tdtype, B, H, Hkv, D, L, copy_gbs):
+    cache = make_cache(dtype, B, H, Hkv, D, L, "cumulative")
     ids = list(range(B))
     cu = [i * L for i in range(B + 1)]
     q = rand((B * L, H, D), tdtype)
@@ -115,25 +115,24 @@ def bench_decode(dtype, tdtype, B, H, Hkv, L, copy_gbs):
     del qs, ks, vs
     read = used + 2 * qd.numel() * qd.element_size()
     gbs = read / (t_mkv * 1e-3) / 1e9
-    return dict(kind="decode", dtype=dtype, B=B, H=H, Hkv=Hkv, L=L, minikv_ms=t_mkv,
+    return dict(kind="decode", dtype=dtype, B=B, H=H, Hkv=Hkv, D=D, L=L, minikv_ms=t_mkv,
                 sdpa_ms=t_sdpa, speedup_vs_sdpa=t_sdpa / t_mkv, compressed_bytes=read,
                 minikv_GBps=gbs, fraction_of_copy=gbs / copy_gbs,
                 sdpa_GBps=full_bytes / (t_sdpa * 1e-3) / 1e9)
 
 
-def bench_prefill(dtype, tdtype, B, H, Hkv, L, chunk=0):
-    D = 128
+def bench_prefill(dtype, tdtype, B, H, Hkv, D, L, chunk=0):
     q = rand((B * L, H, D), tdtype)
     k = rand((B * L, Hkv, D), tdtype)
     v = rand((B * L, Hkv, D), tdtype)
     out = torch.empty_like(q)
-    res = dict(kind="prefill", dtype=dtype, B=B, H=H, Hkv=Hkv, L=L)
+    res = dict(kind="prefill", dtype=dtype, B=B, H=H, Hkv=Hkv, D=D, L=L)
     lib = minikv.load()
     ids_c = (ctypes.c_uint32 * B)(*range(B))
     cu_c = (ctypes.c_int32 * (B + 1))(*[i * L for i in range(B + 1)])
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream or None)
     for mode in ("cumulative", "window"):
-        cache = make_cache(dtype, B, H, Hkv, L, mode)
+        cache = make_cache(dtype, B, H, Hkv, D, L, mode)
         handle = ctypes.c_void_p(cache.handle)
 
         def call():  # prefill, then release so the next call can prefill again
@@ -149,7 +148,7 @@ def bench_prefill(dtype, tdtype, B, H, Hkv, L, chunk=0):
         cache.close()
         if 0 < chunk < L:
             res[f"minikv_{mode}_chunked_ms"] = median_ms(
-                chunked_prefill_call(lib, dtype, tdtype, B, H, Hkv, L, mode, chunk, q, k, v, out, stream),
+                chunked_prefill_call(lib, dtype, tdtype, B, H, Hkv, D, L, mode, chunk, q, k, v, out, stream),
                 calls_per_sample=1, samples=reps, warmup=1)
             res[f"{mode}_chunked_over_one_call"] = (res[f"minikv_{mode}_chunked_ms"] /
                                                     res[f"minikv_{mode}_ms"])
@@ -168,13 +167,12 @@ def bench_prefill(dtype, tdtype, B, H, Hkv, L, chunk=0):
     return res
 
 
-def chunked_prefill_call(lib, dtype, tdtype, B, H, Hkv, L, mode, chunk, q, k, v, out, stream):
+def chunked_prefill_call(lib, dtype, tdtype, B, H, Hkv, D, L, mode, chunk, q, k, v, out, stream):
     """A call that sends each sequence's L-token prompt in `chunk`-token chunks
     (minikv_prefill_chunk, one call per chunk with every sequence's next chunk), then
     releases. q/k/v/out are the packed prompts; each chunk batch is gathered into
     contiguous buffers first (outside the timed call)."""
-    D = 128
-    cache = make_cache(dtype, B, H, Hkv, L, mode, staging=B * L)
+    cache = make_cache(dtype, B, H, Hkv, D, L, mode, staging=B * L)
     handle = ctypes.c_void_p(cache.handle)
     ids_c = (ctypes.c_uint32 * B)(*range(B))
     lens_c = (ctypes.c_uint32 * B)(*[L] * B)
@@ -212,7 +210,10 @@ def main():
     ap.add_argument("--chunk", type=int, default=0,
                     help="also time each prefill prompt in chunks of this many tokens "
                          "(minikv_prefill_chunk) against one call")
+    ap.add_argument("--head-dims", default="128",
+                    help="comma-separated head_dim values (64, 80, 96, 128, 256)")
     args = ap.parse_args()
+    head_dims = [int(d) for d in args.head_dims.split(",")]
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [4096, 32768] if args.quick else [4096, 32768, 131072])
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -228,30 +229,34 @@ def main():
 
     for dtype in args.dtype.split(","):
         tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
-        for L in ([] if args.no_decode else lengths):
-            for (H, Hkv) in ((32, 32), (32, 8)):
-                for B in [int(b) for b in args.batches.split(",")]:
-                    r = bench_decode(dtype, tdtype, B, H, Hkv, L, copy_gbs)
+        for D in head_dims:
+            for L in ([] if args.no_decode else lengths):
+                for (H, Hkv) in ((32, 32), (32, 8)):
+                    for B in [int(b) for b in args.batches.split(",")]:
+                        r = bench_decode(dtype, tdtype, B, H, Hkv, D, L, copy_gbs)
+                        rows.append(r)
+                        print(f"decode  {dtype:4} B={B} H={H} Hkv={Hkv:2} D={D:3} L={L:6}: "
+                              f"minikv {r['minikv_ms']:.4f} ms ({r['minikv_GBps']:.0f} GB/s, "
+                              f"{100 * r['fraction_of_copy']:.0f}% of copy)  sdpa {r['sdpa_ms']:.4f} ms  "
+                              f"speed-up {r['speedup_vs_sdpa']:.2f}x", flush=True)
+                        torch.cuda.empty_cache()
+                        save()
+            for L in ([] if args.no_prefill else lengths):
+                for (H, Hkv) in ((32, 32), (32, 8)):
+                    r = bench_prefill(dtype, tdtype, 1, H, Hkv, D, L, args.chunk)
                     rows.append(r)
-                    print(f"decode  {dtype:4} B={B} H={H} Hkv={Hkv:2} L={L:6}: minikv {r['minikv_ms']:.4f} ms "
-                          f"({r['minikv_GBps']:.0f} GB/s, {100 * r['fraction_of_copy']:.0f}% of copy)  "
-                          f"sdpa {r['sdpa_ms']:.4f} ms  speed-up {r['speedup_vs_sdpa']:.2f}x", flush=True)
+                    print(f"prefill {dtype:4} B=1 H={H} Hkv={Hkv:2} D={D:3} L={L:6}: "
+                          f"cumulative {r['minikv_cumulative_ms']:.2f} ms "
+                          f"({r['cumulative_over_sdpa']:.2f}x sdpa)  window {r['minikv_window_ms']:.2f} ms "
+                          f"({r['window_over_sdpa']:.2f}x)  sdpa {r['sdpa_ms']:.2f} ms", flush=True)
+                    if "chunk" in r:
+                        print(f"        in chunks of {r['chunk']}: cumulative "
+                              f"{r['minikv_cumulative_chunked_ms']:.2f} ms "
+                              f"({r['cumulative_chunked_over_one_call']:.3f}x one call)  window "
+                              f"{r['minikv_window_chunked_ms']:.2f} ms "
+                              f"({r['window_chunked_over_one_call']:.3f}x)", flush=True)
                     torch.cuda.empty_cache()
                     save()
-        for L in ([] if args.no_prefill else lengths):
-            for (H, Hkv) in ((32, 32), (32, 8)):
-                r = bench_prefill(dtype, tdtype, 1, H, Hkv, L, args.chunk)
-                rows.append(r)
-                print(f"prefill {dtype:4} B=1 H={H} Hkv={Hkv:2} L={L:6}: cumulative {r['minikv_cumulative_ms']:.2f} ms "
-                      f"({r['cumulative_over_sdpa']:.2f}x sdpa)  window {r['minikv_window_ms']:.2f} ms "
-                      f"({r['window_over_sdpa']:.2f}x)  sdpa {r['sdpa_ms']:.2f} ms", flush=True)
-                if "chunk" in r:
-                    print(f"        in chunks of {r['chunk']}: cumulative {r['minikv_cumulative_chunked_ms']:.2f} ms "
-                          f"({r['cumulative_chunked_over_one_call']:.3f}x one call)  window "
-                          f"{r['minikv_window_chunked_ms']:.2f} ms "
-                          f"({r['window_chunked_over_one_call']:.3f}x)", flush=True)
-                torch.cuda.empty_cache()
-                save()
     save()
     print(f"wrote {args.out}")
 

@@ -213,7 +213,7 @@ typedef struct minikv_config {
   uint32_t num_heads;           /**< query heads, required, a multiple of num_kv_heads */
   uint32_t num_kv_heads;        /**< required, >= 1 */
   uint32_t head_dim;            /**< required: a multiple of 16, at most 256 (CPU); CUDA
-                                     builds compile 64 and 128 */
+                                     builds compile 64, 80, 96, 128 and 256 */
   uint32_t max_sequences;       /**< sequence slots, seq_id in [0, max_sequences); 1 */
   uint32_t max_seq_len;         /**< longest prompt + generation of one sequence; 4096 */
   uint64_t max_tokens;          /**< pool capacity in cached tokens summed over sequences

@@ -23,6 +23,7 @@
 #include "../src/error.h"
 #include "cuda_check.h"
 #include "cuda_debug.h"
+#include "cuda_shapes.h"
 #include "decode_generic_plan.h"
 #include "decode_mma_plan.h"
 #include "launchers.h"
@@ -169,12 +170,6 @@ class CudaBackend final : public Backend {
         decode_slots_ = num_sms_ * configure_decode_mma(cfg_.dtype, spec.block);
         break;
       case DecodeKernel::kGeneric:
-        if (const char *why = decode_generic_unsupported(spec.block)) {
-          fail(MINIKV_ERR_UNSUPPORTED,
-               "minikv_cache_create: this configuration cannot be decoded by the CUDA backend: "
-               "%s (head_dim %u, key_bits %u, value_bits %u)",
-               why, D, cfg_.key_bits, cfg_.value_bits);
-        }
         heads_per_cta_ = decode_generic_heads_per_cta(n_rep);
         decode_tile_ = make_generic_decode_plan(spec.block, heads_per_cta_).qtile;
         decode_slots_ = num_sms_ * configure_decode_generic(cfg_.dtype, spec.block, n_rep);
@@ -582,6 +577,9 @@ bool cuda_backend_available(int device_id) {
 
 std::unique_ptr<Backend> make_cuda_backend(const StorageSpec &spec) {
   const minikv_config &cfg = spec.cfg;
+  // A property of the build, checked before the device: the same answer on every machine.
+  const std::string why = kernels::cuda_unsupported(cfg);
+  if (!why.empty()) fail(MINIKV_ERR_UNSUPPORTED, "minikv_cache_create: %s", why.c_str());
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -598,17 +596,6 @@ std::unique_ptr<Backend> make_cuda_backend(const StorageSpec &spec) {
          "minikv_cache_create: CUDA device %d has compute capability below 8.0 (the kernels "
          "need sm_80 tensor cores)",
          cfg.device_id);
-  }
-  if (cfg.dtype == MINIKV_DTYPE_F32) {
-    fail(MINIKV_ERR_UNSUPPORTED,
-         "minikv_cache_create: dtype F32 is not supported by the CUDA backend (use F16 or "
-         "BF16, or the CPU backend)");
-  }
-  if (!kernels::head_dim_supported(cfg.head_dim)) {
-    fail(MINIKV_ERR_UNSUPPORTED,
-         "minikv_cache_create: head_dim %u is not compiled into the CUDA backend (supported: "
-         "64, 128)",
-         cfg.head_dim);
   }
   return std::make_unique<CudaBackend>(spec);
 }

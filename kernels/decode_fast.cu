@@ -696,13 +696,14 @@ template <typename Fn> void dispatch_n_rep(uint32_t n_rep, Fn &&fn) {
 bool decode_fast_path(const BlockLayout &bl, const ResidualLayout &rl, uint32_t n_rep) {
   return bl.key_bits == 2 && bl.value_bits == 2 && bl.group == 16 && bl.elem_bytes == 2 &&
          rl.sink_tokens == 0 &&
-         (bl.head_dim == 64 || bl.head_dim == 128) &&
+         in_list(FastDecodeHeadDims{}, bl.head_dim) && head_dim_compiled(bl.head_dim) &&
          (n_rep == 1 || n_rep == 2 || n_rep == 4 || n_rep == 8);
 }
 
 uint32_t decode_fast_ctas_per_sm(minikv_dtype dtype, uint32_t head_dim, uint32_t n_rep) {
   int blocks = 0;
-  dispatch_dtype_head_dim(dtype, head_dim, "minikv_cache_create", [&](auto tag, auto hd) {
+  dispatch_dtype_head_dim<FastDecodeHeadDims>(dtype, head_dim, "minikv_cache_create",
+                                              [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
     dispatch_n_rep(n_rep, [&](auto nr) {
@@ -716,7 +717,8 @@ uint32_t decode_fast_ctas_per_sm(minikv_dtype dtype, uint32_t head_dim, uint32_t
 
 void launch_decode_fast(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
                         cudaStream_t stream) {
-  dispatch_dtype_head_dim(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
+  dispatch_dtype_head_dim<FastDecodeHeadDims>(dtype, head_dim, "minikv_decode",
+                                              [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
     dispatch_n_rep(p.num_heads / p.num_kv_heads, [&](auto nr) {

@@ -1,6 +1,7 @@
 // Decode attention for every storage configuration: key and value codes of 2, 4 or 8 bits
-// or 16-bit rows, any group size, attention sinks, the 16-bit residual, and GQA groups of
-// up to kGenericMaxHeads query heads per CTA (larger groups take several CTAs).
+// or 16-bit rows, any group size, attention sinks, the 16-bit residual, every compiled
+// head_dim (cuda_shapes.h: 64, 80, 96, 128, 256), and GQA groups of up to kGenericMaxHeads
+// query heads per CTA (larger groups take several CTAs).
 //
 // One CTA (four warps) per (split, KV head × head chunk, sequence). A split walks its tiles
 // in cache order — sinks, quantized blocks, residual (decode_generic_plan.h sizes them) —
@@ -53,9 +54,20 @@ struct SequenceTiles {
   }
 };
 
-// `rows` rows of `row_bytes` (a multiple of 16) into rows of `stride` bytes.
+__device__ __forceinline__ void copy_bytes(uint8_t *dst, const uint8_t *src, uint64_t bytes) {
+  for (uint32_t u = threadIdx.x; u < bytes / 16; u += kGenericThreads)
+    cp_async_16(dst + u * 16, src + u * 16, true);
+}
+
+// `rows` rows of `row_bytes` into rows of `stride` bytes. Rows that are not a multiple of 16
+// bytes are staged packed (stride == row_bytes, generic_row_stride): a tile's rows are
+// contiguous in the pool, start 16-byte aligned and span a multiple of 16 bytes (tiles of
+// quantized storage are multiples of 16 tokens), so they move as one block
+// (generic_may_pack).
+template <bool kMayPack>
 __device__ __forceinline__ void copy_rows(uint8_t *dst, uint32_t stride, const uint8_t *src,
                                           uint64_t row_bytes, uint32_t rows) {
+  if (kMayPack && row_bytes % 16 != 0) return copy_bytes(dst, src, row_bytes * rows);
   const uint32_t units = static_cast<uint32_t>(row_bytes / 16);
   if ((units & (units - 1)) == 0 && units <= kGenericThreads) {  // the usual case: no division
     const uint32_t u = threadIdx.x & (units - 1), step = kGenericThreads / units;
@@ -68,12 +80,10 @@ __device__ __forceinline__ void copy_rows(uint8_t *dst, uint32_t stride, const u
     cp_async_16(dst + r * stride + u * 16, src + r * row_bytes + u * 16, true);
   }
 }
-__device__ __forceinline__ void copy_bytes(uint8_t *dst, const uint8_t *src, uint64_t bytes) {
-  for (uint32_t u = threadIdx.x; u < bytes / 16; u += kGenericThreads)
-    cp_async_16(dst + u * 16, src + u * 16, true);
-}
 
 // Issues the cp.async copies of one tile of KV head `kvh` into `stage`.
+/// \tparam HD head_dim (the compiled value of bl.head_dim)
+template <int HD>
 __device__ void stage_tile(const DecodeParams &p, const GenericDecodePlan &g, const TileRef &tr,
                            const int32_t *table, const uint8_t *res_slot, uint32_t kvh,
                            uint8_t *stage) {
@@ -84,9 +94,10 @@ __device__ void stage_tile(const DecodeParams &p, const GenericDecodePlan &g, co
     // A tile never crosses a block: qtile divides R.
     const uint32_t R = bl.tokens, row0 = tr.first % R;
     const uint8_t *block = p.st.pool + uint64_t(table[tr.first / R]) * bl.bytes;
-    copy_rows(stage, g.k_stride, block + bl.k_codes + kvh * bl.k_codes_head() + row0 * bl.k_row_bytes,
+    constexpr bool kMayPack = generic_may_pack(HD);
+    copy_rows<kMayPack>(stage, g.k_stride, block + bl.k_codes + kvh * bl.k_codes_head() + row0 * bl.k_row_bytes,
               bl.k_row_bytes, tr.count);
-    copy_rows(stage + g.q_vcodes, g.v_stride,
+    copy_rows<kMayPack>(stage + g.q_vcodes, g.v_stride,
               block + bl.v_codes + kvh * bl.v_codes_head() + row0 * bl.v_row_bytes, bl.v_row_bytes,
               tr.count);
     if (bl.key_bits != 16) {
@@ -108,8 +119,8 @@ __device__ void stage_tile(const DecodeParams &p, const GenericDecodePlan &g, co
       k = res_slot + rl.k + kvh * rl.kv_head_stride();
       v = res_slot + rl.v + kvh * rl.kv_head_stride();
     }
-    copy_rows(stage, g.p_stride, k + tr.first * D * e, D * e, tr.count);
-    copy_rows(stage + g.p_v, g.p_stride, v + tr.first * D * e, D * e, tr.count);
+    copy_rows<false>(stage, g.p_stride, k + tr.first * D * e, D * e, tr.count);
+    copy_rows<false>(stage + g.p_v, g.p_stride, v + tr.first * D * e, D * e, tr.count);
   }
 }
 
@@ -129,7 +140,21 @@ template <int B> __device__ __forceinline__ float code_denormal(uint32_t word, u
   return __uint_as_float(half & (kMask << code_offset<B>(i)));
 }
 
-/// Partial logits of one token over the 16-byte units u = j, j + L, ... of its key row.
+// The key codes one lane loads at once: 16 bytes, or 8 or 4 where a row is not a multiple
+// of 16 bytes (packed rows, generic_row_stride).
+__host__ __device__ constexpr uint32_t code_unit_bytes(uint32_t row_bytes) {
+  return row_bytes % 16 == 0 ? 16 : row_bytes % 8 == 0 ? 8 : 4;
+}
+template <uint32_t N>
+using CodeUnit = std::conditional_t<N == 16, uint4, std::conditional_t<N == 8, uint2, uint32_t>>;
+// Word i of a loaded unit.
+template <typename V> __device__ __forceinline__ uint32_t unit_word(const V &v, uint32_t i) {
+  if constexpr (std::is_same<V, uint4>::value) return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+  else if constexpr (std::is_same<V, uint2>::value) return i == 0 ? v.x : v.y;
+  else return v;
+}
+
+/// Partial logits of one token over the code units u = j, j + L, ... of its key row.
 /// \tparam T  dtype of 16-bit rows
 /// \tparam D  head_dim
 /// \tparam NR query heads of the CTA
@@ -158,17 +183,18 @@ __device__ __forceinline__ void key_dots(const uint8_t *row, const float *qv, ui
     }
   } else {
     constexpr uint32_t kPerWord = 32 / B;
+    constexpr uint32_t kUnit = code_unit_bytes(D * B / 8);
 #pragma unroll 1
-    for (uint32_t u = j; u < D * B / 128; u += lanes) {
-      const uint4 w4 = *reinterpret_cast<const uint4 *>(row + u * 16);
+    for (uint32_t u = j; u < D * B / (8 * kUnit); u += lanes) {
+      const CodeUnit<kUnit> w = *reinterpret_cast<const CodeUnit<kUnit> *>(row + u * kUnit);
       // Not unrolled: where the unit loop runs once (D = 64) ptxas would otherwise hoist
       // every qs load of the row and spill.
 #pragma unroll 1
-      for (uint32_t wi = 0; wi < 4; ++wi) {
-        const uint32_t word = wi == 0 ? w4.x : wi == 1 ? w4.y : wi == 2 ? w4.z : w4.w;
+      for (uint32_t wi = 0; wi < kUnit / 4; ++wi) {
+        const uint32_t word = unit_word(w, wi);
 #pragma unroll
         for (uint32_t c = 0; c < kPerWord; c += 4) {
-          const uint32_t d = u * (128 / B) + wi * kPerWord + c;
+          const uint32_t d = u * (8 * kUnit / B) + wi * kPerWord + c;
           float f[4];
 #pragma unroll
           for (int k = 0; k < 4; ++k) f[k] = code_denormal<B>(word, c + k);
@@ -243,6 +269,12 @@ __device__ __forceinline__ uint32_t value_code_offset(uint32_t bits, uint32_t k)
   return ((bits == 8 ? k % 4 : k) * bits) % 16;
 }
 
+// Resident CTAs per SM asked of ptxas (it caps registers to fit them): 3 (168 registers)
+// for 4 and 8 query heads, where registers would otherwise decide residency; 1 (no cap)
+// below. At 8 heads of head_dim 256 the q ⊙ s_k slices alone take 32 KB and shared memory
+// (~92 KB) fits only 2 CTAs on an H100, so a cap for 3 would only add spills.
+constexpr int generic_min_ctas(int d, int nr) { return nr < 4 ? 1 : nr * d >= 2048 ? 2 : 3; }
+
 /// \tparam T  dtype of q/out and of 16-bit storage (__half or __nv_bfloat16)
 /// \tparam D  head_dim
 /// \tparam NR query heads per CTA (p.heads_per_cta of them are used)
@@ -251,12 +283,12 @@ __device__ __forceinline__ uint32_t value_code_offset(uint32_t bits, uint32_t k)
 /// sum per head, its P·V̂ accumulators), so the only CTA-wide barrier of a tile is the one
 /// that hands over the staged bytes; the four warps' states are merged at the end.
 template <typename T, int D, int NR>
-__global__ void __launch_bounds__(kGenericThreads, NR >= 8 ? 3 : 1)
+__global__ void __launch_bounds__(kGenericThreads, generic_min_ctas(D, NR))
     decode_generic_kernel(const __grid_constant__ DecodeParams p) {
   using Tr = DType<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   const BlockLayout &bl = p.st.block;
-  const GenericDecodePlan g = make_generic_decode_plan(bl, NR);
+  const GenericDecodePlan g = make_generic_decode_plan<generic_may_pack(D)>(bl, NR);
   const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const uint32_t split = blockIdx.x, seq = blockIdx.z;
   const uint32_t n_rep = p.num_heads / p.num_kv_heads, per = p.heads_per_cta;
@@ -282,10 +314,13 @@ __global__ void __launch_bounds__(kGenericThreads, NR >= 8 ? 3 : 1)
   const int32_t *table = p.st.block_table + uint64_t(slot) * p.st.max_blocks_per_seq;
   const uint8_t *res_slot = p.st.residual + uint64_t(slot) * p.st.res.bytes;
 
-  // P·V̂ roles inside the warp: kLanesPerRow lanes own 8 channels each of a token row.
-  constexpr uint32_t kLanesPerRow = D / 8 < 32 ? D / 8 : 32;
+  // P·V̂ roles inside the warp: kLanesPerRow lanes own 8 channels each of a token row, the
+  // warp's kSubsets row subsets take every kSubsets-th token. Where D / 8 does not divide 32
+  // (head_dim 80: 3 subsets of 10 lanes, 96: 2 of 12) the lanes past the last subset idle.
+  constexpr uint32_t kLanesPerRow = D / 8;
   constexpr uint32_t kSubsets = 32 / kLanesPerRow;
-  static_assert(D / 8 <= 32, "one warp covers a row in P.V");
+  constexpr bool kIdleLanes = kSubsets * kLanesPerRow != 32;
+  static_assert(D % 8 == 0 && D / 8 <= 32, "one warp covers a row in P.V");
   const uint32_t lane8 = lane % kLanesPerRow, sub = lane / kLanesPerRow;
   // With quantized values the accumulators hold code products in units of 2^(o_k - 85)
   // (code_denormal); 16-bit rows (sinks, residual) join them scaled the same way.
@@ -307,14 +342,14 @@ __global__ void __launch_bounds__(kGenericThreads, NR >= 8 ? 3 : 1)
   }
   uint32_t qs_group = ~0u;  // quantized key group whose q ⊙ s_k the warp holds
 
-  if (t_begin < t_end) stage_tile(p, g, tiles.tile(t_begin, g), table, res_slot, kvh, smem);
+  if (t_begin < t_end) stage_tile<D>(p, g, tiles.tile(t_begin, g), table, res_slot, kvh, smem);
   cp_async_commit();
   for (uint32_t ti = t_begin; ti < t_end; ++ti) {
     const uint8_t *stage = smem + ((ti - t_begin) & 1) * g.stage_bytes;
     cp_async_wait<0>();
     __syncthreads();  // this tile landed; every warp is done with the previous one
     if (ti + 1 < t_end)
-      stage_tile(p, g, tiles.tile(ti + 1, g), table, res_slot, kvh,
+      stage_tile<D>(p, g, tiles.tile(ti + 1, g), table, res_slot, kvh,
                  smem + ((ti + 1 - t_begin) & 1) * g.stage_bytes);
     cp_async_commit();
 
@@ -400,23 +435,30 @@ __global__ void __launch_bounds__(kGenericThreads, NR >= 8 ? 3 : 1)
     const uint32_t vgroups = D / G, my_group = lane8 * 8 / G;
     const T *vs = reinterpret_cast<const T *>(stage + g.q_vscale) + w0 * vgroups;
     const T *vm = reinterpret_cast<const T *>(stage + g.q_vmin) + w0 * vgroups;
+    const uint32_t pv_count = kIdleLanes && sub >= kSubsets ? 0 : count;
     switch (vb) {
-      case 2: value_tokens<T, NR, 2>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, plain_scale, acc, bm); break;
-      case 4: value_tokens<T, NR, 4>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, plain_scale, acc, bm); break;
-      case 8: value_tokens<T, NR, 8>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, plain_scale, acc, bm); break;
-      default: value_tokens<T, NR, 16>(vrows, stride, vs, vm, vgroups, my_group, probs_w, count, sub, kSubsets, lane8, plain_scale, acc, bm); break;
+      case 2: value_tokens<T, NR, 2>(vrows, stride, vs, vm, vgroups, my_group, probs_w, pv_count, sub, kSubsets, lane8, plain_scale, acc, bm); break;
+      case 4: value_tokens<T, NR, 4>(vrows, stride, vs, vm, vgroups, my_group, probs_w, pv_count, sub, kSubsets, lane8, plain_scale, acc, bm); break;
+      case 8: value_tokens<T, NR, 8>(vrows, stride, vs, vm, vgroups, my_group, probs_w, pv_count, sub, kSubsets, lane8, plain_scale, acc, bm); break;
+      default: value_tokens<T, NR, 16>(vrows, stride, vs, vm, vgroups, my_group, probs_w, pv_count, sub, kSubsets, lane8, plain_scale, acc, bm); break;
     }
   }
   cp_async_wait<0>();
 
-  // Merge: token subsets inside the warp, then the four warps.
+  // Merge: token subsets inside the warp (into subset 0's lanes), then the four warps.
 #pragma unroll
   for (int h = 0; h < NR; ++h)
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      float a = acc[h][k] / plain_scale[k] + bm[h];  // a power of two: exact
-      for (uint32_t o = kLanesPerRow; o < 32; o <<= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-      acc[h][k] = a;
+      const float a = acc[h][k] / plain_scale[k] + bm[h];  // a power of two: exact
+      float sum = a;
+      if constexpr (kIdleLanes) {
+        for (uint32_t s = 1; s < kSubsets; ++s)
+          sum += __shfl_down_sync(0xffffffffu, a, s * kLanesPerRow);
+      } else {
+        for (uint32_t o = kLanesPerRow; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      }
+      acc[h][k] = sum;
     }
   __syncthreads();  // qs slices are free: they take the warps' outputs
   float *o_w = reinterpret_cast<float *>(smem + g.qs) + warp * NR * D;
@@ -475,17 +517,9 @@ template <typename Fn> void dispatch_heads(uint32_t per, Fn &&fn) {
 
 template <typename Fn>
 void dispatch_generic(minikv_dtype dtype, uint32_t head_dim, uint32_t per, Fn &&fn) {
-  dispatch_dtype(dtype, "minikv_decode", [&](auto tag) {
+  dispatch_dtype_head_dim(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
     dispatch_heads(per, [&](auto nr) {
-      switch (head_dim) {
-        case 64: fn(decode_generic_kernel<decltype(tag), 64, decltype(nr)::value>, nr); return;
-        case 128: fn(decode_generic_kernel<decltype(tag), 128, decltype(nr)::value>, nr); return;
-        default:
-          fail(MINIKV_ERR_UNSUPPORTED,
-               "minikv_decode: head_dim %u is not compiled into the CUDA decode kernels "
-               "(supported: 64, 128)",
-               head_dim);
-      }
+      fn(decode_generic_kernel<decltype(tag), decltype(hd)::value, decltype(nr)::value>, nr);
     });
   });
 }
@@ -495,14 +529,6 @@ void dispatch_generic(minikv_dtype dtype, uint32_t head_dim, uint32_t per, Fn &&
 uint32_t decode_generic_heads_per_cta(uint32_t n_rep) {
   const uint32_t chunks = (n_rep + kGenericMaxHeads - 1) / kGenericMaxHeads;
   return (n_rep + chunks - 1) / chunks;
-}
-
-const char *decode_generic_unsupported(const BlockLayout &bl) {
-  if (bl.elem_bytes != 2) return "the CUDA backend computes in F16 or BF16";
-  if (bl.head_dim != 64 && bl.head_dim != 128) return "head_dim must be 64 or 128";
-  if (bl.k_row_bytes % 16 != 0 || bl.v_row_bytes % 16 != 0)
-    return "code rows must be a multiple of 16 bytes (head_dim * bits / 8)";
-  return nullptr;
 }
 
 uint32_t decode_generic_smem_bytes(const BlockLayout &bl, uint32_t n_rep) {

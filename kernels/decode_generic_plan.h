@@ -18,8 +18,16 @@ constexpr uint32_t kGenericWarps = kGenericThreads / 32;
 constexpr uint32_t kGenericWarpTokens = kGenericMaxTile / kGenericWarps;  // a warp's tokens, at most
 
 // Staged rows get an odd number of 16-byte units: eight consecutive rows read at the same
-// unit index then fall in eight distinct bank groups (conflict-free 16-byte loads).
-MINIKV_HD uint32_t generic_row_stride(uint64_t row_bytes) {
+// unit index then fall in eight distinct bank groups (conflict-free 16-byte loads). Code
+// rows that are not a multiple of 16 bytes (2-bit head_dim 80 and 96: 20 and 24 bytes;
+// 4-bit head_dim 80: 40) stay packed, a tile staged as one contiguous copy: an odd number
+// of words (20 B) or of 8-byte units (24 B, 40 B) per row spreads eight consecutive rows
+// over distinct banks for the 4- or 8-byte loads that read them. Such rows exist only where
+// head_dim is not a multiple of 64 (2-bit rows are head_dim / 4 bytes): a kernel instance
+// for another head_dim passes kMayPack = false and keeps the test out of its code.
+MINIKV_HD constexpr bool generic_may_pack(uint32_t head_dim) { return head_dim % 64 != 0; }
+template <bool kMayPack = true> MINIKV_HD uint32_t generic_row_stride(uint64_t row_bytes) {
+  if (kMayPack && row_bytes % 16 != 0) return static_cast<uint32_t>(row_bytes);
   const uint32_t units = static_cast<uint32_t>((row_bytes + 15) / 16);
   return (units | 1u) * 16u;
 }
@@ -53,11 +61,12 @@ MINIKV_HD uint32_t generic_pow2_divisor(uint32_t n, uint32_t cap) {
   return t;
 }
 
+template <bool kMayPack = true>
 MINIKV_HD GenericDecodePlan make_generic_decode_plan(const BlockLayout &bl, uint32_t nr) {
   GenericDecodePlan g{};
   const uint32_t D = bl.head_dim, e = bl.elem_bytes, G = bl.group;
-  g.k_stride = generic_row_stride(bl.k_row_bytes);
-  g.v_stride = generic_row_stride(bl.v_row_bytes);
+  g.k_stride = generic_row_stride<kMayPack>(bl.k_row_bytes);
+  g.v_stride = generic_row_stride<kMayPack>(bl.v_row_bytes);
   g.p_stride = generic_row_stride(uint64_t(D) * e);
 
   // Quantized tile: the largest power of two dividing R whose staged rows fit the budget.

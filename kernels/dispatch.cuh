@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "cuda_shapes.h"
 
 namespace minikv {
 namespace kernels {
@@ -24,17 +25,33 @@ template <typename Fn> void dispatch_dtype(minikv_dtype dtype, const char *what,
   }
 }
 
-// fn(T{}, HeadDim<D>{}) for the compiled head_dim values.
-template <typename Fn>
+// fn(HeadDim<D>{}) when head_dim == D and D is compiled into this build (a D left out by
+// MINIKV_HEAD_DIMS is never instantiated); false when no D of the list matched.
+template <int... Ds, typename Fn>
+bool dispatch_head_dim(HeadDimList<Ds...>, uint32_t head_dim, Fn &&fn) {
+  bool found = false;
+  auto one = [&](auto hd) {
+    constexpr int D = decltype(hd)::value;
+    if constexpr (head_dim_compiled(D)) {
+      if (!found && head_dim == uint32_t(D)) {
+        found = true;
+        fn(hd);
+      }
+    }
+  };
+  (one(HeadDim<Ds>{}), ...);
+  return found;
+}
+
+// fn(T{}, HeadDim<D>{}) for the compiled head_dim values of `List` (the kernel family's).
+template <typename List = KernelHeadDims, typename Fn>
 void dispatch_dtype_head_dim(minikv_dtype dtype, uint32_t head_dim, const char *what, Fn &&fn) {
   dispatch_dtype(dtype, what, [&](auto tag) {
-    switch (head_dim) {
-      case 64: fn(tag, HeadDim<64>{}); return;
-      case 128: fn(tag, HeadDim<128>{}); return;
-      default:
-        fail(MINIKV_ERR_UNSUPPORTED,
-             "%s: head_dim %u is not compiled into the CUDA backend (supported: 64, 128)", what,
-             head_dim);
+    if (!dispatch_head_dim(List{}, head_dim, [&](auto hd) { fn(tag, hd); })) {
+      fail(MINIKV_ERR_UNSUPPORTED,
+           "%s: head_dim %u is not compiled into this CUDA kernel family (the CUDA backend "
+           "supports: %s)",
+           what, head_dim, compiled_head_dims_text().c_str());
     }
   });
 }

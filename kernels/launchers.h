@@ -12,9 +12,6 @@
 namespace minikv {
 namespace kernels {
 
-// head_dim values the kernels are compiled for.
-bool head_dim_supported(uint32_t head_dim);
-
 // Raises the dynamic shared-memory limits of the prefill kernels on the current device.
 void configure_prefill_kernels(minikv_dtype dtype, uint32_t head_dim);
 
@@ -25,8 +22,9 @@ void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const Prefi
 void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
                            cudaStream_t stream);
 // prefill_wgmma.cu: the same forward as launch_prefill_attention on Hopper warpgroup MMA.
-// Usable when the library carries an sm_90a image and the current device loads it (and
-// MINIKV_PREFILL_KERNEL is not "mma"); raises the kernel's shared-memory limit when it is.
+// Usable for head_dim 64 and 128 (WgmmaHeadDims) when the library carries an sm_90a image
+// and the current device loads it (and MINIKV_PREFILL_KERNEL is not "mma"); raises the
+// kernel's shared-memory limit when it is. Otherwise the mma.sync forward runs.
 bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim);
 void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
                           cudaStream_t stream);
@@ -50,10 +48,9 @@ bool decode_fast_path(const BlockLayout &bl, const ResidualLayout &rl, uint32_t 
 uint32_t decode_fast_ctas_per_sm(minikv_dtype dtype, uint32_t head_dim, uint32_t n_rep);
 void launch_decode_fast(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
                         cudaStream_t stream);
-// decode_generic.cu: every other storage configuration (kGenericThreads-thread CTAs over
-// the tiles of decode_generic_plan.h, p.heads_per_cta query heads each).
-// Why a layout cannot be decoded by the generic kernel (nullptr: it can).
-const char *decode_generic_unsupported(const BlockLayout &bl);
+// decode_generic.cu: every other storage configuration of a compiled dtype and head_dim
+// (kGenericThreads-thread CTAs over the tiles of decode_generic_plan.h, p.heads_per_cta
+// query heads each).
 // Query heads per CTA for a GQA group of n_rep (the group in the fewest chunks of at most
 // kGenericMaxHeads).
 uint32_t decode_generic_heads_per_cta(uint32_t n_rep);

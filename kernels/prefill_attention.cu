@@ -3,7 +3,7 @@
 //
 // Pass 1 (prefill_attention_kernel): FlashAttention-2 forward. One CTA = 128 query rows of
 //   one query head (4 warps × 32 rows: two 16-row m-tiles share every K/V fragment read
-//   from shared memory); K/V tiles of 64 keys up to the causal diagonal, double-buffered by
+//   from shared memory; head_dim 256: 8 warps × 16 rows, PrefillTiling); K/V tiles of 64 keys up to the causal diagonal, double-buffered by
 //   cp.async one tile ahead; online softmax on raw scores with the scale folded into the
 //   exponent (log2 units); writes out and the row LSE (fp32, log2 units) to a workspace.
 //   The grid runs the longest (last) query tiles first, all heads of a tile adjacent.
@@ -27,25 +27,42 @@ namespace minikv {
 namespace kernels {
 namespace {
 
-constexpr int kThreads = 128;                               // 4 warps
 constexpr int kBM = static_cast<int>(kPrefillQueryTile);    // forward: query rows per CTA
-constexpr int kBN = 64;                                     // forward: keys per K/V tile
 constexpr int kSK = static_cast<int>(kPrefillKeyTile);      // scores: key columns per CTA
 constexpr int kSQ = 64;                                     // scores: queries per streamed tile
-static_assert(kBM == 32 * (kThreads / 32) && kSK == kBM, "32 rows (two m-tiles) per warp");
+static_assert(kSK == kBM, "both kernels split 128 rows over their warps alike");
+
+/// Warps of a CTA, 16-row m-tiles per warp and keys per forward K/V tile, per head_dim. Two
+/// m-tiles per warp share every K/V fragment read from shared memory (4 warps × 32 rows), up
+/// to D = 128; at D = 256 two m-tiles' O accumulators (or score-pass key fragments) do not
+/// fit the registers, so 8 warps take 16 rows each (FlashAttention-2's head_dim-256 tiling),
+/// and K/V tiles of 32 keys keep the forward's shared memory (Q + two K/V stages) at 135 KB,
+/// within an A100's 163 KB.
+/// \tparam D head_dim
+template <int D> struct PrefillTiling {
+  static constexpr int kMT = D <= 128 ? 2 : 1;       // m-tiles per warp
+  static constexpr int kWarpRows = 16 * kMT;         // query rows (scores: keys) per warp
+  static constexpr int kWarps = kBM / kWarpRows;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBN = D <= 128 ? 64 : 32;     // forward: keys per K/V tile
+  // Full K/V/Q tiles load through a fixed per-thread chunk where a whole number of rows
+  // takes every thread (D / 8 divides kThreads); head_dim 80 and 96 index each chunk.
+  static constexpr bool kFixedChunk = kThreads % (D / 8) == 0;
+};
 
 template <int D> __host__ __device__ constexpr int smem_stride() { return D + 8; }  // +16 B: conflict-free ldmatrix
 
 // cp.async of rows [0, ROWS) of a tile (row r at base + r * row_stride elements) into
-// shared [ROWS][D + 8]; rows >= valid_rows are zero-filled without reading memory.
-template <typename T, int D, int ROWS>
+// shared [ROWS][D + 8] by the CTA's NT threads; rows >= valid_rows are zero-filled without
+// reading memory.
+template <typename T, int D, int ROWS, int NT = PrefillTiling<D>::kThreads>
 __device__ __forceinline__ void load_tile(T *smem, const T *base, int64_t row_stride,
                                           int valid_rows) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  static_assert(ROWS * kChunks % kThreads == 0, "whole chunks per thread");
+  static_assert(ROWS * kChunks % NT == 0, "whole chunks per thread");
 #pragma unroll
-  for (int it = 0; it < ROWS * kChunks / kThreads; ++it) {
-    const int i = it * kThreads + threadIdx.x;
+  for (int it = 0; it < ROWS * kChunks / NT; ++it) {
+    const int i = it * NT + threadIdx.x;
     const int r = i / kChunks, c = (i % kChunks) * 8;
     const bool ok = r < valid_rows;
     cp_async_16(smem + r * smem_stride<D>() + c, ok ? base + r * row_stride + c : base, ok);
@@ -55,9 +72,11 @@ __device__ __forceinline__ void load_tile(T *smem, const T *base, int64_t row_st
 // cp.async of a tile whose ROWS rows all lie inside the sequence (every K/V tile but a
 // sequence's last): no predicate, no clamp. smem_t / src_t are this thread's first chunk
 // (row threadIdx.x / (D / 8), chunk threadIdx.x % (D / 8)); chunk `it` is kRowsPerIt rows on.
+// Only where PrefillTiling<D>::kFixedChunk.
 template <typename T, int D, int ROWS>
 __device__ __forceinline__ void load_full_tile(T *smem_t, const T *src_t, int64_t row_stride) {
-  constexpr int kRowsPerIt = kThreads / (D / 8);
+  static_assert(PrefillTiling<D>::kFixedChunk, "a whole number of rows per pass");
+  constexpr int kRowsPerIt = PrefillTiling<D>::kThreads / (D / 8);
 #pragma unroll
   for (int it = 0; it < ROWS / kRowsPerIt; ++it)
     cp_async_16(smem_t + it * kRowsPerIt * smem_stride<D>(), src_t + it * kRowsPerIt * row_stride,
@@ -83,12 +102,15 @@ __device__ __forceinline__ void load_b_frags(uint32_t (&b)[4], const T *tile, in
 }
 
 /// \tparam T dtype of q/k/v/out (__half or __nv_bfloat16)
-/// \tparam D head_dim (64 or 128)
+/// \tparam D head_dim (64, 80, 96, 128, 256)
 /// 2 CTAs/SM (8 warps): 255 registers at D = 128; its 64 B of spills are the clamped cp.async
-/// addresses of a sequence's last (partial) K/V tile, off the per-tile path.
+/// addresses of a sequence's last (partial) K/V tile, off the per-tile path. D = 256: one
+/// CTA of 8 warps per SM (135 KB of shared memory).
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::kWarps == 4 ? 2 : 1)
     prefill_attention_kernel(const __grid_constant__ PrefillAttnParams p) {
+  using Tl = PrefillTiling<D>;
+  constexpr int MT = Tl::kMT, kBN = Tl::kBN, kNS = kBN / 2;  // kNS: scores of an m-tile row pair
   extern __shared__ __align__(16) uint8_t smem_raw[];
   constexpr int S = smem_stride<D>();
   T *q_s = reinterpret_cast<T *>(smem_raw);  // [kBM][S]; the warp's rows stage O at the end
@@ -113,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
-  const int wrow = warp * 32;  // this warp's rows in the tile: m-tile mt = wrow + 16 mt
+  const int wrow = warp * Tl::kWarpRows;  // this warp's rows in the tile: m-tile mt = wrow + 16 mt
   const float scale = p.scale_log2;
 
   load_tile<T, D, kBM>(q_s, q + q0 * q_stride, q_stride, n - q0);
@@ -124,22 +146,29 @@ __global__ void __launch_bounds__(kThreads, 2)
   // This thread's cp.async chunk of full K/V tiles: a running global offset (elements, one
   // register pair for K and V alike) and a shared offset, so a prefetch costs 16 LDGSTS and
   // a few adds instead of per-chunk index math and clamps (v2 spilled those addresses).
-  const int chunk_s = (threadIdx.x / (D / 8)) * S + (threadIdx.x % (D / 8)) * 8;
+  // Without a fixed chunk (head_dim 80, 96) full tiles go through load_tile.
+  [[maybe_unused]] const int chunk_s = (threadIdx.x / (D / 8)) * S + (threadIdx.x % (D / 8)) * 8;
   const int64_t tile_step = int64_t(kBN) * kv_stride;
-  int64_t next_off = tile_step + int64_t(threadIdx.x / (D / 8)) * kv_stride +
-                     (threadIdx.x % (D / 8)) * 8;  // chunk of tile j + 1
+  [[maybe_unused]] int64_t next_off = tile_step + int64_t(threadIdx.x / (D / 8)) * kv_stride +
+                                      (threadIdx.x % (D / 8)) * 8;  // chunk of tile j + 1
 
   const int n_kv = min((L + kBN - 1) / kBN, (qa + kBM - 1) / kBN + 1);  // up to the diagonal
-  float o[2][D / 8][4];
+  float o[MT][D / 8][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.0f;
   // Per row (m-tile, g / g + 8): running max of the raw scores and this thread's partial sum.
-  float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
-  float l[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[mt][r] = -INFINITY;
+      l[mt][r] = 0.0f;
+    }
 
   for (int j = 0; j < n_kv; ++j) {
     const int k0 = j * kBN;
@@ -148,8 +177,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (j + 1 < n_kv) {  // stage (j + 1) & 1 was released by the barrier ending iteration j - 1
       const int nk0 = k0 + kBN, st = ((j + 1) & 1) * kBN * S;
       if (nk0 + kBN <= L) {
-        load_full_tile<T, D, kBN>(k_s + st + chunk_s, k + next_off, kv_stride);
-        load_full_tile<T, D, kBN>(v_s + st + chunk_s, v + next_off, kv_stride);
+        if constexpr (Tl::kFixedChunk) {
+          load_full_tile<T, D, kBN>(k_s + st + chunk_s, k + next_off, kv_stride);
+          load_full_tile<T, D, kBN>(v_s + st + chunk_s, v + next_off, kv_stride);
+        } else {
+          load_tile<T, D, kBN>(k_s + st, k + nk0 * kv_stride, kv_stride, kBN);
+          load_tile<T, D, kBN>(v_s + st, v + nk0 * kv_stride, kv_stride, kBN);
+        }
       } else {
         load_tile<T, D, kBN>(k_s + st, k + nk0 * kv_stride, kv_stride, L - nk0);
         load_tile<T, D, kBN>(v_s + st, v + nk0 * kv_stride, kv_stride, L - nk0);
@@ -165,25 +199,25 @@ __global__ void __launch_bounds__(kThreads, 2)
     // Every key of the tile lies after every row of this warp (only on the diagonal's last
     // tile): the scores would all be masked, p = 0 and the row maxima unchanged, so skipping
     // the tile leaves o, m and l bit-identical.
-    if (k0 <= qa + wrow + 31) {
-      float s[2][8][4];
+    if (k0 <= qa + wrow + Tl::kWarpRows - 1) {
+      float s[MT][kBN / 8][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+        for (int nt = 0; nt < kBN / 8; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[2][4];
+        uint32_t a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) load_a_frag<T, D>(a[mt], q_s, wrow + 16 * mt, kk, lane);
+        for (int mt = 0; mt < MT; ++mt) load_a_frag<T, D>(a[mt], q_s, wrow + 16 * mt, kk, lane);
 #pragma unroll
-        for (int np = 0; np < 4; ++np) {
+        for (int np = 0; np < kBN / 16; ++np) {
           uint32_t b[4];
           load_b_frags<T, D>(b, ks, np, kk, lane);
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
+          for (int mt = 0; mt < MT; ++mt) {
             mma_16816<T>(s[mt][2 * np], a[mt], b[0], b[1]);
             mma_16816<T>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
           }
@@ -194,20 +228,20 @@ __global__ void __launch_bounds__(kThreads, 2)
       // then the online softmax, one 16-row m-tile at a time (prefill_common.cuh).
       if (k0 + kBN - 1 > qa + wrow || k0 + kBN > L) {
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-          mask_mtile(reinterpret_cast<float(&)[32]>(s[mt]), qa + wrow + 16 * mt, k0, L, g, tq);
+        for (int mt = 0; mt < MT; ++mt)
+          mask_mtile(reinterpret_cast<float(&)[kNS]>(s[mt]), qa + wrow + 16 * mt, k0, L, g, tq);
       }
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-        online_softmax_mtile<D>(reinterpret_cast<float(&)[32]>(s[mt]),
+      for (int mt = 0; mt < MT; ++mt)
+        online_softmax_mtile<D>(reinterpret_cast<float(&)[kNS]>(s[mt]),
                                 reinterpret_cast<float(&)[D / 2]>(o[mt]), m[mt], l[mt], scale);
 
       // O += P · V_j, P straight from the score registers.
 #pragma unroll
       for (int kc = 0; kc < kBN / 16; ++kc) {
-        uint32_t a[2][4];
+        uint32_t a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
           a[mt][0] = DType<T>::pack2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
           a[mt][1] = DType<T>::pack2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
           a[mt][2] = DType<T>::pack2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
@@ -219,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           ldmatrix_x4_trans(b, vs + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * S + dp * 16 +
                                    (lane / 16) * 8);
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
+          for (int mt = 0; mt < MT; ++mt) {
             mma_16816<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
             mma_16816<T>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
           }
@@ -229,12 +263,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();  // every warp is done with stage j & 1 (refilled in iteration j + 1)
   }
 
-  // O through shared memory: this warp's 32 rows of q_s (read only by this warp, and no
+  // O through shared memory: this warp's rows of q_s (read only by this warp, and no
   // longer) take the normalized rows, then each row leaves as 16-byte stores, 2 rows per
-  // warp instruction, instead of 4-byte stores that fill 16 B of each 32 B sector.
+  // warp instruction at D = 128, instead of 4-byte stores that fill 16 B of each 32 B sector.
   float *lse = p.lse + int64_t(h) * p.ws_tokens + p.seqs.ws_offset[seq];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float sum = l[mt][r];
@@ -251,25 +285,39 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   __syncwarp();
   T *out = static_cast<T *>(p.out) + tb * q_stride + int64_t(h) * D;
-  constexpr int kChunks = D / 8, kRowsPerIt = 32 / kChunks;  // 16-byte chunks per row
-  const int r0 = wrow + lane / kChunks, c = (lane % kChunks) * 8;
-  const int rows_left = n - q0 - r0;  // store row r0 + it·kRowsPerIt while it·kRowsPerIt < this
-  T *dst = out + int64_t(q0 + r0) * q_stride + c;
-  const int64_t dst_step = kRowsPerIt * q_stride;
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  if constexpr (32 % kChunks == 0) {
+    constexpr int kRowsPerIt = 32 / kChunks;
+    const int r0 = wrow + lane / kChunks, c = (lane % kChunks) * 8;
+    const int rows_left = n - q0 - r0;  // store row r0 + it·kRowsPerIt while it·kRowsPerIt < this
+    T *dst = out + int64_t(q0 + r0) * q_stride + c;
+    const int64_t dst_step = kRowsPerIt * q_stride;
 #pragma unroll
-  for (int it = 0; it < 32 / kRowsPerIt; ++it, dst += dst_step)
-    if (it * kRowsPerIt < rows_left)
-      *reinterpret_cast<uint4 *>(dst) =
-          *reinterpret_cast<const uint4 *>(q_s + (r0 + it * kRowsPerIt) * S + c);
+    for (int it = 0; it < Tl::kWarpRows / kRowsPerIt; ++it, dst += dst_step)
+      if (it * kRowsPerIt < rows_left)
+        *reinterpret_cast<uint4 *>(dst) =
+            *reinterpret_cast<const uint4 *>(q_s + (r0 + it * kRowsPerIt) * S + c);
+  } else {  // head_dim 80, 96: chunk i of the warp's rows is row i / kChunks
+#pragma unroll
+    for (int i = lane; i < Tl::kWarpRows * kChunks; i += 32) {
+      const int r = wrow + i / kChunks, c = (i % kChunks) * 8;
+      if (q0 + r < n)
+        *reinterpret_cast<uint4 *>(out + int64_t(q0 + r) * q_stride + c) =
+            *reinterpret_cast<const uint4 *>(q_s + r * S + c);
+    }
+  }
 }
 
 /// \tparam T dtype of q/k (__half or __nv_bfloat16)
-/// \tparam D head_dim (64 or 128)
+/// \tparam D head_dim (64, 80, 96, 128, 256)
 /// 3 CTAs/SM (12 warps): 168 registers at D = 128; its 60 B of spills serve the clamped
-/// cp.async of a sequence's last (partial) Q tile, off the per-tile path.
+/// cp.async of a sequence's last (partial) Q tile, off the per-tile path. D = 256: 8 warps
+/// of 16 keys, one CTA per SM (135 KB of shared memory).
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::kWarps == 4 ? 3 : 1)
     prefill_scores_kernel(const __grid_constant__ PrefillScoreParams p) {
+  using Tl = PrefillTiling<D>;
+  constexpr int MT = Tl::kMT;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   constexpr int S = smem_stride<D>();
   T *k_s = reinterpret_cast<T *>(smem_raw);                    // [kSK][S]
@@ -293,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
-  const int wkey = k0 + warp * 32;  // this warp's keys: m-tile mt = wkey + 16 mt
+  const int wkey = k0 + warp * Tl::kWarpRows;  // this warp's keys: m-tile mt = wkey + 16 mt
   // The masks compare in query-row coordinates (position - qp): keys and the window's first
   // position shifted once here, not per tile.
   const int k0_row = k0 - qp, wkey_row = wkey - qp, row_first = row_begin - qp;
@@ -304,8 +352,9 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int qt_end = (n + kSQ - 1) / kSQ;
   const int total = n_rep * (qt_end - qt0);
   // This thread's cp.async chunk of a full Q tile (see the forward kernel).
-  const int64_t chunk_off = int64_t(threadIdx.x / (D / 8)) * q_stride + (threadIdx.x % (D / 8)) * 8;
-  const int chunk_s = (threadIdx.x / (D / 8)) * S + (threadIdx.x % (D / 8)) * 8;
+  [[maybe_unused]] const int64_t chunk_off =
+      int64_t(threadIdx.x / (D / 8)) * q_stride + (threadIdx.x % (D / 8)) * 8;
+  [[maybe_unused]] const int chunk_s = (threadIdx.x / (D / 8)) * S + (threadIdx.x % (D / 8)) * 8;
   // Queue item `it`: query tile qt of head h, into buffer `it & 1`. Items are issued in order
   // and (h, qt) advances by counters: no division per item, and full tiles (all but a
   // sequence's last) load without predicates.
@@ -315,7 +364,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     T *dst = q_s + (it & 1) * kSQ * S;
     const int row = qt * kSQ + threadIdx.x;
     if (qt * kSQ + kSQ <= n) {
-      load_full_tile<T, D, kSQ>(dst + chunk_s, src + chunk_off, q_stride);
+      if constexpr (Tl::kFixedChunk) load_full_tile<T, D, kSQ>(dst + chunk_s, src + chunk_off, q_stride);
+      else load_tile<T, D, kSQ>(dst, src, q_stride, kSQ);
     } else {
       load_tile<T, D, kSQ>(dst, src, q_stride, n - qt * kSQ);
     }
@@ -339,8 +389,10 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
   cp_async_commit();
 
-  float cs[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // keys (m-tile, g / g + 8), this thread's queries
-  uint32_t ka[2][D / 16][4];
+  float cs[MT][2];  // keys (m-tile, g / g + 8), this thread's queries
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) cs[mt][0] = cs[mt][1] = 0.0f;
+  uint32_t ka[MT][D / 16][4];
   int cur_qt = qt0;  // query tile of item it
 
   for (int it = 0; it < total; ++it) {
@@ -355,17 +407,17 @@ __global__ void __launch_bounds__(kThreads, 3)
     __syncthreads();
     if (it == 0) {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-          load_a_frag<T, D>(ka[mt][kk], k_s, warp * 32 + 16 * mt, kk, lane);
+          load_a_frag<T, D>(ka[mt][kk], k_s, warp * Tl::kWarpRows + 16 * mt, kk, lane);
     }
     const T *qs = q_s + (it & 1) * kSQ * S;
     const float *ls = lse_s + (it & 1) * kSQ;
 
-    float s[2][8][4];
+    float s[MT][8][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -377,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 3)
         uint32_t b[4];
         load_b_frags<T, D>(b, qs, np, kk, lane);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
           mma_16816<T>(s[mt][2 * np], ka[mt][kk], b[0], b[1]);
           mma_16816<T>(s[mt][2 * np + 1], ka[mt][kk], b[2], b[3]);
         }
@@ -392,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       for (int nt = 0; nt < 8; ++nt) {
         const float2 lv = *reinterpret_cast<const float2 *>(ls + nt * 8 + 2 * tq);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             cs[mt][e / 2] += ex2(fmaf(s[mt][nt][e], scale, -(e & 1 ? lv.y : lv.x)));
@@ -401,9 +453,9 @@ __global__ void __launch_bounds__(kThreads, 3)
       // Query offset 8 nt + (e & 1) (a constant) is kept when lo <= it <= hi, i.e. key <=
       // query, query >= row_begin and query row < n: two compares + one select per score.
       const int hi = n - 1 - i0 - 2 * tq;
-      int lo[2][2];
+      int lo[MT][2];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
           lo[mt][r] = max(wkey_row + 16 * mt + g + 8 * r, row_first) - i0 - 2 * tq;
@@ -411,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       for (int nt = 0; nt < 8; ++nt) {
         const float2 lv = *reinterpret_cast<const float2 *>(ls + nt * 8 + 2 * tq);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int x = nt * 8 + (e & 1);
@@ -429,7 +481,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   float *scores = p.scores + int64_t(kvh) * p.scores_stride + p.score_offset[seq];
   const int col_done = static_cast<int>(p.col_done[seq]);
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float x = cs[mt][r];
@@ -442,14 +494,13 @@ __global__ void __launch_bounds__(kThreads, 3)
 }
 
 template <typename T, int D> constexpr size_t attention_smem() {
-  return size_t(kBM + 4 * kBN) * smem_stride<D>() * sizeof(T);
+  return size_t(kBM + 4 * PrefillTiling<D>::kBN) * smem_stride<D>() * sizeof(T);
 }
 template <typename T, int D> constexpr size_t scores_smem() {
   return size_t(kSK + 2 * kSQ) * smem_stride<D>() * sizeof(T) + 2u * kSQ * sizeof(float);
 }
 
 }  // namespace
-bool head_dim_supported(uint32_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
 void configure_prefill_kernels(minikv_dtype dtype, uint32_t head_dim) {
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_cache_create", [&](auto tag, auto hd) {
@@ -470,7 +521,8 @@ void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const Prefi
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads;  // (tile, head), head fastest
-    prefill_attention_kernel<T, D><<<grid, kThreads, attention_smem<T, D>(), stream>>>(p);
+    prefill_attention_kernel<T, D>
+        <<<grid, PrefillTiling<D>::kThreads, attention_smem<T, D>(), stream>>>(p);
     check_launch_error("prefill_attention_kernel");
   });
 }
@@ -481,7 +533,7 @@ void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillS
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_kv_heads;
-    prefill_scores_kernel<T, D><<<grid, kThreads, scores_smem<T, D>(), stream>>>(p);
+    prefill_scores_kernel<T, D><<<grid, PrefillTiling<D>::kThreads, scores_smem<T, D>(), stream>>>(p);
     check_launch_error("prefill_scores_kernel");
   });
 }

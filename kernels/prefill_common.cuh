@@ -32,17 +32,19 @@ __device__ __forceinline__ uint32_t find_seq(const PrefillSeqs &s, uint32_t tile
 // The two forward kernels (mma.sync and wgmma) hold a 16-row m-tile of scores in the same
 // fragment layout: s[4i + 2r + c] is key k0 + 8i + 2tq + c of row row0 + g + 8r (g = lane / 4,
 // tq = lane % 4), and O's fragment o[4i + 2r + c] is channel 8i + 2tq + c of the same rows.
+// A K/V tile of N / 2 keys fills s[N] (64 keys: N = 32; 32 keys at head_dim 256: N = 16).
 
 // Causal + length mask of one m-tile against the K/V tile at k0: masked when 8i + c exceeds
 // min(row − k0 − 2tq, L − 1 − k0 − 2tq), whose left side is a compile-time constant: one
 // compare + select per score.
-__device__ __forceinline__ void mask_mtile(float (&s)[32], int row0, int k0, int L, int g, int tq) {
+template <int N>
+__device__ __forceinline__ void mask_mtile(float (&s)[N], int row0, int k0, int L, int g, int tq) {
   const int len_lim = L - 1 - k0 - 2 * tq;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int lim = min(row0 + g + 8 * r - k0 - 2 * tq, len_lim);
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < N / 4; ++i)
 #pragma unroll
       for (int c = 0; c < 2; ++c)
         if (8 * i + c > lim) s[4 * i + 2 * r + c] = -INFINITY;
@@ -52,15 +54,15 @@ __device__ __forceinline__ void mask_mtile(float (&s)[32], int row0, int k0, int
 // Online softmax of one m-tile (log2 units, raw scores, the scale folded into one FFMA before
 // ex2): updates the row maxima m and this thread's partial sums l, rescales o, and turns s
 // into p = 2^(s·scale − max·scale).
-template <int D>
-__device__ __forceinline__ void online_softmax_mtile(float (&s)[32], float (&o)[D / 2],
+template <int D, int N>
+__device__ __forceinline__ void online_softmax_mtile(float (&s)[N], float (&o)[D / 2],
                                                      float (&m)[2], float (&l)[2], float scale) {
   float mx[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     mx[r] = m[r];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) mx[r] = fmaxf(mx[r], fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+    for (int i = 0; i < N / 4; ++i) mx[r] = fmaxf(mx[r], fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
   }
@@ -86,7 +88,7 @@ __device__ __forceinline__ void online_softmax_mtile(float (&s)[32], float (&o)[
     const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * scale;  // no key yet: keep 0s
     float rs = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < N / 4; ++i)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float pr = ex2(fmaf(s[4 * i + 2 * r + c], scale, -base));

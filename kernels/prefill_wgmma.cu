@@ -319,8 +319,11 @@ bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
   if (const char *e = std::getenv("MINIKV_PREFILL_KERNEL")) {
     if (std::strcmp(e, "mma") == 0) return false;  // the sm_80 kernel, for comparisons
   }
+  // Other head_dim values (80, 96, 256) run the mma.sync forward.
+  if (!in_list(WgmmaHeadDims{}, head_dim)) return false;
   bool usable = false;
-  dispatch_dtype_head_dim(dtype, head_dim, "minikv_cache_create", [&](auto tag, auto hd) {
+  dispatch_dtype_head_dim<WgmmaHeadDims>(dtype, head_dim, "minikv_cache_create",
+                                         [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
     cudaFuncAttributes attr{};
@@ -344,7 +347,8 @@ bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 
 void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
                           cudaStream_t stream) {
-  dispatch_dtype_head_dim(dtype, head_dim, "minikv_prefill", [&](auto tag, auto hd) {
+  dispatch_dtype_head_dim<WgmmaHeadDims>(dtype, head_dim, "minikv_prefill",
+                                         [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads * 2;

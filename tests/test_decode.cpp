@@ -277,6 +277,34 @@ TEST_CASE("decode: quantized with group sizes 64/128 and head_dim 128/256") {
   }
 }
 
+TEST_CASE("decode: quantized with head_dim 80 and 96 in every bit width") {
+  // Code rows of 20, 24 and 40 bytes (2- and 4-bit), value groups 16 and 32 (96 = 3 x 32),
+  // against the oracle on the dequantized cache, across flushes.
+  struct Geo {
+    uint32_t D, G, key_bits, value_bits;
+  };
+  for (const Geo geo : {Geo{80, 16, 2, 2}, Geo{80, 16, 4, 8}, Geo{80, 64, 2, 16},
+                        Geo{96, 16, 2, 4}, Geo{96, 32, 4, 2}, Geo{96, 32, 8, 8}}) {
+    for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_BF16}) {
+      Run r;
+      r.dt = dt;
+      r.H = 6;
+      r.Hkv = 2;
+      r.D = geo.D;
+      r.G = geo.G;
+      r.R = 2 * geo.G;
+      r.key_bits = geo.key_bits;
+      r.value_bits = geo.value_bits;
+      r.heavy = 0.25f;
+      r.sinks = geo.D == 96 ? 4 : 0;
+      r.lens = {300, 77, 3};
+      r.steps = r.R + 9;
+      r.dequantized_oracle = true;
+      drive(r, 4700 + geo.D + geo.G + geo.key_bits * 3 + geo.value_bits + dt);
+    }
+  }
+}
+
 TEST_CASE("decode: max_seq_len below residual_length with GQA 8 at every prompt length") {
   // Residual slots and scratch sized by max_seq_len < R: prompts of 1..8 tokens, appends up
   // to max_seq_len, exact (bits = 16) and quantized.

@@ -1,5 +1,5 @@
 // minikv_prefill against the float64 oracle (tests/reference/attention_ref.hpp): every
-// output element for F32/F16/BF16, awkward lengths, head_dim 64/128, GQA groups 1/2/4/8,
+// output element for F32/F16/BF16, awkward lengths, head_dim 16-256, GQA groups 1/2/4/8,
 // ragged batches; and the kept positions against the oracle's selection (CUMULATIVE and
 // WINDOW scores, UNIFORM and PYRAMID budgets), on random and on structured data.
 #include <algorithm>
@@ -197,8 +197,9 @@ TEST_CASE("prefill: GQA groups 1/2/4/8") {
   }
 }
 
-TEST_CASE("prefill: head_dim 16 and 256") {
-  for (uint32_t D : {16u, 256u}) {
+TEST_CASE("prefill: head_dim 16 80 96 and 256") {
+  // 80 and 96 (Phi, Gemma-like shapes): rows not a multiple of 64 channels.
+  for (uint32_t D : {16u, 80u, 96u, 256u}) {
     Shape s;
     s.D = D;
     s.H = 2;

@@ -1,7 +1,8 @@
 // The CUDA backend against the CPU backend through the public C API, on identical inputs:
 // prefill outputs on every element, kept positions (also against a float64 reference
 // selection), decode outputs at every step of a generation across residual flushes, for
-// ragged batches, GQA 1/2/4/8, both score modes, 2/4/8/16 bits, fp16/bf16, head_dim 64/128;
+// ragged batches, GQA 1/2/4/8, both score modes, 2/4/8/16 bits, fp16/bf16, every compiled
+// head_dim (64, 80, 96, 128, 256; MHA and GQA, prompts across the forward's tiles);
 // sequence release and reuse; CAPACITY_EXCEEDED; CUDA graph capture of append + decode;
 // attention sinks; unsupported configurations. Skipped when no CUDA device is present.
 #include <doctest/doctest.h>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <numeric>
 
+#include "../../kernels/cuda_shapes.h"
 #include "cpu_gpu_pair.h"
 
 namespace {
@@ -75,6 +77,29 @@ TEST_CASE("CUDA matches CPU on prefill + selection + decode across flushes") {
   };
   for (const Case &c : cases) {
     SUBCASE(c.name) { run_case(c); }
+  }
+}
+
+TEST_CASE("CUDA matches CPU on prefill at every head_dim") {
+  GPU_OR_SKIP();
+  // Each head_dim in both dtypes, MHA and GQA, both score modes: prompts of 1 token, around
+  // the forward's key tiles (32 keys at head_dim 256, else 64) and query tiles (128 rows),
+  // and long enough for several score-pass tiles; then decode steps across a flush.
+  const std::vector<uint32_t> lens = {1, 31, 33, 63, 64, 65, 127, 128, 129, 300, 1000};
+  for (const uint32_t D : {64u, 80u, 96u, 128u, 256u}) {
+    for (const minikv_dtype dt : {F16, BF16}) {
+      for (const uint32_t n_rep : {1u, 4u}) {
+        const minikv_score_mode mode = (D / 16 + n_rep) % 2 ? CUM : WIN;
+        const std::string name = std::string(dt == F16 ? "f16" : "bf16") + " hd" +
+                                 std::to_string(D) + (n_rep == 1 ? " mha" : " gqa4") +
+                                 (mode == CUM ? " cumulative" : " window");
+        SUBCASE(name.c_str()) {
+          const Case c{name.c_str(), dt, D, 2 * n_rep, 2, mode, 4, 2, 16, 32, UNI, 0.25f, 0.25f,
+                       lens, 40};
+          run_case(c);
+        }
+      }
+    }
   }
 }
 
@@ -240,13 +265,37 @@ TEST_CASE("CUDA backend: unsupported configurations and argument errors") {
     CHECK_EQ(minikv_cache_create(&cfg, &c), MINIKV_ERR_UNSUPPORTED);
     CHECK(std::string(minikv_last_error_message()).find("F32") != std::string::npos);
   }
-  SUBCASE("head_dim 256 (not compiled); AUTO falls back to the CPU") {
-    cfg.head_dim = 256;
+  SUBCASE("head_dim 48 (not compiled); AUTO falls back to the CPU") {
+    cfg.head_dim = 48;
     CHECK_EQ(minikv_cache_create(&cfg, &c), MINIKV_ERR_UNSUPPORTED);
-    CHECK(std::string(minikv_last_error_message()).find("head_dim 256") != std::string::npos);
+    const std::string msg = minikv_last_error_message();
+    CHECK(msg.find("head_dim 48") != std::string::npos);
+    CHECK(msg.find("(supported: " + minikv::kernels::compiled_head_dims_text()) != std::string::npos);
     cfg.backend = MINIKV_BACKEND_AUTO;
     MKV_OK(minikv_cache_create(&cfg, &c));
     minikv_cache_destroy(c);
+  }
+  SUBCASE("every compiled head_dim creates in every storage configuration") {
+    // The generic decode takes any bits, group and sinks; create fails only for what the
+    // build leaves out (MINIKV_CUDA_HEAD_DIMS).
+    for (const uint32_t D : {64u, 80u, 96u, 128u, 256u}) {
+      for (const uint32_t bits : {2u, 4u, 8u, 16u}) {
+        cfg.head_dim = D;
+        cfg.key_bits = bits;
+        cfg.value_bits = bits == 16 ? 2 : bits;
+        cfg.group_size = D % 32 == 0 ? 32 : 16;
+        cfg.residual_length = 2 * cfg.group_size;
+        cfg.sink_tokens = bits == 8 ? 4 : 0;
+        INFO("head_dim " << D << " bits " << bits);
+        const minikv_status st = minikv_cache_create(&cfg, &c);
+        if (minikv::kernels::head_dim_compiled(D)) {
+          CHECK_EQ(st, MINIKV_OK);
+          minikv_cache_destroy(c);
+        } else {
+          CHECK_EQ(st, MINIKV_ERR_UNSUPPORTED);
+        }
+      }
+    }
   }
   SUBCASE("misaligned device pointer: INVALID_ARGUMENT, the cache stays usable") {
     MKV_OK(minikv_cache_create(&cfg, &c));

@@ -1,9 +1,10 @@
 // Decode over the configuration space against the CPU backend, on every output element:
-// key and value bits drawn from {2, 4, 8, 16} independently, with and without attention sinks, group sizes 16 to 128, head_dim
-// 64 and 128, GQA groups of 1 to 16 query heads (3, 5, 6, 7 and 12 included: groups that
-// are not a power of two, and groups split over several CTAs), fp16 and bf16, ragged
-// batches with prompts shorter than a group, decode steps across residual flushes. Each
-// dimension's values are all hit by the sampled cases. Skipped when no CUDA device is present.
+// key and value bits drawn from {2, 4, 8, 16} independently, with and without attention
+// sinks, group sizes 16 to 128, head_dim 64, 80, 96, 128 and 256, GQA groups of 1 to 16
+// query heads (3, 5, 6, 7 and 12 included: groups that are not a power of two, and groups
+// split over several CTAs), fp16 and bf16, ragged batches with prompts shorter than a group,
+// decode steps across residual flushes. Each dimension's values are all hit by the sampled
+// cases, and every head_dim in both dtypes, MHA and GQA. Skipped when no CUDA device is present.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -35,6 +36,17 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
       {8, 8, 32, 128, 4, BF16, 4}, {8, 2, 16, 64, 2, F16},   {4, 8, 64, 128, 8, F16, 4},
       {2, 8, 32, 64, 1, BF16},     {8, 16, 16, 128, 3, F16, 1}, {16, 8, 32, 64, 4, BF16},
       {4, 2, 32, 128, 4, F16, 4},  {4, 2, 32, 64, 3, BF16, 4}, {2, 2, 16, 128, 1, F16, 20},
+      // head_dim 80 (code rows of 20 and 40 bytes, 3 P·V row subsets of 10 lanes), 96 (24-byte
+      // rows, 2 subsets of 12) and 256 (one 32-lane row): the paper's storage too, which the
+      // fast path leaves to the generic kernel at these sizes.
+      {2, 2, 16, 80, 1, F16},      {2, 2, 16, 80, 4, BF16},    {4, 2, 16, 80, 3, F16, 4},
+      {4, 8, 16, 80, 1, BF16},     {16, 16, 32, 80, 2, F16},   {2, 16, 64, 80, 8, BF16},
+      {8, 4, 16, 80, 6, F16},      {2, 2, 16, 96, 1, BF16},    {2, 2, 32, 96, 4, F16},
+      {4, 2, 32, 96, 1, F16, 4},   {4, 4, 16, 96, 8, BF16},    {8, 8, 32, 96, 2, BF16},
+      {16, 2, 16, 96, 5, F16},     {2, 8, 32, 96, 12, F16},    {2, 2, 16, 256, 1, F16},
+      {2, 2, 16, 256, 4, BF16},    {4, 2, 32, 256, 1, BF16, 4}, {4, 4, 128, 256, 2, F16},
+      {8, 8, 64, 256, 8, F16},     {16, 16, 16, 256, 3, BF16}, {2, 4, 32, 256, 16, BF16},
+      {16, 8, 128, 256, 1, F16, 20},
   };
   for (const Shape &s : shapes) {
     const std::string name = "K" + std::to_string(s.key_bits) + "V" + std::to_string(s.value_bits) +
@@ -57,15 +69,19 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
 TEST_CASE("decode matches the CPU backend with extreme query magnitudes in every strategy") {
   GPU_OR_SKIP();
   // Large logits (softmax near one-hot) and tiny ones (near uniform), on the fast path's
-  // storage and on the generic kernel's.
+  // storage and on the generic kernel's, at head_dim 128 and at the generic kernel's other
+  // lane mappings (80: idle lanes, 256: a row per warp).
   for (const float q_scale : {1e-3f, 40.0f}) {
     for (const uint32_t bits : {2u, 4u}) {
-      const std::string name = std::to_string(bits) + "-bit q_scale " + std::to_string(q_scale);
-      SUBCASE(name.c_str()) {
-        gt::Case c{name.c_str(), MINIKV_DTYPE_F16, 128, 8, 2, MINIKV_SCORE_CUMULATIVE, bits, 2,
-                   16, 64, MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f, {700, 90}, 20};
-        c.q_scale = q_scale;
-        gt::run_case(c);
+      for (const uint32_t head_dim : {128u, 80u, 256u}) {
+        const std::string name = std::to_string(bits) + "-bit hd" + std::to_string(head_dim) +
+                                 " q_scale " + std::to_string(q_scale);
+        SUBCASE(name.c_str()) {
+          gt::Case c{name.c_str(), MINIKV_DTYPE_F16, head_dim, 8, 2, MINIKV_SCORE_CUMULATIVE,
+                     bits, 2, 16, 64, MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f, {700, 90}, 20};
+          c.q_scale = q_scale;
+          gt::run_case(c);
+        }
       }
     }
   }

@@ -1,9 +1,10 @@
 // minikv-test: white-box. The CUDA backend writes the same bytes as the CPU backend: the
 // whole block pool (codes, scales, minima, positions) and every residual slot are compared
 // byte for byte after prefill and after appends across flushes, for 2/4/8/16 bits, groups
-// of 16/32/64, fp16/bf16, head_dim 64/128, both score modes, with and without sink tokens
-// (the sink region of each residual slot). The GPU importance scores are
-// checked against a float64 reference (1e-3 relative), two ragged prompts in one launch.
+// of 16/32/64/128, fp16/bf16, head_dim 64/80/96/128/256, both score modes, with and without
+// sink tokens (the sink region of each residual slot). The GPU importance scores are checked
+// against a float64 reference (1e-3 relative) at every head_dim, two ragged prompts in one
+// launch.
 // Skipped when no CUDA device is present.
 #include <doctest/doctest.h>
 
@@ -150,6 +151,13 @@ TEST_CASE("CUDA pool and residual bytes equal the CPU backend's") {
       {"bf16 hd64 8/4 G32 R64 64 sinks", BF16, 64, 4, 4, WIN, 8, 4, 32, 64, {400, 97, 64, 40}, 70, 64},
       {"f16 hd64 16/16 G16 R32 17 sinks", F16, 64, 4, 2, CUM, 16, 16, 16, 32, {150, 20}, 40, 17},
       {"bf16 hd128 2/2 G16 R32 1 sink", BF16, 128, 4, 1, CUM, 2, 2, 16, 32, {257}, 40, 1},
+      // head_dim 80, 96, 256: code rows of 20, 24, 40 bytes; value groups 16 and 32.
+      {"f16 hd80 2/2 G16 R32", F16, 80, 4, 4, CUM, 2, 2, 16, 32, {300, 45, 1}, 40},
+      {"bf16 hd80 4/8 G16 R64 4 sinks", BF16, 80, 8, 2, WIN, 4, 8, 16, 64, {200, 3}, 70, 4},
+      {"bf16 hd96 2/4 G32 R64", BF16, 96, 6, 2, CUM, 2, 4, 32, 64, {257, 40}, 70},
+      {"f16 hd96 16/2 G16 R32", F16, 96, 4, 4, WIN, 16, 2, 16, 32, {150}, 40},
+      {"f16 hd256 4/2 G32 R128 4 sinks", F16, 256, 4, 2, CUM, 4, 2, 32, 128, {300, 45}, 140, 4},
+      {"bf16 hd256 2/2 G128 R128", BF16, 256, 2, 2, CUM, 2, 2, 128, 128, {500}, 130},
   };
   for (const WCase &c : cases) {
     SUBCASE(c.name) { run_storage_case(c); }
@@ -161,7 +169,7 @@ TEST_CASE("CUDA importance scores match a float64 reference") {
   // Two sequences in one launch (the second's scores start at workspace row 777): partial
   // key and query tiles, tiles crossing the diagonal and interior tiles, GQA group 4.
   for (minikv_score_mode mode : {MINIKV_SCORE_CUMULATIVE, MINIKV_SCORE_WINDOW}) {
-    for (uint32_t D : {64u, 128u}) {
+    for (uint32_t D : {64u, 80u, 96u, 128u, 256u}) {
       for (minikv_dtype dt : {MINIKV_DTYPE_BF16, MINIKV_DTYPE_F16}) {
         const WCase c{"scores", dt, D, 8, 2, mode, 2, 2, 16, 64, {777, 300}, 0};
         INFO("mode " << int(mode) << " head_dim " << D << " dtype " << int(dt));

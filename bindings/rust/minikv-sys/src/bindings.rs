@@ -145,7 +145,7 @@ pub struct minikv_config {
     #[doc = "< required, >= 1"]
     pub num_kv_heads: u32,
     #[doc = "< required: a multiple of 16, at most 256 (CPU); CUDA"]
-    #[doc = "builds compile 64 and 128"]
+    #[doc = "builds compile 64, 80, 96, 128 and 256"]
     pub head_dim: u32,
     #[doc = "< sequence slots, seq_id in [0, max_sequences); 1"]
     pub max_sequences: u32,
