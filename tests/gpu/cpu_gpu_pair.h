@@ -26,6 +26,7 @@ struct Case {
   uint32_t steps;
   float q_scale = 1.0f;  // std of the decode queries (extreme magnitudes: tiny or large logits)
   uint32_t sinks = 0;    // sink_tokens
+  bool saturated = false;  // keys and values at two levels (Tensor::saturate)
 };
 
 inline minikv_config make_config(const Case &c, minikv_backend backend) {
@@ -113,13 +114,17 @@ class Pair {
 
   // Append + decode of one random token per sequence on both; compares the outputs.
   void step(uint32_t layer, const std::vector<uint32_t> &ids, std::mt19937 &rng,
-            const std::string &what, float q_scale = 1.0f) {
+            const std::string &what, float q_scale = 1.0f, bool saturated = false) {
     const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
     const uint32_t n = static_cast<uint32_t>(ids.size());
     Tensor k(cfg_.dtype, size_t(n) * Hkv * D), v(cfg_.dtype, size_t(n) * Hkv * D),
         q(cfg_.dtype, size_t(n) * H * D);
     k.fill_normal(rng, 1.5f);
     v.fill_normal(rng, 1.0f);
+    if (saturated) {
+      k.saturate(-2.8f);
+      v.saturate(-1.9f);
+    }
     q.fill_normal(rng, q_scale);
     std::vector<uint16_t> out_cpu(q.size());
     MKV_OK(minikv_append(cpu_, layer, n, ids.data(), k.bits.data(), v.bits.data(), nullptr));
@@ -167,13 +172,13 @@ inline void run_case(const Case &c) {
   std::iota(ids.begin(), ids.end(), 0u);
   std::reverse(ids.begin(), ids.end());  // slots not in batch order
   for (uint32_t layer = 0; layer < 2; ++layer)
-    pair.prefill(layer, ids, gt::make_prompt(pair.cfg(), layer, c.lens, 17 + layer));
+    pair.prefill(layer, ids, gt::make_prompt(pair.cfg(), layer, c.lens, 17 + layer, c.saturated));
   pair.check_stats();
   std::mt19937 rng(99);
   for (uint32_t step = 0; step < c.steps; ++step)
     for (uint32_t layer = 0; layer < 2; ++layer)
       pair.step(layer, ids, rng, "decode step " + std::to_string(step) + " layer " + std::to_string(layer),
-                c.q_scale);
+                c.q_scale, c.saturated);
   pair.check_stats();
 }
 

@@ -101,6 +101,11 @@ struct Tensor {
     std::normal_distribution<float> nd(0.0f, stddev);
     for (size_t i = 0; i < size(); ++i) set(i, nd(rng));
   }
+  // Two levels, -1 below `threshold` and +1 above: the quantized groups that hold both take
+  // the top code almost everywhere (all-ones code bytes, which read as fp16 are NaN).
+  void saturate(float threshold) {
+    for (size_t i = 0; i < size(); ++i) set(i, f[i] < threshold ? -1.0f : 1.0f);
+  }
   static Tensor from_device(minikv_dtype dt, const DevBuf &d, size_t n) {
     Tensor t(dt, n);
     t.bits = d.download<uint16_t>(n);
@@ -224,7 +229,8 @@ struct Prompt {
 };
 
 inline Prompt make_prompt(const minikv_config &cfg, uint32_t layer,
-                          const std::vector<uint32_t> &lens, uint32_t seed) {
+                          const std::vector<uint32_t> &lens, uint32_t seed,
+                          bool saturated = false) {
   const uint32_t H = cfg.num_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim;
   const double ratio = minikv::layer_heavy_ratios(cfg)[layer];
   for (uint32_t attempt = 0; attempt < 64; ++attempt) {
@@ -241,6 +247,10 @@ inline Prompt make_prompt(const minikv_config &cfg, uint32_t layer,
     p.q.fill_normal(rng, 1.0f);
     p.k.fill_normal(rng, 1.5f);
     p.v.fill_normal(rng, 1.0f);
+    if (saturated) {  // about 3% of the elements at -1
+      p.k.saturate(-2.8f);
+      p.v.saturate(-1.9f);
+    }
     bool ok = true;
     for (size_t s = 0; s < lens.size() && ok; ++s) {
       const uint32_t L = lens[s];

@@ -87,4 +87,23 @@ TEST_CASE("decode matches the CPU backend with extreme query magnitudes in every
   }
 }
 
+TEST_CASE("decode stays finite when the staged code bytes read as fp16 NaN") {
+  GPU_OR_SKIP();
+  // Keys and values at two levels: nearly every 8-bit (4-bit) code is all ones, and the
+  // tensor-core kernel's stage rows past a short sink or residual tile once held such bytes
+  // (NaN as fp16; 0 * NaN poisoned the P.V accumulators). Keep-all: no selection ties.
+  for (const uint32_t bits : {8u, 4u}) {
+    for (const minikv_dtype dt : {MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
+      const std::string name = std::to_string(bits) + "-bit" + (dt == MINIKV_DTYPE_F16 ? " f16" : " bf16");
+      SUBCASE(name.c_str()) {
+        gt::Case c{name.c_str(), dt, 64, 6, 2, MINIKV_SCORE_CUMULATIVE, bits, bits, 32, 64,
+                   MINIKV_BUDGET_UNIFORM, 0.5f, 0.5f, {1200, 334, 70}, 73};  // even: keep all
+        c.sinks = 4;
+        c.saturated = true;
+        gt::run_case(c);
+      }
+    }
+  }
+}
+
 }  // TEST_SUITE
