@@ -21,6 +21,7 @@
  *   for each generated token, for each layer:
  *       minikv_append(cache, layer, ...)                 // the token's K/V
  *       minikv_decode(cache, layer, ...)                 // the token's attention output
+ *       // or both in one call: minikv_append_decode(cache, layer, ...)
  *   minikv_sequence_release(cache, seq_id);              // the slot can take a new prompt
  *   minikv_cache_destroy(cache);
  *
@@ -368,7 +369,7 @@ MINIKV_API const char *minikv_cache_last_error(const minikv_cache *cache);
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL cache or backend). */
 MINIKV_API minikv_status minikv_cache_backend(const minikv_cache *cache, minikv_backend *backend);
 
-/* ---- the three compute calls ------------------------------------------------------ */
+/* ---- the compute calls ------------------------------------------------------------ */
 
 /** METHOD: prefill of one layer for a batch of prompts.
  *  For each sequence s (tokens [cu_seqlens[s], cu_seqlens[s+1]) of the packed inputs):
@@ -492,6 +493,36 @@ MINIKV_API minikv_status minikv_append(minikv_cache *cache, uint32_t layer, uint
 MINIKV_API minikv_status minikv_decode(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
                                        const uint32_t *seq_ids, const void *q, void *out,
                                        void *stream);
+
+/** METHOD: the engine's step for one layer in one call: appends each sequence's new token
+ *  K/V, then computes its query's attention over the cache including that token. The
+ *  result, in `out` and in the cache, is exactly that of minikv_append(cache, layer, n_seqs,
+ *  seq_ids, k, v, stream) followed by minikv_decode(cache, layer, n_seqs, seq_ids, q, out,
+ *  stream): bit for bit, with either backend. What it saves is host work and, with CUDA,
+ *  launches: one kernel launch when no sequence's residual becomes full with this token
+ *  (the decode kernels read the new rows straight from k and v and store them as they go);
+ *  where some do, their flush runs first, so at most one launch more.
+ *  @param layer      in [0, num_layers), prefilled for every sequence of the batch.
+ *  @param n_seqs     >= 1 sequences; seq_ids: host [n_seqs], distinct slots.
+ *  @param q,out      backend memory [n_seqs, num_heads, head_dim] (decode's layout).
+ *  @param k,v        backend memory [n_seqs, num_kv_heads, head_dim] (append's layout).
+ *                    Read only; out may not overlap q, k or v.
+ *  @param stream     cudaStream_t or NULL (must be NULL for the CPU backend).
+ *  Ownership: every buffer stays the caller's; with CUDA the call is asynchronous and the
+ *  buffers must stay valid until the queued work has run. Threading: as every call on a
+ *  handle (see "Threading").
+ *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL pointer, bad id or layer, a repeated
+ *          seq_id, a misaligned tensor, out overlapping an input, a non-finite q/k/v with
+ *          the CPU backend); MINIKV_ERR_BAD_STATE (layer not prefilled for a sequence, or
+ *          the handle in use by another thread's call); MINIKV_ERR_CAPACITY_EXCEEDED (a
+ *          flush needs a block and the pool has none, or a sequence reached max_seq_len);
+ *          MINIKV_ERR_DEVICE. Everything is checked before anything changes: on failure no
+ *          sequence changes (no partial append) and out is not written. Allocates nothing;
+ *          with CUDA it never synchronizes the host (CUDA-graph capturable). */
+MINIKV_API minikv_status minikv_append_decode(minikv_cache *cache, uint32_t layer,
+                                              uint32_t n_seqs, const uint32_t *seq_ids,
+                                              const void *q, const void *k, const void *v,
+                                              void *out, void *stream);
 
 /* ---- sequences -------------------------------------------------------------------- */
 

@@ -200,6 +200,15 @@ minikv_status minikv_decode(minikv_cache *cache, uint32_t layer, uint32_t n_seqs
                  [&] { cache->impl.decode(layer, n_seqs, seq_ids, q, out, stream); });
 }
 
+minikv_status minikv_append_decode(minikv_cache *cache, uint32_t layer, uint32_t n_seqs,
+                                   const uint32_t *seq_ids, const void *q, const void *k,
+                                   const void *v, void *out, void *stream) {
+  if (!cache) return null_handle("minikv_append_decode");
+  return exclusive(cache, "minikv_append_decode", [&] {
+    cache->impl.append_decode(layer, n_seqs, seq_ids, q, k, v, out, stream);
+  });
+}
+
 minikv_status minikv_sequence_release(minikv_cache *cache, uint32_t seq_id) {
   if (!cache) return null_handle("minikv_sequence_release");
   return exclusive(cache, "minikv_sequence_release", [&] { cache->impl.release(seq_id); });

@@ -90,6 +90,15 @@ class Backend {
                       const void *v, void *stream) = 0;
   virtual void decode(uint32_t layer, const std::vector<CacheView> &items, const void *q,
                       void *out, void *stream) = 0;
+  // append(items) then decode(after), `after` being each sequence's view once its token is
+  // appended; the outputs and storage must equal those of the two calls bit for bit. A
+  // backend may fuse them (CUDA: one launch); this one runs them in order.
+  virtual void append_decode(uint32_t layer, const std::vector<AppendItem> &items,
+                             const std::vector<CacheView> &after, const void *q, const void *k,
+                             const void *v, void *out, void *stream) {
+    append(layer, items, k, v, stream);
+    decode(layer, after, q, out, stream);
+  }
   // Positions of the tokens in blocks and residual [0, count) of one KV head (cache order
   // after the sinks, whose positions are implicit), into host memory.
   virtual void read_positions(const CacheView &view, uint32_t kv_head, uint32_t count,

@@ -252,6 +252,20 @@ void Cache::check_aligned(const char *call,
   }
 }
 
+void Cache::check_disjoint(
+    const char *call, const void *out, uint64_t out_bytes,
+    std::initializer_list<std::pair<const char *, std::pair<const void *, uint64_t>>> inputs) const {
+  const uintptr_t o = reinterpret_cast<uintptr_t>(out);
+  for (const auto &x : inputs) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(x.second.first);
+    MINIKV_REQUIRE(o + out_bytes <= a || a + x.second.second <= o,
+                   "%s: out (%p, %llu bytes) overlaps %s (%p, %llu bytes); out may not alias "
+                   "an input",
+                   call, out, static_cast<unsigned long long>(out_bytes), x.first, x.second.first,
+                   static_cast<unsigned long long>(x.second.second));
+  }
+}
+
 void Cache::check_finite(const char *call, const char *name, const void *data, uint64_t rows,
                          uint32_t heads, const uint32_t *seq_ids, const int32_t *cu_seqlens) const {
   // minikv.h: inputs must be finite. Device memory is not readable here (CUDA: the
@@ -454,16 +468,8 @@ void Cache::prefill(const char *call, uint32_t layer, uint32_t n_seqs, const uin
   }
 }
 
-void Cache::append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *k,
-                   const void *v, void *stream) {
-  constexpr const char *call = "minikv_append";
-  check_common(call, layer, n_seqs, seq_ids, true);
-  MINIKV_REQUIRE(k && v, "%s: %s is NULL", call, !k ? "k" : "v");
-  check_stream(call, backend_->kind(), stream);
-  check_aligned(call, {{"k", k}, {"v", v}});
-  check_finite(call, "k", k, n_seqs, cfg_.num_kv_heads, seq_ids, nullptr);
-  check_finite(call, "v", v, n_seqs, cfg_.num_kv_heads, seq_ids, nullptr);
-
+void Cache::plan_append(const char *call, uint32_t layer, uint32_t n_seqs,
+                        const uint32_t *seq_ids) {
   std::vector<AppendItem> &items = append_items_;
   std::vector<uint32_t> &extra = append_extra_;
   items.assign(n_seqs, AppendItem());  // within the capacity reserved at create
@@ -496,22 +502,43 @@ void Cache::append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
     take_blocks(seq_ids[i], layer, extra[i]);
     items[i].dst = view(seq_ids[i], layer);
   }
-  try {
-    backend_->append(layer, items, k, v, stream);
-  } catch (...) {
-    for (uint32_t i = n_seqs; i-- > 0;) return_blocks(seq_ids[i], layer, extra[i]);
-    throw;
-  }
+}
+
+void Cache::return_append_blocks(uint32_t layer, uint32_t n_seqs,
+                                 const uint32_t *seq_ids) noexcept {
+  for (uint32_t i = n_seqs; i-- > 0;) return_blocks(seq_ids[i], layer, append_extra_[i]);
+}
+
+void Cache::commit_append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids) noexcept {
   for (uint32_t i = 0; i < n_seqs; ++i) {
     LayerState &s = state(seq_ids[i], layer);
     s.generated += 1;
-    if (items[i].flush) {
+    if (append_items_[i].flush) {
       s.quantized += cfg_.residual_length;
       s.residual = 0;
     } else {
       s.residual += 1;
     }
   }
+}
+
+void Cache::append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *k,
+                   const void *v, void *stream) {
+  constexpr const char *call = "minikv_append";
+  check_common(call, layer, n_seqs, seq_ids, true);
+  MINIKV_REQUIRE(k && v, "%s: %s is NULL", call, !k ? "k" : "v");
+  check_stream(call, backend_->kind(), stream);
+  check_aligned(call, {{"k", k}, {"v", v}});
+  check_finite(call, "k", k, n_seqs, cfg_.num_kv_heads, seq_ids, nullptr);
+  check_finite(call, "v", v, n_seqs, cfg_.num_kv_heads, seq_ids, nullptr);
+  plan_append(call, layer, n_seqs, seq_ids);
+  try {
+    backend_->append(layer, append_items_, k, v, stream);
+  } catch (...) {
+    return_append_blocks(layer, n_seqs, seq_ids);
+    throw;
+  }
+  commit_append(layer, n_seqs, seq_ids);
 }
 
 void Cache::decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *q,
@@ -534,6 +561,45 @@ void Cache::decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, con
     }
   }
   backend_->decode(layer, items, q, out, stream);
+}
+
+void Cache::append_decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
+                          const void *q, const void *k, const void *v, void *out,
+                          void *stream) {
+  constexpr const char *call = "minikv_append_decode";
+  check_common(call, layer, n_seqs, seq_ids, true);
+  MINIKV_REQUIRE(q && k && v && out, "%s: %s is NULL", call,
+                 !q ? "q" : !k ? "k" : !v ? "v" : "out");
+  check_stream(call, backend_->kind(), stream);
+  check_aligned(call, {{"q", q}, {"k", k}, {"v", v}, {"out", out}});
+  const uint64_t elem = dtype_bytes(cfg_.dtype);
+  const uint64_t q_bytes = uint64_t(n_seqs) * cfg_.num_heads * cfg_.head_dim * elem;
+  const uint64_t kv_bytes = uint64_t(n_seqs) * cfg_.num_kv_heads * cfg_.head_dim * elem;
+  check_disjoint(call, out, q_bytes, {{"q", {q, q_bytes}}, {"k", {k, kv_bytes}}, {"v", {v, kv_bytes}}});
+  check_finite(call, "q", q, n_seqs, cfg_.num_heads, seq_ids, nullptr);
+  check_finite(call, "k", k, n_seqs, cfg_.num_kv_heads, seq_ids, nullptr);
+  check_finite(call, "v", v, n_seqs, cfg_.num_kv_heads, seq_ids, nullptr);
+  plan_append(call, layer, n_seqs, seq_ids);
+  // The views decode reads: each sequence's cache once its token is appended (a flush moves
+  // the full residual into the blocks plan_append took).
+  std::vector<CacheView> &after = decode_items_;
+  after.assign(n_seqs, CacheView());  // within the capacity reserved at create
+  for (uint32_t i = 0; i < n_seqs; ++i) {
+    after[i] = append_items_[i].dst;
+    if (append_items_[i].flush) {
+      after[i].quantized += cfg_.residual_length;
+      after[i].residual = 0;
+    } else {
+      after[i].residual += 1;
+    }
+  }
+  try {
+    backend_->append_decode(layer, append_items_, after, q, k, v, out, stream);
+  } catch (...) {
+    return_append_blocks(layer, n_seqs, seq_ids);
+    throw;
+  }
+  commit_append(layer, n_seqs, seq_ids);
 }
 
 void Cache::release(uint32_t seq_id) {

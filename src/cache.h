@@ -42,6 +42,8 @@ class Cache {
               const void *v, void *stream);
   void decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *q,
               void *out, void *stream);
+  void append_decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids, const void *q,
+                     const void *k, const void *v, void *out, void *stream);
   void release(uint32_t seq_id);
   void sequence_length(uint32_t seq_id, uint32_t layer, uint64_t *seen, uint64_t *cached) const;
   void kept_positions(uint32_t seq_id, uint32_t layer, uint32_t kv_head, int32_t *positions,
@@ -87,6 +89,20 @@ class Cache {
   // tokens of the packed prompts (cu_seqlens given) or the sequences of the batch.
   void check_finite(const char *call, const char *name, const void *data, uint64_t rows,
                     uint32_t heads, const uint32_t *seq_ids, const int32_t *cu_seqlens) const;
+  // `out` (out_bytes) shares no byte with an input tensor (the CUDA kernels of a call read
+  // the inputs while others write out).
+  void check_disjoint(const char *call, const void *out, uint64_t out_bytes,
+                      std::initializer_list<std::pair<const char *, std::pair<const void *, uint64_t>>>
+                          inputs) const;
+  // Plans the append of one token per sequence (append, append_decode) after the argument
+  // checks: fails when a sequence reached max_seq_len or the pool lacks the blocks of the
+  // flushes due, else takes those blocks (append_extra_[i] of them; return_append_blocks
+  // gives them back) and fills append_items_ (each view before the token, new blocks
+  // included).
+  void plan_append(const char *call, uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids);
+  void return_append_blocks(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids) noexcept;
+  // The planned append done: each sequence holds one token more.
+  void commit_append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids) noexcept;
   uint32_t *table(uint32_t seq, uint32_t layer) {
     return tables_.data() + (size_t(seq) * cfg_.num_layers + layer) * spec_.max_blocks_per_seq;
   }

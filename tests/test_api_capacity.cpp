@@ -139,6 +139,16 @@ TEST_CASE("capacity: a flush without a free block changes nothing and succeeds a
   CHECK(minikv_append(p.cache.get(), 0, 2, both, k1.data(), v1.data(), nullptr) ==
         MINIKV_ERR_CAPACITY_EXCEEDED);
   CHECK(p.snapshot() == before);
+  // The combined call neither appends nor writes out.
+  test::Buf q2(kDt, size_t(2) * kH * kD), o2(kDt, size_t(2) * kH * kD);
+  q2.fill_normal(p.rng);
+  o2.fill(7.0);
+  const test::Buf o2_before = o2;
+  CHECK(minikv_append_decode(p.cache.get(), 0, 2, both, q2.data(), k1.data(), v1.data(),
+                             o2.data(), nullptr) == MINIKV_ERR_CAPACITY_EXCEEDED);
+  CHECK(std::string(minikv_last_error_message()).find("minikv_append_decode") != std::string::npos);
+  CHECK(p.snapshot() == before);
+  CHECK(o2.bit_equal(o2_before));
   // Release sequence 1 and retry: the flush happens and decode equals the oracle on the
   // dequantized cache (the failed calls lost or corrupted nothing).
   MKV_REQUIRE_OK(minikv_sequence_release(p.cache.get(), 1));

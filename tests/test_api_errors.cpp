@@ -102,6 +102,8 @@ TEST_CASE("errors: NULL cache handle in every call") {
       {"minikv_prefill", minikv_prefill(nullptr, 0, 1, &seq, cu, buf, buf, buf, buf, nullptr)},
       {"minikv_append", minikv_append(nullptr, 0, 1, &seq, buf, buf, nullptr)},
       {"minikv_decode", minikv_decode(nullptr, 0, 1, &seq, buf, buf, nullptr)},
+      {"minikv_append_decode",
+       minikv_append_decode(nullptr, 0, 1, &seq, buf, buf, buf, buf + 2048, nullptr)},
       {"minikv_sequence_release", minikv_sequence_release(nullptr, 0)},
       {"minikv_sequence_length", minikv_sequence_length(nullptr, 0, 0, &a, &a)},
       {"minikv_kept_positions", minikv_kept_positions(nullptr, 0, 0, 0, nullptr, 0, &count)},
@@ -282,6 +284,77 @@ TEST_CASE("errors: minikv_decode") {
                MINIKV_ERR_BAD_STATE, "not been prefilled");
   EXPECT_FAILS(fx, call, minikv_decode(fx.cache.get(), 1, 1, &seq0, q, o, nullptr),
                MINIKV_ERR_BAD_STATE, "layer 1");
+}
+
+TEST_CASE("errors: minikv_append_decode") {
+  // Every check of append and of decode, all before anything changes: no token appended and
+  // out not written when the call fails.
+  Fixture fx;
+  const uint32_t seq0 = 0, seq1 = 1;
+  void *q = fx.q1.data(), *k = fx.k1.data(), *v = fx.v1.data(), *o = fx.o1.data();
+  const char *call = "minikv_append_decode";
+  fx.o1.fill(7.0);
+  const test::Buf o_before = fx.o1;
+  auto ad = [&](uint32_t layer, uint32_t n, const uint32_t *ids, const void *qq, const void *kk,
+                const void *vv, void *oo, void *stream = nullptr) {
+    return minikv_append_decode(fx.cache.get(), layer, n, ids, qq, kk, vv, oo, stream);
+  };
+  SUBCASE("NULL pointers") {
+    EXPECT_FAILS(fx, call, ad(0, 1, nullptr, q, k, v, o), MINIKV_ERR_INVALID_ARGUMENT, "seq_ids");
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq0, nullptr, k, v, o), MINIKV_ERR_INVALID_ARGUMENT, "q is NULL");
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq0, q, nullptr, v, o), MINIKV_ERR_INVALID_ARGUMENT, "k is NULL");
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq0, q, k, nullptr, o), MINIKV_ERR_INVALID_ARGUMENT, "v is NULL");
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq0, q, k, v, nullptr), MINIKV_ERR_INVALID_ARGUMENT, "out is NULL");
+  }
+  SUBCASE("ids and sizes and stream") {
+    EXPECT_FAILS(fx, call, ad(2, 1, &seq0, q, k, v, o), MINIKV_ERR_INVALID_ARGUMENT, "layer");
+    EXPECT_FAILS(fx, call, ad(0, 0, &seq0, q, k, v, o), MINIKV_ERR_INVALID_ARGUMENT, "n_seqs");
+    const uint32_t bad = kSeqs, dup[2] = {0, 0};
+    EXPECT_FAILS(fx, call, ad(0, 1, &bad, q, k, v, o), MINIKV_ERR_INVALID_ARGUMENT, "seq_ids[0]");
+    EXPECT_FAILS(fx, call, ad(0, 2, dup, q, k, v, o), MINIKV_ERR_INVALID_ARGUMENT, "twice");
+    int dummy = 0;
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq0, q, k, v, o, &dummy), MINIKV_ERR_INVALID_ARGUMENT, "stream");
+  }
+  SUBCASE("before prefill is BAD_STATE (empty slot, other layer, inside a batch)") {
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq1, q, k, v, o), MINIKV_ERR_BAD_STATE, "not been prefilled");
+    EXPECT_FAILS(fx, call, ad(1, 1, &seq0, q, k, v, o), MINIKV_ERR_BAD_STATE, "layer 1");
+    const uint32_t ids[2] = {0, 1};
+    EXPECT_FAILS(fx, call, ad(0, 2, ids, q, k, v, o), MINIKV_ERR_BAD_STATE, "sequence 1");
+  }
+  SUBCASE("out overlapping an input") {
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq0, q, k, v, q), MINIKV_ERR_INVALID_ARGUMENT, "overlaps q");
+    // out's last element is v's first: one shared element is enough.
+    std::vector<float> joined(size_t(kH) * kD + size_t(kHkv) * kD);
+    float *jo = joined.data(), *jv = joined.data() + size_t(kH) * kD - 1;
+    std::memcpy(jv, v, size_t(kHkv) * kD * 4);
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq0, q, k, jv, jo), MINIKV_ERR_INVALID_ARGUMENT, "overlaps v");
+    // Adjacent (out ends where k begins) is fine.
+    float *jk = joined.data() + size_t(kH) * kD;
+    std::memcpy(jk, k, size_t(kHkv) * kD * 4);
+    MKV_REQUIRE_OK(ad(0, 1, &seq0, q, jk, v, jo));
+  }
+  SUBCASE("a non-finite q appends nothing") {
+    test::Buf bad_q = fx.q1;
+    bad_q.set(kD + 5, std::nanf(""));
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq0, bad_q.data(), k, v, o), MINIKV_ERR_INVALID_ARGUMENT,
+                 "q[0][1][5] (seq_id 0, sequence 0, head 1, channel 5) is NaN");
+    test::Buf bad_v = fx.v1;
+    bad_v.set(3, -INFINITY);
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq0, q, k, bad_v.data(), o), MINIKV_ERR_INVALID_ARGUMENT,
+                 "v[0][0][3]");
+  }
+  SUBCASE("misaligned tensors") {
+    auto shifted = [](void *p) { return static_cast<uint8_t *>(p) + 2; };
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq0, shifted(q), k, v, o), MINIKV_ERR_INVALID_ARGUMENT, "q (");
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq0, q, k, v, shifted(o)), MINIKV_ERR_INVALID_ARGUMENT, "out (");
+  }
+  SUBCASE("max_seq_len reached: CAPACITY_EXCEEDED for the whole batch") {
+    // The fixture's max_seq_len is 64 and its prompt 40 tokens: 24 appends fill it.
+    for (int i = 0; i < 24; ++i) MKV_REQUIRE_OK(ad(0, 1, &seq0, q, k, v, o));
+    fx.o1.fill(7.0);
+    EXPECT_FAILS(fx, call, ad(0, 1, &seq0, q, k, v, o), MINIKV_ERR_CAPACITY_EXCEEDED, "max_seq_len");
+  }
+  CHECK(fx.o1.bit_equal(o_before));
 }
 
 TEST_CASE("errors: sequence calls + kept positions + stats") {

@@ -56,6 +56,7 @@
 %minikv_expose(minikv_prefill_chunk)
 %minikv_expose(minikv_append)
 %minikv_expose(minikv_decode)
+%minikv_expose(minikv_append_decode)
 %minikv_expose(minikv_sequence_release)
 %minikv_expose(minikv_sequence_length)
 %minikv_expose(minikv_kept_positions)

@@ -5,7 +5,7 @@
 # The 15 functions of DESIGN.md (0.1.0) plus later additions.
 set(contract
   minikv_cache_backend
-  minikv_append minikv_cache_create minikv_cache_destroy minikv_cache_last_error
+  minikv_append minikv_append_decode minikv_cache_create minikv_cache_destroy minikv_cache_last_error
   minikv_config_default minikv_config_init minikv_config_preset minikv_decode minikv_kept_positions
   minikv_last_error_message
   minikv_memory_stats_get minikv_prefill minikv_prefill_chunk minikv_sequence_length

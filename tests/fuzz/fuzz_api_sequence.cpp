@@ -688,9 +688,11 @@ class Harness {
 
   // Returns the status. `full_check` = false skips the "only the named pairs changed"
   // comparison of a successful call (the generation loop does it every few steps only);
-  // failures are always fully checked.
+  // failures are always fully checked. With `q` (and `out`, rows of the well-formed batch)
+  // the call is minikv_append_decode: the same append, plus q checked before anything changes.
   minikv_status append(fuzz::Input &in, uint32_t fault, uint32_t layer, std::vector<uint32_t> ids,
-                       uint64_t data_seed, bool full_check = true) {
+                       uint64_t data_seed, bool full_check = true,
+                       const std::vector<uint8_t> *q = nullptr, std::vector<uint8_t> *out = nullptr) {
     uint32_t n = static_cast<uint32_t>(ids.size());
     bool null_ids = false, null_k = false, null_v = false;
     void *stream = nullptr;
@@ -728,15 +730,22 @@ class Harness {
     if (well_formed && !(all_finite(k, uint64_t(n) * Hkv_ * D_) && all_finite(v, uint64_t(n) * Hkv_ * D_)))
       faults |= bit(MINIKV_ERR_INVALID_ARGUMENT);
 
+    if (q && well_formed && !all_finite(*q, uint64_t(n) * H_ * D_))
+      faults |= bit(MINIKV_ERR_INVALID_ARGUMENT);
+
+    const char *name = q ? "minikv_append_decode" : "minikv_append";
     full_check = full_check || faults != 0;
     const Snapshot before = full_check ? snapshot() : Snapshot();
-    const minikv_status st = minikv_append(cache_, layer, n, ids_arg, null_k ? nullptr : k.data(),
-                                           null_v ? nullptr : v.data(), stream);
+    const minikv_status st =
+        q ? minikv_append_decode(cache_, layer, n, ids_arg, q->data(), null_k ? nullptr : k.data(),
+                                 null_v ? nullptr : v.data(), out->data(), stream)
+          : minikv_append(cache_, layer, n, ids_arg, null_k ? nullptr : k.data(),
+                          null_v ? nullptr : v.data(), stream);
     if (!full_check) {
-      trace("minikv_append", st);
-      FUZZ_CHECK(st == MINIKV_OK, "op %u: a valid minikv_append returned %s (%s)", op_,
+      trace(name, st);
+      FUZZ_CHECK(st == MINIKV_OK, "op %u: a valid %s returned %s (%s)", op_, name,
                  minikv_status_string(st), minikv_last_error_message());
-    } else if (!check_call("minikv_append", st, faults, before)) {
+    } else if (!check_call(name, st, faults, before)) {
       return st;
     }
     std::vector<bool> touched(pairs_.size(), false);
@@ -751,7 +760,7 @@ class Harness {
       }
       touched[pair_index(ids[i], layer)] = true;
     }
-    if (full_check) compare(before, snapshot(), touched, "a successful minikv_append");
+    if (full_check) compare(before, snapshot(), touched, q ? "a successful minikv_append_decode" : "a successful minikv_append");
     return st;
   }
 
@@ -817,7 +826,8 @@ class Harness {
   }
 
   // Appends one token to, then decodes, every sequence prefilled in each layer, `steps`
-  // times: the engine's generation loop, which fills the residual and forces flushes.
+  // times: the engine's generation loop, which fills the residual and forces flushes. Odd
+  // steps take the combined call, whose output a decode right after must repeat bit for bit.
   void op_generate(fuzz::Input &in, uint32_t steps) {
     const uint64_t seed = in.u32();
     for (uint32_t step = 0; step < steps; ++step) {
@@ -828,10 +838,21 @@ class Harness {
           if (pair(s, layer).prefilled && pair(s, layer).seen() < cfg_.max_seq_len) ids.push_back(s);
         if (ids.empty()) continue;
         any = true;
-        if (append(in, 0, layer, ids, seed + 977ull * step + layer, step % 8 == 0) != MINIKV_OK) continue;
         const uint32_t n = static_cast<uint32_t>(ids.size());
         std::vector<uint8_t> q, out(size_t(n) * H_ * D_ * esize_, 0);
         fill(q, uint64_t(n) * H_ * D_, seed + 31ull * step + layer);
+        if (step % 2 == 1) {
+          if (append(in, 0, layer, ids, seed + 977ull * step + layer, step % 8 == 1, &q, &out) != MINIKV_OK)
+            continue;
+          std::vector<uint8_t> again(out.size(), 0);
+          const minikv_status st = minikv_decode(cache_, layer, n, ids.data(), q.data(), again.data(), nullptr);
+          FUZZ_CHECK(st == MINIKV_OK && again == out,
+                     "op %u: decode after minikv_append_decode: %s, output %s", op_,
+                     minikv_status_string(st), again == out ? "equal" : "differs");
+          check_finite(out, uint64_t(n) * H_ * D_, "append_decode out");
+          continue;
+        }
+        if (append(in, 0, layer, ids, seed + 977ull * step + layer, step % 8 == 0) != MINIKV_OK) continue;
         const minikv_status st = minikv_decode(cache_, layer, n, ids.data(), q.data(), out.data(), nullptr);
         const minikv_status want =
             all_finite(q, uint64_t(n) * H_ * D_) ? MINIKV_OK : MINIKV_ERR_INVALID_ARGUMENT;

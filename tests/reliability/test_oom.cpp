@@ -433,7 +433,7 @@ TEST_SUITE("cpu") {
   TEST_CASE("OOM injection: every allocation of create/prefill/append/decode fails cleanly (F16)") {
     run_oom_suite(MINIKV_DTYPE_F16);
   }
-  TEST_CASE("successful prefill (whole and in chunks) + append + decode + queries allocate nothing") {
+  TEST_CASE("successful prefill (whole and in chunks) + append + decode + append_decode + queries allocate nothing") {
     // The header promises it: everything is reserved at create (the CUDA backend relies on
     // the same host path, so graph capture never meets an allocation).
     minikv_config c;
@@ -472,6 +472,8 @@ TEST_SUITE("cpu") {
         for (uint32_t layer = 0; layer < 2; ++layer) {
           REQUIRE(minikv_append(cache, layer, 3, ids, kv.data(), kv.data(), nullptr) == MINIKV_OK);
           REQUIRE(minikv_decode(cache, layer, 3, ids, q.data(), out.data(), nullptr) == MINIKV_OK);
+          REQUIRE(minikv_append_decode(cache, layer, 3, ids, q.data(), kv.data(), kv.data(),
+                                       out.data(), nullptr) == MINIKV_OK);
         }
       uint64_t seen = 0, cached = 0;
       uint32_t count = 0;
