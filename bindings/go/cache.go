@@ -11,6 +11,7 @@
 //	defer cache.Close()
 //	// per layer: cache.Prefill(layer, seqIDs, cuSeqlens, q, k, v, out)
 //	// per generated token and layer: cache.Append(...); cache.Decode(...)
+//	// (or both in one call: cache.AppendDecode(...))
 //
 // Host memory (the CPU backend) goes through the slice methods: []float32 for DtypeF32, raw bit
 // patterns in []uint16 for DtypeF16/DtypeBF16 (see F16Bits, BF16Bits). Device memory
@@ -187,6 +188,24 @@ func (c *Cache) Decode16(layer int, seqIDs []uint32, q, out []uint16) error {
 		func() { runtime.KeepAlive(q); runtime.KeepAlive(out) })
 }
 
+// AppendDecode is the engine's step for one layer in one call: Append(layer, seqIDs, k, v)
+// then Decode(layer, seqIDs, q, out), with the same result bit for bit, checked as one call
+// (a failure appends nothing and leaves out unwritten). q, out are [len(seqIDs), NumHeads,
+// HeadDim], k, v [len(seqIDs), NumKVHeads, HeadDim]; out may not overlap an input.
+// DtypeF32 only; see AppendDecode16.
+func (c *Cache) AppendDecode(layer int, seqIDs []uint32, q, k, v, out []float32) error {
+	return c.appendDecodeHost("AppendDecode", DtypeF32, layer, seqIDs, len(q), len(k), len(v), len(out),
+		f32addr(q), f32addr(k), f32addr(v), f32addr(out),
+		func() { runtime.KeepAlive(q); runtime.KeepAlive(k); runtime.KeepAlive(v); runtime.KeepAlive(out) })
+}
+
+// AppendDecode16 is AppendDecode for DtypeF16 and DtypeBF16.
+func (c *Cache) AppendDecode16(layer int, seqIDs []uint32, q, k, v, out []uint16) error {
+	return c.appendDecodeHost("AppendDecode16", 0, layer, seqIDs, len(q), len(k), len(v), len(out),
+		u16addr(q), u16addr(k), u16addr(v), u16addr(out),
+		func() { runtime.KeepAlive(q); runtime.KeepAlive(k); runtime.KeepAlive(v); runtime.KeepAlive(out) })
+}
+
 // ---- device memory (BackendCUDA) -------------------------------------------------------
 
 // PrefillDevice is Prefill with device addresses (of q, k, v, out in cfg.Dtype) and a
@@ -238,6 +257,17 @@ func (c *Cache) DecodeDevice(layer int, seqIDs []uint32, q, out, stream uintptr)
 		return err
 	}
 	return convert(capi.Decode(c.h, uint(layer), seqIDs, q, out, stream))
+}
+
+// AppendDecodeDevice is AppendDecode with device addresses and a stream (asynchronous): with
+// CUDA one kernel launch where no sequence's residual becomes full with this token.
+func (c *Cache) AppendDecodeDevice(layer int, seqIDs []uint32, q, k, v, out, stream uintptr) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.check("AppendDecodeDevice", layer, seqIDs); err != nil {
+		return err
+	}
+	return convert(capi.Append_decode(c.h, uint(layer), seqIDs, q, k, v, out, stream))
 }
 
 // ---- sequences and statistics ----------------------------------------------------------
@@ -472,6 +502,25 @@ func (c *Cache) decodeHost(method string, dtype Dtype, layer int, seqIDs []uint3
 		return err
 	}
 	return convert(capi.Decode(c.h, uint(layer), seqIDs, q, out, 0))
+}
+
+func (c *Cache) appendDecodeHost(method string, dtype Dtype, layer int, seqIDs []uint32,
+	nq, nk, nv, nout int, q, k, v, out uintptr, keepAlive func()) error {
+	defer keepAlive()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.hostCall(method, dtype == DtypeF32, layer, seqIDs); err != nil {
+		return err
+	}
+	hq := len(seqIDs) * int(c.cfg.NumHeads) * int(c.cfg.HeadDim)
+	hkv := len(seqIDs) * int(c.cfg.NumKVHeads) * int(c.cfg.HeadDim)
+	for _, e := range []error{checkLen(method, "q", nq, hq), checkLen(method, "k", nk, hkv),
+		checkLen(method, "v", nv, hkv), checkLen(method, "out", nout, hq)} {
+		if e != nil {
+			return e
+		}
+	}
+	return convert(capi.Append_decode(c.h, uint(layer), seqIDs, q, k, v, out, 0))
 }
 
 // Host slices are passed to C as addresses (the same path as device memory). That is safe

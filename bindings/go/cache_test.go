@@ -1059,3 +1059,104 @@ func TestPrefillChunk(t *testing.T) {
 		t.Fatalf("nil promptLens: %v", err)
 	}
 }
+
+// AppendDecode equals Append then Decode bit for bit (quantized cache, GQA, flushes, F32 and
+// F16), and a failing AppendDecode appends nothing.
+func TestAppendDecodeEqualsAppendThenDecode(t *testing.T) {
+	for _, dtype := range []minikv.Dtype{minikv.DtypeF32, minikv.DtypeF16} {
+		cfg := exactConfig(dtype)
+		if err := cfg.ApplyPreset(minikv.PresetBalanced); err != nil {
+			t.Fatal(err)
+		}
+		cfg.GroupSize, cfg.ResidualLength = 16, 16
+		fused, split := mustNew(t, cfg), mustNew(t, cfg)
+		rng := rand.New(rand.NewSource(31))
+		ids, cu := []uint32{2, 0}, []int32{0, 70, 101}
+		for layer := 0; layer < tLayers; layer++ {
+			q, _ := tensor(rng, 101*tH*tD, identity)
+			k, _ := tensor(rng, 101*tHkv*tD, identity)
+			v, _ := tensor(rng, 101*tHkv*tD, identity)
+			for _, c := range []*minikv.Cache{fused, split} {
+				var err error
+				if dtype == minikv.DtypeF32 {
+					err = c.Prefill(layer, ids, cu, q, k, v, make([]float32, 101*tH*tD))
+				} else {
+					err = c.Prefill16(layer, ids, cu, minikv.F16BitsSlice(q), minikv.F16BitsSlice(k),
+						minikv.F16BitsSlice(v), make([]uint16, 101*tH*tD))
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for step := 0; step < 40; step++ { // 40 > ResidualLength: flushes
+			for layer := 0; layer < tLayers; layer++ {
+				q, _ := tensor(rng, 2*tH*tD, identity)
+				k, _ := tensor(rng, 2*tHkv*tD, identity)
+				v, _ := tensor(rng, 2*tHkv*tD, identity)
+				var same bool
+				if dtype == minikv.DtypeF32 {
+					a, b := make([]float32, 2*tH*tD), make([]float32, 2*tH*tD)
+					if err := fused.AppendDecode(layer, ids, q, k, v, a); err != nil {
+						t.Fatal(err)
+					}
+					if err := split.Append(layer, ids, k, v); err != nil {
+						t.Fatal(err)
+					}
+					if err := split.Decode(layer, ids, q, b); err != nil {
+						t.Fatal(err)
+					}
+					same = len(a) == len(b)
+					for i := range a {
+						same = same && math.Float32bits(a[i]) == math.Float32bits(b[i])
+					}
+				} else {
+					qh, kh, vh := minikv.F16BitsSlice(q), minikv.F16BitsSlice(k), minikv.F16BitsSlice(v)
+					a, b := make([]uint16, 2*tH*tD), make([]uint16, 2*tH*tD)
+					if err := fused.AppendDecode16(layer, ids, qh, kh, vh, a); err != nil {
+						t.Fatal(err)
+					}
+					if err := split.Append16(layer, ids, kh, vh); err != nil {
+						t.Fatal(err)
+					}
+					if err := split.Decode16(layer, ids, qh, b); err != nil {
+						t.Fatal(err)
+					}
+					same = len(a) == len(b)
+					for i := range a {
+						same = same && a[i] == b[i]
+					}
+				}
+				if !same {
+					t.Fatalf("dtype %v step %d layer %d: AppendDecode differs from Append + Decode", dtype, step, layer)
+				}
+			}
+		}
+		// A NaN in q fails the whole call: no token appended.
+		seenBefore, _, _ := fused.SequenceLength(0, 0)
+		q, _ := tensor(rng, 2*tH*tD, identity)
+		k, _ := tensor(rng, 2*tHkv*tD, identity)
+		q[5] = float32(math.NaN())
+		var err error
+		if dtype == minikv.DtypeF32 {
+			err = fused.AppendDecode(0, ids, q, k, k, make([]float32, 2*tH*tD))
+		} else {
+			err = fused.AppendDecode16(0, ids, minikv.F16BitsSlice(q), minikv.F16BitsSlice(k),
+				minikv.F16BitsSlice(k), make([]uint16, 2*tH*tD))
+		}
+		if !errors.Is(err, minikv.ErrInvalidArgument) || !strings.Contains(err.Error(), "minikv_append_decode") {
+			t.Fatalf("AppendDecode with a NaN query: %v", err)
+		}
+		if seenAfter, _, _ := fused.SequenceLength(0, 0); seenAfter != seenBefore {
+			t.Fatalf("a failed AppendDecode appended: %d -> %d positions", seenBefore, seenAfter)
+		}
+		if dtype == minikv.DtypeF32 { // the binding's own length check
+			err := fused.AppendDecode(0, ids, q[:3], k, k, make([]float32, 2*tH*tD))
+			if !errors.Is(err, minikv.ErrInvalidArgument) || !strings.Contains(err.Error(), "len(q) is 3") {
+				t.Fatalf("AppendDecode with a short q: %v", err)
+			}
+		}
+		fused.Close()
+		split.Close()
+	}
+}

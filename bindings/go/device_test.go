@@ -284,3 +284,51 @@ func TestDeviceMatchesCPU(t *testing.T) {
 	}
 	t.Logf("largest |CUDA - CPU| decode difference over 150 steps: %.3g; compression %.4f", worst, g.CompressionRatio)
 }
+
+// AppendDecodeDevice (one launch where no flush is due) equals AppendDevice then
+// DecodeDevice on another cache bit for bit, across flushes (R = 16).
+func TestDeviceAppendDecode(t *testing.T) {
+	cfg := minikv.DefaultConfig()
+	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = 1, 8, 2, 64
+	cfg.MaxSequences, cfg.MaxSeqLen, cfg.GroupSize, cfg.ResidualLength = 2, 400, 16, 16
+	fused, split := needCUDA(t, cfg), needCUDA(t, cfg)
+	defer fused.Close()
+	defer split.Close()
+	rng := rand.New(rand.NewSource(13))
+	seqs, cu := []uint32{1, 0}, []int32{0, 150, 250}
+	q, _ := f16Tensor(rng, 250*8*64)
+	k, _ := f16Tensor(rng, 250*2*64)
+	dq, dk, dv, dout := upload(t, q), upload(t, k), upload(t, k), newDev(t, 250*8*64)
+	for _, c := range []*minikv.Cache{fused, split} {
+		if err := c.PrefillDevice(0, seqs, cu, dq.ptr, dk.ptr, dv.ptr, dout.ptr, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range []*devBuf{dq, dk, dv, dout} {
+		b.free()
+	}
+	for step := 0; step < 40; step++ {
+		q, _ := f16Tensor(rng, 2*8*64)
+		k, _ := f16Tensor(rng, 2*2*64)
+		v, _ := f16Tensor(rng, 2*2*64)
+		dq, dk, dv, da, db := upload(t, q), upload(t, k), upload(t, v), newDev(t, 2*8*64), newDev(t, 2*8*64)
+		if err := fused.AppendDecodeDevice(0, seqs, dq.ptr, dk.ptr, dv.ptr, da.ptr, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := split.AppendDevice(0, seqs, dk.ptr, dv.ptr, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := split.DecodeDevice(0, seqs, dq.ptr, db.ptr, 0); err != nil {
+			t.Fatal(err)
+		}
+		a, b := da.host(), db.host()
+		for i := range a {
+			if a[i] != b[i] {
+				t.Fatalf("step %d element %d: AppendDecodeDevice %#04x, AppendDevice + DecodeDevice %#04x", step, i, a[i], b[i])
+			}
+		}
+		for _, x := range []*devBuf{dq, dk, dv, da, db} {
+			x.free()
+		}
+	}
+}

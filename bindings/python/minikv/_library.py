@@ -111,6 +111,8 @@ def _declare(lib: ctypes.CDLL) -> None:
                                    c_void_p]),
         "minikv_decode": (status, [c_void_p, c_u32, c_u32, P(c_u32), c_void_p, c_void_p,
                                    c_void_p]),
+        "minikv_append_decode": (status, [c_void_p, c_u32, c_u32, P(c_u32), c_void_p,
+                                          c_void_p, c_void_p, c_void_p, c_void_p]),
         "minikv_sequence_release": (status, [c_void_p, c_u32]),
         "minikv_sequence_length": (status, [c_void_p, c_u32, c_u32, P(c_u64), P(c_u64)]),
         "minikv_kept_positions": (status, [c_void_p, c_u32, c_u32, c_u32, P(c_i32), c_u32,

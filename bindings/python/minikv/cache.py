@@ -285,6 +285,31 @@ class Cache:
                                                 tq.ptr, to.ptr, stream_ptr))
         return out
 
+    def append_decode(self, layer: int, seq_ids: SeqIds, q: Any, k: Any, v: Any,
+                      out: Any = None, stream: Any = None) -> Any:
+        """The engine's step for one layer in one call: `append(layer, seq_ids, k, v)` then
+        `decode(layer, seq_ids, q, out)`, with the same result bit for bit, checked as one
+        call (a failure appends nothing and leaves `out` unwritten). With CUDA: one kernel
+        launch where no sequence's residual becomes full. Returns `out` (allocated when
+        None)."""
+        handle = self._live()
+        c = self._config
+        ids = _u32_array(seq_ids, "seq_ids")
+        q_shape = (len(ids), c.num_heads, c.head_dim)
+        kv_shape = (len(ids), c.num_kv_heads, c.head_dim)
+        stream_ptr, stream_ctx = T.resolve_stream(stream, c.backend, c.device_id)
+        with stream_ctx:
+            tq = self._tensor(q, "q", q_shape, "[n_seqs, num_heads, head_dim]")
+            tk = self._tensor(k, "k", kv_shape, "[n_seqs, num_kv_heads, head_dim]")
+            tv = self._tensor(v, "v", kv_shape, "[n_seqs, num_kv_heads, head_dim]")
+            if out is None:
+                out = T.empty_like(q, q_shape)
+            to = self._tensor(out, "out", q_shape, "[n_seqs, num_heads, head_dim]", writable=True)
+            T.check_no_overlap(to, [("q", tq), ("k", tk), ("v", tv)])
+            self._check(self._lib.minikv_append_decode(handle, self._layer(layer), len(ids), ids,
+                                                       tq.ptr, tk.ptr, tv.ptr, to.ptr, stream_ptr))
+        return out
+
     # ---- sequences and statistics --------------------------------------------------------
     def release(self, seq_id: int) -> None:
         """Frees every block of `seq_id` (all layers), and the staging of a prompt still

@@ -146,3 +146,47 @@ def test_lifecycle_exact(rng, dtype):
         assert "already prefilled" in e.value.message
         decode_steps(cache, rng, dtype, [2], 2, hist)
     assert cache.closed
+
+
+@pytest.mark.parametrize("dtype", [minikv.DType.F32, minikv.DType.F16])
+def test_append_decode_equals_append_then_decode(rng, dtype):
+    """append_decode gives the bytes of append + decode (quantized cache, GQA, flushes, a
+    ragged batch in shuffled order); a failing call appends nothing and leaves out alone."""
+    npt = NP_DTYPES[dtype]
+    cfg = dict(dtype=dtype, num_layers=LAYERS, num_heads=H, num_kv_heads=HKV, head_dim=D,
+               max_sequences=4, max_seq_len=160, residual_length=R)
+    with cpu_cache(**cfg) as fused, cpu_cache(**cfg) as split:
+        seq_ids, lengths = [2, 0, 3], [37, 5, 64]
+        cu = minikv.cu_seqlens_from_lengths(lengths)
+        for layer in range(LAYERS):
+            q = rng.standard_normal((sum(lengths), H, D)).astype(npt)
+            k = rng.standard_normal((sum(lengths), HKV, D)).astype(npt)
+            v = rng.standard_normal((sum(lengths), HKV, D)).astype(npt)
+            fused.prefill(layer, seq_ids, cu, q, k, v)
+            split.prefill(layer, seq_ids, cu, q, k, v)
+        for step in range(40):  # R = 16: flushes
+            batch = list(rng.permutation(seq_ids)[:1 + step % 3])
+            n = len(batch)
+            for layer in range(LAYERS):
+                q = rng.standard_normal((n, H, D)).astype(npt)
+                k = rng.standard_normal((n, HKV, D)).astype(npt)
+                v = rng.standard_normal((n, HKV, D)).astype(npt)
+                got = fused.append_decode(layer, batch, q, k, v)
+                split.append(layer, batch, k, v)
+                want = split.decode(layer, batch, q)
+                assert got.dtype == npt and got.tobytes() == want.tobytes(), f"step {step} layer {layer}"
+        for s in seq_ids:
+            assert tuple(fused.sequence_length(s, 1)) == tuple(split.sequence_length(s, 1))
+
+        before = tuple(fused.sequence_length(0, 0))
+        q = rng.standard_normal((1, H, D)).astype(npt)
+        k = rng.standard_normal((1, HKV, D)).astype(npt)
+        q[0, 1, 2] = np.nan
+        out = np.full((1, H, D), 7, npt)
+        with pytest.raises(minikv.MinikvError) as e:
+            fused.append_decode(0, [0], q, k, k, out)
+        assert e.value.status == minikv.Status.INVALID_ARGUMENT and "minikv_append_decode" in str(e.value)
+        assert tuple(fused.sequence_length(0, 0)) == before
+        assert (out == 7).all()
+        with pytest.raises(ValueError, match="out overlaps q"):
+            fused.append_decode(0, [0], q, k, k, q)

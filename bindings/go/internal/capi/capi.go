@@ -55,11 +55,11 @@ typedef _goslice_ swig_type_21;
 typedef _gostring_ swig_type_22;
 typedef _goslice_ swig_type_23;
 typedef _gostring_ swig_type_24;
-typedef _gostring_ swig_type_25;
+typedef _goslice_ swig_type_25;
 typedef _gostring_ swig_type_26;
-typedef _goslice_ swig_type_27;
-typedef long long swig_type_28;
-typedef long long swig_type_29;
+typedef _gostring_ swig_type_27;
+typedef _gostring_ swig_type_28;
+typedef _goslice_ swig_type_29;
 typedef long long swig_type_30;
 typedef long long swig_type_31;
 typedef long long swig_type_32;
@@ -70,7 +70,9 @@ typedef long long swig_type_36;
 typedef long long swig_type_37;
 typedef long long swig_type_38;
 typedef long long swig_type_39;
-typedef _gostring_ swig_type_40;
+typedef long long swig_type_40;
+typedef long long swig_type_41;
+typedef _gostring_ swig_type_42;
 extern void _wrap_Swig_free_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_capi_68e625ddbd40b45d(swig_intgo arg1);
 extern void _wrap_delete_CacheHandle_capi_68e625ddbd40b45d(uintptr_t arg1);
@@ -162,28 +164,29 @@ extern swig_type_13 _wrap_prefill_capi_68e625ddbd40b45d(uintptr_t arg1, swig_int
 extern swig_type_16 _wrap_prefill_chunk_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_17 arg3, swig_type_18 arg4, swig_type_19 arg5, uintptr_t arg6, uintptr_t arg7, uintptr_t arg8, uintptr_t arg9, uintptr_t arg10);
 extern swig_type_20 _wrap_append_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_21 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6);
 extern swig_type_22 _wrap_decode_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_23 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6);
-extern swig_type_24 _wrap_sequence_release_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
-extern swig_type_25 _wrap_sequence_length_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_intgo arg3, swig_voidp arg4, swig_voidp arg5);
-extern swig_type_26 _wrap_kept_positions_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_intgo arg3, swig_intgo arg4, swig_type_27 arg5, swig_voidp arg6);
+extern swig_type_24 _wrap_append_decode_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_type_25 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6, uintptr_t arg7, uintptr_t arg8);
+extern swig_type_26 _wrap_sequence_release_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
+extern swig_type_27 _wrap_sequence_length_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_intgo arg3, swig_voidp arg4, swig_voidp arg5);
+extern swig_type_28 _wrap_kept_positions_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2, swig_intgo arg3, swig_intgo arg4, swig_type_29 arg5, swig_voidp arg6);
 extern void _wrap_MemoryStatsStruct_struct_size_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_MemoryStatsStruct_struct_size_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_pool_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_28 arg2);
-extern swig_type_29 _wrap_MemoryStatsStruct_pool_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_used_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_30 arg2);
-extern swig_type_31 _wrap_MemoryStatsStruct_used_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_workspace_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_32 arg2);
-extern swig_type_33 _wrap_MemoryStatsStruct_workspace_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_tokens_seen_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_34 arg2);
-extern swig_type_35 _wrap_MemoryStatsStruct_tokens_seen_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_tokens_cached_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_36 arg2);
-extern swig_type_37 _wrap_MemoryStatsStruct_tokens_cached_get_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern void _wrap_MemoryStatsStruct_fp16_equivalent_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_38 arg2);
-extern swig_type_39 _wrap_MemoryStatsStruct_fp16_equivalent_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_pool_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_30 arg2);
+extern swig_type_31 _wrap_MemoryStatsStruct_pool_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_used_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_32 arg2);
+extern swig_type_33 _wrap_MemoryStatsStruct_used_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_workspace_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_34 arg2);
+extern swig_type_35 _wrap_MemoryStatsStruct_workspace_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_tokens_seen_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_36 arg2);
+extern swig_type_37 _wrap_MemoryStatsStruct_tokens_seen_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_tokens_cached_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_38 arg2);
+extern swig_type_39 _wrap_MemoryStatsStruct_tokens_cached_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_MemoryStatsStruct_fp16_equivalent_bytes_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_40 arg2);
+extern swig_type_41 _wrap_MemoryStatsStruct_fp16_equivalent_bytes_get_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern void _wrap_MemoryStatsStruct_compression_ratio_set_capi_68e625ddbd40b45d(uintptr_t arg1, double arg2);
 extern double _wrap_MemoryStatsStruct_compression_ratio_get_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern uintptr_t _wrap_new_MemoryStatsStruct_capi_68e625ddbd40b45d(void);
 extern void _wrap_delete_MemoryStatsStruct_capi_68e625ddbd40b45d(uintptr_t arg1);
-extern swig_type_40 _wrap_memory_stats_get_capi_68e625ddbd40b45d(uintptr_t arg1, uintptr_t arg2);
+extern swig_type_42 _wrap_memory_stats_get_capi_68e625ddbd40b45d(uintptr_t arg1, uintptr_t arg2);
 #undef intgo
 */
 import "C"
@@ -1061,6 +1064,26 @@ func Decode(arg1 CacheHandle, arg2 uint, arg3 []uint32, arg4 uintptr, arg5 uintp
 	return swig_r_1
 }
 
+func Append_decode(arg1 CacheHandle, arg2 uint, arg3 []uint32, arg4 uintptr, arg5 uintptr, arg6 uintptr, arg7 uintptr, arg8 uintptr) (_swig_ret error) {
+	var swig_r string
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	_swig_i_2 := arg3
+	_swig_i_3 := arg4
+	_swig_i_4 := arg5
+	_swig_i_5 := arg6
+	_swig_i_6 := arg7
+	_swig_i_7 := arg8
+	swig_r_p := C._wrap_append_decode_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), *(*C.swig_type_25)(unsafe.Pointer(&_swig_i_2)), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.uintptr_t(_swig_i_6), C.uintptr_t(_swig_i_7))
+	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
+	if Swig_escape_always_false {
+		Swig_escape_val = arg3
+	}
+	var swig_r_1 error
+	swig_r_1 = swigStatusError(swig_r)
+	return swig_r_1
+}
+
 func Sequence_release(arg1 CacheHandle, arg2 uint) (_swig_ret error) {
 	var swig_r string
 	_swig_i_0 := getSwigcptr(arg1)
@@ -1094,7 +1117,7 @@ func Kept_positions(arg1 CacheHandle, arg2 uint, arg3 uint, arg4 uint, arg5 []in
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
-	swig_r_p := C._wrap_kept_positions_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_intgo(_swig_i_3), *(*C.swig_type_27)(unsafe.Pointer(&_swig_i_4)), C.swig_voidp(_swig_i_5))
+	swig_r_p := C._wrap_kept_positions_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_intgo(_swig_i_3), *(*C.swig_type_29)(unsafe.Pointer(&_swig_i_4)), C.swig_voidp(_swig_i_5))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg5
@@ -1129,7 +1152,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetStruct_size() (_swig_ret uint) {
 func (arg1 SwigcptrMemoryStatsStruct) SetPool_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_pool_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_28(_swig_i_1))
+	C._wrap_MemoryStatsStruct_pool_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_30(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetPool_bytes() (_swig_ret uint64) {
@@ -1142,7 +1165,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetPool_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetUsed_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_used_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_30(_swig_i_1))
+	C._wrap_MemoryStatsStruct_used_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_32(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetUsed_bytes() (_swig_ret uint64) {
@@ -1155,7 +1178,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetUsed_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetWorkspace_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_workspace_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_32(_swig_i_1))
+	C._wrap_MemoryStatsStruct_workspace_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_34(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetWorkspace_bytes() (_swig_ret uint64) {
@@ -1168,7 +1191,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetWorkspace_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetTokens_seen(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_tokens_seen_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_34(_swig_i_1))
+	C._wrap_MemoryStatsStruct_tokens_seen_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_36(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetTokens_seen() (_swig_ret uint64) {
@@ -1181,7 +1204,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetTokens_seen() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetTokens_cached(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_tokens_cached_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_36(_swig_i_1))
+	C._wrap_MemoryStatsStruct_tokens_cached_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_38(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetTokens_cached() (_swig_ret uint64) {
@@ -1194,7 +1217,7 @@ func (arg1 SwigcptrMemoryStatsStruct) GetTokens_cached() (_swig_ret uint64) {
 func (arg1 SwigcptrMemoryStatsStruct) SetFp16_equivalent_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_MemoryStatsStruct_fp16_equivalent_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_38(_swig_i_1))
+	C._wrap_MemoryStatsStruct_fp16_equivalent_bytes_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_type_40(_swig_i_1))
 }
 
 func (arg1 SwigcptrMemoryStatsStruct) GetFp16_equivalent_bytes() (_swig_ret uint64) {

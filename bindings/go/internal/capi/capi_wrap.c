@@ -1565,6 +1565,57 @@ _gostring_ _wrap_decode_capi_68e625ddbd40b45d(struct minikv_cache *_swig_go_0, i
 }
 
 
+_gostring_ _wrap_append_decode_capi_68e625ddbd40b45d(struct minikv_cache *_swig_go_0, intgo _swig_go_1, _goslice_ _swig_go_2, void *_swig_go_3, void *_swig_go_4, void *_swig_go_5, void *_swig_go_6, void *_swig_go_7) {
+  minikv_cache *arg1 = (minikv_cache *) 0 ;
+  uint32_t arg2 ;
+  uint32_t arg3 ;
+  uint32_t *arg4 = (uint32_t *) 0 ;
+  void *arg5 = (void *) 0 ;
+  void *arg6 = (void *) 0 ;
+  void *arg7 = (void *) 0 ;
+  void *arg8 = (void *) 0 ;
+  void *arg9 = (void *) 0 ;
+  minikv_status result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = *(minikv_cache **)&_swig_go_0; 
+  arg2 = (uint32_t)_swig_go_1; 
+  
+  arg4 = (uint32_t *)_swig_go_2.array;
+  arg3 = (uint32_t)_swig_go_2.len;
+  
+  arg5 = *(void **)&_swig_go_3; 
+  arg6 = *(void **)&_swig_go_4; 
+  arg7 = *(void **)&_swig_go_5; 
+  arg8 = *(void **)&_swig_go_6; 
+  arg9 = *(void **)&_swig_go_7; 
+  
+  result = (minikv_status)minikv_append_decode(arg1,arg2,arg3,(unsigned int const *)arg4,(void const *)arg5,(void const *)arg6,(void const *)arg7,arg8,arg9);
+  
+  if (result == MINIKV_OK) {
+    _swig_go_result.p = NULL;
+    _swig_go_result.n = 0;
+  } else {
+    const char *msg = minikv_last_error_message();
+    const size_t len = strlen(msg);
+    char *buf = (char *)malloc(len + 2);
+    if (buf) {
+      buf[0] = (char)result;
+      buf[1] = 1;
+      memcpy(buf + 2, msg, len);
+      _swig_go_result.p = buf;
+      _swig_go_result.n = (intgo)(len + 2);
+    } else {
+      const unsigned s = (unsigned)result < 9 ? (unsigned)result : 8;
+      _swig_go_result.p = (char *)minikv_swig_static_errors[s];
+      _swig_go_result.n = 2;
+    }
+  }
+  
+  return _swig_go_result;
+}
+
+
 _gostring_ _wrap_sequence_release_capi_68e625ddbd40b45d(struct minikv_cache *_swig_go_0, intgo _swig_go_1) {
   minikv_cache *arg1 = (minikv_cache *) 0 ;
   uint32_t arg2 ;

@@ -830,6 +830,44 @@ extern "C" {
     ) -> minikv_status;
 }
 extern "C" {
+    #[doc = " METHOD: the engine's step for one layer in one call: appends each sequence's new token"]
+    #[doc = "  K/V, then computes its query's attention over the cache including that token. The"]
+    #[doc = "  result, in `out` and in the cache, is exactly that of minikv_append(cache, layer, n_seqs,"]
+    #[doc = "  seq_ids, k, v, stream) followed by minikv_decode(cache, layer, n_seqs, seq_ids, q, out,"]
+    #[doc = "  stream): bit for bit, with either backend. What it saves is host work and, with CUDA,"]
+    #[doc = "  launches: one kernel launch when no sequence's residual becomes full with this token"]
+    #[doc = "  (the decode kernels read the new rows straight from k and v and store them as they go);"]
+    #[doc = "  where some do, their flush runs first, so at most one launch more."]
+    #[doc = "  @param layer      in [0, num_layers), prefilled for every sequence of the batch."]
+    #[doc = "  @param n_seqs     >= 1 sequences; seq_ids: host [n_seqs], distinct slots."]
+    #[doc = "  @param q,out      backend memory [n_seqs, num_heads, head_dim] (decode's layout)."]
+    #[doc = "  @param k,v        backend memory [n_seqs, num_kv_heads, head_dim] (append's layout)."]
+    #[doc = "                    Read only; out may not overlap q, k or v."]
+    #[doc = "  @param stream     cudaStream_t or NULL (must be NULL for the CPU backend)."]
+    #[doc = "  Ownership: every buffer stays the caller's; with CUDA the call is asynchronous and the"]
+    #[doc = "  buffers must stay valid until the queued work has run. Threading: as every call on a"]
+    #[doc = "  handle (see \"Threading\")."]
+    #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (NULL pointer, bad id or layer, a repeated"]
+    #[doc = "          seq_id, a misaligned tensor, out overlapping an input, a non-finite q/k/v with"]
+    #[doc = "          the CPU backend); MINIKV_ERR_BAD_STATE (layer not prefilled for a sequence, or"]
+    #[doc = "          the handle in use by another thread's call); MINIKV_ERR_CAPACITY_EXCEEDED (a"]
+    #[doc = "          flush needs a block and the pool has none, or a sequence reached max_seq_len);"]
+    #[doc = "          MINIKV_ERR_DEVICE. Everything is checked before anything changes: on failure no"]
+    #[doc = "          sequence changes (no partial append) and out is not written. Allocates nothing;"]
+    #[doc = "          with CUDA it never synchronizes the host (CUDA-graph capturable)."]
+    pub fn minikv_append_decode(
+        cache: *mut minikv_cache,
+        layer: u32,
+        n_seqs: u32,
+        seq_ids: *const u32,
+        q: *const core::ffi::c_void,
+        k: *const core::ffi::c_void,
+        v: *const core::ffi::c_void,
+        out: *mut core::ffi::c_void,
+        stream: *mut core::ffi::c_void,
+    ) -> minikv_status;
+}
+extern "C" {
     #[doc = " METHOD: frees every block of sequence `seq_id` (all layers), and the staging rows and"]
     #[doc = "  reserved blocks of a prompt still mid-way through minikv_prefill_chunk (the prompt is"]
     #[doc = "  abandoned); the slot can then take a new prompt. Releasing an empty slot is a no-op. For CUDA, queue the release after the"]

@@ -302,6 +302,42 @@ impl KvCache {
         }
     }
 
+    /// The engine's step for one layer in one call (`minikv_append_decode`): what
+    /// [`append`](Self::append) of `k`, `v` and then [`decode`](Self::decode) of `q` into
+    /// `out` do, with the same result bit for bit, checked as one call: on error no token
+    /// was appended and `out` was not written. `q.len() == out.len() == n_seqs * num_heads *
+    /// head_dim`, `k.len() == v.len() == n_seqs * num_kv_heads * head_dim`.
+    pub fn append_decode<T: Element>(
+        &mut self,
+        layer: u32,
+        seq_ids: &[u32],
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        out: &mut [T],
+    ) -> Result<()> {
+        const CALL: &str = "minikv_append_decode";
+        self.check_host::<T>(CALL)?;
+        let (qo, kv) = (self.q_row(), self.kv_row());
+        check_len(CALL, "q", q.len(), seq_ids.len(), qo)?;
+        check_len(CALL, "k", k.len(), seq_ids.len(), kv)?;
+        check_len(CALL, "v", v.len(), seq_ids.len(), kv)?;
+        check_len(CALL, "out", out.len(), seq_ids.len(), qo)?;
+        // SAFETY: host slices of the checked sizes on a CPU cache; `out` is exclusive, so it
+        // overlaps no input.
+        unsafe {
+            self.append_decode_raw(
+                layer,
+                seq_ids,
+                q.as_ptr().cast(),
+                k.as_ptr().cast(),
+                v.as_ptr().cast(),
+                out.as_mut_ptr().cast(),
+                ptr::null_mut(),
+            )
+        }
+    }
+
     // ---- the compute calls over raw (device) pointers --------------------------------
 
     /// [`prefill`](Self::prefill) over raw pointers in the backend's memory space: device
@@ -432,6 +468,42 @@ impl KvCache {
         let n = n_seqs("minikv_decode", seq_ids)?;
         let status =
             sys::minikv_decode(self.raw.as_ptr(), layer, n, seq_ids.as_ptr(), q, out, stream);
+        self.check(status)
+    }
+
+    /// [`append_decode`](Self::append_decode) over raw pointers in the backend's memory
+    /// space. With CUDA it is one kernel launch where no sequence's residual becomes full.
+    ///
+    /// # Safety
+    /// - `q`, `out` point to `seq_ids.len() * num_heads * head_dim` elements and `k`, `v` to
+    ///   `seq_ids.len() * num_kv_heads * head_dim` elements of the cache's dtype in the
+    ///   memory space of the cache's backend (the library refuses an `out` overlapping an
+    ///   input).
+    /// - `stream` is a valid `cudaStream_t` of the cache's device or NULL; NULL for CPU.
+    /// - The inputs stay valid, and `out` unread, until the work queued on `stream` has run.
+    #[allow(clippy::too_many_arguments)] // mirrors the C call
+    pub unsafe fn append_decode_raw(
+        &mut self,
+        layer: u32,
+        seq_ids: &[u32],
+        q: *const c_void,
+        k: *const c_void,
+        v: *const c_void,
+        out: *mut c_void,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let n = n_seqs("minikv_append_decode", seq_ids)?;
+        let status = sys::minikv_append_decode(
+            self.raw.as_ptr(),
+            layer,
+            n,
+            seq_ids.as_ptr(),
+            q,
+            k,
+            v,
+            out,
+            stream,
+        );
         self.check(status)
     }
 

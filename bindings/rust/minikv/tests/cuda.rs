@@ -341,3 +341,79 @@ fn cuda_and_cpu_agree_with_the_defaults() {
         );
     }
 }
+
+#[test]
+fn cuda_append_decode_raw_equals_append_then_decode() {
+    // One launch where no flush is due, append then decode where one is (R = 16): either
+    // way the same bytes as append_raw + decode_raw on a second cache.
+    let Some(cuda) = load_cuda() else { return };
+    let mut cfg = Config::new(1, D.heads as u32, D.kv_heads as u32, D.head_dim as u32);
+    cfg.backend = Backend::Cuda;
+    cfg.dtype = Dtype::F16;
+    cfg.max_sequences = 2;
+    cfg.max_seq_len = 256;
+    (cfg.group_size, cfg.residual_length) = (16, 16);
+    let Some(mut fused) = cuda_cache(&cfg) else { return };
+    let mut split = KvCache::new(&cfg).unwrap();
+    let mut rng = Rng::new(9);
+    let (seq_ids, cu, total) = ([1u32, 0], [0i32, 90, 150], 150);
+    let (q, k) =
+        (gen::<F16>(&mut rng, total * D.q_row()), gen::<F16>(&mut rng, total * D.kv_row()));
+    let (dq, dk, dout) = (
+        DevBuf::from_host(&cuda, &q),
+        DevBuf::from_host(&cuda, &k),
+        DevBuf::<F16>::new(&cuda, total * D.q_row()),
+    );
+    for cache in [&mut fused, &mut split] {
+        // SAFETY: sized device buffers; the NULL stream; cudaMemcpy waits for the work.
+        unsafe {
+            cache.prefill_raw(
+                0,
+                &seq_ids,
+                &cu,
+                dq.ptr,
+                dk.ptr,
+                dk.ptr,
+                dout.ptr,
+                std::ptr::null_mut(),
+            )
+        }
+        .expect("prefill_raw");
+    }
+    for step in 0..40 {
+        let (nq, nk, nv) = (
+            gen::<F16>(&mut rng, 2 * D.q_row()),
+            gen::<F16>(&mut rng, 2 * D.kv_row()),
+            gen::<F16>(&mut rng, 2 * D.kv_row()),
+        );
+        let (dq, dk, dv) = (
+            DevBuf::from_host(&cuda, &nq),
+            DevBuf::from_host(&cuda, &nk),
+            DevBuf::from_host(&cuda, &nv),
+        );
+        let (da, db) =
+            (DevBuf::<F16>::new(&cuda, 2 * D.q_row()), DevBuf::<F16>::new(&cuda, 2 * D.q_row()));
+        // SAFETY: as above.
+        unsafe {
+            fused
+                .append_decode_raw(
+                    0,
+                    &seq_ids,
+                    dq.ptr,
+                    dk.ptr,
+                    dv.ptr,
+                    da.ptr,
+                    std::ptr::null_mut(),
+                )
+                .expect("append_decode_raw");
+            split
+                .append_raw(0, &seq_ids, dk.ptr, dv.ptr, std::ptr::null_mut())
+                .expect("append_raw");
+            split
+                .decode_raw(0, &seq_ids, dq.ptr, db.ptr, std::ptr::null_mut())
+                .expect("decode_raw");
+        }
+        let bits = |x: Vec<F16>| x.iter().map(|e| e.to_f32().to_bits()).collect::<Vec<_>>();
+        assert!(bits(da.to_host()) == bits(db.to_host()), "step {step}: outputs differ");
+    }
+}

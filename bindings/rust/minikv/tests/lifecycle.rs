@@ -251,3 +251,62 @@ fn cache_moves_to_another_thread() {
     .unwrap();
     assert_eq!(stats.tokens_seen, 3);
 }
+
+/// `append_decode` equals `append` then `decode` bit for bit on a quantized cache (GQA,
+/// sinks, flushes); a failing `append_decode` appends nothing.
+fn append_decode_equals_append_then_decode<T: Element>(seed: u64) {
+    let d = DIMS;
+    let mut cfg = lossless_config(T::DTYPE);
+    cfg.apply_preset(Preset::Balanced); // 4-bit keys, 2-bit values, 4 sinks
+    cfg.group_size = 16;
+    cfg.residual_length = RESIDUAL;
+    let mut fused = KvCache::new(&cfg).unwrap();
+    let mut split = KvCache::new(&cfg).unwrap();
+    let mut rng = Rng::new(seed);
+    let (ids, cu, total) = ([3u32, 1], [0i32, 50, 81], 81usize);
+    for layer in 0..LAYERS {
+        let (q, _) = make::<T>(&mut rng, total * d.q_row());
+        let (k, _) = make::<T>(&mut rng, total * d.kv_row());
+        let (v, _) = make::<T>(&mut rng, total * d.kv_row());
+        for cache in [&mut fused, &mut split] {
+            let mut out = vec![T::from_f32(0.0); total * d.q_row()];
+            cache.prefill(layer, &ids, &cu, &q, &k, &v, &mut out).unwrap();
+        }
+    }
+    let bits = |x: &[T]| x.iter().map(|e| e.to_f32().to_bits()).collect::<Vec<_>>();
+    for step in 0..40 {
+        // 40 > RESIDUAL: flushes
+        for layer in 0..LAYERS {
+            let (q, _) = make::<T>(&mut rng, 2 * d.q_row());
+            let (k, _) = make::<T>(&mut rng, 2 * d.kv_row());
+            let (v, _) = make::<T>(&mut rng, 2 * d.kv_row());
+            let mut a = vec![T::from_f32(0.0); 2 * d.q_row()];
+            let mut b = a.clone();
+            fused.append_decode(layer, &ids, &q, &k, &v, &mut a).unwrap();
+            split.append(layer, &ids, &k, &v).unwrap();
+            split.decode(layer, &ids, &q, &mut b).unwrap();
+            assert!(bits(&a) == bits(&b), "step {step} layer {layer}: outputs differ");
+        }
+    }
+    let before = fused.sequence_length(1, 0).unwrap();
+    let (mut q, _) = make::<T>(&mut rng, 2 * d.q_row());
+    let (k, _) = make::<T>(&mut rng, 2 * d.kv_row());
+    q[3] = T::from_f32(f32::NAN);
+    let mut out = vec![T::from_f32(0.0); 2 * d.q_row()];
+    let err = fused.append_decode(0, &ids, &q, &k, &k, &mut out).unwrap_err();
+    assert_eq!(err.status, minikv::Status::InvalidArgument, "{err}");
+    assert!(err.message.contains("minikv_append_decode"), "{err}");
+    assert_eq!(fused.sequence_length(1, 0).unwrap(), before, "a failed append_decode appended");
+    let err = fused.append_decode(0, &ids, &q[..3], &k, &k, &mut out).unwrap_err();
+    assert_eq!(err.status, minikv::Status::InvalidArgument, "{err}");
+}
+
+#[test]
+fn append_decode_equals_append_then_decode_f32() {
+    append_decode_equals_append_then_decode::<f32>(11);
+}
+
+#[test]
+fn append_decode_equals_append_then_decode_f16() {
+    append_decode_equals_append_then_decode::<F16>(12);
+}

@@ -194,6 +194,23 @@ public final class KvCache implements AutoCloseable {
     scratch[3].asFloatBuffer().get(out);
   }
 
+  /**
+   * The engine's step for one layer in one call: {@code append(layer, seqIds, k, v)} then
+   * {@code decode(layer, seqIds, q, out)}, with the same result bit for bit, checked as one
+   * call (a failure appends nothing and leaves out unwritten).
+   */
+  public synchronized void appendDecode(int layer, int[] seqIds, float[] q, float[] k, float[] v,
+      float[] out) {
+    hostCall("appendDecode", Dtype.F32, seqIds);
+    checkLen("appendDecode", "q", q.length, seqIds.length * qRow());
+    checkLen("appendDecode", "k", k.length, seqIds.length * kvRow());
+    checkLen("appendDecode", "v", v.length, seqIds.length * kvRow());
+    checkLen("appendDecode", "out", out.length, seqIds.length * qRow());
+    MinikvNative.append_decode(handle, layer, seqIds, put(0, q), put(1, k), put(2, v),
+        address(scratch(3, out.length * 4)), 0);
+    scratch[3].asFloatBuffer().get(out);
+  }
+
   // ---- short[] (F16 / BF16 bit patterns) ---------------------------------------------------
 
   /** {@link #prefill(int, int[], int[], float[], float[], float[], float[])} for F16/BF16. */
@@ -238,6 +255,19 @@ public final class KvCache implements AutoCloseable {
     scratch[3].asShortBuffer().get(out);
   }
 
+  /** {@link #appendDecode(int, int[], float[], float[], float[], float[])} for F16/BF16. */
+  public synchronized void appendDecode(int layer, int[] seqIds, short[] q, short[] k, short[] v,
+      short[] out) {
+    hostCall("appendDecode", null, seqIds);
+    checkLen("appendDecode", "q", q.length, seqIds.length * qRow());
+    checkLen("appendDecode", "k", k.length, seqIds.length * kvRow());
+    checkLen("appendDecode", "v", v.length, seqIds.length * kvRow());
+    checkLen("appendDecode", "out", out.length, seqIds.length * qRow());
+    MinikvNative.append_decode(handle, layer, seqIds, put(0, q), put(1, k), put(2, v),
+        address(scratch(3, out.length * 2)), 0);
+    scratch[3].asShortBuffer().get(out);
+  }
+
   // ---- direct ByteBuffers (any dtype, no copy) ----------------------------------------------
 
   /** Prefill from direct buffers in native order holding exactly the tensor's bytes. */
@@ -278,6 +308,17 @@ public final class KvCache implements AutoCloseable {
         writable("decode", "out", out, bytes), 0);
   }
 
+  /** Append + decode from and into direct buffers (out may not overlap an input). */
+  public synchronized void appendDecode(int layer, int[] seqIds, ByteBuffer q, ByteBuffer k,
+      ByteBuffer v, ByteBuffer out) {
+    hostCall("appendDecode", config.dtype(), seqIds);
+    int e = config.dtype().bytes();
+    int qBytes = seqIds.length * qRow() * e, kvBytes = seqIds.length * kvRow() * e;
+    MinikvNative.append_decode(handle, layer, seqIds, direct("appendDecode", "q", q, qBytes),
+        direct("appendDecode", "k", k, kvBytes), direct("appendDecode", "v", v, kvBytes),
+        writable("appendDecode", "out", out, qBytes), 0);
+  }
+
   // ---- device memory (CUDA) ------------------------------------------------------------------
 
   /**
@@ -312,6 +353,17 @@ public final class KvCache implements AutoCloseable {
     open("decodeDevice");
     Objects.requireNonNull(seqIds, "seqIds");
     MinikvNative.decode(handle, layer, seqIds, q, out, stream);
+  }
+
+  /**
+   * Append + decode with device addresses and a stream (asynchronous): with CUDA one kernel
+   * launch where no sequence's residual becomes full with this token.
+   */
+  public synchronized void appendDecodeDevice(int layer, int[] seqIds, long q, long k, long v,
+      long out, long stream) {
+    open("appendDecodeDevice");
+    Objects.requireNonNull(seqIds, "seqIds");
+    MinikvNative.append_decode(handle, layer, seqIds, q, k, v, out, stream);
   }
 
   // ---- sequences and statistics ------------------------------------------------------------

@@ -442,6 +442,71 @@ class KvCacheTest {
     }
   }
 
+  /**
+   * appendDecode equals append then decode bit for bit (quantized cache, GQA, flushes; float[]
+   * for F32, direct buffers for F16), and a failing appendDecode appends nothing.
+   */
+  @Test
+  void appendDecodeEqualsAppendThenDecode() {
+    for (Dtype dtype : new Dtype[] {Dtype.F32, Dtype.F16}) {
+      Config cfg = exact(dtype).toBuilder().preset(Preset.BALANCED).groupSize(16)
+          .residualLength(16).build();
+      try (KvCache fused = new KvCache(cfg); KvCache split = new KvCache(cfg)) {
+        Random rng = new Random(9);
+        int[] ids = {3, 1};
+        int[] cu = {0, 60, 93};
+        for (int layer = 0; layer < LAYERS; layer++) {
+          float[] q = uniform(rng, 93 * H * D), k = uniform(rng, 93 * HKV * D),
+              v = uniform(rng, 93 * HKV * D);
+          for (KvCache c : new KvCache[] {fused, split}) {
+            if (dtype == Dtype.F32) {
+              c.prefill(layer, ids, cu, q, k, v, new float[93 * H * D]);
+            } else {
+              c.prefill(layer, ids, cu, bits(q), bits(k), bits(v), new short[93 * H * D]);
+            }
+          }
+        }
+        for (int step = 0; step < 40; step++) { // 40 > residualLength: flushes
+          for (int layer = 0; layer < LAYERS; layer++) {
+            float[] q = uniform(rng, 2 * H * D), k = uniform(rng, 2 * HKV * D),
+                v = uniform(rng, 2 * HKV * D);
+            String what = dtype + " step " + step + " layer " + layer;
+            if (dtype == Dtype.F32) {
+              float[] a = new float[2 * H * D], b = new float[2 * H * D];
+              fused.appendDecode(layer, ids, q, k, v, a);
+              split.append(layer, ids, k, v);
+              split.decode(layer, ids, q, b);
+              assertArrayEquals(b, a, what);
+            } else {
+              short[] qb = bits(q), kb = bits(k), vb = bits(v);
+              ByteBuffer a = ByteBuffer.allocateDirect(2 * H * D * 2).order(ByteOrder.nativeOrder());
+              short[] b = new short[2 * H * D];
+              fused.appendDecode(layer, ids, direct(qb), direct(kb), direct(vb), a);
+              split.append(layer, ids, kb, vb);
+              split.decode(layer, ids, qb, b);
+              short[] got = new short[b.length];
+              a.asShortBuffer().get(got);
+              assertArrayEquals(b, got, what);
+            }
+          }
+        }
+        SequenceLength before = fused.sequenceLength(1, 0);
+        float[] q = uniform(rng, 2 * H * D), kv = uniform(rng, 2 * HKV * D);
+        q[7] = Float.NaN;
+        MinikvException e = assertThrows(MinikvException.class, () -> {
+          if (dtype == Dtype.F32) {
+            fused.appendDecode(0, ids, q, kv, kv, new float[2 * H * D]);
+          } else {
+            fused.appendDecode(0, ids, bits(q), bits(kv), bits(kv), new short[2 * H * D]);
+          }
+        });
+        assertEquals(Status.INVALID_ARGUMENT, e.status());
+        assertTrue(e.getMessage().contains("minikv_append_decode"), e.getMessage());
+        assertEquals(before, fused.sequenceLength(1, 0), "a failed appendDecode appended");
+      }
+    }
+  }
+
   @Test
   void libraryErrorsLeaveTheCacheUnchanged() {
     Config cfg = exact(Dtype.F32).toBuilder().maxTokens(32).build(); // two blocks
