@@ -5,7 +5,10 @@ For every storage configuration (key bits, value bits, group size, sink tokens) 
 (query heads / KV heads, head_dim, batch B, context L, 50 % kept), in one process on one GPU:
   - libminikv decode, one query token per sequence, over a cache of three layers called in
     rotation (so no layer's cache stays in L2 between its calls);
-  - libminikv append + decode of a new token (the engine's step), same rotation;
+  - libminikv append + decode of a new token (the engine's step), same rotation, and the
+    same step through minikv_append_decode (one call; on CUDA no launch of its own for the
+    append unless a residual flushes): step_ms, fused_step_ms and their ratios to decode
+    (issue 12's target: a step <= 1.1x the decode alone);
   - cuDNN attention (PyTorch SDPA, SDPBackend.CUDNN_ATTENTION) and flash SDPA on the full
     16-bit cache of L + 1 tokens, three caches in rotation;
   - a device-to-device copy: the same-run bandwidth ceiling.
@@ -110,15 +113,24 @@ def bench_cell(dtype, tdtype, storage, B, H, Hkv, D, L, copy_gbs, baselines, ker
                 lib.minikv_decode(handle, layer, B, ids_c, qp, op, stream) != 0:
             raise RuntimeError(lib.minikv_cache_last_error(handle))
 
+    def fused_step():
+        layer = turn[0] % LAYERS
+        turn[0] += 1
+        if lib.minikv_append_decode(handle, layer, B, ids_c, qp, kp, vp, op, stream) != 0:
+            raise RuntimeError(lib.minikv_cache_last_error(handle))
+
     t_dec = median_ms(decode, calls_per_sample=30, samples=11)
-    t_step = median_ms(step, calls_per_sample=15, samples=11, warmup=2)  # 180 appends < 1024
+    # 2 x 180 appends of the two step kinds < max_seq_len - L = 1024
+    t_step = median_ms(step, calls_per_sample=15, samples=11, warmup=2)
+    t_fused = median_ms(fused_step, calls_per_sample=15, samples=11, warmup=2)
     cache.close()
     read = used + 2 * qd.numel() * qd.element_size()
     gbs = read / (t_dec * 1e-3) / 1e9
     base = baselines[(B, H, Hkv, D, L)]
     r = dict(kind="decode", kernel=kernel, dtype=dtype, storage=name, key_bits=kb, value_bits=vb, group=G,
              sinks=sinks, B=B, H=H, Hkv=Hkv, D=D, L=L, minikv_ms=t_dec, step_ms=t_step,
-             step_over_decode=t_step / t_dec, compressed_bytes=read, minikv_GBps=gbs,
+             step_over_decode=t_step / t_dec, fused_step_ms=t_fused,
+             fused_over_decode=t_fused / t_dec, compressed_bytes=read, minikv_GBps=gbs,
              fraction_of_copy=gbs / copy_gbs, **base)
     if base.get("cudnn_ms"):
         r["speedup_vs_cudnn"] = base["cudnn_ms"] / t_dec
@@ -202,7 +214,8 @@ def main():
                 rows.append(r)
                 print(f"{dtype} {st[0]:20} {kernel:7} B={B} {H:2}/{Hkv:2} D={D:3} L={L:6}: "
                       f"{r['minikv_ms']:.4f} ms {100 * r['fraction_of_copy']:3.0f}% copy  "
-                      f"step/decode {r['step_over_decode']:.2f}  cudnn {r.get('cudnn_ms', float('nan')):.4f} ms "
+                      f"step/decode {r['step_over_decode']:.2f} fused {r['fused_over_decode']:.2f}  "
+                      f"cudnn {r.get('cudnn_ms', float('nan')):.4f} ms "
                       f"x{r.get('speedup_vs_cudnn', float('nan')):.2f}  "
                       f"of cudnn rate {100 * r.get('of_cudnn_rate', float('nan')):3.0f}%", flush=True)
                 torch.cuda.empty_cache()

@@ -43,10 +43,16 @@
  * MINIKV_ERR_INVALID_ARGUMENT naming the first non-finite element, so a non-finite value
  * never reaches the cache and never affects other tokens. The CUDA backend cannot check
  * without synchronizing the host: there a non-finite input is the caller's duty, and what
- * it does to the outputs and to the cache of its (sequence, layer) is unspecified. Finite
- * inputs anywhere in the dtype's range are stored with finite scales, and the CPU backend's
- * outputs stay within the dtype's finite range (quantized values are clamped to it) as
- * long as the logits q.k / sqrt(head_dim) are finite in float32.
+ * it does is contained to the (sequence, layer) it was given for: it may make that
+ * sequence's outputs of that layer NaN or inf (a query: that call's output; a key or value:
+ * every later output too, as the token stays in the cache until the sequence is released),
+ * and nothing else: other sequences' outputs and caches, other layers, lengths, statistics
+ * and later calls are exactly as if it had been finite. Finite inputs anywhere in the
+ * dtype's range are stored with finite scales, and outputs stay within the dtype's finite
+ * range (dequantized values and outputs are clamped to it) as long as the logits
+ * q.k / sqrt(head_dim) are finite in float32; with the CUDA backend for every F16 input,
+ * and for BF16 inputs whose |v| and products |q_i| |k_i| stay below 2^60 (beyond, float32
+ * intermediates of the CUDA decode may overflow).
  *
  * Streams. `stream` is a cudaStream_t passed as void* (NULL = the legacy default stream)
  * for the CUDA backend and must be NULL for the CPU backend. CUDA calls are asynchronous
@@ -499,9 +505,10 @@ MINIKV_API minikv_status minikv_decode(minikv_cache *cache, uint32_t layer, uint
  *  result, in `out` and in the cache, is exactly that of minikv_append(cache, layer, n_seqs,
  *  seq_ids, k, v, stream) followed by minikv_decode(cache, layer, n_seqs, seq_ids, q, out,
  *  stream): bit for bit, with either backend. What it saves is host work and, with CUDA,
- *  launches: one kernel launch when no sequence's residual becomes full with this token
- *  (the decode kernels read the new rows straight from k and v and store them as they go);
- *  where some do, their flush runs first, so at most one launch more.
+ *  the append's own launch: the decode kernels read each new row straight from k and v and
+ *  store it as they go, so the call launches what minikv_decode alone would, except where
+ *  a sequence's residual becomes full with this token: those sequences are appended (and
+ *  flushed) by one launch first.
  *  @param layer      in [0, num_layers), prefilled for every sequence of the batch.
  *  @param n_seqs     >= 1 sequences; seq_ids: host [n_seqs], distinct slots.
  *  @param q,out      backend memory [n_seqs, num_heads, head_dim] (decode's layout).

@@ -29,8 +29,8 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
   T *k_res = reinterpret_cast<T *>(slot + rl.k) + uint64_t(head) * R * D;
   T *v_res = reinterpret_cast<T *>(slot + rl.v) + uint64_t(head) * R * D;
   int32_t *pos = reinterpret_cast<int32_t *>(slot + rl.positions) + uint64_t(head) * R;
-  const T *k = static_cast<const T *>(p.k) + (uint64_t(i) * Hkv + head) * D;
-  const T *v = static_cast<const T *>(p.v) + (uint64_t(i) * Hkv + head) * D;
+  const T *k = static_cast<const T *>(p.k) + (uint64_t(it.input) * Hkv + head) * D;
+  const T *v = static_cast<const T *>(p.v) + (uint64_t(it.input) * Hkv + head) * D;
 
   for (uint32_t c = threadIdx.x; c < D; c += kAppendThreads) {
     k_res[uint64_t(it.row) * D + c] = k[c];

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../src/layout.h"
 
@@ -36,6 +37,23 @@ template <> struct DType<__nv_bfloat16> {
     return *reinterpret_cast<uint32_t *>(&h);
   }
 };
+
+// ---- attention outputs -------------------------------------------------------------------
+// An output is a weighted mean of values within the dtype's range, yet it can round past
+// the largest finite value: fp16 values at 65504 dequantize to up to 65520 (a rounded
+// scale), and probabilities rounded for a tensor-core product sum to 1 + 2^-11; fp16 then
+// stores +inf. Outputs are clamped to the finite range before the conversion, as the CPU
+// backend does (src/dtype.h clamp_finite); NaN stays NaN.
+template <typename T> __device__ __forceinline__ float clamp_output(float x) {
+  const float m = std::is_same<T, __half>::value ? 65504.0f : 3.38953139e38f;  // bf16 0x7f7f
+  return x > m ? m : x < -m ? -m : x;
+}
+template <typename T> __device__ __forceinline__ T output_value(float x) {
+  return DType<T>::from_float(clamp_output<T>(x));
+}
+template <typename T> __device__ __forceinline__ uint32_t output_pair(float a, float b) {
+  return DType<T>::pack2(clamp_output<T>(a), clamp_output<T>(b));
+}
 
 // ---- tensor-core fragments (sm_80+) ---------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {

@@ -250,81 +250,26 @@ class CudaBackend final : public Backend {
   void append(uint32_t, const std::vector<AppendItem> &items, const void *k, const void *v,
               void *stream) override {
     DeviceGuard guard(device_);
-    const uint32_t R = cfg_.residual_length;
-    const uint64_t row = uint64_t(cfg_.num_kv_heads) * cfg_.head_dim * dtype_bytes(cfg_.dtype);
-    for (size_t i = 0; i < items.size(); i += kMaxAppendSeqs) {
-      AppendParams p{};
-      p.k = static_cast<const uint8_t *>(k) + i * row;
-      p.v = static_cast<const uint8_t *>(v) + i * row;
-      p.st = st_;
-      p.n = static_cast<uint32_t>(std::min<size_t>(kMaxAppendSeqs, items.size() - i));
-      for (uint32_t b = 0; b < p.n; ++b) {
-        const AppendItem &it = items[i + b];
-        AppendItemParams &ip = p.items[b];
-        ip.slot = it.dst.residual_slot;
-        ip.row = it.dst.residual;
-        ip.quantized = it.dst.quantized;
-        ip.position = it.position;
-        ip.flush = it.flush ? 1u : 0u;
-        if (it.flush) {
-          const uint32_t lo = it.dst.quantized / R, hi = (it.dst.quantized + R - 1) / R;
-          if (hi >= it.dst.num_blocks)
-            fail(MINIKV_ERR_INTERNAL, "minikv_append: flush needs block %u of %u", hi, it.dst.num_blocks);
-          ip.block_lo = static_cast<int32_t>(it.dst.blocks[lo]);
-          ip.block_hi = static_cast<int32_t>(it.dst.blocks[hi]);
-        }
-      }
-      launch_append(cfg_.dtype, p, static_cast<cudaStream_t>(stream));
-    }
+    launch_appends(items, false, k, v, static_cast<cudaStream_t>(stream));
   }
 
   // ---- decode -------------------------------------------------------------------------
   void decode(uint32_t, const std::vector<CacheView> &items, const void *q, void *out,
               void *stream) override {
     DeviceGuard guard(device_);
-    const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
-    const uint64_t row = uint64_t(H) * D * dtype_bytes(cfg_.dtype);
-    for (size_t i = 0; i < items.size(); i += kMaxDecodeSeqs) {
-      DecodeParams p{};
-      p.q = static_cast<const uint8_t *>(q) + i * row;
-      p.out = static_cast<uint8_t *>(out) + i * row;
-      p.part_o = part_o_.as<float>();
-      p.part_ml = part_ml_.as<float>();
-      p.counters = split_counters_.as<uint32_t>();
-      p.st = st_;
-      p.num_heads = H;
-      p.num_kv_heads = Hkv;
-      p.heads_per_cta = heads_per_cta_;
-      p.scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
-      p.n = static_cast<uint32_t>(std::min<size_t>(kMaxDecodeSeqs, items.size() - i));
-      uint32_t longest = 1, longest_quantized = 0;
-      for (uint32_t b = 0; b < p.n; ++b) {
-        const CacheView &view = items[i + b];
-        p.slot[b] = view.residual_slot;
-        p.sinks[b] = view.sinks;
-        p.quantized[b] = view.quantized;
-        p.residual[b] = view.residual;
-        longest = std::max(longest, view.sinks + view.quantized + view.residual);
-        longest_quantized = std::max(longest_quantized, view.quantized);
-      }
-      // Splits depend on sizes only (deterministic, graph-capture friendly) and stay within
-      // the workspace.
-      const uint64_t max_splits = std::min<uint64_t>(
-          std::max<uint64_t>(part_rows_ / (uint64_t(p.n) * H), 1), kDecodeMaxSplits);
-      const uint64_t ctas = uint64_t(p.n) * Hkv * ceil_div(H / Hkv, heads_per_cta_);
-      // Generic: the sink and residual segments add up to two tiles (residual ≤ R rows).
-      const bool fast = decode_kernel_ == DecodeKernel::kFast;
-      const uint64_t tiles = fast ? ceil_div(longest_quantized, kDecodeFastTile)
-                                  : ceil_div(longest, decode_tile_) + 2;
-      const uint64_t splits = best_splits(ctas, tiles, max_splits);
-      p.splits = static_cast<uint32_t>(std::max<uint64_t>(splits, 1));
-      const cudaStream_t s = static_cast<cudaStream_t>(stream);
-      switch (decode_kernel_) {
-        case DecodeKernel::kFast: launch_decode_fast(cfg_.dtype, D, p, s); break;
-        case DecodeKernel::kMma: launch_decode_mma(cfg_.dtype, p, s); break;
-        case DecodeKernel::kGeneric: launch_decode_generic(cfg_.dtype, p, s); break;
-      }
-    }
+    launch_decodes(items, q, out, nullptr, nullptr, nullptr, static_cast<cudaStream_t>(stream));
+  }
+
+  // ---- append + decode ----------------------------------------------------------------
+  // The decode launch appends the tokens itself (decode_common.cuh); only sequences whose
+  // residual becomes full are appended first, by the append kernel, which flushes them.
+  void append_decode(uint32_t, const std::vector<AppendItem> &items,
+                     const std::vector<CacheView> &after, const void *q, const void *k,
+                     const void *v, void *out, void *stream) override {
+    DeviceGuard guard(device_);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    launch_appends(items, true, k, v, s);
+    launch_decodes(after, q, out, &items, k, v, s);
   }
 
   // ---- inspection (synchronous) -----------------------------------------------------------
@@ -360,10 +305,102 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Append kernel launches for items (only those that flush when flushes_only).
+  void launch_appends(const std::vector<AppendItem> &items, bool flushes_only, const void *k,
+                      const void *v, cudaStream_t stream) {
+    const uint32_t R = cfg_.residual_length;
+    AppendParams p{};
+    p.k = k;
+    p.v = v;
+    p.st = st_;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const AppendItem &it = items[i];
+      if (flushes_only && !it.flush) continue;
+      AppendItemParams &ip = p.items[p.n++];
+      ip.input = static_cast<uint32_t>(i);
+      ip.slot = it.dst.residual_slot;
+      ip.row = it.dst.residual;
+      ip.quantized = it.dst.quantized;
+      ip.position = it.position;
+      ip.flush = it.flush ? 1u : 0u;
+      if (it.flush) {
+        const uint32_t lo = it.dst.quantized / R, hi = (it.dst.quantized + R - 1) / R;
+        if (hi >= it.dst.num_blocks)
+          fail(MINIKV_ERR_INTERNAL, "minikv_append: flush needs block %u of %u", hi, it.dst.num_blocks);
+        ip.block_lo = static_cast<int32_t>(it.dst.blocks[lo]);
+        ip.block_hi = static_cast<int32_t>(it.dst.blocks[hi]);
+      }
+      if (p.n == kMaxAppendSeqs) {
+        launch_append(cfg_.dtype, p, stream);
+        p.n = 0;
+      }
+    }
+    if (p.n > 0) launch_append(cfg_.dtype, p, stream);
+  }
+
+  // Decode launches over `views`. With `appended` (the items of minikv_append_decode, k, v)
+  // the launches also append each item's token that no flush stored (decode_common.cuh).
+  void launch_decodes(const std::vector<CacheView> &views, const void *q, void *out,
+                      const std::vector<AppendItem> *appended, const void *k, const void *v,
+                      cudaStream_t stream) {
+    const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+    const uint64_t elem = dtype_bytes(cfg_.dtype);
+    const uint64_t row = uint64_t(H) * D * elem, kv_row = uint64_t(Hkv) * D * elem;
+    for (size_t i = 0; i < views.size(); i += kMaxDecodeSeqs) {
+      DecodeParams p{};
+      p.q = static_cast<const uint8_t *>(q) + i * row;
+      p.out = static_cast<uint8_t *>(out) + i * row;
+      p.part_o = part_o_.as<float>();
+      p.part_ml = part_ml_.as<float>();
+      p.counters = split_counters_.as<uint32_t>();
+      p.st = st_;
+      p.num_heads = H;
+      p.num_kv_heads = Hkv;
+      p.heads_per_cta = heads_per_cta_;
+      p.scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
+      p.n = static_cast<uint32_t>(std::min<size_t>(kMaxDecodeSeqs, views.size() - i));
+      if (appended) {
+        p.new_k = static_cast<const uint8_t *>(k) + i * kv_row;
+        p.new_v = static_cast<const uint8_t *>(v) + i * kv_row;
+      }
+      uint32_t longest = 1, longest_quantized = 0;
+      for (uint32_t b = 0; b < p.n; ++b) {
+        const CacheView &view = views[i + b];
+        p.slot[b] = view.residual_slot;
+        p.sinks[b] = view.sinks;
+        p.quantized[b] = view.quantized;
+        p.residual[b] = view.residual;
+        p.new_position[b] = appended && !(*appended)[i + b].flush ? (*appended)[i + b].position : -1;
+        longest = std::max(longest, view.sinks + view.quantized + view.residual);
+        longest_quantized = std::max(longest_quantized, view.quantized);
+      }
+      // Splits depend on sizes only (deterministic, graph-capture friendly) and stay within
+      // the workspace.
+      const uint64_t max_splits = std::min<uint64_t>(
+          std::max<uint64_t>(part_rows_ / (uint64_t(p.n) * H), 1), kDecodeMaxSplits);
+      const uint64_t ctas = uint64_t(p.n) * Hkv * ceil_div(H / Hkv, heads_per_cta_);
+      // Generic: the sink and residual segments add up to two tiles (residual ≤ R rows).
+      const bool fast = decode_kernel_ == DecodeKernel::kFast;
+      const uint64_t tiles = fast ? ceil_div(longest_quantized, kDecodeFastTile)
+                                  : ceil_div(longest, decode_tile_) + 2;
+      const uint64_t splits = best_splits(ctas, tiles, max_splits);
+      p.splits = static_cast<uint32_t>(std::max<uint64_t>(splits, 1));
+      switch (decode_kernel_) {
+        case DecodeKernel::kFast: launch_decode_fast(cfg_.dtype, D, p, stream); break;
+        case DecodeKernel::kMma: launch_decode_mma(cfg_.dtype, p, stream); break;
+        case DecodeKernel::kGeneric: launch_decode_generic(cfg_.dtype, p, stream); break;
+      }
+    }
+  }
+
   // The split count s (≤ max_splits, ≤ tiles) that minimizes rounds(s) × (tiles per CTA + 1),
   // rounds = ceil(ctas · s / resident slots) and the + 1 for a CTA's pipeline fill; ties go
-  // to fewer splits (less merge work).
-  uint64_t best_splits(uint64_t ctas, uint64_t tiles, uint64_t max_splits) const {
+  // to fewer splits (less merge work). The search costs two 64-bit divisions per candidate
+  // (~1 us of host time at 128 tiles), and a decode loop asks the same question for every
+  // layer of a step (the tiles change every 128 tokens): the last answer is kept.
+  uint64_t best_splits(uint64_t ctas, uint64_t tiles, uint64_t max_splits) {
+    SplitsQuery &m = last_splits_;
+    if (m.ctas == ctas && m.tiles == tiles && m.max_splits == max_splits) return m.splits;
     uint64_t best = 1, best_cost = ~0ull;
     const uint64_t top = std::min<uint64_t>(max_splits, std::max<uint64_t>(tiles, 1));
     for (uint64_t s = 1; s <= top; ++s) {
@@ -374,6 +411,7 @@ class CudaBackend final : public Backend {
         best_cost = cost;
       }
     }
+    m = SplitsQuery{ctas, tiles, max_splits, best};
     return best;
   }
 
@@ -535,6 +573,9 @@ class CudaBackend final : public Backend {
   uint64_t decode_slots_ = 1;   // resident decode CTAs on the device
   uint32_t decode_tile_ = kDecodeFastTile;  // tokens per decode tile (generic: quantized tiles)
   uint64_t part_rows_ = 0;
+  struct SplitsQuery {
+    uint64_t ctas = 0, tiles = 0, max_splits = 0, splits = 0;
+  } last_splits_;  // best_splits' last question and answer
   DeviceBuffer pool_, residual_, table_;
   DeviceBuffer lse_, scores_, kept_;
   DeviceBuffer staging_, staged_scores_, staged_kept_;  // chunked prefill (empty when off)

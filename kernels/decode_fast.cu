@@ -20,13 +20,15 @@
 //     fp32 denormal c · 4^j · 2^-149 with one LOP3 (its own bit pattern), multiplied by
 //     p · s · 2^64 in an FFMA; 4^-j · 2^85 is folded in once at the end, and
 //     Σ p · (c·s + m) = Σ (p·s)·c + Σ p·m.
-//   The residual (16-bit, up to R tokens) is folded in by the last split. With one split the
-//   kernel writes the normalized output, else (max, sum, unnormalized out) partials, and
-//   when a pair has few partials the last CTA to finish merges them (merge_if_last); more
-//   partials go to decode_merge.cu.
+//   The residual (16-bit, up to R tokens) is folded in by the last split; in a launch of
+//   minikv_append_decode its newest row is the caller's k/v, which split 0 stores into the
+//   slot (decode_common.cuh). With one split the kernel writes the normalized output, else
+//   (max, sum, unnormalized out) partials, and when a pair has few partials the last CTA to
+//   finish merges them (merge_if_last); more partials go to decode_merge.cu.
 #include <type_traits>
 
 #include "common.cuh"
+#include "decode_common.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
 #include "qk_pieces.h"
@@ -248,7 +250,7 @@ __device__ __forceinline__ void merge_if_last(const DecodeParams &p, uint32_t se
     __syncwarp();  // w_s is rewritten for the next head
     T *out = static_cast<T *>(p.out) + (head0 + r) * D + lane * kCh;
 #pragma unroll
-    for (int c = 0; c < kCh; ++c) out[c] = DType<T>::from_float(o[c] / l);
+    for (int c = 0; c < kCh; ++c) out[c] = output_value<T>(o[c] / l);
   }
 }
 
@@ -360,6 +362,9 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
                     block + (blk >= 0 ? src[j] + row0 * src_row[j] : 0), blk >= 0);
     }
   };
+
+  // minikv_append_decode: split 0 stores the appended token (decode_common.cuh).
+  if (split == 0) store_appended_row(p, seq, kvh, lane, 32);
 
   // ---- quantized tiles ----
   // Ring of two units: K(k) and V(k) are issued, QK(k) waits for K(k); K(k+1) is issued into
@@ -555,6 +560,7 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
     const T *v_res = reinterpret_cast<const T *>(res_slot + rl.v) + uint64_t(kvh) * R * D;
     uint8_t *k_s = stage_s[0], *v_s = stage_s[0] + kChunk * kRowBytes;
     float *q_f = reinterpret_cast<float *>(stage_s[1]);  // [NREP][D]
+    const AppendedRow appended = appended_row(p, seq, kvh);  // its row: the caller's K/V
     for (uint32_t c8 = lane; c8 < NREP * D / 8; c8 += 32) {
       float f[8];
       unpack8<T>(reinterpret_cast<const uint4 *>(qg)[c8], f);
@@ -565,9 +571,12 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
       const uint32_t nv = min(kChunk, nres - c0);
       for (uint32_t c = lane; c < kChunk * kRowChunks; c += 32) {
         const uint32_t t = c / kRowChunks, v = c % kRowChunks;
-        const uint64_t src = uint64_t(c0 + (t < nv ? t : 0)) * D + v * 8;  // rows past nv: zeros
-        cp_async_16(k_s + t * kRowBytes + (v ^ (t % kRowChunks)) * 16, k_res + src, t < nv);
-        cp_async_16(v_s + t * kRowBytes + v * 16, v_res + src, t < nv);
+        const uint32_t row = c0 + (t < nv ? t : 0);  // rows past nv: zeros
+        const bool own = row == appended.row;
+        const void *ks = own ? appended.k + v * 16 : static_cast<const void *>(k_res + uint64_t(row) * D + v * 8);
+        const void *vs = own ? appended.v + v * 16 : static_cast<const void *>(v_res + uint64_t(row) * D + v * 8);
+        cp_async_16(k_s + t * kRowBytes + (v ^ (t % kRowChunks)) * 16, ks, t < nv);
+        cp_async_16(v_s + t * kRowBytes + v * 16, vs, t < nv);
       }
       cp_async_commit();
       cp_async_wait<0>();
@@ -647,10 +656,10 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
 #pragma unroll
         for (int v = 0; v < CPL / 8; ++v) {
           uint4 w;
-          w.x = DType<T>::pack2(acc[r][8 * v] * inv, acc[r][8 * v + 1] * inv);
-          w.y = DType<T>::pack2(acc[r][8 * v + 2] * inv, acc[r][8 * v + 3] * inv);
-          w.z = DType<T>::pack2(acc[r][8 * v + 4] * inv, acc[r][8 * v + 5] * inv);
-          w.w = DType<T>::pack2(acc[r][8 * v + 6] * inv, acc[r][8 * v + 7] * inv);
+          w.x = output_pair<T>(acc[r][8 * v] * inv, acc[r][8 * v + 1] * inv);
+          w.y = output_pair<T>(acc[r][8 * v + 2] * inv, acc[r][8 * v + 3] * inv);
+          w.z = output_pair<T>(acc[r][8 * v + 4] * inv, acc[r][8 * v + 5] * inv);
+          w.w = output_pair<T>(acc[r][8 * v + 6] * inv, acc[r][8 * v + 7] * inv);
           o[v] = w;
         }
       } else {

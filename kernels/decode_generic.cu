@@ -13,11 +13,14 @@
 //   4. P·V̂: thread = (8 consecutive channels, token subset): Σ p·(c·s_v + m_v) is
 //      accumulated as Σ (p·s_v)·c + Σ p·m_v.
 // No intermediate is rounded to 16 bits: results agree with the CPU backend to fp32 rounding.
+// In a launch of minikv_append_decode the residual's newest row is staged from the caller's
+// k/v, and one CTA per (sequence, KV head) stores it into the slot (decode_common.cuh).
 // A CTA with one split writes the normalized output, otherwise (max, sum, unnormalized
 // output) partials that decode_merge.cu combines.
 #include <type_traits>
 
 #include "common.cuh"
+#include "decode_common.cuh"
 #include "decode_generic_plan.h"
 #include "dispatch.cuh"
 #include "launchers.h"
@@ -63,25 +66,30 @@ __device__ __forceinline__ void copy_bytes(uint8_t *dst, const uint8_t *src, uin
 // bytes are staged packed (stride == row_bytes, generic_row_stride): a tile's rows are
 // contiguous in the pool, start 16-byte aligned and span a multiple of 16 bytes (tiles of
 // quantized storage are multiples of 16 tokens), so they move as one block
-// (generic_may_pack).
+// (generic_may_pack). Row `sub` (if below `rows`) comes from `sub_src` instead: the
+// appended token (decode_common.cuh; 16-bit rows only, which are never packed).
 template <bool kMayPack>
 __device__ __forceinline__ void copy_rows(uint8_t *dst, uint32_t stride, const uint8_t *src,
-                                          uint64_t row_bytes, uint32_t rows) {
+                                          uint64_t row_bytes, uint32_t rows,
+                                          uint32_t sub = kNoAppendedRow,
+                                          const uint8_t *sub_src = nullptr) {
   if (kMayPack && row_bytes % 16 != 0) return copy_bytes(dst, src, row_bytes * rows);
   const uint32_t units = static_cast<uint32_t>(row_bytes / 16);
   if ((units & (units - 1)) == 0 && units <= kGenericThreads) {  // the usual case: no division
     const uint32_t u = threadIdx.x & (units - 1), step = kGenericThreads / units;
     for (uint32_t r = threadIdx.x / units; r < rows; r += step)
-      cp_async_16(dst + r * stride + u * 16, src + r * row_bytes + u * 16, true);
+      cp_async_16(dst + r * stride + u * 16, (r == sub ? sub_src : src + r * row_bytes) + u * 16, true);
     return;
   }
   for (uint32_t x = threadIdx.x; x < rows * units; x += kGenericThreads) {
     const uint32_t r = x / units, u = x % units;
-    cp_async_16(dst + r * stride + u * 16, src + r * row_bytes + u * 16, true);
+    cp_async_16(dst + r * stride + u * 16, (r == sub ? sub_src : src + r * row_bytes) + u * 16, true);
   }
 }
 
-// Issues the cp.async copies of one tile of KV head `kvh` into `stage`.
+// Issues the cp.async copies of one tile of KV head `kvh` of sequence blockIdx.z into
+// `stage`; the appended token's residual row (minikv_append_decode) comes from the caller's
+// buffers.
 /// \tparam HD head_dim (the compiled value of bl.head_dim)
 template <int HD>
 __device__ void stage_tile(const DecodeParams &p, const GenericDecodePlan &g, const TileRef &tr,
@@ -119,8 +127,17 @@ __device__ void stage_tile(const DecodeParams &p, const GenericDecodePlan &g, co
       k = res_slot + rl.k + kvh * rl.kv_head_stride();
       v = res_slot + rl.v + kvh * rl.kv_head_stride();
     }
-    copy_rows<false>(stage, g.p_stride, k + tr.first * D * e, D * e, tr.count);
-    copy_rows<false>(stage + g.p_v, g.p_stride, v + tr.first * D * e, D * e, tr.count);
+    // The appended token's row (the residual's last) from the caller's k/v.
+    uint32_t sub = kNoAppendedRow;
+    const uint8_t *sub_k = nullptr, *sub_v = nullptr;
+    if (tr.segment == kSegResidual) {
+      const AppendedRow a = appended_row(p, blockIdx.z, kvh);
+      sub = a.row - tr.first;  // none (kNoAppendedRow) or an earlier row: wraps past the tile
+      sub_k = a.k;
+      sub_v = a.v;
+    }
+    copy_rows<false>(stage, g.p_stride, k + tr.first * D * e, D * e, tr.count, sub, sub_k);
+    copy_rows<false>(stage + g.p_v, g.p_stride, v + tr.first * D * e, D * e, tr.count, sub, sub_v);
   }
 }
 
@@ -342,6 +359,10 @@ __global__ void __launch_bounds__(kGenericThreads, generic_min_ctas(D, NR))
   }
   uint32_t qs_group = ~0u;  // quantized key group whose q ⊙ s_k the warp holds
 
+  // minikv_append_decode: the first split of the first head chunk stores the appended token
+  // (decode_common.cuh); every CTA reads it from the caller's k/v (stage_tile).
+  if (split == 0 && chunk == 0) store_appended_row(p, seq, kvh, tid, kGenericThreads);
+
   if (t_begin < t_end) stage_tile<D>(p, g, tiles.tile(t_begin, g), table, res_slot, kvh, smem);
   cp_async_commit();
   for (uint32_t ti = t_begin; ti < t_end; ++ti) {
@@ -493,7 +514,7 @@ __global__ void __launch_bounds__(kGenericThreads, generic_min_ctas(D, NR))
     }
     const uint64_t head = uint64_t(seq) * p.num_heads + h0 + h;
     if (p.splits == 1) {
-      static_cast<T *>(p.out)[head * D + d] = Tr::from_float(o / l);
+      static_cast<T *>(p.out)[head * D + d] = output_value<T>(o / l);
     } else {
       const uint64_t part = head * p.splits + split;
       p.part_o[part * D + d] = o;

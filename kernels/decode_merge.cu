@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kMergeThreads<D>)
   float o = 0.0f;
 #pragma unroll 8
   for (uint32_t s = 0; s < p.splits; ++s) o = fmaf(w_s[s], p.part_o[(part0 + s) * D + c], o);
-  static_cast<T *>(p.out)[(uint64_t(seq) * p.num_heads + h) * D + c] = DType<T>::from_float(o / l);
+  static_cast<T *>(p.out)[(uint64_t(seq) * p.num_heads + h) * D + c] = output_value<T>(o / l);
 }
 
 }  // namespace

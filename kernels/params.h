@@ -120,6 +120,7 @@ struct TableParams {
 
 // ---- append -----------------------------------------------------------------------------
 struct AppendItemParams {
+  uint32_t input;      // row of the token's K/V in the caller's k/v [..][num_kv_heads][head_dim]
   uint32_t slot;       // residual slot = block-table row
   uint32_t row;        // residual row the token goes to
   uint32_t quantized;  // tokens in blocks before this append
@@ -129,7 +130,7 @@ struct AppendItemParams {
   uint32_t flush;
 };
 struct AppendParams {
-  const void *k, *v;  // [n][num_kv_heads][head_dim]
+  const void *k, *v;  // the caller's [batch][num_kv_heads][head_dim]: item i reads row items[i].input
   DeviceStorage st;
   uint32_t n;
   AppendItemParams items[kMaxAppendSeqs];
@@ -151,7 +152,13 @@ struct DecodeParams {
   uint32_t slot[kMaxDecodeSeqs];
   uint32_t sinks[kMaxDecodeSeqs];
   uint32_t quantized[kMaxDecodeSeqs];
-  uint32_t residual[kMaxDecodeSeqs];
+  uint32_t residual[kMaxDecodeSeqs];  // the appended token included (minikv_append_decode)
+  // minikv_append_decode: the token this launch appends (decode_common.cuh has the contract).
+  // new_k/new_v: the caller's [n][num_kv_heads][head_dim] (nullptr: plain decode, no token);
+  // new_position[b] >= 0: sequence b's residual row residual[b] - 1 is that token, at that
+  // position, not yet in its slot; < 0: nothing to append for b (its flush stored it).
+  const void *new_k, *new_v;
+  int32_t new_position[kMaxDecodeSeqs];
 };
 
 }  // namespace kernels

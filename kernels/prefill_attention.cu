@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
       uint32_t *dst = reinterpret_cast<uint32_t *>(q_s + trow * S + 2 * tq);
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt)
-        dst[dt * 4] = DType<T>::pack2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        dst[dt * 4] = output_pair<T>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
       const float base = m[mt][r] == -INFINITY ? 0.0f : m[mt][r] * scale;
       if (tq == 0 && q0 + trow < n) lse[q0 + trow] = base + log2f(sum);
     }

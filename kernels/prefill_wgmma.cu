@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     const float inv = 1.0f / sum;
     uint32_t *dst = reinterpret_cast<uint32_t *>(stage + row * kStride + 2 * tq);
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) dst[4 * i] = DType<T>::pack2(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+    for (int i = 0; i < D / 8; ++i) dst[4 * i] = output_pair<T>(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
     const float base = m[r] == -INFINITY ? 0.0f : m[r] * scale;
     if (tq == 0 && q0 + row < n) lse[q0 + row] = base + log2f(sum);
   }

@@ -5,7 +5,8 @@
 #      and the C demo with ninja;
 #   2. run the GPU test suite (ctest -L gpu);
 #   3. run the C demo on the GPU;
-#   4. run compute-sanitizer memcheck and racecheck on every GPU test binary.
+#   4. run compute-sanitizer memcheck and racecheck on every GPU test binary and on the
+#      device API-sequence fuzz (tests/gpu/fuzz_cuda_api.cpp, a shorter run).
 # Logs and a summary go to $OUT: build.log, ctest.log, demo.log, memcheck.log,
 # racecheck.log, summary.txt. Exit status 0 only if every step passed.
 #
@@ -59,8 +60,8 @@ t0=$(date +%s)
 {
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIKV_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$archs" -DMINIKV_TESTS=ON -DMINIKV_EXAMPLES=ON &&
-    # Only what this check runs: the library, the GPU test binaries and the C demo.
-    targets=$(ninja -C "$build" -t targets all | awk -F: '/^(gpu_test_[A-Za-z0-9_]+|minikv|minikv_demo): /{print $1}' | sort -u) &&
+    # Only what this check runs: the library, the GPU test binaries, the fuzz and the C demo.
+    targets=$(ninja -C "$build" -t targets all | awk -F: '/^(gpu_test_[A-Za-z0-9_]+|fuzz_cuda_api|minikv|minikv_demo): /{print $1}' | sort -u) &&
     echo "targets: $targets" &&
     ninja -C "$build" -j "$jobs" $targets
 } >"$out/build.log" 2>&1
@@ -109,6 +110,15 @@ if [ "$sanitize" != 0 ]; then
       summary_line=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$tool.log" | tail -1)
       record "$tool $(basename "$b") ($(($(date +%s) - t0)) s): ${summary_line:-no summary}$([ $rc -eq 124 ] && echo ' TIMEOUT')" $rc
     done
+    fuzz=$build/tests/fuzz_cuda_api
+    if [ -x "$fuzz" ]; then
+      t0=$(date +%s)
+      echo "==== $tool fuzz_cuda_api --seed 7 --iterations 2 --ops 40" >>"$out/$tool.log"
+      timeout "$san_timeout" "$san" --tool $tool --error-exitcode 99 "$fuzz" --seed 7 --iterations 2 --ops 40 >>"$out/$tool.log" 2>&1
+      rc=$?
+      summary_line=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$tool.log" | tail -1)
+      record "$tool fuzz_cuda_api ($(($(date +%s) - t0)) s): ${summary_line:-no summary}$([ $rc -eq 124 ] && echo ' TIMEOUT')" $rc
+    fi
   done
 fi
 

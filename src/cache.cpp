@@ -504,6 +504,17 @@ void Cache::plan_append(const char *call, uint32_t layer, uint32_t n_seqs,
   }
 }
 
+// One token more in a (sequence, layer)'s counts: into the residual, or, when the residual
+// becomes full with it, all R of them flushed into blocks. S is a LayerState or a CacheView.
+template <typename S> static void add_token(S &s, bool flush, uint32_t residual_length) {
+  if (flush) {
+    s.quantized += residual_length;
+    s.residual = 0;
+  } else {
+    s.residual += 1;
+  }
+}
+
 void Cache::return_append_blocks(uint32_t layer, uint32_t n_seqs,
                                  const uint32_t *seq_ids) noexcept {
   for (uint32_t i = n_seqs; i-- > 0;) return_blocks(seq_ids[i], layer, append_extra_[i]);
@@ -513,12 +524,7 @@ void Cache::commit_append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_i
   for (uint32_t i = 0; i < n_seqs; ++i) {
     LayerState &s = state(seq_ids[i], layer);
     s.generated += 1;
-    if (append_items_[i].flush) {
-      s.quantized += cfg_.residual_length;
-      s.residual = 0;
-    } else {
-      s.residual += 1;
-    }
+    add_token(s, append_items_[i].flush, cfg_.residual_length);
   }
 }
 
@@ -586,12 +592,7 @@ void Cache::append_decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_i
   after.assign(n_seqs, CacheView());  // within the capacity reserved at create
   for (uint32_t i = 0; i < n_seqs; ++i) {
     after[i] = append_items_[i].dst;
-    if (append_items_[i].flush) {
-      after[i].quantized += cfg_.residual_length;
-      after[i].residual = 0;
-    } else {
-      after[i].residual += 1;
-    }
+    add_token(after[i], append_items_[i].flush, cfg_.residual_length);
   }
   try {
     backend_->append_decode(layer, append_items_, after, q, k, v, out, stream);

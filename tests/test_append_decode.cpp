@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "handle.h"
 #include "support.hpp"
+#include "white_box.hpp"
 
 namespace {
 
@@ -21,15 +21,6 @@ struct Setup {
   uint32_t H, Hkv, D;
   uint32_t key_bits, value_bits, G, R, sinks;
 };
-
-void check_same_storage(const minikv_cache *a, const minikv_cache *b, const std::string &when) {
-  std::vector<uint8_t> pool_a, res_a, pool_b, res_b;
-  a->impl.backend().read_storage(pool_a, res_a);
-  b->impl.backend().read_storage(pool_b, res_b);
-  INFO(when);
-  CHECK(pool_a == pool_b);
-  CHECK(res_a == res_b);
-}
 
 void check_same_lengths(const minikv_cache *a, const minikv_cache *b, uint32_t seqs,
                         uint32_t layers) {
@@ -98,12 +89,12 @@ void run(const Setup &st) {
       MKV_REQUIRE_OK(minikv_decode(split.get(), layer, b, batch.data(), q.data(), out_split.data(), nullptr));
       CHECK(out_fused.bit_equal(out_split));
     }
-    if (step % 15 == 14) check_same_storage(fused.get(), split.get(), "after step " + std::to_string(step));
+    if (step % 15 == 14) test::check_same_storage(fused.get(), split.get(), "after step " + std::to_string(step));
   }
   // A residual holds fewer than R tokens: R appends to one sequence flushed it at least once.
   CHECK(*std::max_element(appended.begin(), appended.end()) >= st.R);
   check_same_lengths(fused.get(), split.get(), n, kLayers);
-  check_same_storage(fused.get(), split.get(), "at the end");
+  test::check_same_storage(fused.get(), split.get(), "at the end");
   minikv_memory_stats sa{}, sb{};
   sa.struct_size = sb.struct_size = sizeof(minikv_memory_stats);
   MKV_REQUIRE_OK(minikv_memory_stats_get(fused.get(), &sa));

@@ -1,0 +1,73 @@
+// What every decode kernel (decode_fast.cu, decode_generic.cu, decode_mma.cu) shares about
+// the token minikv_append_decode appends in the decode launch itself.
+//
+// The appended token: the contract of a decode kernel launched with p.new_k != nullptr.
+//   - p.residual[b] already counts the token. Where appended_row(p, b, kvh).row is a row
+//     index (not kNoAppendedRow), that residual row of sequence b is NOT in its slot yet:
+//     every CTA that reads it takes its K/V from appended_row(...).k / .v, the caller's
+//     buffers (same bytes as the slot will hold). Every other residual row comes from the
+//     slot as in a plain decode.
+//   - Exactly one CTA per (sequence, KV head) calls store_appended_row with all of its
+//     threads (any count): it copies the row into the slot and sets its position, which
+//     makes the slot what minikv_append would have left. Readers never read that row from
+//     the slot during the launch, so the writer needs no ordering with them; later
+//     launches on the stream see it.
+//   - Sequences with p.new_position[b] < 0 (a flush stored their token before the launch)
+//     and plain decodes (p.new_k == nullptr) read every row from the slot.
+// Results are then bit for bit those of minikv_append followed by minikv_decode.
+#pragma once
+
+#include <cstdint>
+
+#include "common.cuh"
+#include "params.h"
+
+namespace minikv {
+namespace kernels {
+
+constexpr uint32_t kNoAppendedRow = 0xffffffffu;
+
+// The appended token of (sequence seq, KV head kvh) as the decode reads it: residual row
+// `row` (kNoAppendedRow: none this launch), whose K and V rows (head_dim elements each) are
+// at k and v in the caller's buffers.
+struct AppendedRow {
+  const uint8_t *k, *v;
+  uint32_t row;
+};
+
+__device__ __forceinline__ AppendedRow appended_row(const DecodeParams &p, uint32_t seq,
+                                                    uint32_t kvh) {
+  AppendedRow a{nullptr, nullptr, kNoAppendedRow};
+  if (p.new_k == nullptr || p.new_position[seq] < 0) return a;
+  const ResidualLayout &rl = p.st.res;
+  const uint64_t at = (uint64_t(seq) * rl.kv_heads + kvh) * rl.head_dim * rl.elem_bytes;
+  a.k = static_cast<const uint8_t *>(p.new_k) + at;
+  a.v = static_cast<const uint8_t *>(p.new_v) + at;
+  a.row = p.residual[seq] - 1;
+  return a;
+}
+
+// The one writer per (sequence, KV head): copies the appended K/V rows into the slot's
+// residual row and records the token's position, with threads tid = 0 .. nthreads-1 of the
+// calling CTA (16-byte chunks). A no-op where the launch appends nothing for `seq`.
+__device__ __forceinline__ void store_appended_row(const DecodeParams &p, uint32_t seq,
+                                                   uint32_t kvh, uint32_t tid,
+                                                   uint32_t nthreads) {
+  const AppendedRow a = appended_row(p, seq, kvh);
+  if (a.row == kNoAppendedRow) return;
+  const ResidualLayout &rl = p.st.res;
+  const uint64_t row_bytes = uint64_t(rl.head_dim) * rl.elem_bytes;  // a multiple of 16
+  uint8_t *slot = p.st.residual + uint64_t(p.slot[seq]) * rl.bytes;
+  const uint64_t at = kvh * rl.kv_head_stride() + a.row * row_bytes;
+  uint8_t *k = slot + rl.k + at, *v = slot + rl.v + at;
+  for (uint32_t c = tid; c < row_bytes / 16; c += nthreads) {
+    reinterpret_cast<uint4 *>(k)[c] = reinterpret_cast<const uint4 *>(a.k)[c];
+    reinterpret_cast<uint4 *>(v)[c] = reinterpret_cast<const uint4 *>(a.v)[c];
+  }
+  if (tid == 0)
+    reinterpret_cast<int32_t *>(slot + rl.positions)[uint64_t(kvh) * rl.tokens + a.row] =
+        p.new_position[seq];
+}
+
+}  // namespace kernels
+}  // namespace minikv

@@ -1,0 +1,241 @@
+// minikv_append_decode on the CUDA backend against minikv_append followed by minikv_decode:
+// two CUDA caches driven with the same steps, one through each path, must agree bit for bit
+// on every output element, on the sequences' lengths and on the whole device storage (the
+// fused launch stores the appended row and its position itself). Covered: the fast kernel
+// (GQA 1/2/4/8, head_dim 64/128, fp16/bf16) and the generic one (sinks, 4/8/16 bits, GQA
+// groups over several CTAs), flushes (the flush subset goes through the append kernel
+// first), ragged batches in shuffled order, split-K (long contexts, few sequences), batches
+// larger than one decode launch (128) and than one append launch (64), a non-default
+// stream, and CUDA graph capture of the combined call. Skipped without a CUDA device.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_util.h"
+#include "white_box.hpp"
+
+namespace {
+
+using gt::DevBuf;
+using gt::Tensor;
+
+struct Shape {
+  const char *name;
+  minikv_dtype dtype;
+  uint32_t head_dim, heads, kv_heads;
+  uint32_t key_bits, value_bits, group, residual, sinks;
+  std::vector<uint32_t> lens;
+  uint32_t steps;
+};
+
+minikv_config config_of(const Shape &s) {
+  minikv_config cfg;
+  minikv_config_default(&cfg);
+  cfg.backend = MINIKV_BACKEND_CUDA;
+  cfg.dtype = s.dtype;
+  cfg.num_layers = 2;
+  cfg.num_heads = s.heads;
+  cfg.num_kv_heads = s.kv_heads;
+  cfg.head_dim = s.head_dim;
+  cfg.max_sequences = static_cast<uint32_t>(s.lens.size());
+  cfg.max_seq_len = *std::max_element(s.lens.begin(), s.lens.end()) + s.steps + 1;
+  cfg.key_bits = s.key_bits;
+  cfg.value_bits = s.value_bits;
+  cfg.group_size = s.group;
+  cfg.residual_length = s.residual;
+  cfg.sink_tokens = s.sinks;
+  return cfg;
+}
+
+struct CacheDeleter {
+  void operator()(minikv_cache *c) const { minikv_cache_destroy(c); }
+};
+using CachePtr = std::unique_ptr<minikv_cache, CacheDeleter>;
+
+CachePtr make(const minikv_config &cfg) {
+  minikv_cache *c = nullptr;
+  MKV_OK(minikv_cache_create(&cfg, &c));
+  return CachePtr(c);
+}
+
+// Random rows in the dtype, on the device.
+DevBuf device_tensor(minikv_dtype dt, size_t n, std::mt19937 &rng, float stddev) {
+  Tensor t(dt, n);
+  t.fill_normal(rng, stddev);
+  DevBuf d(n * 2);
+  d.upload(t.bits);
+  return d;
+}
+
+void prefill_both(minikv_cache *a, minikv_cache *b, const minikv_config &cfg,
+                  const std::vector<uint32_t> &ids, const std::vector<uint32_t> &lens,
+                  std::mt19937 &rng) {
+  std::vector<int32_t> cu(1, 0);
+  for (uint32_t L : lens) cu.push_back(cu.back() + static_cast<int32_t>(L));
+  const size_t T = cu.back(), q_row = size_t(cfg.num_heads) * cfg.head_dim,
+               kv_row = size_t(cfg.num_kv_heads) * cfg.head_dim;
+  for (uint32_t layer = 0; layer < cfg.num_layers; ++layer) {
+    DevBuf q = device_tensor(cfg.dtype, T * q_row, rng, 1.0f);
+    DevBuf k = device_tensor(cfg.dtype, T * kv_row, rng, 1.5f);
+    DevBuf v = device_tensor(cfg.dtype, T * kv_row, rng, 1.0f);
+    DevBuf out(T * q_row * 2);
+    for (minikv_cache *c : {a, b})
+      MKV_OK(minikv_prefill(c, layer, static_cast<uint32_t>(ids.size()), ids.data(), cu.data(),
+                            q.get(), k.get(), v.get(), out.get(), nullptr));
+  }
+}
+
+void run(const Shape &s, cudaStream_t stream) {
+  INFO(s.name);
+  const minikv_config cfg = config_of(s);
+  CachePtr fused = make(cfg), split = make(cfg);
+  const uint32_t n = static_cast<uint32_t>(s.lens.size());
+  std::vector<uint32_t> ids(n);
+  std::iota(ids.begin(), ids.end(), 0u);
+  std::reverse(ids.begin(), ids.end());  // slots not in batch order
+  std::mt19937 rng(1234);
+  prefill_both(fused.get(), split.get(), cfg, ids, s.lens, rng);
+  const size_t q_row = size_t(cfg.num_heads) * cfg.head_dim,
+               kv_row = size_t(cfg.num_kv_heads) * cfg.head_dim;
+  std::vector<uint32_t> appended(n, 0);
+  for (uint32_t step = 0; step < s.steps; ++step) {
+    // Every other step the whole batch, otherwise a shuffled subset of it.
+    std::vector<uint32_t> batch = ids;
+    std::shuffle(batch.begin(), batch.end(), rng);
+    if (step % 2 == 1) batch.resize(1 + rng() % n);
+    const uint32_t b = static_cast<uint32_t>(batch.size());
+    for (uint32_t id : batch) ++appended[id];
+    for (uint32_t layer = 0; layer < cfg.num_layers; ++layer) {
+      CAPTURE(step);
+      CAPTURE(layer);
+      DevBuf q = device_tensor(cfg.dtype, b * q_row, rng, 1.0f);
+      DevBuf k = device_tensor(cfg.dtype, b * kv_row, rng, 1.5f);
+      DevBuf v = device_tensor(cfg.dtype, b * kv_row, rng, 1.0f);
+      DevBuf out_fused(b * q_row * 2), out_split(b * q_row * 2);
+      CUDA_OK(cudaMemset(out_fused.get(), 0xff, b * q_row * 2));  // NaN poison
+      MKV_OK(minikv_append_decode(fused.get(), layer, b, batch.data(), q.get(), k.get(), v.get(),
+                                  out_fused.get(), stream));
+      MKV_OK(minikv_append(split.get(), layer, b, batch.data(), k.get(), v.get(), stream));
+      MKV_OK(minikv_decode(split.get(), layer, b, batch.data(), q.get(), out_split.get(), stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      const std::vector<uint16_t> a = out_fused.download<uint16_t>(b * q_row);
+      const std::vector<uint16_t> c = out_split.download<uint16_t>(b * q_row);
+      size_t differ = 0;
+      for (size_t i = 0; i < a.size(); ++i) differ += a[i] != c[i];
+      INFO(differ << " of " << a.size() << " output elements differ");
+      CHECK(differ == 0);
+    }
+    if (step % 16 == 15) test::check_same_storage(fused.get(), split.get(), "after step " + std::to_string(step));
+  }
+  // A residual holds fewer than R tokens: R appends to one sequence flushed it.
+  CHECK(*std::max_element(appended.begin(), appended.end()) >= s.residual);
+  for (uint32_t id : ids)
+    for (uint32_t layer = 0; layer < cfg.num_layers; ++layer) {
+      uint64_t sa = 0, ca = 0, sb = 1, cb = 1;
+      MKV_OK(minikv_sequence_length(fused.get(), id, layer, &sa, &ca));
+      MKV_OK(minikv_sequence_length(split.get(), id, layer, &sb, &cb));
+      CHECK(sa == sb);
+      CHECK(ca == cb);
+    }
+  test::check_same_storage(fused.get(), split.get(), "at the end");
+}
+
+std::vector<uint32_t> many(uint32_t n) {
+  std::vector<uint32_t> lens(n);
+  for (uint32_t i = 0; i < n; ++i) lens[i] = 3 + (i * 29) % 70;
+  return lens;
+}
+
+const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+
+TEST_CASE("append_decode equals append then decode bit for bit on CUDA") {
+  GPU_OR_SKIP();
+  const Shape shapes[] = {
+      // fast kernel: 2-bit, G 16, no sinks
+      {"fast f16 hd128 mha", F16, 128, 4, 4, 2, 2, 16, 32, 0, {1, 40, 300}, 70},
+      {"fast bf16 hd64 gqa2", BF16, 64, 4, 2, 2, 2, 16, 32, 0, {17, 129}, 70},
+      {"fast f16 hd128 gqa4 long split-K", F16, 128, 8, 2, 2, 2, 16, 64, 0, {3000}, 70},
+      {"fast bf16 hd128 gqa8", BF16, 128, 16, 2, 2, 2, 16, 16, 0, {90, 5}, 40},
+      // generic kernel: sinks, other bits, groups over several CTAs
+      {"generic f16 hd128 K4V2 G32 4 sinks gqa4", F16, 128, 8, 2, 4, 2, 32, 32, 4, {2, 200, 700}, 70},
+      {"generic bf16 hd64 K8V8 gqa3", BF16, 64, 6, 2, 8, 8, 16, 16, 0, {60, 1}, 40},
+      {"generic f16 hd64 16/16 gqa12 17 sinks", F16, 64, 12, 1, 16, 16, 16, 32, 17, {100, 10}, 70},
+      {"generic bf16 hd128 K4V4 long split-K", BF16, 128, 4, 1, 4, 4, 16, 128, 0, {4000}, 130},
+      // more sequences than one decode launch (128) and one append launch (64)
+      {"fast f16 hd64 gqa2 batch of 150", F16, 64, 4, 2, 2, 2, 16, 16, 0, many(150), 32},
+      {"generic f16 hd64 K4V2 batch of 150", F16, 64, 4, 2, 4, 2, 16, 16, 4, many(150), 32},
+  };
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const Shape &s : shapes) {
+    SUBCASE(s.name) { run(s, s.lens.size() > 100 ? stream : nullptr); }
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("CUDA graph capture of append_decode replays the uncaptured calls") {
+  GPU_OR_SKIP();
+  // Three caches: `graph` replays each step captured in a graph, `plain` runs the combined
+  // call, `split` append + decode; all three outputs must be identical, at steps with and
+  // without a flush (R = 16: the flush subset's append launch is captured too).
+  const Shape s{"graph", F16, 128, 8, 2, 2, 2, 16, 16, 0, {150, 77}, 40};
+  minikv_config cfg = config_of(s);
+  cfg.num_layers = 1;
+  CachePtr graph_cache = make(cfg), plain = make(cfg), split = make(cfg);
+  std::mt19937 rng(77);
+  const std::vector<uint32_t> ids = {1, 0};
+  prefill_both(graph_cache.get(), plain.get(), cfg, ids, s.lens, rng);
+  std::mt19937 rng2(77);
+  CachePtr unused = make(cfg);
+  prefill_both(split.get(), unused.get(), cfg, ids, s.lens, rng2);  // the same prompts
+  const size_t q_row = size_t(cfg.num_heads) * cfg.head_dim,
+               kv_row = size_t(cfg.num_kv_heads) * cfg.head_dim;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  int flushing = 0;
+  for (uint32_t step = 0; step < s.steps; ++step) {
+    CAPTURE(step);
+    uint64_t cached0 = 0, cached1 = 0;
+    MKV_OK(minikv_sequence_length(plain.get(), 0, 0, nullptr, &cached0));
+    MKV_OK(minikv_sequence_length(plain.get(), 1, 0, nullptr, &cached1));
+    DevBuf q = device_tensor(cfg.dtype, 2 * q_row, rng, 1.0f);
+    DevBuf k = device_tensor(cfg.dtype, 2 * kv_row, rng, 1.5f);
+    DevBuf v = device_tensor(cfg.dtype, 2 * kv_row, rng, 1.0f);
+    DevBuf og(2 * q_row * 2), op(2 * q_row * 2), os(2 * q_row * 2);
+    CUDA_OK(cudaMemset(og.get(), 0xff, 2 * q_row * 2));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const minikv_status st = minikv_append_decode(graph_cache.get(), 0, 2, ids.data(), q.get(),
+                                                  k.get(), v.get(), og.get(), stream);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    REQUIRE_MESSAGE(st == MINIKV_OK, minikv_last_error_message());
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    MKV_OK(minikv_append_decode(plain.get(), 0, 2, ids.data(), q.get(), k.get(), v.get(), op.get(), stream));
+    MKV_OK(minikv_append(split.get(), 0, 2, ids.data(), k.get(), v.get(), stream));
+    MKV_OK(minikv_decode(split.get(), 0, 2, ids.data(), q.get(), os.get(), stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    const std::vector<uint16_t> g = og.download<uint16_t>(2 * q_row);
+    CHECK(g == op.download<uint16_t>(2 * q_row));
+    CHECK(g == os.download<uint16_t>(2 * q_row));
+    // Kept: 37 + 37 of 150 (64 quantized + 10 residual), 19 + 19 of 77 (32 + 6).
+    flushing += (cached0 - 64) % 16 == 15 || (cached1 - 32) % 16 == 15;
+  }
+  CHECK(flushing >= 2);
+  test::check_same_storage(graph_cache.get(), split.get(), "graph vs append + decode");
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+}  // TEST_SUITE
