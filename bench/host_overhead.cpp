@@ -11,6 +11,9 @@
 //   minikv_host_overhead [--backend cpu|cuda] [--seqs N] [--context T] [--calls N]
 //                        [--samples N] [--json PATH]
 // Prints one line per call kind: median and min microseconds per layer-call over the samples.
+// Each kind runs on a fresh cache with the same prompts; the kinds that append grow the
+// context by calls x (samples + 1) / 4 tokens per layer over their run (decode alone does
+// not), which matters on the CPU only.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -127,9 +130,8 @@ int main(int argc, char **argv) {
 #endif
   setenv("MINIKV_NUM_THREADS", "1", 0);  // CPU: no thread-pool wake-ups in the measurement
   constexpr uint32_t kLayers = 4, kHeads = 4, kKvHeads = 1, kDim = 64;
-  // Appends per layer over the whole run: 3 kinds append (append, append + decode, and
-  // append_decode), calls per sample, samples plus one warm-up.
-  const uint64_t appends = 3ull * o.calls * (o.samples + 1);
+  // Appends to one cache (one kind of call): calls per sample, samples plus one warm-up.
+  const uint64_t appends = uint64_t(o.calls) * (o.samples + 1);
 
   minikv_config cfg;
   minikv_config_default(&cfg);
@@ -141,25 +143,30 @@ int main(int argc, char **argv) {
   cfg.head_dim = kDim;
   cfg.max_sequences = o.seqs;
   cfg.max_seq_len = static_cast<uint32_t>(o.context + appends);
-  minikv_cache *cache = nullptr;
-  require(minikv_cache_create(&cfg, &cache), "minikv_cache_create");
 
   std::vector<uint32_t> ids(o.seqs);
   for (uint32_t i = 0; i < o.seqs; ++i) ids[i] = i;
-  {
+  Buffer q(o.backend, size_t(o.seqs) * kHeads * kDim), k(o.backend, size_t(o.seqs) * kKvHeads * kDim),
+      v(o.backend, size_t(o.seqs) * kKvHeads * kDim), out(o.backend, size_t(o.seqs) * kHeads * kDim);
+
+  // Each kind of call gets a fresh cache with the same prompts, so that no kind runs over
+  // the tokens another appended (on the CPU the compute grows with the context).
+  minikv_cache *cache = nullptr;
+  auto fresh_cache = [&] {
+    minikv_cache_destroy(cache);
+    cache = nullptr;
+    require(minikv_cache_create(&cfg, &cache), "minikv_cache_create");
     std::vector<int32_t> cu(o.seqs + 1, 0);
     for (uint32_t i = 0; i < o.seqs; ++i) cu[i + 1] = cu[i] + static_cast<int32_t>(o.context);
     const size_t T = size_t(o.seqs) * o.context;
-    Buffer q(o.backend, T * kHeads * kDim), k(o.backend, T * kKvHeads * kDim),
-        v(o.backend, T * kKvHeads * kDim), out(o.backend, T * kHeads * kDim);
+    Buffer pq(o.backend, T * kHeads * kDim), pk(o.backend, T * kKvHeads * kDim),
+        pv(o.backend, T * kKvHeads * kDim), pout(o.backend, T * kHeads * kDim);
     for (uint32_t layer = 0; layer < kLayers; ++layer)
-      require(minikv_prefill(cache, layer, o.seqs, ids.data(), cu.data(), q.data(), k.data(),
-                             v.data(), out.data(), nullptr),
+      require(minikv_prefill(cache, layer, o.seqs, ids.data(), cu.data(), pq.data(), pk.data(),
+                             pv.data(), pout.data(), nullptr),
               "minikv_prefill");
     drain(o.backend);
-  }
-  Buffer q(o.backend, size_t(o.seqs) * kHeads * kDim), k(o.backend, size_t(o.seqs) * kKvHeads * kDim),
-      v(o.backend, size_t(o.seqs) * kKvHeads * kDim), out(o.backend, size_t(o.seqs) * kHeads * kDim);
+  };
 
   uint32_t layer = 0;  // the calls rotate over the layers, as an engine's step does
   auto next = [&] { return layer = (layer + 1) % kLayers; };
@@ -179,6 +186,7 @@ int main(int argc, char **argv) {
   };
   std::vector<Result> results;
   for (const auto &kind : kinds) {
+    fresh_cache();
     std::vector<double> us;
     for (uint32_t s = 0; s <= o.samples; ++s) {  // sample 0 warms up
       drain(o.backend);
