@@ -268,11 +268,6 @@ class CudaBackend final : public Backend {
                      const void *v, void *out, void *stream) override {
     DeviceGuard guard(device_);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (decode_kernel_ == DecodeKernel::kMma) {  // does not take the appended row: append first
-      launch_appends(items, false, k, v, s);
-      launch_decodes(after, q, out, nullptr, nullptr, nullptr, s);
-      return;
-    }
     launch_appends(items, true, k, v, s);
     launch_decodes(after, q, out, &items, k, v, s);
   }

@@ -29,11 +29,14 @@
 //   p · s_v near 2^14 (the accumulators are rescaled when it moves). The bias Σ p · m_v is an
 //   mma of m_v (rows = value groups) against p rounded once (fp16 · 2^12; bf16: two pieces).
 //   16-bit values: A = V rows transposed by ldmatrix.trans, B = p as above.
+// In a launch of minikv_append_decode the residual's newest row is staged from the caller's
+// k/v, and one CTA per (sequence, KV head) stores it into the slot (decode_common.cuh).
 // A CTA with one split writes the normalized output, otherwise (max, sum, unnormalized
 // output) partials that decode_merge.cu combines.
 #include <type_traits>
 
 #include "common.cuh"
+#include "decode_common.cuh"
 #include "decode_mma_plan.h"
 #include "dispatch.cuh"
 #include "launchers.h"
@@ -122,17 +125,20 @@ template <typename T> struct ProbOperand {
 // ---- staging (one warp) -----------------------------------------------------------------
 // `rows` rows of `row_bytes` (a multiple of 16) into rows of `stride` bytes, and zeros up to
 // row `padded`: the mma reads whole 16-token k-steps, and a stale row of an earlier tile
-// (codes read as fp16) may be Inf or NaN, which 0 · row would not cancel.
+// (codes read as fp16) may be Inf or NaN, which 0 · row would not cancel. Row `sub` (if
+// below `rows`) comes from `sub_src` instead: the appended token (decode_common.cuh).
 __device__ __forceinline__ void copy_rows(uint8_t *dst, uint32_t stride, const uint8_t *src,
                                           uint64_t row_bytes, uint32_t rows, uint32_t padded,
-                                          uint32_t lane) {
+                                          uint32_t lane, uint32_t sub = kNoAppendedRow,
+                                          const uint8_t *sub_src = nullptr) {
   const uint32_t units = static_cast<uint32_t>(row_bytes / 16);
   const uint32_t shift = __ffs(units) - 1;
   const bool pow2 = (units & (units - 1)) == 0;
   for (uint32_t x = lane; x < padded * units; x += 32) {
     const uint32_t r = pow2 ? x >> shift : x / units, u = pow2 ? x & (units - 1) : x % units;
     const bool live = r < rows;
-    cp_async_16(dst + r * stride + u * 16, src + (live ? r : 0) * row_bytes + u * 16, live);
+    const uint8_t *row = r == sub ? sub_src : src + (live ? r : 0) * row_bytes;
+    cp_async_16(dst + r * stride + u * 16, row + u * 16, live);
   }
 }
 __device__ __forceinline__ void copy_bytes(uint8_t *dst, const uint8_t *src, uint64_t bytes,
@@ -177,8 +183,17 @@ __device__ void stage_tile(const DecodeParams &p, const MmaDecodePlan &g, const 
       v = res_slot + rl.v + kvh * rl.kv_head_stride();
     }
     const uint32_t padded = (tr.count + 15) / 16 * 16;
-    copy_rows(stage, g.p_stride, k + tr.first * D * e, D * e, tr.count, padded, lane);
-    copy_rows(stage + g.p_v, g.p_stride, v + tr.first * D * e, D * e, tr.count, padded, lane);
+    // The appended token's row (the residual's last) from the caller's k/v.
+    uint32_t sub = kNoAppendedRow;
+    const uint8_t *sub_k = nullptr, *sub_v = nullptr;
+    if (tr.segment == kSegResidual) {
+      const AppendedRow a = appended_row(p, blockIdx.z, kvh);
+      sub = a.row - tr.first;  // none (kNoAppendedRow) or an earlier row: wraps past the tile
+      sub_k = a.k;
+      sub_v = a.v;
+    }
+    copy_rows(stage, g.p_stride, k + tr.first * D * e, D * e, tr.count, padded, lane, sub, sub_k);
+    copy_rows(stage + g.p_v, g.p_stride, v + tr.first * D * e, D * e, tr.count, padded, lane, sub, sub_v);
   }
 }
 
@@ -538,6 +553,10 @@ __global__ void __launch_bounds__(32, 8) decode_mma_kernel(const __grid_constant
   int Sv = 0;  // acc = Σ p·s_v·2^Sv · (code patterns); 16-bit tiles are folded in these units
   const int row_off = int((gq * bl.value_bits) % 8);  // code offset of this lane's rows
 
+  // minikv_append_decode: the first split of the first head chunk stores the appended token
+  // (decode_common.cuh); every CTA reads it from the caller's k/v (stage_tile).
+  if (split == 0 && chunk == 0) store_appended_row(p, seq, kvh, lane, 32);
+
   if (t_begin < t_end) stage_tile(p, g, tiles.tile(t_begin, g), table, res_slot, kvh, smem, lane);
   cp_async_commit();
   for (uint32_t ti = t_begin; ti < t_end; ++ti) {
@@ -689,7 +708,7 @@ __global__ void __launch_bounds__(32, 8) decode_mma_kernel(const __grid_constant
       const float o = fmaf(acc[mt][e], unit, bias[e & 1]);
       const uint64_t head = uint64_t(seq) * p.num_heads + h0 + col;
       if (p.splits == 1) {
-        static_cast<T *>(p.out)[head * D + ch] = DType<T>::from_float(o / l_c[e & 1]);
+        static_cast<T *>(p.out)[head * D + ch] = output_value<T>(o / l_c[e & 1]);
       } else {
         const uint64_t part = head * p.splits + split;
         p.part_o[part * D + ch] = o;

@@ -6,7 +6,8 @@
 //
 // Each iteration draws a small configuration (fp16/bf16, head_dim 64/128, GQA group, key and
 // value bits, group size, residual length, sinks, budgets, score mode, often a tight pool and
-// a short max_seq_len), then --ops calls among: prefill of a batch, append, decode,
+// a short max_seq_len; the CUDA cache decodes with the library's plan (fast, mma or generic
+// kernel), or in a third of the iterations with the generic kernel), then --ops calls among: prefill of a batch, append, decode,
 // append_decode, release, length/kept-positions/stats queries, and invalid calls (NULL
 // pointers, ids out of range or repeated, bad layer, n_seqs 0; for CUDA only, a misaligned
 // device pointer). After each call:
@@ -92,7 +93,11 @@ class Run {
     c.backend = MINIKV_BACKEND_CPU;
     const minikv_status sc = minikv_cache_create(&c, &cpu_);
     c.backend = MINIKV_BACKEND_CUDA;
+    // A third of the iterations decode with the generic kernel whatever the plan would be.
+    generic_ = below(3) == 0;
+    if (generic_) setenv("MINIKV_DECODE_KERNEL", "generic", 1);
     const minikv_status sg = minikv_cache_create(&c, &gpu_);
+    unsetenv("MINIKV_DECODE_KERNEL");
     check(sc == MINIKV_OK && sg == MINIKV_OK, "create: CPU %s, CUDA %s (%s)", minikv_status_string(sc),
           minikv_status_string(sg), minikv_last_error_message());
     if (sc != MINIKV_OK || sg != MINIKV_OK) std::exit(1);
@@ -109,12 +114,13 @@ class Run {
 
   void go(const std::string &where) {
     std::printf("%s: dtype %s D %u heads %u/%u bits %u/%u G %u R %u sinks %u seqs %u max_seq_len %u "
-                "max_tokens %llu h %.2f r %.2f %s\n",
+                "max_tokens %llu h %.2f r %.2f %s%s\n",
                 where.c_str(), cfg_.dtype == MINIKV_DTYPE_F16 ? "f16" : "bf16", cfg_.head_dim,
                 cfg_.num_heads, cfg_.num_kv_heads, cfg_.key_bits, cfg_.value_bits, cfg_.group_size,
                 cfg_.residual_length, cfg_.sink_tokens, cfg_.max_sequences, cfg_.max_seq_len,
                 (unsigned long long)cfg_.max_tokens, cfg_.heavy_ratio, cfg_.recent_ratio,
-                cfg_.score_mode == MINIKV_SCORE_WINDOW ? "window" : "cumulative");
+                cfg_.score_mode == MINIKV_SCORE_WINDOW ? "window" : "cumulative",
+                generic_ ? " (generic decode kernel)" : "");
     for (uint32_t op = 0; op < ops_; ++op) {
       g_where = where + " op " + std::to_string(op);
       switch (below(12)) {
@@ -483,6 +489,7 @@ class Run {
   size_t q_row_ = 0, kv_row_ = 0;
   minikv_cache *cpu_ = nullptr, *gpu_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  bool generic_ = false;  // MINIKV_DECODE_KERNEL=generic for the CUDA cache
   std::vector<bool> diverged_;  // [seq][layer]: kept positions differ between the backends
   uint64_t calls_ = 0, rows_ = 0, failures_seen_ = 0;
   uint32_t divergences_ = 0;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -75,6 +76,18 @@ class DevBuf {
  private:
   void *p_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// Caches created while this lives decode with the named kernel ("fast", "mma", "generic";
+// nullptr: the library's own plan), through MINIKV_DECODE_KERNEL, which create reads.
+class DecodeKernelChoice {
+ public:
+  explicit DecodeKernelChoice(const char *kernel) {
+    if (kernel) setenv("MINIKV_DECODE_KERNEL", kernel, 1);
+  }
+  ~DecodeKernelChoice() { unsetenv("MINIKV_DECODE_KERNEL"); }
+  DecodeKernelChoice(const DecodeKernelChoice &) = delete;
+  DecodeKernelChoice &operator=(const DecodeKernelChoice &) = delete;
 };
 
 // ---- 16-bit tensors ---------------------------------------------------------------------

@@ -1,9 +1,9 @@
 // minikv_append_decode on the CUDA backend against minikv_append followed by minikv_decode:
 // two CUDA caches driven with the same steps, one through each path, must agree bit for bit
 // on every output element, on the sequences' lengths and on the whole device storage (the
-// fused launch stores the appended row and its position itself). Covered: the fast kernel
-// (GQA 1/2/4/8, head_dim 64/128, fp16/bf16) and the generic one (sinks, 4/8/16 bits, GQA
-// groups over several CTAs), flushes (the flush subset goes through the append kernel
+// fused launch stores the appended row and its position itself). Covered: each decode
+// kernel, fast (GQA 1/2/4/8, head_dim 64/128, fp16/bf16), mma and generic (sinks, 4/8/16
+// bits, GQA groups over several CTAs), flushes (the flush subset goes through the append kernel
 // first), ragged batches in shuffled order, split-K (long contexts, few sequences), batches
 // larger than one decode launch (128) and than one append launch (64), a non-default
 // stream, and CUDA graph capture of the combined call. Skipped without a CUDA device.
@@ -31,6 +31,7 @@ struct Shape {
   uint32_t key_bits, value_bits, group, residual, sinks;
   std::vector<uint32_t> lens;
   uint32_t steps;
+  const char *kernel = nullptr;  // MINIKV_DECODE_KERNEL (nullptr: the library's plan)
 };
 
 minikv_config config_of(const Shape &s) {
@@ -93,6 +94,7 @@ void prefill_both(minikv_cache *a, minikv_cache *b, const minikv_config &cfg,
 void run(const Shape &s, cudaStream_t stream) {
   INFO(s.name);
   const minikv_config cfg = config_of(s);
+  const gt::DecodeKernelChoice choice(s.kernel);
   CachePtr fused = make(cfg), split = make(cfg);
   const uint32_t n = static_cast<uint32_t>(s.lens.size());
   std::vector<uint32_t> ids(n);
@@ -160,19 +162,26 @@ TEST_SUITE("gpu") {
 TEST_CASE("append_decode equals append then decode bit for bit on CUDA") {
   GPU_OR_SKIP();
   const Shape shapes[] = {
-      // fast kernel: 2-bit, G 16, no sinks
+      // the fast kernel (the library's plan): 2-bit, G 16, no sinks, GQA 1/2/4/8
       {"fast f16 hd128 mha", F16, 128, 4, 4, 2, 2, 16, 32, 0, {1, 40, 300}, 70},
       {"fast bf16 hd64 gqa2", BF16, 64, 4, 2, 2, 2, 16, 32, 0, {17, 129}, 70},
       {"fast f16 hd128 gqa4 long split-K", F16, 128, 8, 2, 2, 2, 16, 64, 0, {3000}, 70},
       {"fast bf16 hd128 gqa8", BF16, 128, 16, 2, 2, 2, 16, 16, 0, {90, 5}, 40},
-      // generic kernel: sinks, other bits, groups over several CTAs
-      {"generic f16 hd128 K4V2 G32 4 sinks gqa4", F16, 128, 8, 2, 4, 2, 32, 32, 4, {2, 200, 700}, 70},
-      {"generic bf16 hd64 K8V8 gqa3", BF16, 64, 6, 2, 8, 8, 16, 16, 0, {60, 1}, 40},
-      {"generic f16 hd64 16/16 gqa12 17 sinks", F16, 64, 12, 1, 16, 16, 16, 32, 17, {100, 10}, 70},
-      {"generic bf16 hd128 K4V4 long split-K", BF16, 128, 4, 1, 4, 4, 16, 128, 0, {4000}, 130},
+      // the tensor-core kernel (the plan for other GQA storage): sinks, other bits, groups
+      // over several CTAs
+      {"mma f16 hd128 K4V2 G32 4 sinks gqa4", F16, 128, 8, 2, 4, 2, 32, 32, 4, {2, 200, 700}, 70},
+      {"mma bf16 hd64 K8V8 gqa3", BF16, 64, 6, 2, 8, 8, 16, 16, 0, {60, 1}, 40},
+      {"mma f16 hd64 16/16 gqa12 17 sinks", F16, 64, 12, 1, 16, 16, 16, 32, 17, {100, 10}, 70},
+      {"mma bf16 hd128 K4V4 gqa4 long split-K", BF16, 128, 4, 1, 4, 4, 16, 128, 0, {4000}, 130},
+      // the generic kernel: its plan for MHA outside the fast path, forced elsewhere
+      {"generic bf16 hd64 K8V8 mha", BF16, 64, 4, 4, 8, 8, 16, 16, 0, {60, 1, 33}, 40},
+      {"generic f16 hd128 K4V2 G32 4 sinks gqa4", F16, 128, 8, 2, 4, 2, 32, 32, 4, {2, 200, 700}, 70, "generic"},
+      {"generic f16 hd64 16/16 gqa12 17 sinks", F16, 64, 12, 1, 16, 16, 16, 32, 17, {100, 10}, 70, "generic"},
+      {"generic bf16 hd128 K2V4 gqa2 long split-K", BF16, 128, 4, 2, 2, 4, 16, 128, 0, {4000}, 130, "generic"},
       // more sequences than one decode launch (128) and one append launch (64)
       {"fast f16 hd64 gqa2 batch of 150", F16, 64, 4, 2, 2, 2, 16, 16, 0, many(150), 32},
-      {"generic f16 hd64 K4V2 batch of 150", F16, 64, 4, 2, 4, 2, 16, 16, 4, many(150), 32},
+      {"mma f16 hd64 K4V2 gqa2 batch of 150", F16, 64, 4, 2, 4, 2, 16, 16, 4, many(150), 32},
+      {"generic f16 hd64 K4V2 gqa2 batch of 150", F16, 64, 4, 2, 4, 2, 16, 16, 4, many(150), 32, "generic"},
   };
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

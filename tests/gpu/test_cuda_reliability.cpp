@@ -3,7 +3,7 @@
 //     65536 (past the fp16 maximum), and bf16 K/V of magnitude 2^60 (with |q| |k| ~ 1, the
 //     bound minikv.h states for CUDA bf16), give finite outputs
 //     that match the CPU backend (which clamps dequantized values and outputs) in prefill,
-//     decode and append_decode, on the fast and on the generic decode kernel;
+//     decode and append_decode, on each decode kernel (fast, mma, generic);
 //   - non-finite inputs (NaN, +-inf in q, k or v, at prefill, append, decode and
 //     append_decode) stay inside the (sequence, layer) they were given for: the other
 //     sequences' outputs are bit for bit those of a control cache that never saw them, the
@@ -143,10 +143,11 @@ Tensor make_tensor(minikv_dtype dt, size_t rows, uint32_t heads, uint32_t D,
 // dequantizes past M; keys likewise along tokens. Queries small, so logits stay moderate.
 // Every prompt token is kept (the budget covers the prompt): the keys' pattern makes many
 // scores equal, and the point here is quantization and decode, not selection.
-void run_extreme(minikv_config cfg, float M, const char *what) {
+void run_extreme(minikv_config cfg, float M, const char *what, const char *kernel = nullptr) {
   INFO(what);
   cfg.heavy_ratio = 0.6f;
   cfg.recent_ratio = 0.5f;
+  const gt::DecodeKernelChoice choice(kernel);
   Twin twin(cfg);
   const uint32_t H = cfg.num_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim, G = cfg.group_size;
   std::mt19937 rng(5);
@@ -187,8 +188,10 @@ TEST_CASE("CUDA outputs stay finite and match the CPU for fp16 values at 65504")
   // dequantize to 65520), where the CPU backend returns 65504.
   const minikv_dtype F16 = MINIKV_DTYPE_F16;
   run_extreme(config_of(F16, 2, 2, 16, 0, 8, 2), 65504.0f, "fast kernel: 2-bit, G 16, GQA 4");
-  run_extreme(config_of(F16, 4, 2, 32, 4, 8, 2), 65504.0f, "generic kernel: 4/2-bit, G 32, 4 sinks");
-  run_extreme(config_of(F16, 16, 16, 16, 0, 4, 4), 65504.0f, "generic kernel: 16-bit storage");
+  run_extreme(config_of(F16, 4, 2, 32, 4, 8, 2), 65504.0f, "mma kernel: 4/2-bit, G 32, 4 sinks");
+  run_extreme(config_of(F16, 4, 2, 32, 4, 8, 2), 65504.0f, "generic kernel: 4/2-bit, G 32, 4 sinks",
+              "generic");
+  run_extreme(config_of(F16, 16, 16, 16, 0, 4, 4), 65504.0f, "generic kernel: 16-bit storage, MHA");
 }
 
 TEST_CASE("CUDA bf16 values of magnitude 2^60 decode as on the CPU") {
@@ -196,16 +199,18 @@ TEST_CASE("CUDA bf16 values of magnitude 2^60 decode as on the CPU") {
   const float M = 1152921504606846976.0f;  // 2^60: the bound minikv.h states for CUDA bf16
   const minikv_dtype BF16 = MINIKV_DTYPE_BF16;
   run_extreme(config_of(BF16, 2, 2, 16, 0, 4, 4), M, "fast kernel");
-  run_extreme(config_of(BF16, 4, 2, 32, 4, 8, 2), M, "generic kernel");
+  run_extreme(config_of(BF16, 4, 2, 32, 4, 8, 2), M, "mma kernel");
+  run_extreme(config_of(BF16, 4, 2, 32, 4, 8, 2), M, "generic kernel", "generic");
 }
 
 TEST_CASE("non-finite inputs on CUDA stay inside their sequence and layer") {
   GPU_OR_SKIP();
-  for (const bool fast : {true, false}) {
-    CAPTURE(fast);
-    minikv_config cfg = fast ? config_of(MINIKV_DTYPE_F16, 2, 2, 16, 0, 8, 2)
-                             : config_of(MINIKV_DTYPE_BF16, 4, 2, 32, 4, 8, 2);
-    cfg.backend = MINIKV_BACKEND_CUDA;
+  for (const char *kernel : {"fast", "mma", "generic"}) {
+    CAPTURE(kernel);
+    const bool fast = kernel[0] == 'f';
+    const minikv_config cfg = fast ? config_of(MINIKV_DTYPE_F16, 2, 2, 16, 0, 8, 2)
+                                   : config_of(MINIKV_DTYPE_BF16, 4, 2, 32, 4, 8, 2);
+    const gt::DecodeKernelChoice choice(kernel);
     CachePtr poisoned = make(cfg, MINIKV_BACKEND_CUDA), control = make(cfg, MINIKV_BACKEND_CUDA);
     const uint32_t H = cfg.num_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim;
     const size_t q_row = size_t(H) * D, kv_row = size_t(Hkv) * D;
