@@ -144,6 +144,13 @@ Tensor make_tensor(minikv_dtype dt, size_t rows, uint32_t heads, uint32_t D,
 // Every prompt token is kept (the budget covers the prompt): the keys' pattern makes many
 // scores equal, and the point here is quantization and decode, not selection.
 void run_extreme(minikv_config cfg, float M, const char *what, const char *kernel = nullptr) {
+  // Values of magnitude M with alternating signs cancel: the probabilities' one rounding to
+  // the dtype (the prefill forward's P·V operand, the tensor-core decode's p · s_v) moves an
+  // output by up to that rounding times M, whatever the output's own size. Derived bound:
+  // 2^-11 · M (fp16) or 2^-8 · M (bf16) per rounding, twice for the output's own rounding
+  // and the CPU's, on top of the usual tolerance.
+  gt::Tol tol = gt::attention_tol(cfg.dtype);
+  tol.atol += 2.0 * M * (cfg.dtype == MINIKV_DTYPE_F16 ? 0x1p-11 : 0x1p-8);
   INFO(what);
   cfg.heavy_ratio = 0.6f;
   cfg.recent_ratio = 0.5f;
@@ -163,7 +170,7 @@ void run_extreme(minikv_config cfg, float M, const char *what, const char *kerne
     const Outputs o = twin.prefill(layer, ids, cu, make_tensor(cfg.dtype, 341, H, D, query),
                                    make_tensor(cfg.dtype, 341, Hkv, D, key),
                                    make_tensor(cfg.dtype, 341, Hkv, D, value));
-    gt::check_close(o.gpu, o.cpu, gt::attention_tol(cfg.dtype), "prefill layer " + std::to_string(layer));
+    gt::check_close(o.gpu, o.cpu, tol, "prefill layer " + std::to_string(layer));
   }
   for (uint32_t step = 0; step < 3 * cfg.residual_length; ++step) {
     for (uint32_t layer = 0; layer < 2; ++layer) {
@@ -172,7 +179,7 @@ void run_extreme(minikv_config cfg, float M, const char *what, const char *kerne
                                     return key(step + r, h, c);
                                   }),
                                   make_tensor(cfg.dtype, 2, Hkv, D, value), step % 2 == 1);
-      gt::check_close(o.gpu, o.cpu, gt::attention_tol(cfg.dtype),
+      gt::check_close(o.gpu, o.cpu, tol,
                       "step " + std::to_string(step) + " layer " + std::to_string(layer));
     }
   }
