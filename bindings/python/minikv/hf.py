@@ -136,18 +136,13 @@ def minikv_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
         out = cache.prefill(layer, ids, call.cu_seqlens, q, k, v)
         return out.unsqueeze(0), None
 
-    # decode: t new tokens per sequence, one after the other (append, then attend).
+    # decode: t new tokens per sequence, one after the other (append, then attend: one
+    # minikv_append_decode call each, a single kernel launch on CUDA where nothing flushes).
     if b != len(ids):
         raise RuntimeError(f"minikv.hf: {b} rows for {len(ids)} sequences")
-    if t == 1:
-        cache.append(layer, ids, key[:, :, 0].contiguous(), value[:, :, 0].contiguous())
-        out = cache.decode(layer, ids, query[:, :, 0].contiguous())
-        return out.unsqueeze(1), None
-    outs = []
-    for i in range(t):
-        cache.append(layer, ids, key[:, :, i].contiguous(), value[:, :, i].contiguous())
-        outs.append(cache.decode(layer, ids, query[:, :, i].contiguous()))
-    return torch.stack(outs, dim=1), None
+    outs = [cache.append_decode(layer, ids, query[:, :, i].contiguous(), key[:, :, i].contiguous(),
+                                value[:, :, i].contiguous()) for i in range(t)]
+    return (outs[0].unsqueeze(1) if t == 1 else torch.stack(outs, dim=1)), None
 
 
 def _text_config(config: Any) -> Any:

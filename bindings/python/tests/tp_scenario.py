@@ -41,7 +41,8 @@ def host(t):
 
 
 class Recorder:
-    """A minikv.Cache that records each prefill/append/decode call: its inputs and output."""
+    """A minikv.Cache that records each prefill/append/decode/append_decode call: its inputs
+    and output."""
 
     def __init__(self, cache):
         self._cache = cache
@@ -66,6 +67,13 @@ class Recorder:
 
     def decode(self, layer, seq_ids, q, **kw):
         out = self._cache.decode(layer, seq_ids, q, **kw)
+        self.calls.append(("decode", layer, np.array(seq_ids), host(q), host(out)))
+        return out
+
+    def append_decode(self, layer, seq_ids, q, k, v, **kw):
+        # Recorded as the append and the decode it equals, bit for bit (the replay's calls).
+        out = self._cache.append_decode(layer, seq_ids, q, k, v, **kw)
+        self.calls.append(("append", layer, np.array(seq_ids), host(k), host(v)))
         self.calls.append(("decode", layer, np.array(seq_ids), host(q), host(out)))
         return out
 
