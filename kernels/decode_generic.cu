@@ -22,40 +22,13 @@
 #include "common.cuh"
 #include "decode_common.cuh"
 #include "decode_generic_plan.h"
+#include "decode_tiles.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
 
 namespace minikv {
 namespace kernels {
 namespace {
-
-enum : uint32_t { kSegSinks = 0, kSegQuantized = 1, kSegResidual = 2 };
-
-struct TileRef {
-  uint32_t segment;
-  uint32_t first;  // first token of the tile inside its segment
-  uint32_t count;  // tokens of the tile (the last tile of a segment may be short)
-};
-
-// The tiles of one sequence's cache, in cache order.
-struct SequenceTiles {
-  uint32_t sinks, quantized, residual;
-  uint32_t sink_tiles, quant_tiles, total;
-
-  __device__ SequenceTiles(uint32_t s, uint32_t q, uint32_t r, const GenericDecodePlan &g)
-      : sinks(s), quantized(q), residual(r) {
-    sink_tiles = (s + g.ptile - 1) / g.ptile;
-    quant_tiles = (q + g.qtile - 1) / g.qtile;
-    total = sink_tiles + quant_tiles + (r + g.ptile - 1) / g.ptile;
-  }
-  __device__ TileRef tile(uint32_t i, const GenericDecodePlan &g) const {
-    if (i < sink_tiles) return {kSegSinks, i * g.ptile, min(g.ptile, sinks - i * g.ptile)};
-    i -= sink_tiles;
-    if (i < quant_tiles) return {kSegQuantized, i * g.qtile, min(g.qtile, quantized - i * g.qtile)};
-    i -= quant_tiles;
-    return {kSegResidual, i * g.ptile, min(g.ptile, residual - i * g.ptile)};
-  }
-};
 
 __device__ __forceinline__ void copy_bytes(uint8_t *dst, const uint8_t *src, uint64_t bytes) {
   for (uint32_t u = threadIdx.x; u < bytes / 16; u += kGenericThreads)
@@ -323,7 +296,7 @@ __global__ void __launch_bounds__(kGenericThreads, generic_min_ctas(D, NR))
   for (uint32_t i = tid; i < NR * D; i += kGenericThreads)
     q_s[i] = i / D < nh ? Tr::to_float(q[i]) : 0.0f;
 
-  const SequenceTiles tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], g);
+  const SequenceTiles<GenericDecodePlan> tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], g);
   const uint32_t per_split = (tiles.total + p.splits - 1) / p.splits;
   const uint32_t t_begin = min(tiles.total, split * per_split);
   const uint32_t t_end = min(tiles.total, t_begin + per_split);

@@ -61,35 +61,42 @@ MINIKV_HD uint32_t generic_pow2_divisor(uint32_t n, uint32_t cap) {
   return t;
 }
 
+// Layout of a quantized tile of t tokens inside one stage: key rows at 0 (out.k_stride
+// apart), then value rows (out.v_stride apart), key scales and minima of its groups, value
+// scales and minima of its tokens; writes out.q_* and returns the stage bytes. Shared by the
+// generic and the tensor-core decode plans.
+template <typename Plan>
+MINIKV_HD uint32_t layout_quantized_stage(const BlockLayout &bl, uint32_t t, Plan &out) {
+  const uint32_t D = bl.head_dim, e = bl.elem_bytes, G = bl.group;
+  const uint32_t groups = bl.key_bits == 16 ? 0 : (t >= G ? t / G : 1);
+  uint32_t off = generic_align16(uint64_t(t) * out.k_stride);
+  out.q_vcodes = off;
+  off = generic_align16(off + uint64_t(t) * out.v_stride);
+  out.q_kscale = off;
+  off = generic_align16(off + uint64_t(groups) * D * e);
+  out.q_kmin = off;
+  off = generic_align16(off + uint64_t(groups) * D * e);
+  const uint32_t vgroups = bl.value_bits == 16 ? 0 : D / G;
+  out.q_vscale = off;
+  off = generic_align16(off + uint64_t(t) * vgroups * e);
+  out.q_vmin = off;
+  off = generic_align16(off + uint64_t(t) * vgroups * e);
+  return off;
+}
+
 template <bool kMayPack = true>
 MINIKV_HD GenericDecodePlan make_generic_decode_plan(const BlockLayout &bl, uint32_t nr) {
   GenericDecodePlan g{};
-  const uint32_t D = bl.head_dim, e = bl.elem_bytes, G = bl.group;
+  const uint32_t D = bl.head_dim, e = bl.elem_bytes;
   g.k_stride = generic_row_stride<kMayPack>(bl.k_row_bytes);
   g.v_stride = generic_row_stride<kMayPack>(bl.v_row_bytes);
   g.p_stride = generic_row_stride(uint64_t(D) * e);
 
   // Quantized tile: the largest power of two dividing R whose staged rows fit the budget.
   uint32_t qtile = generic_pow2_divisor(bl.tokens, kGenericMaxTile);
-  auto quant_bytes = [&](uint32_t t, GenericDecodePlan &out) {
-    const uint32_t groups = bl.key_bits == 16 ? 0 : (t >= G ? t / G : 1);
-    uint32_t off = generic_align16(uint64_t(t) * g.k_stride);
-    out.q_vcodes = off;
-    off = generic_align16(off + uint64_t(t) * g.v_stride);
-    out.q_kscale = off;
-    off = generic_align16(off + uint64_t(groups) * D * e);
-    out.q_kmin = off;
-    off = generic_align16(off + uint64_t(groups) * D * e);
-    const uint32_t vgroups = bl.value_bits == 16 ? 0 : D / G;
-    out.q_vscale = off;
-    off = generic_align16(off + uint64_t(t) * vgroups * e);
-    out.q_vmin = off;
-    off = generic_align16(off + uint64_t(t) * vgroups * e);
-    return off;
-  };
-  while (qtile > 16 && quant_bytes(qtile, g) > kGenericStageBudget) qtile /= 2;
+  while (qtile > 16 && layout_quantized_stage(bl, qtile, g) > kGenericStageBudget) qtile /= 2;
   g.qtile = qtile;
-  const uint32_t qbytes = quant_bytes(qtile, g);
+  const uint32_t qbytes = layout_quantized_stage(bl, qtile, g);
 
   g.ptile = 2 * 32 * g.p_stride <= kGenericStageBudget ? 32 : 16;
   g.p_v = generic_align16(uint64_t(g.ptile) * g.p_stride);

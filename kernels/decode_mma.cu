@@ -38,6 +38,7 @@
 #include "common.cuh"
 #include "decode_common.cuh"
 #include "decode_mma_plan.h"
+#include "decode_tiles.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
 
@@ -47,27 +48,6 @@ namespace {
 
 constexpr uint32_t kFull = 0xffffffffu;
 constexpr float kP16Scale = 4096.0f;  // fp16 probabilities ride as p · 2^12 (kept normal)
-
-enum : uint32_t { kSegSinks = 0, kSegQuantized = 1, kSegResidual = 2 };
-struct MmaTile {
-  uint32_t segment, first, count;
-};
-struct MmaTiles {
-  uint32_t sinks, quantized, residual, sink_tiles, quant_tiles, total;
-  __device__ MmaTiles(uint32_t s, uint32_t q, uint32_t r, const MmaDecodePlan &g)
-      : sinks(s), quantized(q), residual(r) {
-    sink_tiles = (s + g.ptile - 1) / g.ptile;
-    quant_tiles = (q + g.qtile - 1) / g.qtile;
-    total = sink_tiles + quant_tiles + (r + g.ptile - 1) / g.ptile;
-  }
-  __device__ MmaTile tile(uint32_t i, const MmaDecodePlan &g) const {
-    if (i < sink_tiles) return {kSegSinks, i * g.ptile, min(g.ptile, sinks - i * g.ptile)};
-    i -= sink_tiles;
-    if (i < quant_tiles) return {kSegQuantized, i * g.qtile, min(g.qtile, quantized - i * g.qtile)};
-    i -= quant_tiles;
-    return {kSegResidual, i * g.ptile, min(g.ptile, residual - i * g.ptile)};
-  }
-};
 
 // ---- small helpers ----------------------------------------------------------------------
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -146,7 +126,7 @@ __device__ __forceinline__ void copy_bytes(uint8_t *dst, const uint8_t *src, uin
   for (uint32_t u = lane; u < bytes / 16; u += 32) cp_async_16(dst + u * 16, src + u * 16, true);
 }
 
-__device__ void stage_tile(const DecodeParams &p, const MmaDecodePlan &g, const MmaTile &tr,
+__device__ void stage_tile(const DecodeParams &p, const MmaDecodePlan &g, const TileRef &tr,
                            const int32_t *table, const uint8_t *res_slot, uint32_t kvh,
                            uint8_t *stage, uint32_t lane) {
   const BlockLayout &bl = p.st.block;
@@ -538,7 +518,7 @@ __global__ void __launch_bounds__(32, 8) decode_mma_kernel(const __grid_constant
   }
   __syncwarp();
 
-  const MmaTiles tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], g);
+  const SequenceTiles<MmaDecodePlan> tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], g);
   const uint32_t per_split = (tiles.total + p.splits - 1) / p.splits;
   const uint32_t t_begin = min(tiles.total, split * per_split);
   const uint32_t t_end = min(tiles.total, t_begin + per_split);
@@ -568,7 +548,7 @@ __global__ void __launch_bounds__(32, 8) decode_mma_kernel(const __grid_constant
                  smem + ((ti + 1 - t_begin) & 1) * g.stage_bytes, lane);
     cp_async_commit();
 
-    const MmaTile tr = tiles.tile(ti, g);
+    const TileRef tr = tiles.tile(ti, g);
     const bool quantized = tr.segment == kSegQuantized;
     const uint32_t kb = quantized ? bl.key_bits : 16, vbits = quantized ? bl.value_bits : 16;
     const uint32_t tsize = quantized ? g.qtile : g.ptile;
@@ -722,21 +702,16 @@ __global__ void __launch_bounds__(32, 8) decode_mma_kernel(const __grid_constant
 }
 
 template <typename Fn> void dispatch_mma(minikv_dtype dtype, uint32_t head_dim, Fn &&fn) {
-  dispatch_dtype(dtype, "minikv_decode", [&](auto tag) {
-    switch (head_dim) {
-      case 64: fn(decode_mma_kernel<decltype(tag), 64>); return;
-      case 128: fn(decode_mma_kernel<decltype(tag), 128>); return;
-      default:
-        fail(MINIKV_ERR_INTERNAL, "minikv_decode: head_dim %u has no tensor-core decode kernel",
-             head_dim);
-    }
+  dispatch_dtype_head_dim<MmaDecodeHeadDims>(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
+    fn(decode_mma_kernel<decltype(tag), decltype(hd)::value>);
   });
 }
 
 }  // namespace
 
 bool decode_mma_path(const BlockLayout &bl, uint32_t n_rep) {
-  return n_rep >= 2 && bl.elem_bytes == 2 && (bl.head_dim == 64 || bl.head_dim == 128) &&
+  return n_rep >= 2 && bl.elem_bytes == 2 && in_list(MmaDecodeHeadDims{}, bl.head_dim) &&
+         head_dim_compiled(bl.head_dim) &&
          bl.group >= 16 && bl.head_dim % bl.group == 0 && bl.head_dim / bl.group <= kMmaMaxGroups &&
          bl.k_row_bytes % 16 == 0 && bl.v_row_bytes % 16 == 0;
 }

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "decode_generic_plan.h"  // generic_row_stride, generic_align16, generic_pow2_divisor
+#include "decode_generic_plan.h"  // generic_row_stride, layout_quantized_stage, ...
 
 namespace minikv {
 namespace kernels {
@@ -34,30 +34,14 @@ struct MmaDecodePlan {
 
 MINIKV_HD MmaDecodePlan make_mma_decode_plan(const BlockLayout &bl) {
   MmaDecodePlan g{};
-  const uint32_t D = bl.head_dim, e = bl.elem_bytes, G = bl.group;
+  const uint32_t D = bl.head_dim, e = bl.elem_bytes;
   g.k_stride = generic_row_stride(bl.k_row_bytes);
   g.v_stride = generic_row_stride(bl.v_row_bytes);
   g.p_stride = generic_row_stride(uint64_t(D) * e);
-  auto quant_bytes = [&](uint32_t t, MmaDecodePlan &out) {
-    const uint32_t groups = bl.key_bits == 16 ? 0 : (t >= G ? t / G : 1);
-    uint32_t off = generic_align16(uint64_t(t) * g.k_stride);
-    out.q_vcodes = off;
-    off = generic_align16(off + uint64_t(t) * g.v_stride);
-    out.q_kscale = off;
-    off = generic_align16(off + uint64_t(groups) * D * e);
-    out.q_kmin = off;
-    off = generic_align16(off + uint64_t(groups) * D * e);
-    const uint32_t vgroups = bl.value_bits == 16 ? 0 : D / G;
-    out.q_vscale = off;
-    off = generic_align16(off + uint64_t(t) * vgroups * e);
-    out.q_vmin = off;
-    off = generic_align16(off + uint64_t(t) * vgroups * e);
-    return off;
-  };
   uint32_t qtile = generic_pow2_divisor(bl.tokens, kMmaMaxTile);
-  while (qtile > 16 && quant_bytes(qtile, g) > kMmaStageBudget) qtile /= 2;
+  while (qtile > 16 && layout_quantized_stage(bl, qtile, g) > kMmaStageBudget) qtile /= 2;
   g.qtile = qtile;
-  const uint32_t qbytes = quant_bytes(qtile, g);
+  const uint32_t qbytes = layout_quantized_stage(bl, qtile, g);
   uint32_t ptile = kMmaMaxTile;
   while (ptile > 16 && 2ull * ptile * g.p_stride > kMmaStageBudget) ptile /= 2;
   g.ptile = ptile;
