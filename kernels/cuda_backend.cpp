@@ -146,7 +146,12 @@ class CudaBackend final : public Backend {
     const uint64_t rows = uint64_t(std::min(cfg_.max_sequences, kMaxDecodeSeqs)) * H;
     const bool fast_ok = decode_fast_path(spec.block, spec.residual, n_rep);
     const bool mma_ok = decode_mma_path(spec.block, n_rep);
-    decode_kernel_ = fast_ok ? DecodeKernel::kFast : mma_ok ? DecodeKernel::kMma : DecodeKernel::kGeneric;
+    // MHA takes the tensor-core kernel where it measured faster than the generic one: values
+    // of 2 or 16 bits (bench/results, the decode matrix); GQA always.
+    const bool mma_first = n_rep >= 2 || spec.block.value_bits == 2 || spec.block.value_bits == 16;
+    decode_kernel_ = fast_ok                ? DecodeKernel::kFast
+                     : mma_ok && mma_first ? DecodeKernel::kMma
+                                           : DecodeKernel::kGeneric;
     if (const char *forced = std::getenv("MINIKV_DECODE_KERNEL")) {
       const std::string name(forced);
       if (name == "fast" && fast_ok) decode_kernel_ = DecodeKernel::kFast;
@@ -155,7 +160,7 @@ class CudaBackend final : public Backend {
       else if (!name.empty())
         fail(MINIKV_ERR_UNSUPPORTED,
              "minikv_cache_create: MINIKV_DECODE_KERNEL=%s cannot decode this configuration "
-             "(fast: 2-bit keys and values, G 16, no sinks, n_rep 1/2/4/8; mma: n_rep >= 2, "
+             "(fast: 2-bit keys and values, G 16, no sinks, n_rep 1/2/4/8; mma: "
              "G >= 16 with head_dim / G <= 8; generic: any)",
              forced);
     }

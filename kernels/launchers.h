@@ -57,8 +57,8 @@ uint32_t decode_generic_heads_per_cta(uint32_t n_rep);
 // Raises the kernel's shared-memory limit on the current device; returns resident CTAs per SM.
 uint32_t configure_decode_generic(minikv_dtype dtype, const BlockLayout &bl, uint32_t n_rep);
 void launch_decode_generic(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream);
-// decode_mma.cu: GQA groups (n_rep >= 2) of every storage configuration on tensor cores,
-// one-warp CTAs of at most kMmaMaxHeads query heads over the tiles of decode_mma_plan.h.
+// decode_mma.cu: every storage configuration on tensor cores (made for GQA groups), four-warp
+// CTAs of at most kMmaMaxHeads query heads over the tiles of decode_mma_plan.h.
 bool decode_mma_path(const BlockLayout &bl, uint32_t n_rep);
 uint32_t decode_mma_heads_per_cta(uint32_t n_rep);
 // Raises the kernel's shared-memory limit on the current device; returns resident CTAs per SM.

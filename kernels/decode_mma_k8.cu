@@ -1,0 +1,15 @@
+// The tensor-core decode instances with 8-bit keys: decode_mma.cuh.
+#include "decode_mma.cuh"
+
+namespace minikv {
+namespace kernels {
+
+uint32_t configure_decode_mma_k8(minikv_dtype dtype, const BlockLayout &bl) {
+  return DecodeMmaKeyBits<8>::configure(dtype, bl);
+}
+void launch_decode_mma_k8(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream) {
+  DecodeMmaKeyBits<8>::launch(dtype, p, stream);
+}
+
+}  // namespace kernels
+}  // namespace minikv
