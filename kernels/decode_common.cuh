@@ -1,4 +1,4 @@
-// What every decode kernel (decode_fast.cu, decode_generic.cu, decode_mma.cu) shares about
+// What every decode kernel (decode_fast.cu, decode_generic.cuh, decode_mma.cu) shares about
 // the token minikv_append_decode appends in the decode launch itself.
 //
 // The appended token: the contract of a decode kernel launched with p.new_k != nullptr.

@@ -1,4 +1,4 @@
-// Shared-memory plan of the generic decode kernel (decode_generic.cu): how many tokens one
+// Shared-memory plan of the generic decode kernel (decode_generic.cuh): how many tokens one
 // tile stages and where each staged region lives. Computed from the storage layout alone,
 // identically on the host (dynamic shared-memory size, occupancy) and in the kernel.
 #pragma once

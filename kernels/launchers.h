@@ -57,6 +57,10 @@ uint32_t decode_generic_heads_per_cta(uint32_t n_rep);
 // Raises the kernel's shared-memory limit on the current device; returns resident CTAs per SM.
 uint32_t configure_decode_generic(minikv_dtype dtype, const BlockLayout &bl, uint32_t n_rep);
 void launch_decode_generic(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream);
+// The kernel for dtype T (__half or __nv_bfloat16), head_dim D and NR query heads per CTA:
+// decode_generic_hd<D>.cu instantiates those of one compiled head_dim (decode_generic.cuh).
+using DecodeGenericKernel = void (*)(DecodeParams);
+template <typename T, int D, int NR> DecodeGenericKernel decode_generic_kernel_for();
 // decode_mma.cu: every storage configuration on tensor cores (made for GQA groups), four-warp
 // CTAs of at most kMmaMaxHeads query heads over the tiles of decode_mma_plan.h.
 bool decode_mma_path(const BlockLayout &bl, uint32_t n_rep);

@@ -9,17 +9,26 @@
 //     sequences' outputs are bit for bit those of a control cache that never saw them, the
 //     lengths and statistics are equal, the device reports no error, and once the poisoned
 //     sequence is released its slot computes as the control's again.
+//   - misaligned device pointers (q, k, v or out 2, 4 or 8 bytes past a 16-byte boundary)
+//     at prefill, prefill_chunk, append, decode and append_decode fail with
+//     MINIKV_ERR_INVALID_ARGUMENT naming the tensor and its address, write no output, leave
+//     the cache bit for bit as a control cache that never saw them, and later calls compute
+//     as the control's.
 // Skipped without a CUDA device.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cpu_gpu_pair.h"
 #include "gpu_util.h"
+#include "white_box.hpp"
 
 namespace {
 
@@ -185,6 +194,81 @@ void run_extreme(minikv_config cfg, float M, const char *what, const char *kerne
   }
 }
 
+// A call's device tensors, each with 16 bytes (8 elements) to spare past its end so that a
+// shifted pointer stays inside the allocation; out, spare included, starts as a sentinel.
+constexpr uint16_t kOutSentinel = 0x5a5a;
+constexpr size_t kSpare = 8;
+struct DeviceIo {
+  DevBuf q, k, v, out;
+  size_t out_elems;
+  explicit DeviceIo(const Inputs &in)
+      : q((in.q.size() + kSpare) * 2), k((in.k.size() + kSpare) * 2),
+        v((in.v.size() + kSpare) * 2), out((in.q.size() + kSpare) * 2),
+        out_elems(in.q.size()) {
+    q.upload(in.q.bits);
+    k.upload(in.k.bits);
+    v.upload(in.v.bits);
+    out.upload(std::vector<uint16_t>(out_elems + kSpare, kOutSentinel));
+  }
+};
+
+// The two caches agree on everything a call could have changed: pool and residual bytes,
+// kept positions, lengths and statistics.
+void check_same_cache(minikv_cache *a, minikv_cache *b, const minikv_config &cfg,
+                      const std::string &when) {
+  INFO(when);
+  test::check_same_storage(a, b, when);
+  for (uint32_t id = 0; id < cfg.max_sequences; ++id)
+    for (uint32_t layer = 0; layer < cfg.num_layers; ++layer) {
+      uint64_t seen_a = 0, cached_a = 0, seen_b = 1, cached_b = 1;
+      MKV_OK(minikv_sequence_length(a, id, layer, &seen_a, &cached_a));
+      MKV_OK(minikv_sequence_length(b, id, layer, &seen_b, &cached_b));
+      CHECK(seen_a == seen_b);
+      CHECK(cached_a == cached_b);
+      if (seen_a == 0) continue;  // not prefilled, or mid-prompt
+      for (uint32_t kvh = 0; kvh < cfg.num_kv_heads; ++kvh) {
+        std::vector<int32_t> pa(cfg.max_seq_len, -1), pb(cfg.max_seq_len, -1);
+        uint32_t na = 0, nb = 0;
+        MKV_OK(minikv_kept_positions(a, id, layer, kvh, pa.data(), cfg.max_seq_len, &na));
+        MKV_OK(minikv_kept_positions(b, id, layer, kvh, pb.data(), cfg.max_seq_len, &nb));
+        CHECK(na == nb);
+        CHECK(pa == pb);
+      }
+    }
+  gt::check_stats_equal(a, b);
+}
+
+// call(q, k, v, out) once for each tensor of `tensors` ("q", "k", "v", "out") shifted by 2, 4
+// and 8 bytes, the others aligned: every one fails with INVALID_ARGUMENT and a message naming
+// the call, the tensor, its address and the 16-byte requirement; out keeps its sentinel; the
+// cache stays as `control`.
+using TensorCall = std::function<minikv_status(void *q, void *k, void *v, void *out)>;
+void expect_misaligned_fail(minikv_cache *cache, minikv_cache *control,
+                            const minikv_config &cfg, const char *call_name, DeviceIo &io,
+                            std::initializer_list<const char *> tensors, const TensorCall &call) {
+  INFO(call_name);
+  for (const char *tensor : tensors) {
+    for (const size_t offset : {2u, 4u, 8u}) {
+      void *ptr[4] = {io.q.get(), io.k.get(), io.v.get(), io.out.get()};
+      const int which = std::string("qkvo").find(tensor[0]);
+      ptr[which] = static_cast<uint8_t *>(ptr[which]) + offset;
+      INFO(tensor << " shifted by " << offset << " bytes");
+      CHECK(call(ptr[0], ptr[1], ptr[2], ptr[3]) == MINIKV_ERR_INVALID_ARGUMENT);
+      char address[32];
+      std::snprintf(address, sizeof address, "%p", ptr[which]);
+      const std::string message = minikv_cache_last_error(cache);
+      INFO("message: " << message);
+      CHECK(message.find(std::string(call_name) + ": " + tensor + " (" + address + ")") !=
+            std::string::npos);
+      CHECK(message.find("must be aligned to 16 bytes") != std::string::npos);
+    }
+  }
+  const std::vector<uint16_t> out = io.out.download<uint16_t>(io.out_elems + kSpare);
+  CHECK(std::all_of(out.begin(), out.end(), [](uint16_t x) { return x == kOutSentinel; }));
+  CUDA_OK(cudaGetLastError());
+  check_same_cache(cache, control, cfg, std::string("after the misaligned ") + call_name);
+}
+
 }  // namespace
 
 TEST_SUITE("gpu") {
@@ -325,6 +409,113 @@ TEST_CASE("non-finite inputs on CUDA stay inside their sequence and layer") {
     }
     compare_lengths_and_stats("after the new prompt");
   }
+}
+
+TEST_CASE("misaligned device pointers fail naming the pointer and change nothing") {
+  GPU_OR_SKIP();
+  minikv_config cfg = config_of(MINIKV_DTYPE_F16, 2, 2, 16, 0, 8, 2);
+  cfg.prefill_staging_tokens = 256;
+  CachePtr cache = make(cfg, MINIKV_BACKEND_CUDA), control = make(cfg, MINIKV_BACKEND_CUDA);
+  minikv_cache *const both[2] = {cache.get(), control.get()};
+  std::mt19937 rng(23);
+  // Sequences 0 and 1 prefilled in both layers: the state the failing calls must keep.
+  const std::vector<uint32_t> pair = {0, 1};
+  const std::vector<int32_t> pair_cu = {0, 100, 170};
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    DeviceIo io(Inputs(cfg, 170, rng));
+    for (minikv_cache *c : both)
+      MKV_OK(minikv_prefill(c, layer, 2, pair.data(), pair_cu.data(), io.q.get(), io.k.get(),
+                            io.v.get(), io.out.get(), nullptr));
+  }
+  const std::vector<uint32_t> two = {2};
+  const std::vector<int32_t> cu60 = {0, 60};
+  const uint32_t three = 3;
+  const int32_t first_chunk[2] = {0, 40}, second_chunk[2] = {0, 50};
+  const uint32_t prompt_len = 90;
+
+  // Each call with one tensor misaligned.
+  DeviceIo prompt(Inputs(cfg, 60, rng));
+  expect_misaligned_fail(cache.get(), control.get(), cfg, "minikv_prefill", prompt,
+                         {"q", "k", "v", "out"}, [&](void *q, void *k, void *v, void *out) {
+                           return minikv_prefill(cache.get(), 0, 1, two.data(), cu60.data(), q,
+                                                 k, v, out, nullptr);
+                         });
+  DeviceIo chunk(Inputs(cfg, 40, rng));
+  expect_misaligned_fail(cache.get(), control.get(), cfg, "minikv_prefill_chunk", chunk,
+                         {"q", "k", "v", "out"}, [&](void *q, void *k, void *v, void *out) {
+                           return minikv_prefill_chunk(cache.get(), 0, 1, &three, first_chunk,
+                                                       &prompt_len, q, k, v, out, nullptr);
+                         });
+  DeviceIo step(Inputs(cfg, 2, rng));
+  expect_misaligned_fail(cache.get(), control.get(), cfg, "minikv_append", step, {"k", "v"},
+                         [&](void *, void *k, void *v, void *) {
+                           return minikv_append(cache.get(), 1, 2, pair.data(), k, v, nullptr);
+                         });
+  expect_misaligned_fail(cache.get(), control.get(), cfg, "minikv_decode", step, {"q", "out"},
+                         [&](void *q, void *, void *, void *out) {
+                           return minikv_decode(cache.get(), 1, 2, pair.data(), q, out, nullptr);
+                         });
+  expect_misaligned_fail(cache.get(), control.get(), cfg, "minikv_append_decode", step,
+                         {"q", "k", "v", "out"}, [&](void *q, void *k, void *v, void *out) {
+                           return minikv_append_decode(cache.get(), 1, 2, pair.data(), q, k, v,
+                                                       out, nullptr);
+                         });
+
+  // Later calls compute as the control's, bit for bit: a whole prompt, a prompt in two chunks
+  // (its second chunk refused misaligned first: the prompt stays mid-way where it was), and
+  // decode steps past a flush through both entry points.
+  auto same_outputs = [&](const DevBuf &a, const DevBuf &b, size_t n, const std::string &what) {
+    INFO(what);
+    CHECK(a.download<uint16_t>(n) == b.download<uint16_t>(n));
+  };
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    const Inputs in(cfg, 60, rng);
+    DeviceIo a(in), b(in);
+    MKV_OK(minikv_prefill(cache.get(), layer, 1, two.data(), cu60.data(), a.q.get(), a.k.get(),
+                          a.v.get(), a.out.get(), nullptr));
+    MKV_OK(minikv_prefill(control.get(), layer, 1, two.data(), cu60.data(), b.q.get(),
+                          b.k.get(), b.v.get(), b.out.get(), nullptr));
+    same_outputs(a.out, b.out, a.out_elems, "prefill, layer " + std::to_string(layer));
+    const Inputs first(cfg, 40, rng), second(cfg, 50, rng);
+    DeviceIo fa(first), fb(first), sa(second), sb(second);
+    MKV_OK(minikv_prefill_chunk(cache.get(), layer, 1, &three, first_chunk, &prompt_len,
+                                fa.q.get(), fa.k.get(), fa.v.get(), fa.out.get(), nullptr));
+    MKV_OK(minikv_prefill_chunk(control.get(), layer, 1, &three, first_chunk, &prompt_len,
+                                fb.q.get(), fb.k.get(), fb.v.get(), fb.out.get(), nullptr));
+    same_outputs(fa.out, fb.out, fa.out_elems, "first chunk, layer " + std::to_string(layer));
+    expect_misaligned_fail(cache.get(), control.get(), cfg, "minikv_prefill_chunk", sa,
+                           {"q", "k", "v", "out"}, [&](void *q, void *k, void *v, void *out) {
+                             return minikv_prefill_chunk(cache.get(), layer, 1, &three,
+                                                         second_chunk, &prompt_len, q, k, v,
+                                                         out, nullptr);
+                           });
+    MKV_OK(minikv_prefill_chunk(cache.get(), layer, 1, &three, second_chunk, &prompt_len,
+                                sa.q.get(), sa.k.get(), sa.v.get(), sa.out.get(), nullptr));
+    MKV_OK(minikv_prefill_chunk(control.get(), layer, 1, &three, second_chunk, &prompt_len,
+                                sb.q.get(), sb.k.get(), sb.v.get(), sb.out.get(), nullptr));
+    same_outputs(sa.out, sb.out, sa.out_elems, "second chunk, layer " + std::to_string(layer));
+  }
+  const std::vector<uint32_t> all = {0, 1, 2, 3};
+  for (uint32_t s = 0; s < cfg.residual_length + 4; ++s) {
+    for (uint32_t layer = 0; layer < 2; ++layer) {
+      const Inputs in(cfg, 4, rng);
+      DeviceIo a(in), b(in);
+      for (auto *x : {&a, &b}) {
+        minikv_cache *c = x == &a ? cache.get() : control.get();
+        if (s % 2 == 0) {
+          MKV_OK(minikv_append_decode(c, layer, 4, all.data(), x->q.get(), x->k.get(),
+                                      x->v.get(), x->out.get(), nullptr));
+        } else {
+          MKV_OK(minikv_append(c, layer, 4, all.data(), x->k.get(), x->v.get(), nullptr));
+          MKV_OK(minikv_decode(c, layer, 4, all.data(), x->q.get(), x->out.get(), nullptr));
+        }
+      }
+      same_outputs(a.out, b.out, a.out_elems,
+                   "step " + std::to_string(s) + ", layer " + std::to_string(layer));
+    }
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  check_same_cache(cache.get(), control.get(), cfg, "after the later calls");
 }
 
 }  // TEST_SUITE
