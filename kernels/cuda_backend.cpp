@@ -108,6 +108,7 @@ class CudaBackend final : public Backend {
     num_sms_ = static_cast<uint32_t>(prop.multiProcessorCount);
     configure_prefill_kernels(cfg_.dtype, cfg_.head_dim);
     prefill_wgmma_ = prefill_wgmma_usable(cfg_.dtype, cfg_.head_dim);
+    prefill_scores_wgmma_ = prefill_scores_wgmma_usable(cfg_.dtype, cfg_.head_dim);
 
     const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
     pool_ = DeviceBuffer(spec.pool_bytes, "block pool");
@@ -560,7 +561,10 @@ class CudaBackend final : public Backend {
     }
     if (prefill_wgmma_) launch_prefill_wgmma(cfg_.dtype, D, attn, s);
     else launch_prefill_attention(cfg_.dtype, D, attn, s);
-    if (sc.seqs.n > 0) launch_prefill_scores(cfg_.dtype, D, sc, s);
+    if (sc.seqs.n > 0) {
+      if (prefill_scores_wgmma_) launch_prefill_scores_wgmma(cfg_.dtype, D, sc, s);
+      else launch_prefill_scores(cfg_.dtype, D, sc, s);
+    }
     if (sel.seqs.n == 0) return;
     launch_select(sel, Hkv, s);
     launch_store_kept(cfg_.dtype, store, max_tasks, s);
@@ -575,6 +579,7 @@ class CudaBackend final : public Backend {
   enum class DecodeKernel { kFast, kMma, kGeneric };
   DecodeKernel decode_kernel_ = DecodeKernel::kGeneric;  // the decode plan
   bool prefill_wgmma_ = false;  // prefill_wgmma_usable(): the sm_90a forward on this device
+  bool prefill_scores_wgmma_ = false;  // prefill_scores_wgmma_usable(): the sm_90a score pass
   uint64_t decode_slots_ = 1;   // resident decode CTAs on the device
   uint32_t decode_tile_ = kDecodeFastTile;  // tokens per decode tile (generic: quantized tiles)
   uint64_t part_rows_ = 0;

@@ -28,6 +28,12 @@ void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillS
 bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim);
 void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
                           cudaStream_t stream);
+// prefill_scores_wgmma.cu: the same score pass as launch_prefill_scores on Hopper warpgroup
+// MMA, under the same conditions as the wgmma forward (head_dim 64/128, an sm_90a image the
+// device loads, MINIKV_PREFILL_KERNEL not "mma"); raises its shared-memory limit when usable.
+bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim);
+void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim,
+                                 const PrefillScoreParams &p, cudaStream_t stream);
 
 // select_quantize.cu
 void launch_select(const SelectParams &p, uint32_t num_kv_heads, cudaStream_t stream);

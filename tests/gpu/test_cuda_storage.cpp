@@ -167,53 +167,60 @@ TEST_CASE("CUDA pool and residual bytes equal the CPU backend's") {
 TEST_CASE("CUDA importance scores match a float64 reference") {
   GPU_OR_SKIP();
   // Two sequences in one launch (the second's scores start at workspace row 777): partial
-  // key and query tiles, tiles crossing the diagonal and interior tiles, GQA group 4.
+  // key and query tiles, tiles crossing the diagonal and interior tiles, more query tiles
+  // than the score pass's pipeline stages; GQA groups 1, 4 and 8 (heads / kv_heads).
+  const uint32_t groups[][2] = {{8, 2}, {4, 4}, {8, 1}};
   for (minikv_score_mode mode : {MINIKV_SCORE_CUMULATIVE, MINIKV_SCORE_WINDOW}) {
     for (uint32_t D : {64u, 80u, 96u, 128u, 256u}) {
       for (minikv_dtype dt : {MINIKV_DTYPE_BF16, MINIKV_DTYPE_F16}) {
-        const WCase c{"scores", dt, D, 8, 2, mode, 2, 2, 16, 64, {777, 300}, 0};
-        INFO("mode " << int(mode) << " head_dim " << D << " dtype " << int(dt));
-        minikv_config cfg = make_config(c, MINIKV_BACKEND_CUDA);
-        cfg.max_seq_len = 777 + 300;  // workspace rows for both prompts: one launch
-        minikv::Cache gpu(cfg);
-        const gt::Prompt p = gt::make_prompt(cfg, 0, c.lens, 77);
-        const uint32_t H = cfg.num_heads, Hkv = cfg.num_kv_heads;
-        DevBuf q(p.q.size() * 2), k(p.k.size() * 2), v(p.v.size() * 2), o(p.q.size() * 2);
-        q.upload(p.q.bits);
-        k.upload(p.k.bits);
-        v.upload(p.v.bits);
-        const uint32_t ids[2] = {0, 1};
-        gpu.prefill(0, 2, ids, p.cu.data(), q.get(), k.get(), v.get(), o.get(), nullptr);
-        for (uint32_t sq = 0; sq < 2; ++sq) {
-          const uint32_t L = c.lens[sq], begin = static_cast<uint32_t>(p.cu[sq]);
-          const minikv::SelectionPlan plan =
-              minikv::plan_selection(cfg, minikv::layer_heavy_ratios(cfg)[0], L);
-          REQUIRE(!plan.keep_all);
-          const bool window = mode == MINIKV_SCORE_WINDOW;
-          const uint32_t cols = window ? plan.scored_prefix : plan.candidates;
-          const std::vector<double> ref = gt::reference_scores(
-              p.q, p.k, H, Hkv, D, begin, L, window ? plan.scored_prefix : 0);
-          for (uint32_t kvh = 0; kvh < Hkv; ++kvh) {
-            const std::vector<float> got =
-                minikv::cuda_debug_scores(gpu.backend(), kvh, begin + cols);
-            double max_ref = 0.0;
-            for (uint32_t j = 0; j < cols; ++j) max_ref = std::max(max_ref, ref[size_t(kvh) * L + j]);
-            uint32_t bad = 0, worst = 0;
-            double worst_rel = 0.0;
-            for (uint32_t j = 0; j < cols; ++j) {
-              const double r = ref[size_t(kvh) * L + j], g = got[begin + j];
-              const double rel = std::fabs(g - r) / (std::fabs(r) + 1e-6 * max_ref);
-              if (!(rel <= 1e-3)) ++bad;
-              if (!(rel <= worst_rel)) {
-                worst_rel = rel;
-                worst = j;
+        for (const auto &hg : groups) {
+          const WCase c{"scores", dt, D, hg[0], hg[1], mode, 2, 2, 16, 64, {777, 300}, 0};
+          INFO("mode " << int(mode) << " head_dim " << D << " dtype " << int(dt) << " heads "
+                       << hg[0] << "/" << hg[1]);
+          minikv_config cfg = make_config(c, MINIKV_BACKEND_CUDA);
+          cfg.max_seq_len = 777 + 300;  // workspace rows for both prompts: one launch
+          minikv::Cache gpu(cfg);
+          const gt::Prompt p = gt::make_prompt(cfg, 0, c.lens, 77);
+          const uint32_t H = cfg.num_heads, Hkv = cfg.num_kv_heads;
+          DevBuf q(p.q.size() * 2), k(p.k.size() * 2), v(p.v.size() * 2), o(p.q.size() * 2);
+          q.upload(p.q.bits);
+          k.upload(p.k.bits);
+          v.upload(p.v.bits);
+          const uint32_t ids[2] = {0, 1};
+          gpu.prefill(0, 2, ids, p.cu.data(), q.get(), k.get(), v.get(), o.get(), nullptr);
+          for (uint32_t sq = 0; sq < 2; ++sq) {
+            const uint32_t L = c.lens[sq], begin = static_cast<uint32_t>(p.cu[sq]);
+            const minikv::SelectionPlan plan =
+                minikv::plan_selection(cfg, minikv::layer_heavy_ratios(cfg)[0], L);
+            REQUIRE(!plan.keep_all);
+            const bool window = mode == MINIKV_SCORE_WINDOW;
+            const uint32_t cols = window ? plan.scored_prefix : plan.candidates;
+            const std::vector<double> ref = gt::reference_scores(
+                p.q, p.k, H, Hkv, D, begin, L, window ? plan.scored_prefix : 0);
+            for (uint32_t kvh = 0; kvh < Hkv; ++kvh) {
+              const std::vector<float> got =
+                  minikv::cuda_debug_scores(gpu.backend(), kvh, begin + cols);
+              double max_ref = 0.0;
+              for (uint32_t j = 0; j < cols; ++j)
+                max_ref = std::max(max_ref, ref[size_t(kvh) * L + j]);
+              uint32_t bad = 0, worst = 0;
+              double worst_rel = 0.0;
+              for (uint32_t j = 0; j < cols; ++j) {
+                const double r = ref[size_t(kvh) * L + j], g = got[begin + j];
+                const double rel = std::fabs(g - r) / (std::fabs(r) + 1e-6 * max_ref);
+                if (!(rel <= 1e-3)) ++bad;
+                if (!(rel <= worst_rel)) {
+                  worst_rel = rel;
+                  worst = j;
+                }
               }
+              INFO("sequence " << sq << " kv_head " << kvh << ": worst relative error "
+                               << worst_rel << " at column " << worst << " (gpu "
+                               << got[begin + worst] << ", ref " << ref[size_t(kvh) * L + worst]
+                               << ")");
+              CHECK(bad == 0);
+              CHECK(max_ref > 0.0);
             }
-            INFO("sequence " << sq << " kv_head " << kvh << ": worst relative error " << worst_rel
-                             << " at column " << worst << " (gpu " << got[begin + worst]
-                             << ", ref " << ref[size_t(kvh) * L + worst] << ")");
-            CHECK(bad == 0);
-            CHECK(max_ref > 0.0);
           }
         }
       }

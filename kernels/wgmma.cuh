@@ -1,0 +1,96 @@
+// Hopper warpgroup-MMA building blocks (sm_90a): the 128-byte-swizzled shared-memory layout
+// that wgmma reads through matrix descriptors, its cp.async fill, the descriptors, the
+// fences and the async-group bookkeeping. Only the sm_90a device pass (and the host pass,
+// which parses them) sees these; an sm_80 image compiles the kernels that use them as empty
+// bodies that are never launched.
+#pragma once
+
+#include <type_traits>
+
+#include "common.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+namespace minikv {
+namespace kernels {
+namespace wg {
+
+// A [rows][D] tile of 16-bit elements is stored as D / 64 column blocks of [rows][64]
+// elements (128 B per row); 16-byte chunk c of row r sits at chunk c ^ (r mod 8). The swizzle
+// repeats every 8 rows × 128 B, so every tile starts on a 1024-byte boundary.
+template <int ROWS> __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk16) {
+  return uint32_t((chunk16 >> 3) * (ROWS * 128) + row * 128 + (((chunk16 & 7) ^ (row & 7)) << 4));
+}
+
+// cp.async of rows [0, ROWS) of a tile (row r at base + r * row_stride elements) into its
+// swizzled shared block by the CTA's NT threads; rows >= valid_rows are zero-filled without
+// reading memory.
+template <typename T, int D, int ROWS, int NT>
+__device__ __forceinline__ void load_swizzled(uint8_t *smem, const T *base, int64_t row_stride,
+                                              int valid_rows) {
+  constexpr int kChunks = D / 8;
+  static_assert(ROWS * kChunks % NT == 0, "whole chunks per thread");
+#pragma unroll
+  for (int it = 0; it < ROWS * kChunks / NT; ++it) {
+    const int i = it * NT + threadIdx.x;
+    const int r = i / kChunks, c = i % kChunks;
+    const bool ok = r < valid_rows;
+    cp_async_16(smem + swizzled_offset<ROWS>(r, c), ok ? base + r * row_stride + c * 8 : base, ok);
+  }
+}
+
+// Matrix descriptor of a 128-byte-swizzled operand (PTX ISA, "Matrix Descriptor Format"):
+// start address, leading and stride byte offsets (all >> 4), swizzle mode 1 (128 B).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_address, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((smem_address & 0x3FFFF) >> 4) | uint64_t((lbo & 0x3FFFF) >> 4) << 16 |
+         uint64_t((sbo & 0x3FFFF) >> 4) << 32 | uint64_t(1) << 62;
+}
+
+// Descriptor of k-step kk (16 elements of the K dimension) of a K-major swizzled [ROWS][D]
+// tile at smem_address: column block kk / 4, 32 bytes per step inside it; 8-row groups
+// 1024 B apart (SBO); LBO is unused by swizzled K-major operands.
+template <int ROWS> __device__ __forceinline__ uint64_t kmajor_desc(uint32_t smem_address, int kk) {
+  return sw128_desc(smem_address + uint32_t((kk / 4) * (ROWS * 128) + (kk % 4) * 32), 16, 1024);
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes through the generic proxy; wgmma reads through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Pins accumulator registers around the async wgmma (as CUTLASS's warpgroup_fence_operand):
+// the compiler may not move their reads or writes across these points.
+template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// d (+)= A · B for one warpgroup: A = 64×16 in registers (per warp, rows 16·warp..+15 in the
+// mma.sync m16n8k16 A-fragment layout), B = 16×64 K-major in shared memory (descriptor);
+// accumulate = 0 overwrites d. d[4i + 2r + c] is row 16·warp + lane / 4 + 8r, column
+// 8i + 2 (lane % 4) + c.
+#define MINIKV_WGMMA_RS_M64N64K16_KMAJOR(TN) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TN "." TN " " \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+template <typename T>
+__device__ __forceinline__ void rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                             int accumulate) {
+  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N64K16_KMAJOR("f16");
+  else MINIKV_WGMMA_RS_M64N64K16_KMAJOR("bf16");
+}
+#undef MINIKV_WGMMA_RS_M64N64K16_KMAJOR
+
+}  // namespace wg
+}  // namespace kernels
+}  // namespace minikv
+#endif
