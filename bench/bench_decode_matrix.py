@@ -31,14 +31,13 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "bindings", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
 sys.path.insert(0, HERE)
 import minikv  # noqa: E402
-from bench_gpu import copy_bandwidth, median_ms  # noqa: E402
+from bench_gpu import copy_bandwidth, median_ms, sdpa  # noqa: E402
 from results import git_commit, write_json  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -54,12 +53,6 @@ STORAGE = [
     ("K8V8 G32", 8, 8, 32, 0),
     ("K16V16 (eviction)", 16, 16, 16, 0),
 ]
-
-
-def sdpa(backend, q, k, v):
-    from torch.nn.attention import sdpa_kernel
-    with sdpa_kernel([backend]):
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def rand(shape, tdtype):

@@ -7,8 +7,11 @@ In one process on one GPU, for each shape, the median time of
   - libminikv prefill, CUMULATIVE and WINDOW score modes (attention + scores + selection +
     quantization); with --chunk N also the same prompt in N-token chunks
     (minikv_prefill_chunk, all chunks of one prompt per timed call) and its ratio to one call;
+  - the prefill forward alone (the attention kernel's GPU time inside the CUMULATIVE call,
+    from torch.profiler / CUPTI) and its TFLOP/s;
   - PyTorch scaled_dot_product_attention with the FlashAttention backend on the full FP16
-    cache (decode: q_len 1; prefill: causal);
+    cache (decode: q_len 1; prefill: causal), and for prefill also with the cuDNN attention
+    backend (SDPBackend.CUDNN_ATTENTION), the baseline of issue 13: ratios against both;
   - a device-to-device copy, the same-run memory-bandwidth ceiling.
 Times come from CUDA events around a batch of calls (warm-up first, inputs random, never
 zero); the median of the per-call times is reported. Decode bandwidth counts the bytes the
@@ -63,11 +66,33 @@ def copy_bandwidth():
     return 2 * n / (ms * 1e-3) / 1e9
 
 
-def sdpa_flash(q, k, v, causal):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+def sdpa(backend, q, k, v, causal=False):
+    """PyTorch SDPA restricted to one backend (an SDPBackend member); q/k/v [B, heads, L, D]."""
+    from torch.nn.attention import sdpa_kernel
+    with sdpa_kernel([backend]):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                               enable_gqa=q.shape[1] != k.shape[1])
+
+
+# Names of the prefill forward kernels (kernels/prefill_wgmma.cu, prefill_attention.cu).
+FORWARD_KERNELS = ("prefill_wgmma_kernel", "prefill_attention_kernel")
+
+
+def forward_kernel_ms(call, reps=3):
+    """GPU time per call of the prefill forward kernel inside `call` (torch.profiler, CUPTI);
+    None when the profiler records no such kernel."""
+    from torch.profiler import ProfilerActivity, profile
+    call()  # warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            call()
+        torch.cuda.synchronize()
+    total_us = 0.0
+    for e in prof.key_averages():
+        if any(name in e.key for name in FORWARD_KERNELS):
+            total_us += getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+    return total_us / reps / 1e3 if total_us > 0 else None
 
 
 def make_cache(dtype, B, H, Hkv, D, L, score_mode, gen=16, staging=0):
@@ -110,7 +135,8 @@ def bench_decode(dtype, tdtype, B, H, Hkv, D, L, copy_gbs):
     # Baseline: SDPA (FlashAttention backend) over the full FP16 cache of L+1 tokens.
     qs = rand((B, H, 1, D), tdtype)
     ks, vs = rand((B, Hkv, L + 1, D), tdtype), rand((B, Hkv, L + 1, D), tdtype)
-    t_sdpa = median_ms(lambda: sdpa_flash(qs, ks, vs, False), calls_per_sample=20)
+    from torch.nn.attention import SDPBackend
+    t_sdpa = median_ms(lambda: sdpa(SDPBackend.FLASH_ATTENTION, qs, ks, vs), calls_per_sample=20)
     full_bytes = ks.numel() * ks.element_size() * 2
     del qs, ks, vs
     read = used + 2 * qd.numel() * qd.element_size()
@@ -145,6 +171,8 @@ def bench_prefill(dtype, tdtype, B, H, Hkv, D, L, chunk=0):
                 lib.minikv_sequence_release(handle, i)
         reps = 3 if L >= 65536 else 5
         res[f"minikv_{mode}_ms"] = median_ms(call, calls_per_sample=1, samples=reps, warmup=1)
+        if mode == "cumulative":
+            res["forward_ms"] = forward_kernel_ms(call)
         cache.close()
         if 0 < chunk < L:
             res[f"minikv_{mode}_chunked_ms"] = median_ms(
@@ -157,12 +185,24 @@ def bench_prefill(dtype, tdtype, B, H, Hkv, D, L, chunk=0):
     qs = q.view(B, L, H, D).transpose(1, 2)
     ks = k.view(B, L, Hkv, D).transpose(1, 2)
     vs = v.view(B, L, Hkv, D).transpose(1, 2)
-    res["sdpa_ms"] = median_ms(lambda: sdpa_flash(qs, ks, vs, True), calls_per_sample=1,
-                               samples=5, warmup=1)
-    res["cumulative_over_sdpa"] = res["minikv_cumulative_ms"] / res["sdpa_ms"]
-    res["window_over_sdpa"] = res["minikv_window_ms"] / res["sdpa_ms"]
+    from torch.nn.attention import SDPBackend
     flops = 4.0 * B * H * D * L * L / 2
-    res["sdpa_TFLOPs"] = flops / (res["sdpa_ms"] * 1e-3) / 1e12
+    # Baselines: flash SDPA (key "sdpa") and cuDNN attention (key "cudnn").
+    for key, backend in (("sdpa", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            ms = median_ms(lambda: sdpa(backend, qs, ks, vs, True), calls_per_sample=1,
+                           samples=5, warmup=1)
+        except RuntimeError as e:  # backend refused the shape: recorded, not fatal
+            res[f"{key}_error"] = str(e).splitlines()[0][:200]
+            continue
+        res[f"{key}_ms"] = ms
+        res[f"{key}_TFLOPs"] = flops / (ms * 1e-3) / 1e12
+        for mode in ("cumulative", "window"):
+            res[f"{mode}_over_{key}"] = res[f"minikv_{mode}_ms"] / ms
+        if res.get("forward_ms"):
+            res[f"forward_of_{key}_speed"] = ms / res["forward_ms"]  # >= 0.9: issue 13
+    if res.get("forward_ms"):
+        res["forward_TFLOPs"] = flops / (res["forward_ms"] * 1e-3) / 1e12
     del q, k, v, out
     return res
 
@@ -245,10 +285,20 @@ def main():
                 for (H, Hkv) in ((32, 32), (32, 8)):
                     r = bench_prefill(dtype, tdtype, 1, H, Hkv, D, L, args.chunk)
                     rows.append(r)
+                    nan = float("nan")
                     print(f"prefill {dtype:4} B=1 H={H} Hkv={Hkv:2} D={D:3} L={L:6}: "
                           f"cumulative {r['minikv_cumulative_ms']:.2f} ms "
-                          f"({r['cumulative_over_sdpa']:.2f}x sdpa)  window {r['minikv_window_ms']:.2f} ms "
-                          f"({r['window_over_sdpa']:.2f}x)  sdpa {r['sdpa_ms']:.2f} ms", flush=True)
+                          f"({r.get('cumulative_over_cudnn', nan):.2f}x cudnn, "
+                          f"{r.get('cumulative_over_sdpa', nan):.2f}x sdpa)  "
+                          f"window {r['minikv_window_ms']:.2f} ms "
+                          f"({r.get('window_over_cudnn', nan):.2f}x cudnn, "
+                          f"{r.get('window_over_sdpa', nan):.2f}x sdpa)", flush=True)
+                    print(f"        forward {r.get('forward_ms') or nan:.2f} ms "
+                          f"({r.get('forward_TFLOPs', nan):.0f} TFLOP/s, "
+                          f"{100 * r.get('forward_of_cudnn_speed', nan):.0f}% of cudnn's speed, "
+                          f"{100 * r.get('forward_of_sdpa_speed', nan):.0f}% of sdpa's)  "
+                          f"cudnn {r.get('cudnn_ms', nan):.2f} ms  sdpa {r.get('sdpa_ms', nan):.2f} ms",
+                          flush=True)
                     if "chunk" in r:
                         print(f"        in chunks of {r['chunk']}: cumulative "
                               f"{r['minikv_cumulative_chunked_ms']:.2f} ms "

@@ -51,13 +51,12 @@ __device__ __forceinline__ void mask_mtile(float (&s)[N], int row0, int k0, int 
   }
 }
 
-// Online softmax of one m-tile (log2 units, raw scores, the scale folded into one FFMA before
-// ex2): updates the row maxima m and this thread's partial sums l, rescales o, and turns s
-// into p = 2^(s·scale − max·scale).
-template <int D, int N>
-__device__ __forceinline__ void online_softmax_mtile(float (&s)[N], float (&o)[D / 2],
-                                                     float (&m)[2], float (&l)[2], float scale) {
-  float mx[2];
+// Online softmax of one m-tile in log2 units on raw scores (the scale folded into one FFMA
+// before ex2), in three steps: the new row maxima (row_max_mtile), the rescale of the rows'
+// earlier sums and outputs when a maximum moved, then p = 2^(s·scale − max·scale) in place
+// of s with the rows' sums (exp_mtile).
+template <int N>
+__device__ __forceinline__ void row_max_mtile(const float (&s)[N], const float (&m)[2], float (&mx)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     mx[r] = m[r];
@@ -66,22 +65,11 @@ __device__ __forceinline__ void online_softmax_mtile(float (&s)[N], float (&o)[D
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
   }
-  // Rescale only when a row maximum of the m-tile moved (warp-uniform branch). An unmoved
-  // row's factor is ex2(0) = 1 exactly, so skipping is bit-identical; after the first tiles
-  // most maxima stay put and the D/2 FMULs are saved.
-  if (__any_sync(0xffffffffu, mx[0] != m[0] || mx[1] != m[1])) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float base = mx[r] == -INFINITY ? 0.0f : mx[r] * scale;
-      const float corr = ex2(fmaf(m[r], scale, -base));
-      l[r] *= corr;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[4 * i + 2 * r] *= corr;
-        o[4 * i + 2 * r + 1] *= corr;
-      }
-    }
-  }
+}
+// Updates m to mx, turns s into p and adds this thread's part of each row's sum to l.
+template <int N>
+__device__ __forceinline__ void exp_mtile(float (&s)[N], float (&m)[2], const float (&mx)[2],
+                                          float (&l)[2], float scale) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     m[r] = mx[r];
@@ -97,6 +85,66 @@ __device__ __forceinline__ void online_softmax_mtile(float (&s)[N], float (&o)[D
       }
     l[r] += rs;
   }
+}
+// The factor by which a row's earlier sums and outputs shrink when its maximum moves from m to mx.
+__device__ __forceinline__ float rescale_factor(float m, float mx, float scale) {
+  const float base = mx == -INFINITY ? 0.0f : mx * scale;
+  return ex2(fmaf(m, scale, -base));
+}
+
+// All three steps with the output rescaled in place (the mma.sync forward, whose P·V is
+// synchronous). Rescale only when a row maximum of the m-tile moved (warp-uniform branch):
+// an unmoved row's factor is ex2(0) = 1 exactly, so skipping is bit-identical; after the
+// first tiles most maxima stay put and the D/2 FMULs are saved.
+template <int D, int N>
+__device__ __forceinline__ void online_softmax_mtile(float (&s)[N], float (&o)[D / 2],
+                                                     float (&m)[2], float (&l)[2], float scale) {
+  float mx[2];
+  row_max_mtile(s, m, mx);
+  if (__any_sync(0xffffffffu, mx[0] != m[0] || mx[1] != m[1])) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float corr = rescale_factor(m[r], mx[r], scale);
+      l[r] *= corr;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        o[4 * i + 2 * r] *= corr;
+        o[4 * i + 2 * r + 1] *= corr;
+      }
+    }
+  }
+  exp_mtile(s, m, mx, l, scale);
+}
+
+// The same with the output's rescale left to the caller (the sm_90a forward applies it once
+// its asynchronous P·V of the previous tile has finished): returns whether a row maximum of
+// the warp moved (warp-uniform); then corr holds the rows' factors (rescale_o_mtile), and l
+// is already rescaled.
+template <int N>
+__device__ __forceinline__ bool softmax_mtile(float (&s)[N], float (&m)[2], float (&l)[2],
+                                              float scale, float (&corr)[2]) {
+  float mx[2];
+  row_max_mtile(s, m, mx);
+  const bool moved = __any_sync(0xffffffffu, mx[0] != m[0] || mx[1] != m[1]);
+  if (moved) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      corr[r] = rescale_factor(m[r], mx[r], scale);
+      l[r] *= corr[r];
+    }
+  }
+  exp_mtile(s, m, mx, l, scale);
+  return moved;
+}
+template <int D>
+__device__ __forceinline__ void rescale_o_mtile(float (&o)[D / 2], const float (&corr)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[4 * i + 2 * r] *= corr[r];
+      o[4 * i + 2 * r + 1] *= corr[r];
+    }
 }
 
 }  // namespace kernels

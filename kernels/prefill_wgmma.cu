@@ -1,18 +1,33 @@
-// Prefill attention forward on Hopper warpgroup MMA (wgmma, sm_90a): the same result as
-// prefill_attention_kernel (out and the row LSE in log2 units), for H100/H200.
+// Prefill attention forward on Hopper (sm_90a) in the FlashAttention-3 style: the same result
+// as prefill_attention_kernel (out and the row LSE in log2 units), for H100/H200.
 //
-// One CTA = one warpgroup (4 warps, 128 threads) = 64 query rows of one query head; two CTAs
-// per SM. Q (64 × D) and three stages of K/V tiles (64 keys × D each) sit in shared memory in
-// the 128-byte-swizzled layout wgmma reads through descriptors; cp.async fills them (tile
-// j + 2 is in flight while tile j is consumed). Per K/V tile:
-//   S_{j+1} = Q·K_{j+1}ᵀ is issued (async) before the softmax of S_j, so the tensor cores
-//   work on the next tile while the CUDA cores run this one's softmax; then O += P_j·V_j
-//   with P_j straight from registers (the accumulator layout of S is the register A layout
-//   of the next wgmma, as with mma.sync) and V as an MN-major (transposed) operand.
-// The other CTA on the SM fills the gaps that remain (its softmax during our P·V).
-// Everything else — causal and length masks, online softmax in log2 units on raw scores,
-// the LSE, the longest-tiles-first order, ragged batches, chunks of a prompt over its staged
-// keys (params.h PrefillKeys) — is prefill_attention_kernel's.
+// One CTA = 128 query rows of one query head, three warpgroups:
+//   - a producer (warp 0 of warpgroup 0; the other three warps leave at once) that loads Q
+//     once and the K/V tiles of 128 keys by TMA (cp.async.bulk.tensor, tensor maps made on
+//     the host per launch) into a ring of kStages stages, with mbarriers: full[stage] counts
+//     the bytes landed, empty[stage] the consumer warps done with it (K and V separately, so
+//     a K stage refills while its V is still being read);
+//   - two consumer warpgroups, 64 query rows each. Per K/V tile j, a warpgroup issues
+//     S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} together (asynchronous wgmma), waits for S_j
+//     only, runs the softmax of S_j while its P·V is still on the tensor cores, then rescales
+//     O and packs P_j (registers, the A operand of the next P·V). The two warpgroups take
+//     turns to issue their GEMMs (named barriers, "ping-pong"), so one's softmax runs under
+//     the other's GEMMs.
+// setmaxnreg moves registers from the producer (24) to the consumers (240).
+// Shared memory: Q [128][D] and the K and V stages [128][D], each as D / 64 column blocks of
+// [128 rows][64 elements] in the 128-byte swizzle that both TMA (CU_TENSOR_MAP_SWIZZLE_128B)
+// and the wgmma descriptors use: 16-byte chunk c of row r at chunk c ^ (r mod 8).
+//
+// Ragged batches: the tensor maps span the launch's packed rows; a tile's rows past its
+// sequence's last key are another sequence's (or zero past the tensor). Their scores are
+// masked; their V rows are zeroed by the producer before the consumers see the tile (the
+// tile that holds the last key), so a non-finite value elsewhere never meets a zero
+// probability (0 · inf = NaN). Masks, softmax, LSE, the longest-tiles-first order and chunks
+// of a prompt over its staged keys (params.h PrefillKeys) are prefill_attention_kernel's.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -25,48 +40,91 @@ namespace minikv {
 namespace kernels {
 namespace {
 
-constexpr int kWgThreads = 128;  // one warpgroup
-constexpr int kWgRows = 64;      // query rows per CTA
-constexpr int kWgKeys = 64;      // keys per K/V tile
-constexpr int kWgStages = 3;
-static_assert(kPrefillQueryTile == 2 * kWgRows, "two CTAs per host query tile");
+constexpr int kFaRows = 128;      // query rows per CTA
+constexpr int kFaKeys = 128;      // keys per K/V tile
+constexpr int kFaWgRows = 64;     // query rows per consumer warpgroup
+constexpr int kFaThreads = 384;   // producer warpgroup + two consumer warpgroups
+constexpr int kFaColBlock = 128 * 128;  // bytes of one [128 rows][64 elements] column block
+constexpr int kFaEmptyArrivals = 8;     // consumer warps releasing a stage
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // setmaxnreg: 24·128 + 240·256 ≤ 64K
+static_assert(kPrefillQueryTile == kFaRows, "one CTA per host query tile");
 
-// Shared memory, bytes; every block 1024-byte aligned (the 128-byte swizzle repeats every
-// 8 rows × 128 B). A [rows][D] tile is stored as D / 64 column blocks of [rows][64]
-// elements (128 B per row); 16-byte chunk c of row r sits at chunk c ^ (r mod 8).
-template <typename T, int D> struct WgSmem {
-  static constexpr int kTile = kWgKeys * D * int(sizeof(T));  // one K or V tile
-  static constexpr int kK = kWgRows * D * int(sizeof(T));  // Q first, at 0
-  static constexpr int kV = kK + kWgStages * kTile;
-  static constexpr int kBytes = kV + kWgStages * kTile;
+// The launch's tensor maps (built on the host for each launch: the caller's pointers).
+struct FaMaps {
+  CUtensorMap q, k, v;
+};
+
+/// \tparam D head_dim (64 or 128)
+template <int D> struct FaSmem {
+  static constexpr int kStages = D == 128 ? 2 : 4;
+  static constexpr int kTile = kFaKeys * D * 2;  // one K or V tile, 16-bit elements
+  static constexpr int kK = kFaRows * D * 2;     // Q first, at 0
+  static constexpr int kV = kK + kStages * kTile;
+  static constexpr int kBars = kV + kStages * kTile;
+  // mbarriers: Q; K full, V full, K empty, V empty per stage; the V tile being zeroed.
+  static constexpr int kNumBars = 2 + 4 * kStages;
+  static constexpr int kBytes = kBars + 8 * kNumBars;
   static constexpr int kLaunchBytes = kBytes + 1024;  // + the alignment slack
+  static_assert(kLaunchBytes <= 227 * 1024, "fits an H100/H200 CTA");
 };
 
 // The device helpers exist for the sm_90a device pass (and the host pass, which only parses
 // them); an sm_80 image compiles the kernel below as an empty body that is never launched.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
-constexpr int kColBlock = 64 * 128;  // bytes of one [64 rows][64 elements] column block
 
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk16) {
-  // chunk16 = 16-byte chunk of the row (D / 8 of them); column block chunk16 / 8.
-  return uint32_t((chunk16 >> 3) * kColBlock + row * 128 + (((chunk16 & 7) ^ (row & 7)) << 4));
+// ---- mbarrier, TMA, named barriers, setmaxnreg (PTX ISA 8.0, sm_90) ----------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival that also announces `bytes` of TMA data still to land.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+// Waits until the phase of parity `parity` has completed (a fresh barrier: parity 1 passes).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Box {64 elements, 1 head, 128 rows} at (c0, c1, c2) into a 1024-byte-aligned column block.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap *map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// Generic-proxy writes to shared memory made visible to the async proxy (TMA, wgmma).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// cp.async of rows [0, 64) of a tile into its swizzled shared block; rows >= valid_rows are
-// zero-filled without reading memory.
-template <typename T, int D>
-__device__ __forceinline__ void load_swizzled(uint8_t *smem, const T *base, int64_t row_stride,
-                                              int valid_rows) {
-  constexpr int kChunks = D / 8;
-#pragma unroll
-  for (int it = 0; it < 64 * kChunks / kWgThreads; ++it) {
-    const int i = it * kWgThreads + threadIdx.x;
-    const int r = i / kChunks, c = i % kChunks;
-    const bool ok = r < valid_rows;
-    cp_async_16(smem + swizzled_offset(r, c), ok ? base + r * row_stride + c * 8 : base, ok);
-  }
-}
-
+// ---- warpgroup MMA --------------------------------------------------------------------
 // Matrix descriptor of a 128-byte-swizzled operand (PTX ISA, "Matrix Descriptor Format"):
 // start address, leading and stride byte offsets (all >> 4), swizzle mode 1 (128 B).
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_address, uint32_t lbo, uint32_t sbo) {
@@ -79,237 +137,359 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// cp.async writes through the generic proxy; wgmma reads through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
-// d (+)= A · Bᵀ, A = 64×16 and B = 64×16, both K-major in shared memory (descriptors); TN is
-// the PTX name of the element type.
-#define MINIKV_WGMMA_SS_M64N64K16(TN) \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TN "." TN " " \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+// Operand lists of the wgmma asm statements: 32 accumulators from d[b].
+#define MINIKV_ACC32(b)                                                                          \
+  "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), \
+      "+f"(d[b + 6]), "+f"(d[b + 7]), "+f"(d[b + 8]), "+f"(d[b + 9]), "+f"(d[b + 10]),             \
+      "+f"(d[b + 11]), "+f"(d[b + 12]), "+f"(d[b + 13]), "+f"(d[b + 14]), "+f"(d[b + 15]),         \
+      "+f"(d[b + 16]), "+f"(d[b + 17]), "+f"(d[b + 18]), "+f"(d[b + 19]), "+f"(d[b + 20]),         \
+      "+f"(d[b + 21]), "+f"(d[b + 22]), "+f"(d[b + 23]), "+f"(d[b + 24]), "+f"(d[b + 25]),         \
+      "+f"(d[b + 26]), "+f"(d[b + 27]), "+f"(d[b + 28]), "+f"(d[b + 29]), "+f"(d[b + 30]),         \
+      "+f"(d[b + 31])
+#define MINIKV_REGS32 \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define MINIKV_REGS64                                                                               \
+  MINIKV_REGS32                                                                                     \
+  ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55," \
+  "%56,%57,%58,%59,%60,%61,%62,%63"
+
+// d (+)= A · Bᵀ, A = 64×16 and B = 128×16, both K-major in shared memory (descriptors);
+// accumulate = 0 overwrites d. TN is the PTX name of the element type.
+#define MINIKV_WGMMA_SS_M64N128K16(TN)                                                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                              \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TN "." TN " {" MINIKV_REGS64 \
+               "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                        \
+               : MINIKV_ACC32(0), MINIKV_ACC32(32)                                       \
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate))
 template <typename T>
-__device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                                   int accumulate) {
-  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_SS_M64N64K16("f16");
-  else MINIKV_WGMMA_SS_M64N64K16("bf16");
+__device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t desc_a,
+                                                    uint64_t desc_b, int accumulate) {
+  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_SS_M64N128K16("f16");
+  else MINIKV_WGMMA_SS_M64N128K16("bf16");
 }
 
 // d += A · B, A = 64×16 in registers (the mma.sync A-fragment layout per warp), B = 16×N
 // MN-major in shared memory (descriptor, transposed).
-#define MINIKV_WGMMA_RS_M64N64K16(TN) \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TN "." TN " " \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n" \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+#define MINIKV_WGMMA_RS_M64N64K16(TN)                                                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                             \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TN "." TN " {" MINIKV_REGS32 \
+               "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"                            \
+               : MINIKV_ACC32(0)                                                        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
 template <typename T>
-__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4],
-                                                    uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t *a,
+                                                   uint64_t desc_b) {
   if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N64K16("f16");
   else MINIKV_WGMMA_RS_M64N64K16("bf16");
 }
-
-#define MINIKV_WGMMA_RS_M64N128K16(TN) \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TN "." TN " " \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n" \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+#define MINIKV_WGMMA_RS_M64N128K16(TN)                                                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                              \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TN "." TN " {" MINIKV_REGS64 \
+               "}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"                             \
+               : MINIKV_ACC32(0), MINIKV_ACC32(32)                                       \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
 template <typename T>
-__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
+__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t *a,
                                                     uint64_t desc_b) {
   if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N128K16("f16");
   else MINIKV_WGMMA_RS_M64N128K16("bf16");
 }
 
-
-// S = Q·K_tileᵀ for the CTA's 64 rows: D / 16 k-steps of m64n64k16 (issued, not waited).
+// S = Q·K_tileᵀ for a warpgroup's 64 rows: D / 16 k-steps of m64n128k16 (issued and
+// committed, not waited). q_addr: the warpgroup's first row in Q's column block 0.
 template <typename T, int D>
-__device__ __forceinline__ void issue_qk(float (&s)[32], uint32_t q_addr, uint32_t k_addr) {
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    const uint32_t off = uint32_t((kk / 4) * kColBlock + (kk % 4) * 32);  // column block, +32 B
-    wgmma_ss_m64n64k16<T>(s, sw128_desc(q_addr + off, 16, 1024),
-                          sw128_desc(k_addr + off, 16, 1024), kk > 0);
+    const uint32_t off = uint32_t((kk / 4) * kFaColBlock + (kk % 4) * 32);  // column block, +32 B
+    wgmma_ss_m64n128k16<T>(s, sw128_desc(q_addr + off, 16, 1024),
+                           sw128_desc(k_addr + off, 16, 1024), kk > 0);
   }
   wgmma_commit();
 }
 
-// O += P·V_tile: 4 k-steps of 16 keys; V is [64 keys][D] swizzled = MN-major B with the
-// next 64 channels one column block (8 KB) on (LBO) and the next 8 keys 1 KB on (SBO).
+// O += P·V_tile: 8 k-steps of 16 keys; V is [128 keys][D] swizzled = MN-major B with the
+// next 64 channels one column block on (LBO) and the next 8 keys 1 KB on (SBO). p holds P
+// packed as the A fragments: p[4kc + i] is k-step kc's register i.
 template <typename T, int D>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const float (&s)[32], uint32_t v_addr) {
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[32], uint32_t v_addr) {
   wgmma_fence();
 #pragma unroll
-  for (int kc = 0; kc < kWgKeys / 16; ++kc) {
-    const uint32_t a[4] = {DType<T>::pack2(s[8 * kc + 0], s[8 * kc + 1]),
-                           DType<T>::pack2(s[8 * kc + 2], s[8 * kc + 3]),
-                           DType<T>::pack2(s[8 * kc + 4], s[8 * kc + 5]),
-                           DType<T>::pack2(s[8 * kc + 6], s[8 * kc + 7])};
-    const uint64_t desc = sw128_desc(v_addr + kc * 2048, kColBlock, 1024);
-    if constexpr (D == 128) wgmma_rs_m64n128k16<T>(o, a, desc);
-    else wgmma_rs_m64n64k16<T>(o, a, desc);
+  for (int kc = 0; kc < kFaKeys / 16; ++kc) {
+    const uint64_t desc = sw128_desc(v_addr + kc * 2048, kFaColBlock, 1024);
+    if constexpr (D == 128) wgmma_rs_m64n128k16<T>(o, p + 4 * kc, desc);
+    else wgmma_rs_m64n64k16<T>(o, p + 4 * kc, desc);
   }
   wgmma_commit();
 }
 
-// Pins accumulator registers around the async wgmma (as CUTLASS's warpgroup_fence_operand):
-// the compiler may not move their reads or writes across these points.
+// Pins registers around the async wgmma (as CUTLASS's warpgroup_fence_operand): the compiler
+// may not move their reads or writes across these points.
 template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
-#endif  // wgmma helpers
+template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+#endif  // sm_90a helpers
+
+// Named barriers (0 is __syncthreads): the consumers' turns to issue GEMMs, one each, and
+// one per consumer warpgroup for its epilogue.
+constexpr int kBarTurn = 1, kBarEpilogue = 3;
 
 /// \tparam T dtype of q/k/v/out (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
 template <typename T, int D>
-__global__ void __launch_bounds__(kWgThreads, 2)
-    prefill_wgmma_kernel(const __grid_constant__ PrefillAttnParams p) {
+__global__ void __launch_bounds__(kFaThreads, 1)
+    prefill_wgmma_kernel(const __grid_constant__ PrefillAttnParams p,
+                         const __grid_constant__ FaMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Sm = WgSmem<T, D>;
+  using Sm = FaSmem<D>;
+  constexpr int S = Sm::kStages;
   // The swizzle pattern repeats on 1024-byte boundaries: the base is rounded up to one (the
   // launch asks for Sm::kBytes + 1024).
   extern __shared__ uint8_t smem_dyn[];
-  uint8_t *const smem_raw = smem_dyn + ((1024u - (smem_addr(smem_dyn) & 1023u)) & 1023u);
-  uint8_t *const q_s = smem_raw;
-  const uint32_t q_addr = smem_addr(q_s), k_addr0 = smem_addr(smem_raw + Sm::kK),
-                 v_addr0 = smem_addr(smem_raw + Sm::kV);
+  uint8_t *const smem = smem_dyn + ((1024u - (smem_addr(smem_dyn) & 1023u)) & 1023u);
+  const uint32_t q_addr = smem_addr(smem), k_addr0 = q_addr + Sm::kK, v_addr0 = q_addr + Sm::kV;
+  const uint32_t bar_q = q_addr + Sm::kBars;
+  auto bar_k_full = [&](int st) { return bar_q + 8 * (1 + st); };
+  auto bar_v_full = [&](int st) { return bar_q + 8 * (1 + S + st); };
+  auto bar_k_empty = [&](int st) { return bar_q + 8 * (1 + 2 * S + st); };
+  auto bar_v_empty = [&](int st) { return bar_q + 8 * (1 + 3 * S + st); };
+  const uint32_t bar_v_tail = bar_q + 8 * (1 + 4 * S);
 
-  // blockIdx.x = (host tile, head, half): halves of one tile adjacent, the later (longer)
-  // half first, the longest tiles first.
-  const uint32_t host_tile = blockIdx.x / (2 * p.num_heads);
-  const int h = static_cast<int>((blockIdx.x / 2) % p.num_heads);
-  const int half = 1 - static_cast<int>(blockIdx.x % 2);
+  // blockIdx.x = (host tile, head): the longest tiles first, the heads of a tile adjacent
+  // (a GQA group's K/V stay in L2).
+  const uint32_t host_tile = blockIdx.x / p.num_heads;
+  const int h = static_cast<int>(blockIdx.x % p.num_heads);
   const uint32_t seq = find_seq(p.seqs, host_tile);
   // n query rows at prompt positions [qp, qp + n) over the keys [0, L) (params.h PrefillKeys).
   const int n = static_cast<int>(p.seqs.len[seq]), qp = static_cast<int>(p.keys.q_pos[seq]);
   const int L = qp + n;
   const uint32_t last = p.seqs.tile_begin[seq + 1] - 1;
-  const int q0 = static_cast<int>(last - host_tile) * int(kPrefillQueryTile) + half * kWgRows;
-  if (q0 >= n) return;  // the second half of a sequence's last, short tile
+  const int q0 = static_cast<int>(last - host_tile) * kFaRows;  // < n
   const int qa = qp + q0;  // prompt position of the CTA's first row
   const int kvh = h / (p.num_heads / p.num_kv_heads);
-  const int64_t tb = p.seqs.token_begin[seq], kb = p.keys.kv_begin[seq];
-  const int64_t q_stride = int64_t(p.num_heads) * D, kv_stride = int64_t(p.num_kv_heads) * D;
-  const T *q = static_cast<const T *>(p.q) + tb * q_stride + int64_t(h) * D;
-  const T *k = static_cast<const T *>(p.k) + kb * kv_stride + int64_t(kvh) * D;
-  const T *v = static_cast<const T *>(p.v) + kb * kv_stride + int64_t(kvh) * D;
+  // Key tiles up to the diagonal of the CTA's last row (or the last key): the same count for
+  // both consumer warpgroups, which keeps their turns and the stage releases paired.
+  const int n_kv = min(qa + kFaRows - 1, L - 1) / kFaKeys + 1;
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    for (int st = 0; st < S; ++st) {
+      mbar_init(bar_k_full(st), 1);
+      mbar_init(bar_v_full(st), 1);
+      mbar_init(bar_k_empty(st), kFaEmptyArrivals);
+      mbar_init(bar_v_empty(st), kFaEmptyArrivals);
+    }
+    mbar_init(bar_v_tail, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {  // ---- producer ----------------------------------------------------------
+    setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    const int q_row = static_cast<int>(p.seqs.token_begin[seq]) + q0;
+    const int kv_row = static_cast<int>(p.keys.kv_begin[seq]);
+    constexpr uint32_t kTileBytes = Sm::kTile;
+    if (lane == 0) {
+      prefetch_tensor_map(&maps.q);
+      prefetch_tensor_map(&maps.k);
+      prefetch_tensor_map(&maps.v);
+      mbar_arrive_expect_tx(bar_q, kFaRows * D * 2);
+      for (int cb = 0; cb < D / 64; ++cb)
+        tma_load_3d(q_addr + cb * kFaColBlock, &maps.q, bar_q, 64 * cb, h, q_row);
+    }
+    for (int j = 0; j < n_kv; ++j) {
+      const int st = j % S, k0 = j * kFaKeys;
+      const uint32_t free_parity = ((j / S) & 1) ^ 1;
+      // The tile that holds the last key and rows past it (only the last tile can).
+      const bool tail = k0 + kFaKeys > L;
+      if (lane == 0) {
+        mbar_wait(bar_k_empty(st), free_parity);
+        mbar_arrive_expect_tx(bar_k_full(st), kTileBytes);
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_3d(k_addr0 + st * Sm::kTile + cb * kFaColBlock, &maps.k, bar_k_full(st),
+                      64 * cb, kvh, kv_row + k0);
+        mbar_wait(bar_v_empty(st), free_parity);
+        const uint32_t bar = tail ? bar_v_tail : bar_v_full(st);
+        mbar_arrive_expect_tx(bar, kTileBytes);
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_3d(v_addr0 + st * Sm::kTile + cb * kFaColBlock, &maps.v, bar, 64 * cb, kvh,
+                      kv_row + k0);
+      }
+      if (tail) {
+        // Zero the V rows past the last key, then hand the tile to the consumers.
+        mbar_wait(bar_v_tail, 0);
+        const int first = L - k0;
+        uint8_t *const vt = smem + Sm::kV + st * Sm::kTile;
+        for (int i = lane; i < (kFaKeys - first) * 8 * (D / 64); i += 32) {
+          const int cb = i / ((kFaKeys - first) * 8), rest = i % ((kFaKeys - first) * 8);
+          *reinterpret_cast<uint4 *>(vt + cb * kFaColBlock + (first + rest / 8) * 128 +
+                                     (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_v_full(st));
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ---------------------------------------------------------------------------
+  setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1;  // rows [64 cw, 64 cw + 64) of the CTA's tile
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   const int g = lane / 4, tq = lane % 4;
-  const int wrow = 16 * warp;  // this warp's rows: wrow + g, wrow + g + 8
+  const int row0 = qa + kFaWgRows * cw + 16 * warp;  // prompt position of the warp's first row
+  const uint32_t q_wg = q_addr + cw * kFaWgRows * 128;  // the warpgroup's rows of Q
   const float scale = p.scale_log2;
-  const int n_kv = min((L + kWgKeys - 1) / kWgKeys, (qa + kWgRows - 1) / kWgKeys + 1);  // up to the diagonal
-
-  auto load_kv = [&](int j) {
-    const int st = j % kWgStages, k0 = j * kWgKeys;
-    load_swizzled<T, D>(smem_raw + Sm::kK + st * Sm::kTile, k + k0 * kv_stride, kv_stride, L - k0);
-    load_swizzled<T, D>(smem_raw + Sm::kV + st * Sm::kTile, v + k0 * kv_stride, kv_stride, L - k0);
+  auto release = [&](uint32_t bar) {
+    if (lane == 0) mbar_arrive(bar);
   };
-  load_swizzled<T, D>(q_s, q + q0 * q_stride, q_stride, n - q0);
-  load_kv(0);
-  cp_async_commit();
-  if (n_kv > 1) load_kv(1);
-  cp_async_commit();  // (possibly empty): one group per tile keeps the wait counts uniform
+  // Mask where the tile reaches past this warp's first row or past L.
+  auto mask = [&](float (&s)[64], int k0) {
+    if (k0 + kFaKeys - 1 > row0 || k0 + kFaKeys > L) mask_mtile(s, row0, k0, L, g, tq);
+  };
+  auto pack = [&](uint32_t (&pk)[32], const float (&s)[64]) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) pk[i] = DType<T>::pack2(s[2 * i], s[2 * i + 1]);
+  };
 
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g, g + 8 of the warp
-  float s[32], s_next[32];
+  float s[64], corr[2];
+  uint32_t pk[32];
 
-  cp_async_wait<1>();  // Q and tile 0
-  fence_proxy_async();
-  __syncthreads();
-  issue_qk<T, D>(s, q_addr, k_addr0);
+  // Turns: warpgroup 0 issues first; warpgroup 1 signals it once here and after each of its
+  // own turns but the last, so that every bar.sync meets exactly one bar.arrive.
+  if (n_kv > 1 && cw == 1) named_arrive(kBarTurn + 0, 256);
+  mbar_wait(bar_q, 0);
+  mbar_wait(bar_k_full(0), 0);
+  issue_qk<T, D>(s, q_wg, k_addr0);
   wgmma_wait<0>();
   fence_regs(s);
+  release(bar_k_empty(0));
+  mask(s, 0);
+  softmax_mtile(s, m, l, scale, corr);  // o is still 0: nothing to rescale
+  pack(pk, s);
 
-  for (int j = 0; j < n_kv; ++j) {
-    const int k0 = j * kWgKeys;
-    // Tile j + 2 into the stage of tile j − 1, whose P·V finished at the end of iteration j − 1.
-    if (j + 2 < n_kv) load_kv(j + 2);
-    cp_async_commit();
-    const bool next = j + 1 < n_kv;
-    if (next) {
-      cp_async_wait<1>();  // tile j + 1 (tile j + 2 may be in flight)
-      fence_proxy_async();
-      __syncthreads();
-      issue_qk<T, D>(s_next, q_addr, k_addr0 + ((j + 1) % kWgStages) * Sm::kTile);
-      fence_regs(s_next);
-    }
-
-    // Mask where the tile reaches past this warp's first row or past L, then softmax.
-    if (k0 + kWgKeys - 1 > qa + wrow || k0 + kWgKeys > L) mask_mtile(s, qa + wrow, k0, L, g, tq);
-    online_softmax_mtile<D>(s, o, m, l, scale);
-
+  for (int j = 1; j < n_kv; ++j) {
+    const int st = j % S, sp = (j - 1) % S;
+    mbar_wait(bar_k_full(st), (j / S) & 1);
+    mbar_wait(bar_v_full(sp), ((j - 1) / S) & 1);
+    named_sync(kBarTurn + cw, 256);
+    fence_regs(s);
+    issue_qk<T, D>(s, q_wg, k_addr0 + st * Sm::kTile);
     fence_regs(o);
-    issue_pv<T, D>(o, s, v_addr0 + (j % kWgStages) * Sm::kTile);
+    issue_pv<T, D>(o, pk, v_addr0 + sp * Sm::kTile);
+    if (cw == 0 || j + 1 < n_kv) named_arrive(kBarTurn + 1 - cw, 256);
+    wgmma_wait<1>();  // S_j (P_{j-1}·V_{j-1} may still run)
+    fence_regs(s);
+    release(bar_k_empty(st));
+    mask(s, j * kFaKeys);
+    const bool moved = softmax_mtile(s, m, l, scale, corr);
+    wgmma_wait<0>();
     fence_regs(o);
-    wgmma_wait<0>();  // S_{j+1} and this P·V
-    fence_regs(o);
-    fence_regs(s_next);
-    if (next) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) s[i] = s_next[i];
-    }
+    fence_regs(pk);
+    release(bar_v_empty(sp));
+    if (moved) rescale_o_mtile<D>(o, corr);
+    pack(pk, s);
   }
-  cp_async_wait<0>();  // no cp.async may still target the staging area below
+  {
+    const int sp = (n_kv - 1) % S;
+    mbar_wait(bar_v_full(sp), ((n_kv - 1) / S) & 1);
+    fence_regs(o);
+    issue_pv<T, D>(o, pk, v_addr0 + sp * Sm::kTile);
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pk);
+  }
 
-  // Normalize, stage the rows in the (free) V stages with a padded stride, store 16 B chunks.
-  __syncthreads();
-  constexpr int kStride = D + 8;
-  T *stage = reinterpret_cast<T *>(smem_raw + Sm::kV);
-  static_assert(kWgRows * kStride * int(sizeof(T)) <= kWgStages * Sm::kTile, "staging fits");
+  // Epilogue: normalize, stage the warpgroup's 64 rows in its own (now unread) rows of Q in
+  // the swizzled layout (conflict-free 4-byte writes, 16-byte reads), store 16-byte chunks.
+  named_sync(kBarEpilogue + cw, 128);  // every warp of the warpgroup is past its wgmma
+  uint8_t *const stage = smem + cw * kFaWgRows * 128;
+  auto staged = [&](int row, int chunk) {  // byte offset of 16-byte chunk `chunk` of a row
+    return (chunk / 8) * kFaColBlock + row * 128 + (((chunk % 8) ^ (row % 8)) << 4);
+  };
   float *lse = p.lse + int64_t(h) * p.ws_tokens + p.seqs.ws_offset[seq];
+  const int wg_row = q0 + kFaWgRows * cw;  // sequence row of the warpgroup's row 0
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = l[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int row = wrow + g + 8 * r;
+    const int row = 16 * warp + g + 8 * r;
     const float inv = 1.0f / sum;
-    uint32_t *dst = reinterpret_cast<uint32_t *>(stage + row * kStride + 2 * tq);
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) dst[4 * i] = output_pair<T>(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+    for (int i = 0; i < D / 8; ++i)
+      *reinterpret_cast<uint32_t *>(stage + staged(row, i) + 4 * tq) =
+          output_pair<T>(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
     const float base = m[r] == -INFINITY ? 0.0f : m[r] * scale;
-    if (tq == 0 && q0 + row < n) lse[q0 + row] = base + log2f(sum);
+    if (tq == 0 && wg_row + row < n) lse[wg_row + row] = base + log2f(sum);
   }
-  __syncthreads();
-  T *out = static_cast<T *>(p.out) + tb * q_stride + int64_t(h) * D;
+  named_sync(kBarEpilogue + cw, 128);
+  const int64_t q_stride = int64_t(p.num_heads) * D;
+  T *out = static_cast<T *>(p.out) + (p.seqs.token_begin[seq] + wg_row) * q_stride + int64_t(h) * D;
   constexpr int kChunks = D / 8;
 #pragma unroll
-  for (int it = 0; it < kWgRows * kChunks / kWgThreads; ++it) {
-    const int i = it * kWgThreads + threadIdx.x;
-    const int r = i / kChunks, c = (i % kChunks) * 8;
-    if (q0 + r < n)
-      *reinterpret_cast<uint4 *>(out + int64_t(q0 + r) * q_stride + c) =
-          *reinterpret_cast<const uint4 *>(stage + r * kStride + c);
+  for (int it = 0; it < kFaWgRows * kChunks / 128; ++it) {
+    const int i = it * 128 + t;
+    const int r = i / kChunks, c = i % kChunks;
+    if (wg_row + r < n)
+      *reinterpret_cast<uint4 *>(out + int64_t(r) * q_stride + c * 8) =
+          *reinterpret_cast<const uint4 *>(stage + staged(r, c));
   }
 #endif
+}
+
+// ---- host side -------------------------------------------------------------------------
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda); nullptr when
+// the driver lacks it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void *f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// [rows][heads][D] 16-bit elements at `base`, read in boxes of {64 elements, 1 head, 128
+// rows} with the 128-byte swizzle; rows past `rows` read as zeros.
+CUtensorMap tensor_map(minikv_dtype dtype, const void *base, uint32_t heads, uint32_t D,
+                       uint64_t rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {D, heads, rows};
+  const cuuint64_t strides[2] = {uint64_t(D) * 2, uint64_t(heads) * D * 2};  // bytes, dims 1, 2
+  const cuuint32_t box[3] = {64, 1, uint32_t(kFaRows)};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUresult r = tensor_map_encoder()(
+      &map, dtype == MINIKV_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      3, const_cast<void *>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    fail(MINIKV_ERR_DEVICE, "minikv_prefill: cuTensorMapEncodeTiled failed (CUresult %d) for a "
+                            "[%llu][%u][%u] tensor at %p",
+         int(r), static_cast<unsigned long long>(rows), heads, D, base);
+  }
+  return map;
 }
 
 }  // namespace
@@ -320,7 +500,7 @@ bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
     if (std::strcmp(e, "mma") == 0) return false;  // the sm_80 kernel, for comparisons
   }
   // Other head_dim values (80, 96, 256) run the mma.sync forward.
-  if (!in_list(WgmmaHeadDims{}, head_dim)) return false;
+  if (!in_list(WgmmaHeadDims{}, head_dim) || tensor_map_encoder() == nullptr) return false;
   bool usable = false;
   dispatch_dtype_head_dim<WgmmaHeadDims>(dtype, head_dim, "minikv_cache_create",
                                          [&](auto tag, auto hd) {
@@ -332,7 +512,7 @@ bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
         attr.binaryVersion == 90) {
       MINIKV_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<T, D>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             WgSmem<T, D>::kLaunchBytes));
+                                             FaSmem<D>::kLaunchBytes));
       usable = true;
     }
   });
@@ -351,8 +531,19 @@ void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAt
                                          [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads * 2;
-    prefill_wgmma_kernel<T, D><<<grid, kWgThreads, WgSmem<T, D>::kLaunchBytes, stream>>>(p);
+    // The maps span the rows this launch reads: every sequence's query rows and keys.
+    uint64_t q_rows = 1, kv_rows = 1;
+    for (uint32_t i = 0; i < p.seqs.n; ++i) {
+      q_rows = std::max<uint64_t>(q_rows, uint64_t(p.seqs.token_begin[i]) + p.seqs.len[i]);
+      kv_rows = std::max<uint64_t>(kv_rows, uint64_t(p.keys.kv_begin[i]) + p.keys.q_pos[i] +
+                                                p.seqs.len[i]);
+    }
+    FaMaps maps;
+    maps.q = tensor_map(dtype, p.q, p.num_heads, D, q_rows);
+    maps.k = tensor_map(dtype, p.k, p.num_kv_heads, D, kv_rows);
+    maps.v = tensor_map(dtype, p.v, p.num_kv_heads, D, kv_rows);
+    const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads;
+    prefill_wgmma_kernel<T, D><<<grid, kFaThreads, FaSmem<D>::kLaunchBytes, stream>>>(p, maps);
     check_launch_error("prefill_wgmma_kernel");
   });
 }

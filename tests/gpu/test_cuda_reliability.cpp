@@ -340,7 +340,9 @@ TEST_CASE("non-finite inputs on CUDA stay inside their sequence and layer") {
       CHECK(a.tokens_seen == b.tokens_seen);
       CHECK(a.tokens_cached == b.tokens_cached);
     };
-    // Prefill: seq_id 1's prompt (tokens 200..349) with NaN in q, +inf in k, -inf in v.
+    // Prefill: seq_id 1's prompt (tokens 200..349) with NaN in q, +inf in k, -inf in v;
+    // rows 230 and 240 sit in the last key tile of sequence 0 (keys 128..255 of a 128-key
+    // tile), past its last key.
     for (uint32_t layer = 0; layer < 2; ++layer) {
       Inputs in(cfg, 420, rng);
       DevBuf dq = upload(in.q), dk = upload(in.k), dv = upload(in.v), oa(420 * q_row * 2), ob(420 * q_row * 2);
@@ -348,6 +350,8 @@ TEST_CASE("non-finite inputs on CUDA stay inside their sequence and layer") {
       in.q.set(260 * q_row + 5, NAN);
       in.k.set(300 * kv_row + 7, INFINITY);
       in.v.set(349 * kv_row + 1, -INFINITY);
+      in.k.set(230 * kv_row + 3, INFINITY);
+      in.v.set(240 * kv_row + 2, -INFINITY);
       DevBuf pq = upload(in.q), pk = upload(in.k), pv = upload(in.v);
       MKV_OK(minikv_prefill(poisoned.get(), layer, 3, ids.data(), cu.data(), pq.get(), pk.get(), pv.get(), oa.get(), nullptr));
       outputs_agree(oa.download<uint16_t>(420 * q_row), ob.download<uint16_t>(420 * q_row), q_row,
