@@ -10,22 +10,29 @@
 #          long prompt through the default MiniKV cache. Needs python3 with torch +
 #          transformers and the `gguf` package (installed, or .models/python from
 #          scripts/fetch-model.sh);
+#   compare  examples/engine/compare_runs.py on SmolLM2-135M's GGUF (needs it; python3 with
+#          numpy): greedy tokens and logits of the fused-GEMV decode step vs cuBLAS
+#          (--no-gemv), full and default-MiniKV caches, batch 1 and 3; against the CPU
+#          backend's run too: here where this build has the CPU backend, else from
+#          MINIKV_CPU_REFERENCE (a runs/cpu directory of compare_runs.py --variants cpu
+#          made on a machine with OpenBLAS);
 #   bench  minikv-engine --bench: latency vs context at batch 1 and tokens/s at the largest
 #          batch within 40 GB, LLaMA-2-7B and Llama-3-8B shapes, the full 16-bit cache vs
 #          MiniKV settings; the arguments go to it (e.g. --random llama2-7b: one model).
-# Writes to $OUT: engine-build.log, engine-check.log, engine-generate.log,
+# Writes to $OUT: engine-build.log, engine-check.log, engine-generate.log, engine-compare.log,
 # engine-bench-<stamp>.log and .json, and (with matplotlib) the JSON's two PNGs.
 #
 #   scripts/gpu-engine.sh [minikv-engine --bench flags...]
 #   STEPS="build check" scripts/gpu-engine.sh; STEPS="build bench" scripts/gpu-engine.sh
 # Environment (all optional):
-#   STEPS              which steps, in this order     (build check bench)
+#   STEPS              which steps, in this order     (build check compare bench)
 #   MINIKV_BUILD_DIR   build directory                (build-gpu-engine in the repository)
 #   MINIKV_CUDA_ARCHITECTURES  CMAKE_CUDA_ARCHITECTURES (90a)
 #   MINIKV_JOBS        parallel build jobs            (nproc)
 #   MINIKV_GGUF        SmolLM2's GGUF                 (.models/SmolLM2-135M-Instruct.Q4_1.gguf)
 #   MINIKV_CORPUS      text for the checks            (../shared/data/corpus, else README.md)
 #   OUT                results and logs               (<build>/engine)
+#   MINIKV_CPU_REFERENCE  compare: the CPU backend's runs from elsewhere
 #   MINIKV_COMMIT      commit label when .git is absent
 set -euo pipefail
 # shellcheck source=scripts/common.sh
@@ -35,7 +42,7 @@ no_positional_build_dir "$@"
 
 build=${MINIKV_BUILD_DIR:-$MINIKV_ROOT/build-gpu-engine}
 out=${OUT:-$build/engine}
-steps=" ${STEPS:-build check bench} "
+steps=" ${STEPS:-build check compare bench} "
 mkdir -p "$out"
 export PATH=$PATH:/usr/local/cuda/bin
 engine=$build/examples/engine/minikv-engine
@@ -77,6 +84,25 @@ print(text[20000:60000] + "\n\nIn one sentence, what is this text about?")
 EOF
       ) 2>&1 | tee "$out/engine-generate.log" || status=1
     fi
+  fi
+fi
+
+if [[ $steps == *" compare "* ]]; then
+  step "compare: fused GEMV decode vs cuBLAS vs the CPU backend (log: $out/engine-compare.log)"
+  model=${MINIKV_GGUF:-$MINIKV_ROOT/.models/SmolLM2-135M-Instruct.Q4_1.gguf}
+  if [ ! -f "$model" ]; then
+    note "skipped: no $model (scripts/fetch-model.sh)"; status=1
+  else
+    variants=(cuda "cuda --no-gemv")
+    reference=()
+    if [ -n "${MINIKV_CPU_REFERENCE:-}" ]; then reference=(--reference "$MINIKV_CPU_REFERENCE")
+    elif "$engine" --random tiny --backend cpu --prompt x -n 1 --quiet >/dev/null 2>&1; then
+      variants=(cpu "${variants[@]}") # this build has the CPU backend
+    else note "no CPU backend in this build and no MINIKV_CPU_REFERENCE: GEMV vs cuBLAS only"
+    fi
+    python3 "$MINIKV_ROOT/examples/engine/compare_runs.py" --engine "$engine" --model "$model" \
+      --out "$out/compare" "${reference[@]}" --variants "${variants[@]}" 2>&1 |
+      tee "$out/engine-compare.log" || status=1
   fi
 fi
 

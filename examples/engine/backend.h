@@ -8,8 +8,8 @@
  * backend runs them:
  *   prefill  the prompts of new sequences through every layer (one minikv_prefill per
  *            layer for the whole batch), returning the logits of each prompt's last token;
- *   decode   one token for each of a batch of running sequences (minikv_append +
- *            minikv_decode per layer), returning logits;
+ *   decode   one token for each of a batch of running sequences (minikv_append_decode
+ *            per layer), returning logits;
  *   greedy   n decode steps of a fixed batch with the token choice (argmax) made by the
  *            backend itself, so that a GPU never waits for the host between steps (the
  *            benchmark's path).
@@ -39,6 +39,8 @@ typedef struct backend_options {
   minikv_dtype dtype;          /* activations handed to libminikv (and the GPU's weights) */
   bool quiet;                  /* no progress lines on stderr */
   bool no_graphs;              /* CUDA: launch each decode step's kernels directly */
+  bool no_gemv;                /* CUDA: cuBLAS (and separate norm/RoPE/SwiGLU kernels) for
+                                  decode batches too, not the fused GEMVs of gemv.cuh */
 } backend_options;
 
 /* Called after each layer of a prefill (progress lines on long prompts). */

@@ -33,7 +33,7 @@ typedef struct options {
   uint32_t n_new[MAX_PROMPTS], n_new_count, batch, max_seq_len;
   float temperature, top_p;
   uint64_t seed;
-  bool ids, tokenize, quiet, raw, no_graphs;
+  bool ids, tokenize, quiet, raw, no_graphs, no_gemv;
 } options;
 
 static void usage(FILE *f) {
@@ -70,7 +70,9 @@ static void usage(FILE *f) {
     "                        n_vocab, in generation order); PATH.i for prompt i of several\n"
     "  --quiet               no progress or statistics on stderr\n"
     "  --no-graphs           CUDA: launch each decode step's kernels directly instead of\n"
-    "                        replaying it as one CUDA graph\n",
+    "                        replaying it as one CUDA graph\n"
+    "  --no-gemv             CUDA: decode batches of up to 8 through cuBLAS and separate\n"
+    "                        norm/RoPE/SwiGLU kernels, not the fused GEMVs\n",
     model_preset_names(),
 #ifdef ENGINE_WITH_CUDA
     "cuda"
@@ -143,6 +145,7 @@ static bool parse_args(int argc, char **argv, options *o) {
       else if (strcmp(a, "--quiet") == 0) o->quiet = true;
       else if (strcmp(a, "--raw") == 0) o->raw = true;
       else if (strcmp(a, "--no-graphs") == 0) o->no_graphs = true;
+      else if (strcmp(a, "--no-gemv") == 0) o->no_gemv = true;
       else return fail("unknown flag %s (--help lists them)", a);
     }
     if (takes_value) {
@@ -324,6 +327,7 @@ static int generate(const options *o) {
   opt.max_prompt_tokens = longest > 0 ? (uint32_t)longest : 1;
   opt.quiet = o->quiet;
   opt.no_graphs = o->no_graphs;
+  opt.no_gemv = o->no_gemv;
   const uint32_t max_seq_len = o->max_seq_len ? o->max_seq_len : (uint32_t)longest + most_new + 1;
   if (!o->quiet) {
     char desc[256];

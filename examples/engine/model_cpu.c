@@ -7,8 +7,8 @@
  * are small; the same code runs both):
  *   xb = rms(x) · attn_norm;  qkv = xb · [Wq; Wk; Wv]^T  (one GEMM, the three stacked)
  *   q, k, v = split(qkv), RoPE on q and k at each row's position, converted to the dtype
- * then libminikv: minikv_prefill for all prompt rows at once, or minikv_append +
- * minikv_decode for a decode batch; then per chunk
+ * then libminikv: minikv_prefill for all prompt rows at once, or minikv_append_decode
+ * (the new tokens appended, then attended) for a decode batch; then per chunk
  *   x += attn · Wo^T;  xb = rms(x) · ffn_norm;  gu = xb · [Wgate; Wup]^T
  *   x += (silu(gate) * up) · Wdown^T
  * GEMMs accumulate straight into the residual stream x (beta = 1).
@@ -206,8 +206,8 @@ static bool decode_step(backend *b, uint32_t n_seqs, const uint32_t *seq_ids, co
     const cpu_layer *L = &c->layers[l];
     for (size_t r = 0; r < n_seqs; r += chunk) attention_inputs(c, L, r, n_seqs - r < chunk ? n_seqs - r : chunk);
     if (seq_ids &&
-        (!minikv_ok(b, minikv_append(b->cache, l, n_seqs, seq_ids, c->k, c->v, NULL), "minikv_append", l) ||
-         !minikv_ok(b, minikv_decode(b->cache, l, n_seqs, seq_ids, c->q, c->attn, NULL), "minikv_decode", l)))
+        !minikv_ok(b, minikv_append_decode(b->cache, l, n_seqs, seq_ids, c->q, c->k, c->v, c->attn, NULL),
+                   "minikv_append_decode", l))
       return false;
     for (size_t r = 0; r < n_seqs; r += chunk) attention_output_and_mlp(c, L, r, n_seqs - r < chunk ? n_seqs - r : chunk);
   }

@@ -1,16 +1,19 @@
 /*
  * model_cuda.cu — the model on one NVIDIA GPU: weights and activations in f16 or bf16, a
- * float32 residual stream, every matrix product through cuBLAS (cublasGemmEx, 16-bit
- * inputs, float32 accumulation), embedding/RMSNorm/RoPE/SwiGLU/argmax as the small kernels
- * below, attention through libminikv's CUDA backend.
+ * float32 residual stream, attention through libminikv's CUDA backend. Matrix products of
+ * prompts and of large decode batches go through cuBLAS (cublasGemmEx, 16-bit inputs,
+ * float32 accumulation) with embedding/RMSNorm/RoPE/SwiGLU/argmax as the small kernels
+ * below; decode batches of at most GEMV_MAX_ROWS sequences use gemv.cuh's bandwidth-bound
+ * GEMVs instead, the small kernels fused into them (four launches per layer next to
+ * libminikv's).
  *
- * The layer is the CPU backend's (model_cpu.c): Q, K and V come from one GEMM over the
+ * The layer is the CPU backend's (model_cpu.c): Q, K and V come from one product with the
  * stacked [Wq; Wk; Wv] and are split (with RoPE) into the dense tensors libminikv reads;
- * gate and up come from one GEMM over [Wgate; Wup]; the output and down projections
+ * gate and up come from one product with [Wgate; Wup]; the output and down projections
  * accumulate straight into the float32 residual (cuBLAS with a float32 C and beta = 1).
  *
- * A decode step — embedding, every layer (with minikv_append + minikv_decode), the final
- * norm, the logits and their argmax — runs as one CUDA graph. libminikv bakes the sizes of
+ * A decode step — embedding, every layer (with minikv_append_decode), the final norm, the
+ * logits and their argmax — runs as one CUDA graph. libminikv bakes the sizes of
  * each call (cache lengths, flush or not) into its kernels' parameters at the call, so a
  * graph recorded for one step is not valid for the next: each step is captured again, and
  * the captured graph updates an instantiated one (cudaGraphExecUpdate: parameters only,
@@ -75,6 +78,8 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
       __VA_ARGS__;                                                                          \
     }                                                                                       \
   } while (0)
+
+#include "gemv.cuh" /* uses to_f32 / from_f32 */
 
 /* ---- kernels --------------------------------------------------------------------------- */
 
@@ -254,6 +259,11 @@ struct cuda_backend {
   cudaEvent_t exec_done[2];
   bool exec_launched[2];
   bool dry_run; /* allocate_buffers only counts bytes */
+  /* gemv.cuh: decode batches of at most gemv_max_rows (0: cuBLAS for all), CTAs per SM
+     of each kernel (by epilogue and log2 of its row count), the GPU's SMs */
+  uint32_t gemv_max_rows;
+  int gemv_ctas_per_sm[GEMV_EPILOGUES][4];
+  int sm_count;
 };
 
 static cuda_backend *cb(backend *b) { return (cuda_backend *)b; }
@@ -275,6 +285,138 @@ static bool gemm(cuda_backend *c, const void *w, const void *in, void *out, bool
 }
 
 static void *elem(void *base, size_t index, size_t esize) { return (char *)base + index * esize; }
+
+/* ---- gemv.cuh's products for decode batches ---------------------------------------- */
+
+static int log2_rows(int nb) { return nb == 1 ? 0 : nb == 2 ? 1 : nb == 4 ? 2 : 3; }
+
+/* Shared memory of a kernel with NB activation rows: the normalized rows, for the
+   epilogues that take the norm input. */
+static size_t gemv_smem(int epilogue, int nb, int k) { return epilogue == GEMV_RESIDUAL ? 0 : (size_t)nb * k * 2; }
+
+template <typename T, int NB, int kEpi>
+static bool gemv_prepare_one(cuda_backend *c, int k, size_t smem_limit) {
+  const size_t smem = gemv_smem(kEpi, NB, k);
+  int *ctas = &c->gemv_ctas_per_sm[kEpi][log2_rows(NB)];
+  *ctas = 0;
+  if (smem > smem_limit) return true; /* too wide a model for NB rows: not used */
+  CUDA_TRY(cudaFuncSetAttribute(gemv_kernel<T, NB, kEpi>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, gemv_kernel<T, NB, kEpi>, GEMV_THREADS, smem));
+  return true;
+}
+
+template <typename T, int NB>
+static bool gemv_prepare_rows(cuda_backend *c, int k, size_t smem_limit) {
+  return gemv_prepare_one<T, NB, GEMV_ROPE_SPLIT>(c, k, smem_limit) && gemv_prepare_one<T, NB, GEMV_SWIGLU>(c, k, smem_limit) &&
+         gemv_prepare_one<T, NB, GEMV_RESIDUAL>(c, k, smem_limit) && gemv_prepare_one<T, NB, GEMV_LOGITS>(c, k, smem_limit);
+}
+
+/* Sets gemv_max_rows: the largest NB (1, 2, 4, 8) whose kernels all fit an SM, or 0 when
+   the model's sizes, or --no-gemv, rule the path out. Done before any capture
+   (cudaFuncSetAttribute is not a stream operation). */
+static bool gemv_prepare(cuda_backend *c, const cudaDeviceProp *prop) {
+  const model_config *m = &c->base.model;
+  c->gemv_max_rows = 0;
+  c->sm_count = prop->multiProcessorCount;
+  if (c->base.opt.no_gemv ||
+      !gemv_shapes_supported((int)m->n_embd, (int)(m->n_heads * m->head_dim), (int)(m->n_kv_heads * m->head_dim),
+                             (int)m->n_ff, (int)m->head_dim, (int)m->n_vocab))
+    return true;
+  const int k = (int)m->n_embd; /* the norm input's width: every such product reads x */
+  const size_t limit = prop->sharedMemPerBlockOptin > 1024 ? prop->sharedMemPerBlockOptin - 1024 : 0; /* static part */
+  DISPATCH_16BIT(c->base.opt.dtype, {
+    if (!gemv_prepare_rows<T, 1>(c, k, limit) || !gemv_prepare_rows<T, 2>(c, k, limit) ||
+        !gemv_prepare_rows<T, 4>(c, k, limit) || !gemv_prepare_rows<T, 8>(c, k, limit))
+      return false;
+  });
+  for (int nb = 1, i = 0; nb <= GEMV_MAX_ROWS; nb *= 2, ++i) {
+    bool all = true;
+    for (int e = 0; e < GEMV_EPILOGUES; ++e) all = all && c->gemv_ctas_per_sm[e][i] > 0;
+    if (!all) break;
+    c->gemv_max_rows = (uint32_t)nb;
+  }
+  return true;
+}
+
+template <typename T, int NB, int kEpi>
+static bool gemv_launch_rows(cuda_backend *c, const gemv_params &p) {
+  const int R = GEMV_ROWS_PER_WARP;
+  const int tasks = kEpi == GEMV_SWIGLU ? p.ff / (R / 2) : (p.m + R - 1) / R;
+  const int wanted = (tasks + GEMV_WARPS - 1) / GEMV_WARPS, resident = c->sm_count * c->gemv_ctas_per_sm[kEpi][log2_rows(NB)];
+  gemv_kernel<T, NB, kEpi><<<wanted < resident ? wanted : resident, GEMV_THREADS, gemv_smem(kEpi, NB, p.k), c->stream>>>(p);
+  LAUNCH_TRY();
+  return true;
+}
+
+/* One product of p.n <= gemv_max_rows rows, with the kernel of the next power of two. */
+template <int kEpi>
+static bool gemv_launch(cuda_backend *c, const gemv_params &p) {
+  DISPATCH_16BIT(c->base.opt.dtype, {
+    if (p.n <= 1) return gemv_launch_rows<T, 1, kEpi>(c, p);
+    if (p.n <= 2) return gemv_launch_rows<T, 2, kEpi>(c, p);
+    if (p.n <= 4) return gemv_launch_rows<T, 4, kEpi>(c, p);
+    return gemv_launch_rows<T, 8, kEpi>(c, p);
+  });
+  return false; /* not reached */
+}
+
+static gemv_params gemv_norm_input(const void *w, int m, int k, int n, const float *x, const int32_t *x_rows,
+                                   const float *norm_w, float eps) {
+  gemv_params p;
+  memset(&p, 0, sizeof p);
+  p.w = w;
+  p.m = m;
+  p.k = k;
+  p.n = n;
+  p.x = x;
+  p.x_rows = x_rows;
+  p.norm_w = norm_w;
+  p.eps = eps;
+  return p;
+}
+
+/* A decode step's layer for n <= gemv_max_rows rows, before and after attention: q, k, v
+   from x; then x += attn Wo^T and the MLP block. */
+static bool gemv_attention_inputs(cuda_backend *c, const cuda_layer *L, int n) {
+  const model_config *m = &c->base.model;
+  const int d = (int)m->n_embd, H = (int)m->n_heads, Hkv = (int)m->n_kv_heads, D = (int)m->head_dim;
+  gemv_params p = gemv_norm_input(L->wqkv, (H + 2 * Hkv) * D, d, n, c->x, NULL, L->attn_norm, m->rms_eps);
+  p.q = c->q;
+  p.k_out = c->k;
+  p.v = c->v;
+  p.positions = c->positions;
+  p.inv_freq = c->inv_freq;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.D = D;
+  return gemv_launch<GEMV_ROPE_SPLIT>(c, p);
+}
+
+static bool gemv_attention_output_and_mlp(cuda_backend *c, const cuda_layer *L, int n) {
+  const model_config *m = &c->base.model;
+  const int d = (int)m->n_embd, hd = (int)(m->n_heads * m->head_dim), ff = (int)m->n_ff;
+  gemv_params p;
+  memset(&p, 0, sizeof p);
+  p.w = L->wo;
+  p.m = d;
+  p.k = hd;
+  p.n = n;
+  p.a = c->attn;
+  p.out_f32 = c->x;
+  if (!gemv_launch<GEMV_RESIDUAL>(c, p)) return false;
+  p = gemv_norm_input(L->wgu, 2 * ff, d, n, c->x, NULL, L->ffn_norm, m->rms_eps);
+  p.hid = c->hid;
+  p.ff = ff;
+  if (!gemv_launch<GEMV_SWIGLU>(c, p)) return false;
+  memset(&p, 0, sizeof p);
+  p.w = L->wdown;
+  p.m = d;
+  p.k = ff;
+  p.n = n;
+  p.a = c->hid;
+  p.out_f32 = c->x;
+  return gemv_launch<GEMV_RESIDUAL>(c, p);
+}
 
 /* Rows [row0, row0 + rows) of x -> q, k, v (whole-call rows). */
 static bool attention_inputs(cuda_backend *c, const cuda_layer *L, int row0, int rows) {
@@ -315,6 +457,11 @@ static bool attention_output_and_mlp(cuda_backend *c, const cuda_layer *L, int r
    c->logits. */
 static bool logits_of(cuda_backend *c, const int32_t *rows, int n) {
   const model_config *m = &c->base.model;
+  if ((uint32_t)n <= c->gemv_max_rows) {
+    gemv_params p = gemv_norm_input(c->output, (int)m->n_vocab, (int)m->n_embd, n, c->x, rows, c->out_norm, m->rms_eps);
+    p.out_f32 = c->logits;
+    return gemv_launch<GEMV_LOGITS>(c, p);
+  }
   DISPATCH_16BIT(c->base.opt.dtype, {
     rms_norm_kernel<T><<<n, 256, 0, c->stream>>>(c->x, rows, c->out_norm, (T *)c->last_xb, (int)m->n_embd, m->rms_eps);
   });
@@ -384,16 +531,19 @@ static bool record_step(cuda_backend *c, uint32_t n, const uint32_t *seq_ids, in
   backend *b = &c->base;
   const model_config *m = &b->model;
   const int chunk = (int)b->opt.chunk_tokens;
+  const bool gemv = n <= c->gemv_max_rows;
   DISPATCH_16BIT(b->opt.dtype, { embed_kernel<T><<<n, 256, 0, c->stream>>>(c->tokens, (const T *)c->embed, c->x, (int)m->n_embd); });
   LAUNCH_TRY();
   for (uint32_t l = 0; l < m->n_layers; ++l) {
     const cuda_layer *L = &c->layers[l];
-    for (uint32_t r = 0; r < n; r += chunk)
+    if (gemv && !gemv_attention_inputs(c, L, (int)n)) return false;
+    for (uint32_t r = 0; !gemv && r < n; r += chunk)
       if (!attention_inputs(c, L, (int)r, (int)(n - r < (uint32_t)chunk ? n - r : chunk))) return false;
-    if (seq_ids && (!minikv_ok(b, minikv_append(b->cache, l, n, seq_ids, c->k, c->v, c->stream), "minikv_append", l) ||
-                    !minikv_ok(b, minikv_decode(b->cache, l, n, seq_ids, c->q, c->attn, c->stream), "minikv_decode", l)))
+    if (seq_ids && !minikv_ok(b, minikv_append_decode(b->cache, l, n, seq_ids, c->q, c->k, c->v, c->attn, c->stream),
+                              "minikv_append_decode", l))
       return false;
-    for (uint32_t r = 0; r < n; r += chunk)
+    if (gemv && !gemv_attention_output_and_mlp(c, L, (int)n)) return false;
+    for (uint32_t r = 0; !gemv && r < n; r += chunk)
       if (!attention_output_and_mlp(c, L, (int)r, (int)(n - r < (uint32_t)chunk ? n - r : chunk))) return false;
   }
   if (!logits_of(c, NULL, (int)n)) return false;
@@ -798,8 +948,9 @@ extern "C" backend *backend_cuda_create(const model_source *src, const model_con
             cuda_ok(cudaEventCreateWithFlags(&c->exec_done[1], cudaEventDisableTiming), "cudaEventCreate");
   int device = 0;
   cudaDeviceProp prop;
-  if (ok && cudaGetDevice(&device) == cudaSuccess && cudaGetDeviceProperties(&prop, device) == cudaSuccess)
-    snprintf(b->device, sizeof b->device, "%.127s", prop.name);
+  ok = ok && cuda_ok(cudaGetDevice(&device), "cudaGetDevice") &&
+       cuda_ok(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties") && gemv_prepare(c, &prop);
+  if (ok) snprintf(b->device, sizeof b->device, "%.127s", prop.name);
   if (ok && cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) ok = fail("cublasCreate failed");
   ok = ok && allocate_buffers(c);
   if (ok && (cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS ||

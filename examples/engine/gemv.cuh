@@ -1,0 +1,260 @@
+/*
+ * gemv.cuh — the decode step's matrix products for a few rows (batches of at most
+ * GEMV_MAX_ROWS sequences), where a step is bound by reading every weight once: 16-bit
+ * W [m, k] row-major (k contiguous) times NB activation rows, float32 accumulation.
+ *
+ * Why: with cuBLAS and separate RMSNorm/RoPE/SwiGLU kernels the dense part of a batch-1
+ * step measured 1.5-1.7x its weight bytes / copy bandwidth on an H200 (bench/results,
+ * 2026-12-01). Here each warp streams R = 4 weight rows with 16-byte loads that bypass L1,
+ * U chunks of each in flight per lane before any is used (U = 4 for one or two activation
+ * rows, 2 for more: registers), and the same activation chunk serves the R rows; one
+ * butterfly reduction leaves every sum in every lane, and lane rr * NB + r writes output
+ * (row rr, activation r). The grid holds as many CTAs as fit on the GPU at once and each
+ * warp walks the tasks (groups of R rows) with a grid stride.
+ *
+ * Input ("prologue"), fixed by the epilogue:
+ *   norm    rows x_rows[r] (or r) of the float32 residual x [., k], RMS-normalized and
+ *           scaled by norm_w, rounded to T into shared memory [NB, k] (the rounding the
+ *           cuBLAS path applies to its normalized copy); no separate RMSNorm pass.
+ *   plain   16-bit rows a [n, k] read straight from global memory (L1-cached: every warp
+ *           of an SM reads the same rows).
+ * Output ("epilogue"):
+ *   GEMV_ROPE_SPLIT  W = [Wq; Wk; Wv] (norm input): rows of Q and K rotated by
+ *                    positions[r] * inv_freq[pair] (interleaved pairs, as rope_split_kernel),
+ *                    written to q [n, H D], k [n, Hkv D], v [n, Hkv D] in T;
+ *   GEMV_SWIGLU      W = [Wgate; Wup] (norm input, m = 2 ff): a task is R/2 gate rows and
+ *                    the matching up rows; hid [n, ff] = silu(gate) * up in T;
+ *   GEMV_RESIDUAL    plain input; out_f32 [n, m] += W a (the residual stream);
+ *   GEMV_LOGITS      norm input; out_f32 [n, m] = W a.
+ * Requirements (gemv_shapes_supported): k a multiple of 8 (16-byte rows), m even.
+ */
+#ifndef ENGINE_GEMV_CUH
+#define ENGINE_GEMV_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+enum { GEMV_ROPE_SPLIT, GEMV_SWIGLU, GEMV_RESIDUAL, GEMV_LOGITS, GEMV_EPILOGUES };
+enum { GEMV_WARPS = 8, GEMV_THREADS = 32 * GEMV_WARPS, GEMV_ROWS_PER_WARP = 4, GEMV_MAX_ROWS = 8 };
+
+struct gemv_params {
+  const void *w; /* [m, k] */
+  int m, k, n;   /* n <= NB activation rows */
+  /* plain input */
+  const void *a; /* [n, k] */
+  /* norm input */
+  const float *x;        /* [., k] */
+  const int32_t *x_rows; /* [n] rows of x, or NULL for 0..n-1 */
+  const float *norm_w;   /* [k] */
+  float eps;
+  /* outputs */
+  float *out_f32;     /* RESIDUAL, LOGITS: [n, m] */
+  void *q, *k_out, *v; /* ROPE_SPLIT */
+  const int32_t *positions; /* ROPE_SPLIT: [n] */
+  const double *inv_freq;   /* ROPE_SPLIT: [D / 2] */
+  int H, Hkv, D;            /* ROPE_SPLIT */
+  void *hid;                /* SWIGLU: [n, ff] */
+  int ff;                   /* SWIGLU: m = 2 ff */
+};
+
+template <typename T> struct gemv_pair;
+template <> struct gemv_pair<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ float2 to_float2(uint32_t u) { return __half22float2(*reinterpret_cast<const __half2 *>(&u)); }
+};
+template <> struct gemv_pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ float2 to_float2(uint32_t u) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u));
+  }
+};
+
+/* 16 bytes of weights, read once: not kept in L1 (the activations live there). */
+__device__ __forceinline__ uint4 gemv_load_stream(const uint4 *p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void gemv_unpack(const uint4 &u, float2 (&f)[4]) {
+  f[0] = gemv_pair<T>::to_float2(u.x);
+  f[1] = gemv_pair<T>::to_float2(u.y);
+  f[2] = gemv_pair<T>::to_float2(u.z);
+  f[3] = gemv_pair<T>::to_float2(u.w);
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t gemv_pack(float a, float b) {
+  typename gemv_pair<T>::type p;
+  p.x = from_f32<T>(a);
+  p.y = from_f32<T>(b);
+  return *reinterpret_cast<const uint32_t *>(&p);
+}
+
+/* Rows x_rows[r] of x, RMS-normalized, times norm_w, in T into s [NB, k]. */
+template <typename T, int NB>
+__device__ __forceinline__ void gemv_norm_rows(const gemv_params &p, T *s) {
+  __shared__ float partial[NB][GEMV_WARPS];
+  const float *xr[NB];
+  float ss[NB];
+#pragma unroll
+  for (int r = 0; r < NB; ++r) {
+    xr[r] = p.x + (size_t)(r < p.n ? (p.x_rows ? p.x_rows[r] : r) : 0) * p.k;
+    ss[r] = 0.0f;
+  }
+  for (int i = 4 * threadIdx.x; i < p.k; i += 4 * GEMV_THREADS)
+#pragma unroll
+    for (int r = 0; r < NB; ++r)
+      if (r < p.n) {
+        const float4 v = *reinterpret_cast<const float4 *>(xr[r] + i);
+        ss[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int r = 0; r < NB; ++r) {
+    for (int o = 16; o > 0; o >>= 1) ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], o);
+    if (lane == 0) partial[r][warp] = ss[r];
+  }
+  __syncthreads();
+  float inv[NB];
+#pragma unroll
+  for (int r = 0; r < NB; ++r) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < GEMV_WARPS; ++w) sum += partial[r][w];
+    inv[r] = rsqrtf(sum / (float)p.k + p.eps);
+  }
+  for (int i = 8 * threadIdx.x; i < p.k; i += 8 * GEMV_THREADS) {
+    const float4 w0 = *reinterpret_cast<const float4 *>(p.norm_w + i);
+    const float4 w1 = *reinterpret_cast<const float4 *>(p.norm_w + i + 4);
+#pragma unroll
+    for (int r = 0; r < NB; ++r)
+      if (r < p.n) {
+        const float4 a = *reinterpret_cast<const float4 *>(xr[r] + i);
+        const float4 b = *reinterpret_cast<const float4 *>(xr[r] + i + 4);
+        uint4 o; /* the expression of rms_norm_kernel: w * (x * inv) */
+        o.x = gemv_pack<T>(w0.x * (a.x * inv[r]), w0.y * (a.y * inv[r]));
+        o.y = gemv_pack<T>(w0.z * (a.z * inv[r]), w0.w * (a.w * inv[r]));
+        o.z = gemv_pack<T>(w1.x * (b.x * inv[r]), w1.y * (b.y * inv[r]));
+        o.w = gemv_pack<T>(w1.z * (b.z * inv[r]), w1.w * (b.w * inv[r]));
+        *reinterpret_cast<uint4 *>(s + (size_t)r * p.k + i) = o;
+      }
+  }
+  __syncthreads();
+}
+
+/* Output (row, activation r) = sum, written by one lane; `other` is the sum of the next
+   row (the RoPE pair's second element, the up row of a SwiGLU gate row). */
+template <typename T, int kEpi>
+__device__ __forceinline__ void gemv_store(const gemv_params &p, int row, int r, float sum, float other) {
+  if constexpr (kEpi == GEMV_RESIDUAL) {
+    p.out_f32[(size_t)r * p.m + row] += sum;
+  } else if constexpr (kEpi == GEMV_LOGITS) {
+    p.out_f32[(size_t)r * p.m + row] = sum;
+  } else if constexpr (kEpi == GEMV_SWIGLU) {
+    static_cast<T *>(p.hid)[(size_t)r * p.ff + row] = from_f32<T>(sum / (1.0f + __expf(-sum)) * other);
+  } else { /* GEMV_ROPE_SPLIT: row is even when it starts a Q/K pair */
+    const int qd = p.H * p.D, kd = p.Hkv * p.D;
+    if (row >= qd + kd) {
+      static_cast<T *>(p.v)[(size_t)r * kd + (row - qd - kd)] = from_f32<T>(sum);
+      return;
+    }
+    double sn, cs;
+    sincos((double)p.positions[r] * p.inv_freq[(row % p.D) / 2], &sn, &cs);
+    const float c = (float)cs, s = (float)sn;
+    T *dst = row < qd ? static_cast<T *>(p.q) + (size_t)r * qd + row : static_cast<T *>(p.k_out) + (size_t)r * kd + (row - qd);
+    *reinterpret_cast<uint32_t *>(dst) = gemv_pack<T>(sum * c - other * s, sum * s + other * c);
+  }
+}
+
+template <typename T, int NB, int kEpi>
+__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constant__ gemv_params p) {
+  /* 16-byte weight loads in flight per lane: R * U = 16 for one or two activation rows,
+     8 (and registers for the NB activation chunks) for more */
+  constexpr int R = GEMV_ROWS_PER_WARP, U = NB <= 2 ? 4 : 2;
+  constexpr bool kNorm = kEpi != GEMV_RESIDUAL;
+  static_assert(R * NB <= 32, "one lane per output of a task");
+  extern __shared__ __align__(16) unsigned char gemv_rows_smem[];
+  const T *act;
+  if constexpr (kNorm) {
+    gemv_norm_rows<T, NB>(p, reinterpret_cast<T *>(gemv_rows_smem));
+    act = reinterpret_cast<const T *>(gemv_rows_smem);
+  } else {
+    act = static_cast<const T *>(p.a);
+  }
+  const int lane = threadIdx.x & 31, chunks = p.k / 8;
+  const int tasks = kEpi == GEMV_SWIGLU ? p.ff / (R / 2) : (p.m + R - 1) / R;
+  for (int t = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); t < tasks; t += gridDim.x * GEMV_WARPS) {
+    int row[R];
+    const uint4 *wrow[R];
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      row[rr] = kEpi == GEMV_SWIGLU ? (rr < R / 2 ? t * (R / 2) + rr : p.ff + t * (R / 2) + rr - R / 2) : t * R + rr;
+      wrow[rr] = static_cast<const uint4 *>(p.w) + (size_t)(row[rr] < p.m ? row[rr] : p.m - 1) * chunks;
+    }
+    float acc[R][NB];
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+      for (int r = 0; r < NB; ++r) acc[rr][r] = 0.0f;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+      uint4 wv[U][R];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr)
+          wv[u][rr] = c0 + 32 * u < chunks ? gemv_load_stream(wrow[rr] + c0 + 32 * u) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + 32 * u;
+        if (c >= chunks) break;
+        float2 wf[R][4];
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) gemv_unpack<T>(wv[u][rr], wf[rr]);
+#pragma unroll
+        for (int r = 0; r < NB; ++r) {
+          if (r >= p.n) break;
+          const uint4 av = reinterpret_cast<const uint4 *>(act + (size_t)r * p.k)[c]; /* one 16-byte load */
+          float2 af[4];
+          gemv_unpack<T>(av, af);
+#pragma unroll
+          for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[rr][r] += wf[rr][e].x * af[e].x + wf[rr][e].y * af[e].y;
+        }
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+      for (int r = 0; r < NB; ++r)
+        for (int o = 16; o > 0; o >>= 1) acc[rr][r] += __shfl_xor_sync(0xffffffffu, acc[rr][r], o);
+    /* Lane rr * NB + r writes (row[rr], r). RoPE pairs and SwiGLU's gate/up rows are
+       written by the lane of their first row, which holds the partner's sum too (as every
+       lane does); V rows go with the same pairing. */
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+      for (int r = 0; r < NB; ++r) {
+        constexpr bool kPairs = kEpi == GEMV_ROPE_SPLIT || kEpi == GEMV_SWIGLU;
+        const bool writer = kEpi == GEMV_ROPE_SPLIT ? rr % 2 == 0 : kEpi == GEMV_SWIGLU ? rr < R / 2 : true;
+        const int partner = kEpi == GEMV_SWIGLU ? (rr + R / 2) % R : rr ^ 1;
+        if (!writer || lane != rr * NB + r || r >= p.n || row[rr] >= (kEpi == GEMV_SWIGLU ? p.ff : p.m)) continue;
+        const float other = kPairs ? acc[partner][r] : 0.0f;
+        gemv_store<T, kEpi>(p, row[rr], r, acc[rr][r], other);
+        if (kEpi == GEMV_ROPE_SPLIT && row[rr] >= (p.H + p.Hkv) * p.D)
+          gemv_store<T, kEpi>(p, row[rr] + 1, r, other, 0.0f);
+      }
+  }
+}
+
+/* Whether the products of a model with these sizes can take this path. */
+static inline bool gemv_shapes_supported(int d, int qd, int kvd, int ff, int head_dim, int vocab) {
+  return d % 8 == 0 && qd % 8 == 0 && ff % 8 == 0 && kvd % 2 == 0 && head_dim % 2 == 0 && vocab % 2 == 0;
+}
+
+#endif /* ENGINE_GEMV_CUH */
