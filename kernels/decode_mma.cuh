@@ -120,16 +120,16 @@ __host__ __device__ constexpr uint32_t mma_row_stride(uint32_t row_bytes) {
 // `rows` code rows of kRowBytes (a power-of-two multiple of 16), contiguous at src, into
 // rows kStride apart: each thread copies the same 16-byte unit of every (threads / units)-th
 // row, so its addresses advance by constants.
-template <uint32_t kRowBytes, uint32_t kThreads>
+template <uint32_t kRowBytes>
 __device__ __forceinline__ void copy_code_rows(uint8_t *dst, const uint8_t *src, uint32_t rows,
                                                uint32_t tid) {
   constexpr uint32_t kUnits = kRowBytes / 16, kStride = mma_row_stride(kRowBytes);
-  static_assert(kUnits > 0 && (kUnits & (kUnits - 1)) == 0 && kThreads % kUnits == 0, "");
-  constexpr uint32_t kRowsPerPass = kThreads / kUnits;
+  static_assert(kUnits > 0 && (kUnits & (kUnits - 1)) == 0 && kMmaThreads % kUnits == 0, "");
+  constexpr uint32_t kRowsPerPass = kMmaThreads / kUnits;
   uint32_t r = tid / kUnits;
   uint8_t *d = dst + r * kStride + (tid % kUnits) * 16;
   const uint8_t *s = src + tid * 16;
-  for (; r < rows; r += kRowsPerPass, d += kRowsPerPass * kStride, s += kThreads * 16)
+  for (; r < rows; r += kRowsPerPass, d += kRowsPerPass * kStride, s += kMmaThreads * 16)
     cp_async_16(d, s, true);
 }
 
@@ -137,13 +137,13 @@ __device__ __forceinline__ void copy_code_rows(uint8_t *dst, const uint8_t *src,
 // of 16: the mma reads whole 16-token k-steps, and a stale row of an earlier tile (codes
 // read as fp16) may be Inf or NaN, which 0 · row would not cancel. Row `sub` (if below
 // `rows`) comes from `sub_src` instead: the appended token (decode_common.cuh).
-template <uint32_t kRowBytes, uint32_t kThreads>
+template <uint32_t kRowBytes>
 __device__ __forceinline__ void copy_value_rows(uint8_t *dst, const uint8_t *src, uint32_t rows,
                                                 uint32_t tid, uint32_t sub,
                                                 const uint8_t *sub_src) {
   constexpr uint32_t kUnits = kRowBytes / 16, kStride = mma_row_stride(kRowBytes);
   const uint32_t padded = (rows + 15) / 16 * 16;
-  for (uint32_t x = tid; x < padded * kUnits; x += kThreads) {
+  for (uint32_t x = tid; x < padded * kUnits; x += kMmaThreads) {
     const uint32_t r = x / kUnits, u = x % kUnits;
     const bool live = r < rows;
     const uint8_t *row = r == sub ? sub_src : src + (live ? r : 0) * kRowBytes;
@@ -151,10 +151,9 @@ __device__ __forceinline__ void copy_value_rows(uint8_t *dst, const uint8_t *src
   }
 }
 
-template <uint32_t kThreads>
 __device__ __forceinline__ void copy_bytes(uint8_t *dst, const uint8_t *src, uint32_t bytes,
                                            uint32_t tid) {
-  for (uint32_t u = tid; u < bytes / 16; u += kThreads) cp_async_16(dst + u * 16, src + u * 16, true);
+  for (uint32_t u = tid; u < bytes / 16; u += kMmaThreads) cp_async_16(dst + u * 16, src + u * 16, true);
 }
 
 // Everything a launch of the kernel reads from its parameters: the decode's, and the plan
@@ -174,35 +173,26 @@ __device__ void stage_tile(const MmaDecodeArgs &a, const TileRef &tr, const int3
   const BlockLayout &bl = p.st.block;
   const ResidualLayout &rl = p.st.res;
   constexpr uint32_t e = sizeof(T), kKRow = D * KB / 8, kVRow = D * VB / 8;
-  // The warps split the copies by region, so each computes only its own addresses: key
-  // rows by warps 0-1, value rows by warp 2 (2-3 where nothing else is staged), scales and
-  // minima by warp 3.
-  const uint32_t warp = tid >> 5, lane = tid & 31;
   if (tr.segment == kSegQuantized) {
-    constexpr bool kScales = KB != 16 || VB != 16;
     const uint32_t blk = a.block_tokens.div(tr.first);
     const uint32_t row0 = tr.first - blk * bl.tokens;  // qtile divides R
+    const uint32_t gshift = __ffs(bl.group) - 1;
     const uint8_t *block = p.st.pool + uint64_t(table[blk]) * bl.bytes;
-    if (warp < 2) {
-      copy_code_rows<kKRow, 64>(stage, block + bl.k_codes + kvh * bl.k_codes_head() + row0 * kKRow,
-                                tr.count, tid);
-    } else if (warp == 2 || !kScales) {
-      copy_code_rows<kVRow, kScales ? 32 : 64>(
-          stage + g.q_vcodes, block + bl.v_codes + kvh * bl.v_codes_head() + row0 * kVRow, tr.count,
-          kScales ? lane : tid - 64);
-    } else {
-      const uint32_t gshift = __ffs(bl.group) - 1;
-      if constexpr (KB != 16) {
-        const uint32_t bytes = (tr.count >> gshift) * D * e, at = (row0 >> gshift) * D * e;
-        copy_bytes<32>(stage + g.q_kscale, block + bl.k_scale + kvh * bl.k_scale_head() + at, bytes, lane);
-        copy_bytes<32>(stage + g.q_kmin, block + bl.k_min + kvh * bl.k_scale_head() + at, bytes, lane);
-      }
-      if constexpr (VB != 16) {
-        const uint32_t vg = D >> gshift;  // value groups per token
-        const uint32_t at = row0 * vg * e, bytes = (tr.count * vg * e + 15) / 16 * 16;
-        copy_bytes<32>(stage + g.q_vscale, block + bl.v_scale + kvh * bl.v_scale_head() + at, bytes, lane);
-        copy_bytes<32>(stage + g.q_vmin, block + bl.v_min + kvh * bl.v_scale_head() + at, bytes, lane);
-      }
+    // Quantized counts are multiples of G >= 16: no padding.
+    copy_code_rows<kKRow>(stage, block + bl.k_codes + kvh * bl.k_codes_head() + row0 * kKRow,
+                          tr.count, tid);
+    copy_code_rows<kVRow>(stage + g.q_vcodes,
+                          block + bl.v_codes + kvh * bl.v_codes_head() + row0 * kVRow, tr.count, tid);
+    if constexpr (KB != 16) {
+      const uint32_t bytes = (tr.count >> gshift) * D * e, at = (row0 >> gshift) * D * e;
+      copy_bytes(stage + g.q_kscale, block + bl.k_scale + kvh * bl.k_scale_head() + at, bytes, tid);
+      copy_bytes(stage + g.q_kmin, block + bl.k_min + kvh * bl.k_scale_head() + at, bytes, tid);
+    }
+    if constexpr (VB != 16) {
+      const uint32_t vg = D >> gshift;  // value groups per token
+      const uint32_t at = row0 * vg * e, bytes = (tr.count * vg * e + 15) / 16 * 16;
+      copy_bytes(stage + g.q_vscale, block + bl.v_scale + kvh * bl.v_scale_head() + at, bytes, tid);
+      copy_bytes(stage + g.q_vmin, block + bl.v_min + kvh * bl.v_scale_head() + at, bytes, tid);
     }
   } else {
     const uint8_t *k, *v;
@@ -223,10 +213,8 @@ __device__ void stage_tile(const MmaDecodeArgs &a, const TileRef &tr, const int3
       sub_v = ap.v;
     }
     constexpr uint32_t kRow = D * e;
-    if (warp < 2)
-      copy_value_rows<kRow, 64>(stage, k + tr.first * kRow, tr.count, tid, sub, sub_k);
-    else
-      copy_value_rows<kRow, 64>(stage + g.p_v, v + tr.first * kRow, tr.count, tid - 64, sub, sub_v);
+    copy_value_rows<kRow>(stage, k + tr.first * kRow, tr.count, tid, sub, sub_k);
+    copy_value_rows<kRow>(stage + g.p_v, v + tr.first * kRow, tr.count, tid, sub, sub_v);
   }
 }
 
@@ -569,23 +557,24 @@ struct TileOperands {
 };
 
 // The warp's share of one staged tile: k-steps [warp · spw, (warp + 1) · spw) of its
-// 16-token k-steps. TKB / TVB: the tile's key / value bits (16 for 16-bit rows); VB: the
-// cache's value bits (the accumulators' units).
-template <typename T, int D, int TKB, int TVB, int VB>
+// 16-token k-steps. kQuantSeg: a tile of the quantized segment (value rows at q_vcodes, else
+// a sink or residual tile: at p_v; both are 16-bit rows in an eviction-only cache); TKB /
+// TVB: the tile's key / value bits (16 for 16-bit rows); VB: the cache's value bits (the
+// accumulators' units).
+template <typename T, int D, bool kQuantSeg, int TKB, int TVB, int VB>
 __device__ __forceinline__ void decode_tile(const uint8_t *stage, const MmaDecodePlan &g,
                                             uint32_t count, uint32_t tsize, uint32_t warp,
                                             uint32_t lane, const TileOperands &op,
                                             WarpState<D> &ws) {
   using Prob = ProbOperand<T>;
   constexpr bool kQuantValues = VB != 16;
-  constexpr bool kQuantTile = TKB != 16 || TVB != 16;
   constexpr uint32_t kKStride = mma_row_stride(D * TKB / 8), kVStride = mma_row_stride(D * TVB / 8);
   const uint32_t gq = lane >> 2, qi = lane & 3;
   const uint32_t spw = tsize >= 64 ? tsize / 64 : 1;
   const uint32_t tok0 = warp * spw * 16;
   if (tok0 >= count) return;
   const uint32_t steps = min(spw, (count - tok0 + 15) / 16);
-  const uint8_t *vrows = stage + (kQuantTile ? g.q_vcodes : g.p_v) + tok0 * kVStride;
+  const uint8_t *vrows = stage + (kQuantSeg ? g.q_vcodes : g.p_v) + tok0 * kVStride;
 
   // 1. Logits.
   WarpLogits lg;
@@ -799,9 +788,9 @@ __global__ void __launch_bounds__(kMmaThreads, 3) decode_mma_kernel(const __grid
     next = next + 1 == g.stages ? 0 : next + 1;
     const TileRef tr = tiles.tile(ti, g);
     if (tr.segment == kSegQuantized)
-      decode_tile<T, D, KB, VB, VB>(stage, g, tr.count, g.qtile, warp, lane, op, ws);
+      decode_tile<T, D, true, KB, VB, VB>(stage, g, tr.count, g.qtile, warp, lane, op, ws);
     else
-      decode_tile<T, D, 16, 16, VB>(stage, g, tr.count, g.ptile, warp, lane, op, ws);
+      decode_tile<T, D, false, 16, 16, VB>(stage, g, tr.count, g.ptile, warp, lane, op, ws);
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: the merge area overlays them
