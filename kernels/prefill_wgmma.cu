@@ -42,11 +42,7 @@ namespace {
 
 constexpr int kFaRows = 128;      // query rows per CTA
 constexpr int kFaKeys = 128;      // keys per K/V tile
-constexpr int kFaWgRows = 64;     // query rows per consumer warpgroup
 constexpr int kFaThreads = 384;   // producer warpgroup + two consumer warpgroups
-constexpr int kFaColBlock = 128 * 128;  // bytes of one [128 rows][64 elements] column block
-constexpr int kFaEmptyArrivals = 8;     // consumer warps releasing a stage
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // setmaxnreg: 24·128 + 240·256 ≤ 64K
 static_assert(kPrefillQueryTile == kFaRows, "one CTA per host query tile");
 
 // The launch's tensor maps (built on the host for each launch: the caller's pointers).
@@ -71,6 +67,14 @@ template <int D> struct FaSmem {
 // The device helpers exist for the sm_90a device pass (and the host pass, which only parses
 // them); an sm_80 image compiles the kernel below as an empty body that is never launched.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+
+constexpr int kFaWgRows = 64;     // query rows per consumer warpgroup
+constexpr int kFaColBlock = 128 * 128;  // bytes of one [128 rows][64 elements] column block
+constexpr int kFaEmptyArrivals = 8;     // consumer warps releasing a stage
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // setmaxnreg: 24·128 + 240·256 ≤ 64K
+// Named barriers (0 is __syncthreads): the consumers' turns to issue GEMMs, one each, and
+// one per consumer warpgroup for its epilogue.
+constexpr int kBarTurn = 1, kBarEpilogue = 3;
 
 // ---- mbarrier, TMA, named barriers, setmaxnreg (PTX ISA 8.0, sm_90) ----------------------
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -236,10 +240,6 @@ template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 #endif  // sm_90a helpers
-
-// Named barriers (0 is __syncthreads): the consumers' turns to issue GEMMs, one each, and
-// one per consumer warpgroup for its epilogue.
-constexpr int kBarTurn = 1, kBarEpilogue = 3;
 
 /// \tparam T dtype of q/k/v/out (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
