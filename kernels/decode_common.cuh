@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "decode_tiles.cuh"
 #include "params.h"
 
 namespace minikv {
@@ -67,6 +68,35 @@ __device__ __forceinline__ void store_appended_row(const DecodeParams &p, uint32
   if (tid == 0)
     reinterpret_cast<int32_t *>(slot + rl.positions)[uint64_t(kvh) * rl.tokens + a.row] =
         p.new_position[seq];
+}
+
+// Where a 16-bit tile (sinks or residual, decode_tiles.cuh) of KV head kvh reads its rows:
+// the slot's K and V rows from the tile's first, and the tile row (kNoAppendedRow: none) that
+// comes from the caller's k/v instead, the appended token.
+struct RowTileSource {
+  const uint8_t *k, *v;          // row 0 of the tile
+  uint32_t sub;                  // tile row of the appended token, or kNoAppendedRow
+  const uint8_t *sub_k, *sub_v;  // its K and V rows
+};
+
+__device__ __forceinline__ RowTileSource row_tile_source(const DecodeParams &p, const TileRef &tr,
+                                                         const uint8_t *res_slot, uint32_t kvh) {
+  const ResidualLayout &rl = p.st.res;
+  const uint64_t first = uint64_t(tr.first) * rl.head_dim * rl.elem_bytes;
+  RowTileSource s{};
+  if (tr.segment == kSegSinks) {
+    s.k = res_slot + rl.sink_k + kvh * rl.sink_head_stride() + first;
+    s.v = res_slot + rl.sink_v + kvh * rl.sink_head_stride() + first;
+    s.sub = kNoAppendedRow;
+  } else {
+    s.k = res_slot + rl.k + kvh * rl.kv_head_stride() + first;
+    s.v = res_slot + rl.v + kvh * rl.kv_head_stride() + first;
+    const AppendedRow a = appended_row(p, blockIdx.z, kvh);
+    s.sub = a.row - tr.first;  // none (kNoAppendedRow) or an earlier row: wraps past the tile
+    s.sub_k = a.k;
+    s.sub_v = a.v;
+  }
+  return s;
 }
 
 }  // namespace kernels

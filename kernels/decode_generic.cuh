@@ -74,7 +74,6 @@ __device__ void stage_tile(const DecodeParams &p, const GenericDecodePlan &g, co
                            const int32_t *table, const uint8_t *res_slot, uint32_t kvh,
                            uint8_t *stage) {
   const BlockLayout &bl = p.st.block;
-  const ResidualLayout &rl = p.st.res;
   const uint64_t D = bl.head_dim, e = bl.elem_bytes, G = bl.group;
   if (tr.segment == kSegQuantized) {
     // A tile never crosses a block: qtile divides R.
@@ -97,25 +96,9 @@ __device__ void stage_tile(const DecodeParams &p, const GenericDecodePlan &g, co
       copy_bytes(stage + g.q_vmin, block + bl.v_min + kvh * bl.v_scale_head() + at, bytes);
     }
   } else {
-    const uint8_t *k, *v;
-    if (tr.segment == kSegSinks) {
-      k = res_slot + rl.sink_k + kvh * rl.sink_head_stride();
-      v = res_slot + rl.sink_v + kvh * rl.sink_head_stride();
-    } else {
-      k = res_slot + rl.k + kvh * rl.kv_head_stride();
-      v = res_slot + rl.v + kvh * rl.kv_head_stride();
-    }
-    // The appended token's row (the residual's last) from the caller's k/v.
-    uint32_t sub = kNoAppendedRow;
-    const uint8_t *sub_k = nullptr, *sub_v = nullptr;
-    if (tr.segment == kSegResidual) {
-      const AppendedRow a = appended_row(p, blockIdx.z, kvh);
-      sub = a.row - tr.first;  // none (kNoAppendedRow) or an earlier row: wraps past the tile
-      sub_k = a.k;
-      sub_v = a.v;
-    }
-    copy_rows<false>(stage, g.p_stride, k + tr.first * D * e, D * e, tr.count, sub, sub_k);
-    copy_rows<false>(stage + g.p_v, g.p_stride, v + tr.first * D * e, D * e, tr.count, sub, sub_v);
+    const RowTileSource src = row_tile_source(p, tr, res_slot, kvh);
+    copy_rows<false>(stage, g.p_stride, src.k, D * e, tr.count, src.sub, src.sub_k);
+    copy_rows<false>(stage + g.p_v, g.p_stride, src.v, D * e, tr.count, src.sub, src.sub_v);
   }
 }
 

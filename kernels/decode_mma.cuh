@@ -171,7 +171,6 @@ __device__ void stage_tile(const MmaDecodeArgs &a, const TileRef &tr, const int3
   const DecodeParams &p = a.p;
   const MmaDecodePlan &g = a.g;
   const BlockLayout &bl = p.st.block;
-  const ResidualLayout &rl = p.st.res;
   constexpr uint32_t e = sizeof(T), kKRow = D * KB / 8, kVRow = D * VB / 8;
   if (tr.segment == kSegQuantized) {
     const uint32_t blk = a.block_tokens.div(tr.first);
@@ -195,26 +194,10 @@ __device__ void stage_tile(const MmaDecodeArgs &a, const TileRef &tr, const int3
       copy_bytes(stage + g.q_vmin, block + bl.v_min + kvh * bl.v_scale_head() + at, bytes, tid);
     }
   } else {
-    const uint8_t *k, *v;
-    if (tr.segment == kSegSinks) {
-      k = res_slot + rl.sink_k + kvh * rl.sink_head_stride();
-      v = res_slot + rl.sink_v + kvh * rl.sink_head_stride();
-    } else {
-      k = res_slot + rl.k + kvh * rl.kv_head_stride();
-      v = res_slot + rl.v + kvh * rl.kv_head_stride();
-    }
-    // The appended token's row (the residual's last) from the caller's k/v.
-    uint32_t sub = kNoAppendedRow;
-    const uint8_t *sub_k = nullptr, *sub_v = nullptr;
-    if (tr.segment == kSegResidual) {
-      const AppendedRow ap = appended_row(p, blockIdx.z, kvh);
-      sub = ap.row - tr.first;  // none (kNoAppendedRow) or an earlier row: wraps past the tile
-      sub_k = ap.k;
-      sub_v = ap.v;
-    }
+    const RowTileSource src = row_tile_source(p, tr, res_slot, kvh);
     constexpr uint32_t kRow = D * e;
-    copy_value_rows<kRow>(stage, k + tr.first * kRow, tr.count, tid, sub, sub_k);
-    copy_value_rows<kRow>(stage + g.p_v, v + tr.first * kRow, tr.count, tid, sub, sub_v);
+    copy_value_rows<kRow>(stage, src.k, tr.count, tid, src.sub, src.sub_k);
+    copy_value_rows<kRow>(stage + g.p_v, src.v, tr.count, tid, src.sub, src.sub_v);
   }
 }
 
