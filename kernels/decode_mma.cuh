@@ -183,7 +183,9 @@ __device__ void stage_tile(const MmaDecodeArgs &a, const TileRef &tr, const int3
     copy_code_rows<kVRow>(stage + g.q_vcodes,
                           block + bl.v_codes + kvh * bl.v_codes_head() + row0 * kVRow, tr.count, tid);
     if constexpr (KB != 16) {
-      const uint32_t bytes = (tr.count >> gshift) * D * e, at = (row0 >> gshift) * D * e;
+      // Every key group the tile touches: a whole tile of G = 128 may hold 64 tokens.
+      const uint32_t groups = (tr.count + bl.group - 1) >> gshift;
+      const uint32_t bytes = groups * D * e, at = (row0 >> gshift) * D * e;
       copy_bytes(stage + g.q_kscale, block + bl.k_scale + kvh * bl.k_scale_head() + at, bytes, tid);
       copy_bytes(stage + g.q_kmin, block + bl.k_min + kvh * bl.k_scale_head() + at, bytes, tid);
     }

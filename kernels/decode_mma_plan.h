@@ -19,6 +19,20 @@ constexpr uint32_t kMmaRowStageBudget = 18432;    // bytes a 16-bit-row stage ma
 constexpr uint32_t kMmaMaxHeads = 8;         // query heads of one CTA: the mma's 8 live rows
 constexpr uint32_t kMmaMaxGroups = 8;        // value groups per token (D / G), at most
 
+// x / d for a divisor fixed at launch (x, d < 2^31) by a multiply-high: Granlund and
+// Montgomery's round-up method, l = ceil(log2 d), mul = floor(2^32 (2^l − d) / d) + 1.
+struct FastDivU32 {
+  uint32_t d, mul, shift;
+  static FastDivU32 make(uint32_t d) {
+    uint32_t l = 0;
+    while ((1ull << l) < d) ++l;
+    return {d, static_cast<uint32_t>((1ull << 32) * ((1ull << l) - d) / d + 1), l};
+  }
+  MINIKV_HD uint32_t div(uint32_t x) const {
+    return (static_cast<uint32_t>((uint64_t(x) * mul) >> 32) + x) >> shift;
+  }
+};
+
 struct MmaDecodePlan {
   uint32_t qtile;     // tokens per tile of quantized storage: divides R, 16..128
   uint32_t ptile;     // tokens per tile of 16-bit rows (sinks, residual): 16..64

@@ -10,18 +10,6 @@ namespace kernels {
 
 enum : uint32_t { kSegSinks = 0, kSegQuantized = 1, kSegResidual = 2 };
 
-// x / d for a divisor fixed at launch (x, d < 2^31) by a multiply-high: Granlund and
-// Montgomery's round-up method, l = ceil(log2 d), mul = floor(2^32 (2^l − d) / d) + 1.
-struct FastDivU32 {
-  uint32_t d, mul, shift;
-  static FastDivU32 make(uint32_t d) {
-    uint32_t l = 0;
-    while ((1ull << l) < d) ++l;
-    return {d, static_cast<uint32_t>((1ull << 32) * ((1ull << l) - d) / d + 1), l};
-  }
-  __device__ __forceinline__ uint32_t div(uint32_t x) const { return (__umulhi(x, mul) + x) >> shift; }
-};
-
 struct TileRef {
   uint32_t segment;
   uint32_t first;  // first token of the tile inside its segment

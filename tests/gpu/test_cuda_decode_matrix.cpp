@@ -37,6 +37,12 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
       {8, 8, 32, 128, 4, BF16, 4}, {8, 2, 16, 64, 2, F16},   {4, 8, 64, 128, 8, F16, 4},
       {2, 8, 32, 64, 1, BF16},     {8, 16, 16, 128, 3, F16, 1}, {16, 8, 32, 64, 4, BF16},
       {4, 2, 32, 128, 4, F16, 4},  {4, 2, 32, 64, 3, BF16, 4}, {2, 2, 16, 128, 1, F16, 20},
+      // The tensor-core kernel's tile shapes (decode_mma_plan.h): 128-token quantized tiles
+      // (32 tokens per warp: G 64, R 128), a tile shorter than its key group (K8V8 G128: 64),
+      // 16-bit storage whose quantized and sink/residual tiles differ in size (head_dim 64,
+      // R 32: 32 against 64 rows), MHA included.
+      {4, 2, 64, 128, 4, BF16, 4}, {2, 2, 64, 128, 8, F16},   {8, 8, 128, 128, 4, F16},
+      {16, 16, 16, 64, 4, F16},    {16, 16, 16, 64, 1, BF16, 17}, {4, 2, 64, 128, 1, F16, 4},
       // head_dim 80 (code rows of 20 and 40 bytes, 3 P·V row subsets of 10 lanes), 96 (24-byte
       // rows, 2 subsets of 12) and 256 (one 32-lane row): the paper's storage too, which the
       // fast path leaves to the generic kernel at these sizes.
