@@ -70,6 +70,25 @@ __device__ __forceinline__ void store_appended_row(const DecodeParams &p, uint32
         p.new_position[seq];
 }
 
+// Channel ch of query head `head` (sequence-major: seq · num_heads + h) once a CTA has its
+// (max m, sum l, unnormalized output o): the normalized output where the launch has one
+// split, else the split's partial for decode_merge.cu (m and l written with channel 0).
+template <typename T, int D>
+__device__ __forceinline__ void store_decode_result(const DecodeParams &p, uint64_t head,
+                                                    uint32_t split, uint32_t ch, float m, float o,
+                                                    float l) {
+  if (p.splits == 1) {
+    static_cast<T *>(p.out)[head * D + ch] = output_value<T>(o / l);
+  } else {
+    const uint64_t part = head * p.splits + split;
+    p.part_o[part * D + ch] = o;
+    if (ch == 0) {
+      p.part_ml[part * 2] = m;
+      p.part_ml[part * 2 + 1] = l;
+    }
+  }
+}
+
 // Where a 16-bit tile (sinks or residual, decode_tiles.cuh) of KV head kvh reads its rows:
 // the slot's K and V rows from the tile's first, and the tile row (kNoAppendedRow: none) that
 // comes from the caller's k/v instead, the appended token.

@@ -473,17 +473,7 @@ __global__ void __launch_bounds__(kGenericThreads, generic_min_ctas(D, NR))
         l = fmaf(wt, ml_s[(w * 2 + 1) * NR + h], l);
       }
     }
-    const uint64_t head = uint64_t(seq) * p.num_heads + h0 + h;
-    if (p.splits == 1) {
-      static_cast<T *>(p.out)[head * D + d] = output_value<T>(o / l);
-    } else {
-      const uint64_t part = head * p.splits + split;
-      p.part_o[part * D + d] = o;
-      if (d == 0) {
-        p.part_ml[part * 2] = m;
-        p.part_ml[part * 2 + 1] = l;
-      }
-    }
+    store_decode_result<T, D>(p, uint64_t(seq) * p.num_heads + h0 + h, split, d, m, o, l);
   }
 }
 

@@ -298,38 +298,33 @@ __device__ __forceinline__ void build_key_operand(const T *ks_row, uint32_t lane
   const int ks = mx > 0.0f ? clamp_exp(7 - exponent_of(mx), 100) : 0;
   us = pow2i(12 - ks);
   const bool native = std::is_same<T, __half>::value && ks >= -14 && ks <= 15;
+  // s' of channels lo and hi as an fp16 pair; both forms give the same bits where both apply.
+  auto store_pieces = [&](auto scaled_pair) {
+#pragma unroll
+    for (int step = 0; step < D / 16; ++step) {
+      uint32_t xh[2], xl[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int P = 2 * step + h;
+        const uint32_t s2 = scaled_pair(KP::lo(P), KP::hi(P));
+        const uint32_t q2 = q2_s[P * 32 + lane];
+        xh[h] = hmul2_bits(q2, s2);
+        xl[h] = hfms2_bits(q2, s2, xh[h]);
+      }
+      xs_s[step * 32 + lane] = make_uint4(xh[0], xl[0], xh[1], xl[1]);
+    }
+  };
   if (native) {  // fp16 scales: the power of two is exact in fp16 arithmetic
     const uint32_t f2 = pack_f16(pow2i(ks), pow2i(ks));
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      uint32_t xh[2], xl[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int P = 2 * ks + h, lo = KP::lo(P), hi = KP::hi(P);
-        const uint32_t sel = (lo & 1 ? 0x32u : 0x10u) | (hi & 1 ? 0x7600u : 0x5400u);
-        const uint32_t s2 = hmul2_bits(prmt(w[lo / 2], w[hi / 2], sel), f2);
-        const uint32_t q2 = q2_s[P * 32 + lane];
-        xh[h] = hmul2_bits(q2, s2);
-        xl[h] = hfms2_bits(q2, s2, xh[h]);
-      }
-      xs_s[ks * 32 + lane] = make_uint4(xh[0], xl[0], xh[1], xl[1]);
-    }
+    store_pieces([&](int lo, int hi) {
+      const uint32_t sel = (lo & 1 ? 0x32u : 0x10u) | (hi & 1 ? 0x7600u : 0x5400u);
+      return hmul2_bits(prmt(w[lo / 2], w[hi / 2], sel), f2);
+    });
   } else {
     const float f = pow2i(ks);
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      uint32_t xh[2], xl[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int P = 2 * ks + h, lo = KP::lo(P), hi = KP::hi(P);
-        const uint32_t s2 = pack_f16(elem_to_float<T>(w[lo / 2], lo & 1) * f,
-                                     elem_to_float<T>(w[hi / 2], hi & 1) * f);
-        const uint32_t q2 = q2_s[P * 32 + lane];
-        xh[h] = hmul2_bits(q2, s2);
-        xl[h] = hfms2_bits(q2, s2, xh[h]);
-      }
-      xs_s[ks * 32 + lane] = make_uint4(xh[0], xl[0], xh[1], xl[1]);
-    }
+    store_pieces([&](int lo, int hi) {
+      return pack_f16(elem_to_float<T>(w[lo / 2], lo & 1) * f, elem_to_float<T>(w[hi / 2], hi & 1) * f);
+    });
   }
 }
 
@@ -827,17 +822,7 @@ __global__ void __launch_bounds__(kMmaThreads, 3) decode_mma_kernel(const __grid
         l = fmaf(merge_ml[(w * kMmaMaxHeads + col) * 2 + 1], f, l);
       }
     }
-    const uint64_t head = uint64_t(seq) * p.num_heads + h0 + col;
-    if (p.splits == 1) {
-      static_cast<T *>(p.out)[head * D + ch] = output_value<T>(o / l);
-    } else {
-      const uint64_t part = head * p.splits + split;
-      p.part_o[part * D + ch] = o;
-      if (ch == 0) {
-        p.part_ml[part * 2] = m;
-        p.part_ml[part * 2 + 1] = l;
-      }
-    }
+    store_decode_result<T, D>(p, uint64_t(seq) * p.num_heads + h0 + col, split, ch, m, o, l);
   }
 }
 
