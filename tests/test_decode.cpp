@@ -277,6 +277,35 @@ TEST_CASE("decode: quantized with group sizes 64/128 and head_dim 128/256") {
   }
 }
 
+TEST_CASE("decode: blocks of R tokens that 128 does not divide (R = 160, 192, 320)") {
+  // The decode walks quantized tokens in tiles of <= 128 that must end at a block's end: a
+  // tile that ran from row 128 of a 192-row block read past it (the CUDA fuzz found it).
+  struct Geo {
+    uint32_t G, R;
+    uint32_t sinks;
+  };
+  for (const Geo geo : {Geo{64, 192, 17}, Geo{32, 160, 0}, Geo{64, 320, 4}, Geo{16, 48, 0}}) {
+    for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16}) {
+      Run r;
+      r.dt = dt;
+      r.H = 3;
+      r.Hkv = 1;
+      r.D = 64;
+      r.G = geo.G;
+      r.R = geo.R;
+      r.sinks = geo.sinks;
+      r.key_bits = 4;
+      r.value_bits = 2;
+      r.heavy = 0.3f;
+      r.recent = 0.3f;
+      r.lens = {900, 300, 40};
+      r.steps = geo.R + 5;
+      r.dequantized_oracle = true;
+      drive(r, 4600 + geo.R + dt);
+    }
+  }
+}
+
 TEST_CASE("decode: quantized with head_dim 80 and 96 in every bit width") {
   // Code rows of 20, 24 and 40 bytes (2- and 4-bit), value groups 16 and 32 (96 = 3 x 32),
   // against the oracle on the dequantized cache, across flushes.

@@ -435,7 +435,7 @@ class CpuBackend final : public Backend {
 
   // ---- decode -----------------------------------------------------------------------
   // Online softmax of the n_rep query heads of KV head `kvh` over the cache in cache order:
-  // the 16-bit sinks, the quantized tokens in tiles of decode_tile() tokens inside a block
+  // the 16-bit sinks, the quantized tokens in tiles of at most decode_tile() tokens inside a block
   // (codes decoded on the fly by the SIMD kernels: no dequantized copy of the cache), the
   // 16-bit residual.
   // The tiles fix where the running maximum is updated: the result depends on the
@@ -522,10 +522,12 @@ class CpuBackend final : public Backend {
                  view.sinks);
 
     const uint32_t tile = decode_tile();
-    for (uint32_t t0 = 0; t0 < view.quantized; t0 += tile) {
-      const uint32_t n = std::min(tile, view.quantized - t0);  // a multiple of G
-      const uint8_t *block = block_ptr(view.blocks[t0 / R]);
+    for (uint32_t t0 = 0, n = 0; t0 < view.quantized; t0 += n) {
       const uint32_t row0 = t0 % R;
+      // A tile ends at its block's end: 128 need not divide R (e.g. R = 192). n is a
+      // multiple of G (G divides R and 128, or G = 128).
+      n = std::min({tile, R - row0, view.quantized - t0});
+      const uint8_t *block = block_ptr(view.blocks[t0 / R]);
       const uint8_t *k_codes = block + bl_.k_codes + kvh * bl_.k_codes_head() + row0 * bl_.k_row_bytes;
       if (kb == 16) {
         const float *rows = cpu::as_floats(reinterpret_cast<const T *>(k_codes), uint64_t(n) * D, ws.k.data());
