@@ -117,20 +117,28 @@ __host__ __device__ constexpr uint32_t mma_row_stride(uint32_t row_bytes) {
   return ((row_bytes / 16) | 1u) * 16;
 }
 
-// `rows` code rows of kRowBytes (a power-of-two multiple of 16), contiguous at src, into
-// rows kStride apart: each thread copies the same 16-byte unit of every (threads / units)-th
-// row, so its addresses advance by constants.
+// `rows` (<= kMmaMaxTile) code rows of kRowBytes (a power-of-two multiple of 16), contiguous
+// at src, into rows kStride apart: each thread copies the same 16-byte unit of every
+// (threads / units)-th row, at constant offsets: a fixed number of predicated copies where
+// rows are short (a loop's bookkeeping was a fifth of the 4-bit-key kernel's instructions).
 template <uint32_t kRowBytes>
 __device__ __forceinline__ void copy_code_rows(uint8_t *dst, const uint8_t *src, uint32_t rows,
                                                uint32_t tid) {
   constexpr uint32_t kUnits = kRowBytes / 16, kStride = mma_row_stride(kRowBytes);
   static_assert(kUnits > 0 && (kUnits & (kUnits - 1)) == 0 && kMmaThreads % kUnits == 0, "");
   constexpr uint32_t kRowsPerPass = kMmaThreads / kUnits;
-  uint32_t r = tid / kUnits;
-  uint8_t *d = dst + r * kStride + (tid % kUnits) * 16;
+  constexpr uint32_t kPasses = (kMmaMaxTile + kRowsPerPass - 1) / kRowsPerPass;
+  const uint32_t r = tid / kUnits;
+  const uint32_t d = smem_addr(dst) + r * kStride + (tid % kUnits) * 16;
   const uint8_t *s = src + tid * 16;
-  for (; r < rows; r += kRowsPerPass, d += kRowsPerPass * kStride, s += kMmaThreads * 16)
-    cp_async_16(d, s, true);
+  if constexpr (kPasses <= 8) {
+#pragma unroll
+    for (uint32_t j = 0; j < kPasses; ++j)
+      if (r + j * kRowsPerPass < rows) cp_async_16(d + j * kRowsPerPass * kStride, s + j * kMmaThreads * 16);
+  } else {  // 16-bit rows of head_dim 128: unrolled, they measured 20% slower (H200)
+    for (uint32_t j = 0; r + j * kRowsPerPass < rows; ++j)
+      cp_async_16(d + j * kRowsPerPass * kStride, s + j * kMmaThreads * 16);
+  }
 }
 
 // `rows` 16-bit rows (kRowBytes) into rows kStride apart, and zeros up to the next multiple
@@ -151,9 +159,16 @@ __device__ __forceinline__ void copy_value_rows(uint8_t *dst, const uint8_t *src
   }
 }
 
+// `bytes` (a multiple of 16, at most kMaxBytes) from src to dst.
+template <uint32_t kMaxBytes>
 __device__ __forceinline__ void copy_bytes(uint8_t *dst, const uint8_t *src, uint32_t bytes,
                                            uint32_t tid) {
-  for (uint32_t u = tid; u < bytes / 16; u += kMmaThreads) cp_async_16(dst + u * 16, src + u * 16, true);
+  const uint32_t d = smem_addr(dst);
+#pragma unroll
+  for (uint32_t j = 0; j < (kMaxBytes + 16 * kMmaThreads - 1) / (16 * kMmaThreads); ++j) {
+    const uint32_t at = (tid + j * kMmaThreads) * 16;
+    if (at < bytes) cp_async_16(d + at, src + at);
+  }
 }
 
 // Everything a launch of the kernel reads from its parameters: the decode's, and the plan
@@ -165,9 +180,22 @@ struct MmaDecodeArgs {
 };
 static_assert(sizeof(MmaDecodeArgs) <= 4096, "kernel parameters exceed 4 KB");
 
+// Byte offsets inside a block of the CTA's KV head's regions (a block is far below 4 GB).
+struct HeadRegions {
+  uint32_t k_codes, v_codes, k_scale, k_min, v_scale, v_min;
+  __device__ HeadRegions(const BlockLayout &bl, uint32_t kvh)
+      : k_codes(uint32_t(bl.k_codes + kvh * bl.k_codes_head())),
+        v_codes(uint32_t(bl.v_codes + kvh * bl.v_codes_head())),
+        k_scale(uint32_t(bl.k_scale + kvh * bl.k_scale_head())),
+        k_min(uint32_t(bl.k_min + kvh * bl.k_scale_head())),
+        v_scale(uint32_t(bl.v_scale + kvh * bl.v_scale_head())),
+        v_min(uint32_t(bl.v_min + kvh * bl.v_scale_head())) {}
+};
+
 template <typename T, int D, int KB, int VB>
 __device__ void stage_tile(const MmaDecodeArgs &a, const TileRef &tr, const int32_t *table,
-                           const uint8_t *res_slot, uint32_t kvh, uint8_t *stage, uint32_t tid) {
+                           const uint8_t *res_slot, uint32_t kvh, const HeadRegions &hr,
+                           uint8_t *stage, uint32_t tid) {
   const DecodeParams &p = a.p;
   const MmaDecodePlan &g = a.g;
   const BlockLayout &bl = p.st.block;
@@ -178,22 +206,23 @@ __device__ void stage_tile(const MmaDecodeArgs &a, const TileRef &tr, const int3
     const uint32_t gshift = __ffs(bl.group) - 1;
     const uint8_t *block = p.st.pool + uint64_t(table[blk]) * bl.bytes;
     // Quantized counts are multiples of G >= 16: no padding.
-    copy_code_rows<kKRow>(stage, block + bl.k_codes + kvh * bl.k_codes_head() + row0 * kKRow,
-                          tr.count, tid);
-    copy_code_rows<kVRow>(stage + g.q_vcodes,
-                          block + bl.v_codes + kvh * bl.v_codes_head() + row0 * kVRow, tr.count, tid);
+    copy_code_rows<kKRow>(stage, block + hr.k_codes + row0 * kKRow, tr.count, tid);
+    copy_code_rows<kVRow>(stage + g.q_vcodes, block + hr.v_codes + row0 * kVRow, tr.count, tid);
+    // At most 128 tokens, G >= 16, D / G <= 8: each scale region is at most 2 KB.
+    constexpr uint32_t kMaxScaleBytes = (kMmaMaxTile / 16) * D * e;
     if constexpr (KB != 16) {
       // Every key group the tile touches: a whole tile of G = 128 may hold 64 tokens.
       const uint32_t groups = (tr.count + bl.group - 1) >> gshift;
       const uint32_t bytes = groups * D * e, at = (row0 >> gshift) * D * e;
-      copy_bytes(stage + g.q_kscale, block + bl.k_scale + kvh * bl.k_scale_head() + at, bytes, tid);
-      copy_bytes(stage + g.q_kmin, block + bl.k_min + kvh * bl.k_scale_head() + at, bytes, tid);
+      copy_bytes<kMaxScaleBytes>(stage + g.q_kscale, block + hr.k_scale + at, bytes, tid);
+      copy_bytes<kMaxScaleBytes>(stage + g.q_kmin, block + hr.k_min + at, bytes, tid);
     }
     if constexpr (VB != 16) {
       const uint32_t vg = D >> gshift;  // value groups per token
       const uint32_t at = row0 * vg * e, bytes = (tr.count * vg * e + 15) / 16 * 16;
-      copy_bytes(stage + g.q_vscale, block + bl.v_scale + kvh * bl.v_scale_head() + at, bytes, tid);
-      copy_bytes(stage + g.q_vmin, block + bl.v_min + kvh * bl.v_scale_head() + at, bytes, tid);
+      constexpr uint32_t kMaxVBytes = kMmaMaxTile * kMmaMaxGroups * e;
+      copy_bytes<kMaxVBytes>(stage + g.q_vscale, block + hr.v_scale + at, bytes, tid);
+      copy_bytes<kMaxVBytes>(stage + g.q_vmin, block + hr.v_min + at, bytes, tid);
     }
   } else {
     const RowTileSource src = row_tile_source(p, tr, res_slot, kvh);
@@ -600,12 +629,21 @@ __device__ __forceinline__ void decode_tile(const uint8_t *stage, const MmaDecod
     const T *vs = reinterpret_cast<const T *>(stage + g.q_vscale) + tok0 * VG;
     const T *vm = reinterpret_cast<const T *>(stage + g.q_vmin) + tok0 * VG;
     float vmx = 0.0f;
-    for (uint32_t x = lane; x < ((16 * steps) << vg_shift); x += 32) {
-      const uint32_t t = x >> vg_shift, gv = x & (VG - 1);
-      const float s = DType<T>::to_float(vs[x]);  // quantized counts: whole k-steps
-      op.sv_s[gv * kMmaWarpTokens + t] = s;
-      mv_s[gv * kMmaWarpTokens + t] = vm[x];
-      vmx = fmaxf(vmx, fabsf(s));
+    // Four (token, group) entries per lane and pass, 8-byte loads (quantized counts: whole
+    // k-steps, so 16 · steps · VG is a multiple of 4; the stage is 16-byte aligned).
+    for (uint32_t x = 4 * lane; x < ((16 * steps) << vg_shift); x += 128) {
+      const uint2 s4 = *reinterpret_cast<const uint2 *>(vs + x);
+      const uint2 m4 = *reinterpret_cast<const uint2 *>(vm + x);
+      const float2 s01 = word_to_float2(s4.x, T{}), s23 = word_to_float2(s4.y, T{});
+      const float sf[4] = {s01.x, s01.y, s23.x, s23.y};
+      const T *mh = reinterpret_cast<const T *>(&m4);
+#pragma unroll
+      for (uint32_t j = 0; j < 4; ++j) {
+        const uint32_t t = (x + j) >> vg_shift, gv = (x + j) & (VG - 1);
+        op.sv_s[gv * kMmaWarpTokens + t] = sf[j];
+        mv_s[gv * kMmaWarpTokens + t] = mh[j];
+        vmx = fmaxf(vmx, fabsf(sf[j]));
+      }
     }
     static_assert(VGmax * kMmaWarpTokens * 4 > 0, "");
     vmx = warp_max(vmx);
@@ -736,6 +774,7 @@ __global__ void __launch_bounds__(kMmaThreads, 3) decode_mma_kernel(const __grid
   const uint32_t slot = p.slot[seq];
   const int32_t *table = p.st.block_table + uint64_t(slot) * p.st.max_blocks_per_seq;
   const uint8_t *res_slot = p.st.residual + uint64_t(slot) * p.st.res.bytes;
+  const HeadRegions regions(bl, kvh);
 
   WarpState<D> ws;
 #pragma unroll
@@ -751,7 +790,7 @@ __global__ void __launch_bounds__(kMmaThreads, 3) decode_mma_kernel(const __grid
   const uint32_t ahead = g.stages - 1;
   for (uint32_t s = 0; s < ahead; ++s) {
     if (t_begin + s < t_end)
-      stage_tile<T, D, KB, VB>(a, tiles.tile(t_begin + s, g), table, res_slot, kvh,
+      stage_tile<T, D, KB, VB>(a, tiles.tile(t_begin + s, g), table, res_slot, kvh, regions,
                                smem + s * g.stage_bytes, tid);
     cp_async_commit();
   }
@@ -761,7 +800,7 @@ __global__ void __launch_bounds__(kMmaThreads, 3) decode_mma_kernel(const __grid
     if (g.stages == 3) cp_async_wait<1>(); else cp_async_wait<0>();
     __syncthreads();
     if (ti + ahead < t_end)
-      stage_tile<T, D, KB, VB>(a, tiles.tile(ti + ahead, g), table, res_slot, kvh,
+      stage_tile<T, D, KB, VB>(a, tiles.tile(ti + ahead, g), table, res_slot, kvh, regions,
                                smem + next * g.stage_bytes, tid);
     cp_async_commit();
     buf = buf + 1 == g.stages ? 0 : buf + 1;
