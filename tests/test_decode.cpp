@@ -277,7 +277,7 @@ TEST_CASE("decode: quantized with group sizes 64/128 and head_dim 128/256") {
   }
 }
 
-TEST_CASE("decode: blocks of R tokens that 128 does not divide (R = 160, 192, 320)") {
+TEST_CASE("decode: blocks of R tokens that 128 does not divide (R = 160 or 192 or 320)") {
   // The decode walks quantized tokens in tiles of <= 128 that must end at a block's end: a
   // tile that ran from row 128 of a 192-row block read past it (the CUDA fuzz found it).
   struct Geo {
