@@ -20,6 +20,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("json")
     p.add_argument("--out", help="prefix of the PNG files (default: the JSON's path without .json)")
+    p.add_argument("--commit", help="the commit to name where the JSON has none (a run without .git)")
     args = p.parse_args()
     import matplotlib
     matplotlib.use("Agg")
@@ -28,7 +29,8 @@ def main() -> int:
     with open(args.json) as f:
         r = json.load(f)
     prefix = args.out or os.path.splitext(args.json)[0]
-    title = f"{r['device']}, {r['dtype']}, commit {r['commit']}"
+    commit = r["commit"] if r.get("commit") not in (None, "", "unknown") else (args.commit or "unknown")
+    title = f"{r['device']}, {r['dtype']}, commit {commit}"
 
     models = sorted({x["model"] for x in r["latency"]})
     if models:
@@ -65,7 +67,8 @@ def main() -> int:
         ax.set_xticklabels(labels, fontsize=8)
         ax.set_ylabel("tokens/s, prefill + decode")
         ax.set_title(f"{r['throughput_prompt']} + {r['throughput_gen']} tokens within "
-                     f"{r['memory_limit_bytes'] / 1e9:.0f} GB ({title})", fontsize=10)
+                     f"{r['memory_limit_bytes'] / 1e9:.0f} GB\n({title})", fontsize=10)
+        ax.set_ylim(top=1.15 * max(x["tokens_per_s"] for x in rows))  # room for the labels
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
         fig.savefig(prefix + "-throughput.png", dpi=120)
