@@ -2,7 +2,10 @@
 // fail with MINIKV_ERR_UNSUPPORTED and a message naming the supported ones.
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "common.cuh"
 #include "cuda_shapes.h"
@@ -54,6 +57,32 @@ void dispatch_dtype_head_dim(minikv_dtype dtype, uint32_t head_dim, const char *
            what, head_dim, compiled_head_dims_text().c_str());
     }
   });
+}
+
+// Whether an sm_90a prefill kernel (the forward or the score pass) of (dtype, head_dim) runs
+// here, raising its dynamic shared memory limit if so: not forced to the sm_80 kernels by
+// MINIKV_PREFILL_KERNEL=mma, head_dim in WgmmaHeadDims (other values run the mma.sync
+// kernels), and its sm_90a image the one this device loads (compute capability 9.0).
+// kernel_of(T{}, HeadDim<D>{}) returns {the kernel, its dynamic shared memory bytes}.
+template <typename KernelOf>
+bool sm90a_prefill_usable(minikv_dtype dtype, uint32_t head_dim, KernelOf &&kernel_of) {
+  if (const char *e = std::getenv("MINIKV_PREFILL_KERNEL")) {
+    if (std::strcmp(e, "mma") == 0) return false;  // the sm_80 kernels, for comparisons
+  }
+  if (!in_list(WgmmaHeadDims{}, head_dim)) return false;
+  bool usable = false;
+  dispatch_dtype_head_dim<WgmmaHeadDims>(dtype, head_dim, "minikv_cache_create",
+                                         [&](auto tag, auto hd) {
+    const auto k = kernel_of(tag, hd);
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, k.first) == cudaSuccess && attr.binaryVersion == 90) {
+      MINIKV_CUDA_CHECK(cudaFuncSetAttribute(k.first, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(k.second)));
+      usable = true;
+    }
+  });
+  (void)cudaGetLastError();  // a failed attribute query leaves no sticky error
+  return usable;
 }
 
 }  // namespace kernels

@@ -13,8 +13,6 @@
 // order, deterministic, no atomics. Items are (query head of the GQA group, query tile on or
 // below the diagonal and at or after row_begin), heads outer; masks, WINDOW rows, ragged
 // batches and chunks of a prompt (col_done, params.h PrefillKeys) are the mma.sync kernel's.
-#include <cstdlib>
-#include <cstring>
 
 #include "dispatch.cuh"
 #include "launchers.h"
@@ -224,28 +222,11 @@ __global__ void __launch_bounds__(kScThreads, 2)
 
 bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 #if defined(MINIKV_BUILD_SM90A)
-  if (const char *e = std::getenv("MINIKV_PREFILL_KERNEL")) {
-    if (std::strcmp(e, "mma") == 0) return false;  // the sm_80 kernels, for comparisons
-  }
-  // Other head_dim values (80, 96, 256) run the mma.sync score pass.
-  if (!in_list(WgmmaHeadDims{}, head_dim)) return false;
-  bool usable = false;
-  dispatch_dtype_head_dim<WgmmaHeadDims>(dtype, head_dim, "minikv_cache_create",
-                                         [&](auto tag, auto hd) {
+  return sm90a_prefill_usable(dtype, head_dim, [](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    cudaFuncAttributes attr{};
-    // The sm_90a image is the one loaded on a compute-capability-9.0 device.
-    if (cudaFuncGetAttributes(&attr, prefill_scores_wgmma_kernel<T, D>) == cudaSuccess &&
-        attr.binaryVersion == 90) {
-      MINIKV_CUDA_CHECK(cudaFuncSetAttribute(prefill_scores_wgmma_kernel<T, D>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             ScSmem<T, D>::kLaunchBytes));
-      usable = true;
-    }
+    return std::make_pair(prefill_scores_wgmma_kernel<T, D>, ScSmem<T, D>::kLaunchBytes);
   });
-  (void)cudaGetLastError();  // a failed attribute query leaves no sticky error
-  return usable;
 #else
   (void)dtype;
   (void)head_dim;

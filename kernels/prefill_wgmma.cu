@@ -28,8 +28,6 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "dispatch.cuh"
@@ -496,28 +494,12 @@ CUtensorMap tensor_map(minikv_dtype dtype, const void *base, uint32_t heads, uin
 
 bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 #if defined(MINIKV_BUILD_SM90A)
-  if (const char *e = std::getenv("MINIKV_PREFILL_KERNEL")) {
-    if (std::strcmp(e, "mma") == 0) return false;  // the sm_80 kernel, for comparisons
-  }
-  // Other head_dim values (80, 96, 256) run the mma.sync forward.
-  if (!in_list(WgmmaHeadDims{}, head_dim) || tensor_map_encoder() == nullptr) return false;
-  bool usable = false;
-  dispatch_dtype_head_dim<WgmmaHeadDims>(dtype, head_dim, "minikv_cache_create",
-                                         [&](auto tag, auto hd) {
+  if (tensor_map_encoder() == nullptr) return false;
+  return sm90a_prefill_usable(dtype, head_dim, [](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    cudaFuncAttributes attr{};
-    // The sm_90a image is the one loaded on a compute-capability-9.0 device.
-    if (cudaFuncGetAttributes(&attr, prefill_wgmma_kernel<T, D>) == cudaSuccess &&
-        attr.binaryVersion == 90) {
-      MINIKV_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<T, D>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             FaSmem<D>::kLaunchBytes));
-      usable = true;
-    }
+    return std::make_pair(prefill_wgmma_kernel<T, D>, FaSmem<D>::kLaunchBytes);
   });
-  (void)cudaGetLastError();  // a failed attribute query leaves no sticky error
-  return usable;
 #else
   (void)dtype;
   (void)head_dim;

@@ -518,6 +518,8 @@ int main(int argc, char **argv) {
     return 0;
   }
   setenv("MINIKV_NUM_THREADS", "2", 0);
+  // Each iteration's configuration line lands before its failures (stderr) in a shared log.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   for (uint32_t it = 0; it < iterations; ++it) {
     Run run(seed, it, ops);
     run.go("seed " + std::to_string(seed) + " iteration " + std::to_string(it));
