@@ -375,6 +375,19 @@ static gemv_params gemv_norm_input(const void *w, int m, int k, int n, const flo
   return p;
 }
 
+/* x += a W^T (fp32 residual stream) for n rows of a [n][k] 16-bit input. */
+static gemv_params gemv_residual(const void *w, int m, int k, int n, const void *a, float *x) {
+  gemv_params p;
+  memset(&p, 0, sizeof p);
+  p.w = w;
+  p.m = m;
+  p.k = k;
+  p.n = n;
+  p.a = a;
+  p.out_f32 = x;
+  return p;
+}
+
 /* A decode step's layer for n <= gemv_max_rows rows, before and after attention: q, k, v
    from x; then x += attn Wo^T and the MLP block. */
 static bool gemv_attention_inputs(cuda_backend *c, const cuda_layer *L, int n) {
@@ -395,27 +408,12 @@ static bool gemv_attention_inputs(cuda_backend *c, const cuda_layer *L, int n) {
 static bool gemv_attention_output_and_mlp(cuda_backend *c, const cuda_layer *L, int n) {
   const model_config *m = &c->base.model;
   const int d = (int)m->n_embd, hd = (int)(m->n_heads * m->head_dim), ff = (int)m->n_ff;
-  gemv_params p;
-  memset(&p, 0, sizeof p);
-  p.w = L->wo;
-  p.m = d;
-  p.k = hd;
-  p.n = n;
-  p.a = c->attn;
-  p.out_f32 = c->x;
-  if (!gemv_launch<GEMV_RESIDUAL>(c, p)) return false;
-  p = gemv_norm_input(L->wgu, 2 * ff, d, n, c->x, NULL, L->ffn_norm, m->rms_eps);
+  if (!gemv_launch<GEMV_RESIDUAL>(c, gemv_residual(L->wo, d, hd, n, c->attn, c->x))) return false;
+  gemv_params p = gemv_norm_input(L->wgu, 2 * ff, d, n, c->x, NULL, L->ffn_norm, m->rms_eps);
   p.hid = c->hid;
   p.ff = ff;
   if (!gemv_launch<GEMV_SWIGLU>(c, p)) return false;
-  memset(&p, 0, sizeof p);
-  p.w = L->wdown;
-  p.m = d;
-  p.k = ff;
-  p.n = n;
-  p.a = c->hid;
-  p.out_f32 = c->x;
-  return gemv_launch<GEMV_RESIDUAL>(c, p);
+  return gemv_launch<GEMV_RESIDUAL>(c, gemv_residual(L->wdown, d, ff, n, c->hid, c->x));
 }
 
 /* Rows [row0, row0 + rows) of x -> q, k, v (whole-call rows). */
