@@ -18,6 +18,7 @@ struct Shape {
   uint32_t key_bits, value_bits, group, head_dim, n_rep;
   minikv_dtype dtype;
   uint32_t sinks = 0;
+  uint32_t residual = 0;  // 0: 2 · group
 };
 
 }  // namespace
@@ -54,6 +55,9 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
       {2, 2, 16, 256, 4, BF16},    {4, 2, 32, 256, 1, BF16, 4}, {4, 4, 128, 256, 2, F16},
       {8, 8, 64, 256, 8, F16},     {16, 16, 16, 256, 3, BF16}, {2, 4, 32, 256, 16, BF16},
       {16, 8, 128, 256, 1, F16, 20},
+      // Blocks of R tokens that 128 does not divide (R = 3, 5 and 3 groups): tiles end at a
+      // block's end (the device fuzz's case that caught the CPU reading past one).
+      {4, 2, 64, 128, 3, F16, 17, 192}, {2, 2, 32, 64, 4, BF16, 0, 160}, {8, 8, 16, 128, 2, F16, 4, 48},
   };
   for (const Shape &s : shapes) {
     if (!minikv::kernels::head_dim_compiled(s.head_dim)) continue;  // MINIKV_CUDA_HEAD_DIMS
@@ -61,13 +65,15 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
                              " G" + std::to_string(s.group) + " hd" + std::to_string(s.head_dim) +
                              " n_rep " + std::to_string(s.n_rep) +
                              (s.dtype == F16 ? " f16" : " bf16") +
-                             (s.sinks ? " sinks " + std::to_string(s.sinks) : "");
+                             (s.sinks ? " sinks " + std::to_string(s.sinks) : "") +
+                             (s.residual ? " R " + std::to_string(s.residual) : "");
     SUBCASE(name.c_str()) {
       const uint32_t kv_heads = s.n_rep >= 8 ? 1 : 2;
+      const uint32_t R = s.residual ? s.residual : s.group * 2;
       gt::Case c{name.c_str(), s.dtype, s.head_dim, kv_heads * s.n_rep, kv_heads,
                  MINIKV_SCORE_CUMULATIVE, s.key_bits, s.value_bits, s.group,
-                 /*residual=*/s.group * 2, MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f,
-                 {1, s.group - 1, s.group + 1, 333, 1200}, 2 * s.group + 9};
+                 R, MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f,
+                 {1, s.group - 1, s.group + 1, 333, 1200}, R + 9};
       c.sinks = s.sinks;
       gt::run_case(c);
     }
