@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""bench/simulate_kv_quant.py — storage formats libminikv does not have yet, measured before
+they are built: 3-bit codes and a per-head Hadamard rotation of keys and/or values ahead of
+the KIVI quantizer (issue: accuracy at the paper's memory), next to the formats it has.
+
+The model's own attention with the cache quantized in PyTorch ("fake quantization"), on the
+decode-phase perplexity protocol of scripts/eval_accuracy.py (same corpus, same windows for
+the same --seed and context): one exact forward over the first ctx-257 tokens of each window
+(the prefill), then the next 256 tokens teacher-forced in one chunk whose queries see the
+prefill's keys and values quantized — per channel over groups of G tokens for keys, per
+token over groups of G channels for values, asymmetric min/max, scale and minimum rounded to
+fp16, as the library stores them (docs/algorithm.md) — except the first `sinks` positions
+(16-bit) and a tail shorter than a group (the library's 16-bit residual), and the chunk's
+own keys and values exact. Keep-all: no eviction, so the rows isolate the quantizer.
+A rotation multiplies each head's keys (or values) by the orthonormal Hadamard matrix H
+before quantizing and by Hᵀ after, which the library would fold into q (keys: q·Hᵀ k = (q H)·k
+for H orthonormal) and into the output (values).
+
+    python3 bench/simulate_kv_quant.py --out bench/results/<date>_cpu_simulated-quant.json \
+        [--contexts 2048] [--windows 16] [--threads 2]
+
+Needs torch, transformers and the GGUF (scripts/fetch-model.sh), like eval_accuracy.py.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import math
+import os
+import random
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from eval_accuracy import DEFAULT_CORPUS, Corpus, batches  # noqa: E402
+from minikv.gguf_llama import default_model_path, load_gguf_llama  # noqa: E402
+from results import git_commit  # noqa: E402
+
+# (name, key bits, value bits, G, sinks, rotate keys, rotate values); bits 16 = exact.
+SETTINGS = [
+    ("K2V2 G16 (paper)", 2, 2, 16, 0, False, False),
+    ("K2V2 G16 rot K+V", 2, 2, 16, 0, True, True),
+    ("K4V2 G32 +4 sinks (default)", 4, 2, 32, 4, False, False),
+    ("K4V2 G32 +4 sinks rot V", 4, 2, 32, 4, False, True),
+    ("K4V2 G32 +4 sinks rot K", 4, 2, 32, 4, True, False),
+    ("K3V3 G32 +4 sinks", 3, 3, 32, 4, False, False),
+    ("K3V3 G32 +4 sinks rot V", 3, 3, 32, 4, False, True),
+    ("K3V3 G32 +4 sinks rot K+V", 3, 3, 32, 4, True, True),
+    ("K3V2 G32 +4 sinks rot V", 3, 2, 32, 4, False, True),
+]
+
+
+def hadamard(d, dtype):
+    h = torch.ones(1, 1, dtype=dtype)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    if h.shape[0] != d:
+        raise ValueError(f"head_dim {d} is not a power of two")
+    return h / math.sqrt(d)
+
+
+def fp16_round(x):
+    return x.to(torch.float16).to(x.dtype)
+
+
+def quantize(x, bits, dim):
+    """Asymmetric min/max quantization of x along `dim` (the group), scale and minimum
+    rounded to fp16; returns the dequantized tensor."""
+    if bits >= 16:
+        return x
+    levels = (1 << bits) - 1
+    mn = fp16_round(x.amin(dim, keepdim=True))
+    mx = x.amax(dim, keepdim=True)
+    scale = fp16_round((mx - mn) / levels)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    code = torch.clamp(torch.round((x - mn) / safe), 0, levels)
+    return code * scale + mn
+
+
+def fake_cache(k, v, kb, vb, G, sinks, rot_k, rot_v, H):
+    """k, v: [B, Hkv, P, D] of the prefill; the cache as decode would read it."""
+    P = k.shape[2]
+    q_end = sinks + (P - sinks) // G * G  # tokens past it stay in the 16-bit residual
+    if q_end <= sinks:
+        return k, v
+    k, v = k.clone(), v.clone()
+    ks, vs = k[:, :, sinks:q_end], v[:, :, sinks:q_end]
+    if rot_k:
+        ks = ks @ H
+    if rot_v:
+        vs = vs @ H
+    B, Hkv, n, D = ks.shape
+    # keys: per channel over G tokens
+    kq = quantize(ks.reshape(B, Hkv, n // G, G, D), kb, 3).reshape(B, Hkv, n, D)
+    # values: per token over G channels
+    vq = quantize(vs.reshape(B, Hkv, n, D // G, G), vb, 4).reshape(B, Hkv, n, D)
+    if rot_k:
+        kq = kq @ H.T
+    if rot_v:
+        vq = vq @ H.T
+    k[:, :, sinks:q_end], v[:, :, sinks:q_end] = kq, vq
+    return k, v
+
+
+class Sim:
+    """An attention function for transformers: exact, except that the queries of a decode
+    chunk read the prefill's keys and values through fake_cache."""
+
+    def __init__(self):
+        self.setting = None  # None: exact
+        self.prefill_len = 0
+        self.H = None
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
+        n_rep = query.shape[1] // key.shape[1]
+        if self.setting is not None and key.shape[2] > query.shape[2]:
+            _, kb, vb, G, sinks, rot_k, rot_v = self.setting
+            P = self.prefill_len
+            if self.H is None or self.H.shape[0] != key.shape[-1]:
+                self.H = hadamard(key.shape[-1], key.dtype)
+            kp, vp = fake_cache(key[:, :, :P], value[:, :, :P], kb, vb, G, sinks, rot_k, rot_v, self.H)
+            key = torch.cat([kp, key[:, :, P:]], 2)
+            value = torch.cat([vp, value[:, :, P:]], 2)
+        key = key.repeat_interleave(n_rep, 1)
+        value = value.repeat_interleave(n_rep, 1)
+        Tq, Tk = query.shape[2], key.shape[2]
+        causal = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq)
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=causal,
+                                                               scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default=default_model_path())
+    ap.add_argument("--corpus", default=os.environ.get("MINIKV_CORPUS", DEFAULT_CORPUS))
+    ap.add_argument("--contexts", default="2048")
+    ap.add_argument("--windows", type=int, default=16)
+    ap.add_argument("--decode-tokens", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+    torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = load_gguf_llama(args.model, dtype=torch.float32, device=torch.device("cpu"))
+    sim = Sim()
+    transformers.AttentionInterface.register("minikv_sim", sim)
+    model.config._attn_implementation = "minikv_sim"
+    for layer in model.model.layers:
+        layer.self_attn.config._attn_implementation = "minikv_sim"
+    corpus = Corpus(tok, args.corpus)
+    n = args.decode_tokens
+    rows = []
+    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                commit=git_commit() or "?", model=os.path.basename(args.model), torch=torch.__version__,
+                transformers=transformers.__version__, decode_tokens=n, windows=args.windows, seed=args.seed,
+                method="fake quantization of the prefill's K/V (keep-all), see the script's header")
+    for ctx in [int(c) for c in args.contexts.split(",")]:
+        rng = random.Random(args.seed * 1000 + ctx)  # eval_accuracy.py's windows
+        windows = corpus.windows(ctx, args.windows, rng)
+        nll = {}
+        t0 = time.time()
+        for b in batches(windows, args.batch):
+            x = torch.tensor(b)
+            P = ctx - n - 1
+            sim.setting, sim.prefill_len = None, P
+            cache = transformers.DynamicCache(config=model.config)
+            model(input_ids=x[:, :P], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            forced, target = x[:, P:P + n], x[:, P + 1:P + n + 1]
+            for s in [None] + SETTINGS:
+                sim.setting = s
+                c = copy.deepcopy(cache)
+                logits = model(input_ids=forced, past_key_values=c, use_cache=True).logits.float()
+                l = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+                nll.setdefault(s[0] if s else "full", []).extend(l.mean(1).tolist())
+            print(f"ctx {ctx}: {len(nll['full'])}/{len(windows)} windows, {time.time() - t0:.0f} s", flush=True)
+        ref = float(np.mean(nll["full"]))
+        for s in [None] + SETTINGS:
+            name = s[0] if s else "full"
+            m = float(np.mean(nll[name]))
+            row = dict(setting=name, ctx=ctx, nll=m, ppl=math.exp(m), delta_ppl=math.exp(m - ref) - 1)
+            if s:
+                _, kb, vb, G, sinks, rk, rv = s
+                row.update(key_bits=kb, value_bits=vb, group=G, sinks=sinks, rotate_keys=rk,
+                           rotate_values=rv, bits_per_element=(kb + vb) / 2 + 32 / G)
+            rows.append(row)
+            print(f"  {name:30s} ppl {row['ppl']:8.3f}  delta {100 * row['delta_ppl']:+6.2f}%"
+                  + (f"  {row['bits_per_element']:.2f} bits/elt" if s else ""), flush=True)
+        with open(args.out, "w") as f:
+            json.dump(dict(meta=meta, results=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
