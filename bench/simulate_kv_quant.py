@@ -17,7 +17,11 @@ before quantizing and by Hᵀ after, which the library would fold into q (keys: 
 for H orthonormal) and into the output (values).
 
     python3 bench/simulate_kv_quant.py --out bench/results/<date>_cpu_simulated-quant.json \
-        [--contexts 2048] [--windows 16] [--threads 2]
+        [--contexts 2048] [--windows 16] [--threads 2] [--check]
+
+--check (the CI smoke) also runs each batch as one causal forward without the cache and
+requires the chunked exact path to give the same losses (|Δnll| < 1e-4), and every
+setting's loss to be finite: it fails if the attention hook or the cache split breaks.
 
 Needs torch, transformers and the GGUF (scripts/fetch-model.sh), like eval_accuracy.py.
 """
@@ -150,6 +154,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 unless the chunked exact path equals one causal forward")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     if args.threads:
@@ -179,6 +185,10 @@ def main():
             cache = transformers.DynamicCache(config=model.config)
             model(input_ids=x[:, :P], past_key_values=cache, use_cache=True, logits_to_keep=1)
             forced, target = x[:, P:P + n], x[:, P + 1:P + n + 1]
+            if args.check:  # the same positions from one causal forward, no cache
+                logits = model(input_ids=x[:, :P + n], use_cache=False, logits_to_keep=n).logits.float()
+                l = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+                nll.setdefault("one forward", []).extend(l.mean(1).tolist())
             for s in [None] + SETTINGS:
                 sim.setting = s
                 c = copy.deepcopy(cache)
@@ -200,6 +210,12 @@ def main():
                   + (f"  {row['bits_per_element']:.2f} bits/elt" if s else ""), flush=True)
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, results=rows), f, indent=1)
+        if args.check:
+            gap = max(abs(a - b) for a, b in zip(nll["one forward"], nll["full"]))
+            finite = all(math.isfinite(v) for vs in nll.values() for v in vs)
+            print(f"check ctx {ctx}: chunked vs one forward max |dnll| {gap:.2e}, losses finite: {finite}")
+            if gap > 1e-4 or not finite:
+                return 1
     return 0
 
 

@@ -164,6 +164,9 @@ if [ -n "$PY" ] && [ "${MINIKV_SKIP_HF:-0}" != 1 ]; then
         --device cpu --contexts 512 --ppl-windows 2 --decode-tokens 16 --passkey-trials 4 \
         --greedy-prompts 2 --greedy-tokens 8 --configs minikv16,pyramid-50,balanced \
         --out "$BUILD/accuracy-smoke.json" --check
+      step "simulated storage formats smoke (bench/simulate_kv_quant.py --check)"
+      MINIKV_CORPUS=$corpus "$venv/bin/python" bench/simulate_kv_quant.py --contexts 512 \
+        --windows 2 --decode-tokens 16 --out "$BUILD/simulated-quant-smoke.json" --check
       # minikv-engine (C, OpenBLAS + libminikv's CPU backend) against transformers on the
       # same model: tokenizer, logits at 16-bit keep-all over 512 + 64 tokens, greedy
       # text, continuous batching.
