@@ -249,13 +249,19 @@ TEST_CASE("stats: the workspace is sized by what the config can use") {
   keep_all.heavy_ratio = 1.0f;
   const uint64_t scoring = workspace(c, "2"), whole = workspace(keep_all, "2");
   CHECK(whole + uint64_t(8) * 4096 * 8 + 2 * 3 * 4096 * 4 == scoring);
-  // One query head, one KV head, one sequence: one work item at a time, one thread.
+  // One query head, one KV head, one sequence too short to decode in parts (1024 tokens):
+  // one work item at a time, one thread.
   minikv_config tiny = test::cpu_config(1, 1, 1, 64);
-  tiny.max_seq_len = 4096;
+  tiny.max_seq_len = 1023;
   CHECK(workspace(tiny, "4") == workspace(tiny, "1"));
-  // Threads up to the widest loop (8 query heads; 4 sequences x 2 KV heads) are used.
-  CHECK(workspace(c, "8") > workspace(c, "4"));
-  CHECK(workspace(c, "16") == workspace(c, "8"));
+  // Long enough for 4 decode parts of 512 tokens: 4 threads.
+  tiny.max_seq_len = 4096;
+  CHECK(workspace(tiny, "4") > workspace(tiny, "2"));
+  CHECK(workspace(tiny, "8") == workspace(tiny, "4"));
+  // Threads up to the widest loop (8 query heads; 4 sequences x 2 KV heads x 4 decode
+  // parts) are used.
+  CHECK(workspace(c, "32") > workspace(c, "16"));
+  CHECK(workspace(c, "64") == workspace(c, "32"));
 }
 
 }  // TEST_SUITE

@@ -253,6 +253,35 @@ TEST_CASE("decode: quantized cache with sinks equals the oracle on the dequantiz
   }
 }
 
+TEST_CASE("decode: long sequences decode in parts that equal the float64 oracles") {
+  // A sequence of 1024 or more quantized tokens decodes in up to 4 parts of whole blocks
+  // (src/cpu/cpu_backend.cpp), merged in order: beside short sequences of one part, with
+  // sinks, with blocks of R = 192 tokens, unquantized and 2/4-bit.
+  struct Case {
+    uint32_t kb, vb, G, R, sinks;
+    float heavy;
+    std::vector<uint32_t> lens;
+  };
+  for (const Case &cs : {Case{16, 16, 16, 128, 0, 1.0f, {1300, 40}},
+                         Case{2, 2, 16, 128, 0, 0.25f, {4200, 100, 2100}},
+                         Case{4, 2, 32, 192, 4, 0.25f, {3000, 1100}}}) {
+    for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16}) {
+      Run r;
+      r.dt = dt;
+      r.key_bits = cs.kb;
+      r.value_bits = cs.vb;
+      r.G = cs.G;
+      r.R = cs.R;
+      r.sinks = cs.sinks;
+      r.heavy = cs.heavy;
+      r.lens = cs.lens;
+      r.steps = 5;
+      r.dequantized_oracle = cs.kb != 16;
+      drive(r, 4500 + cs.kb + cs.R + dt);
+    }
+  }
+}
+
 TEST_CASE("decode: quantized with group sizes 64/128 and head_dim 128/256") {
   struct Geo {
     uint32_t D, G, R;

@@ -1,6 +1,7 @@
 // Determinism: two identical runs are bit-identical, and so are runs with 1, 2 and 3 CPU
 // threads (MINIKV_NUM_THREADS, read when a cache is created): every prefill output, kept
 // position, decode output and statistic.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -11,8 +12,10 @@
 namespace {
 
 // Runs a 2-layer workload (ragged prompts, quantized, both score modes by layer count...)
-// and returns every byte the API produced.
-std::vector<uint8_t> run(minikv_dtype dt, minikv_score_mode mode, const char *threads) {
+// and returns every byte the API produced. Prompts whose kept tokens reach 1024 decode in
+// parts (src/cpu/cpu_backend.cpp).
+std::vector<uint8_t> run(minikv_dtype dt, minikv_score_mode mode, const char *threads,
+                         const std::vector<uint32_t> &lens = {513, 129, 40}) {
   if (threads) {
     REQUIRE(setenv("MINIKV_NUM_THREADS", threads, 1) == 0);
   } else {
@@ -21,15 +24,14 @@ std::vector<uint8_t> run(minikv_dtype dt, minikv_score_mode mode, const char *th
   const uint32_t layers = 2, H = 8, Hkv = 2, D = 64, steps = 40;
   minikv_config c = test::cpu_config(layers, H, Hkv, D, dt);
   c.max_sequences = 3;
-  c.max_seq_len = 600;
+  c.max_seq_len = *std::max_element(lens.begin(), lens.end()) + 87;
   c.residual_length = 32;
   c.score_mode = mode;
   c.budget_policy = MINIKV_BUDGET_PYRAMID;
   test::CachePtr cache = test::make_cache(c);
   unsetenv("MINIKV_NUM_THREADS");
-  const std::vector<uint32_t> lens = {513, 129, 40};
   const std::vector<int32_t> cu = test::cu_from_lengths(lens);
-  const size_t total = 682;
+  const size_t total = static_cast<size_t>(cu.back());
   test::Rng rng(77);
   std::vector<uint8_t> bytes;
   auto put = [&](const void *p, size_t n) {
@@ -96,6 +98,18 @@ TEST_CASE("determinism: 1/2/3 threads are bit-identical") {
     CHECK(one == two);
     CHECK(one == three);
   }
+}
+
+TEST_CASE("determinism: decode in parts is bit-identical for 1/2/3 threads") {
+  // The PYRAMID budget keeps 3142 / 1642 / 91 tokens of these prompts in layer 0 (4, 3 and
+  // 1 parts) and 1257 / 657 / 36 in layer 1 (2, 1 and 1).
+  const std::vector<uint32_t> lens = {2300, 129, 4400};
+  const std::vector<uint8_t> one = run(MINIKV_DTYPE_F32, MINIKV_SCORE_CUMULATIVE, "1", lens);
+  const std::vector<uint8_t> two = run(MINIKV_DTYPE_F32, MINIKV_SCORE_CUMULATIVE, "2", lens);
+  const std::vector<uint8_t> three = run(MINIKV_DTYPE_F32, MINIKV_SCORE_CUMULATIVE, "3", lens);
+  REQUIRE(one.size() == two.size());
+  CHECK(one == two);
+  CHECK(one == three);
 }
 
 TEST_CASE("determinism: the thread count is read at create (workspace per thread)") {

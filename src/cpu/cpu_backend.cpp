@@ -4,6 +4,7 @@
 // The hot loops are the SIMD kernels of simd_kernels.h, whose results are the same bits on
 // every machine; this file plans the work and moves the data.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 
 #include "../alloc.h"
 #include "../backend.h"
+#include "../checked_size.h"
 #include "../config.h"
 #include "../dtype.h"
 #include "../error.h"
@@ -24,6 +26,19 @@ namespace {
 
 // Query rows processed together in prefill: each key row is loaded once per block.
 constexpr uint32_t kQueryBlock = 16;
+
+// Decode parts: a (sequence, KV head) group's quantized blocks split into up to
+// kMaxDecodeParts runs of whole blocks of at least kMinPartTokens tokens, by the sequence's
+// length alone (never by the thread count or the batch), so that one long sequence spreads
+// over the pool; the sinks belong to the first part, the residual to the last. Each part
+// keeps its own running softmax; the thread that finishes a group's last part merges the
+// parts' states in part order.
+constexpr uint32_t kMaxDecodeParts = 4, kMinPartTokens = 512;
+
+// The most parts a sequence of the config can have.
+uint32_t max_decode_parts(const minikv_config &cfg) {
+  return std::max(1u, std::min(cfg.max_seq_len / kMinPartTokens, kMaxDecodeParts));
+}
 
 struct FreeDeleter {
   void operator()(void *p) const { std::free(p); }
@@ -52,10 +67,11 @@ struct Scratch {
 };
 
 // Threads worth having: the widest parallel loop is over the query heads (prefill) or over
-// (sequence, KV head) pairs (append, decode); a thread beyond that would only hold scratch.
+// the parts of (sequence, KV head) pairs (decode); a thread beyond that would only hold
+// scratch.
 unsigned usable_threads(const minikv_config &cfg) {
-  const uint64_t widest =
-      std::max<uint64_t>(cfg.num_heads, uint64_t(cfg.max_sequences) * cfg.num_kv_heads);
+  const uint64_t widest = std::max<uint64_t>(
+      cfg.num_heads, uint64_t(cfg.max_sequences) * cfg.num_kv_heads * max_decode_parts(cfg));
   return static_cast<unsigned>(std::min<uint64_t>(cpu::default_thread_count(), widest));
 }
 
@@ -63,7 +79,7 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const StorageSpec &spec)
       : spec_(spec), cfg_(spec.cfg), bl_(spec.block), rl_(spec.residual),
-        pool_threads_(usable_threads(spec.cfg)) {
+        max_parts_(max_decode_parts(spec.cfg)), pool_threads_(usable_threads(spec.cfg)) {
     pool_ = host_alloc(spec.pool_bytes, "block pool");
     residual_ = host_alloc(spec.residual_bytes, "residual slots");
     const uint64_t rows = std::max<uint64_t>(cfg_.max_seq_len, cfg_.residual_length);
@@ -89,6 +105,10 @@ class CpuBackend final : public Backend {
     }
     head_scores_.resize(uint64_t(cfg_.num_heads) * score_len);
     workspace_bytes_ += head_scores_.size() * sizeof(double);
+    const uint64_t groups = uint64_t(cfg_.max_sequences) * cfg_.num_kv_heads;
+    decode_states_.resize(max_parts_ > 1 ? groups * max_parts_ * part_state_floats() : 0);
+    parts_done_.reset(new std::atomic<uint32_t>[groups]);
+    workspace_bytes_ += decode_states_.size() * sizeof(float) + groups * sizeof(std::atomic<uint32_t>);
     // Chunked prefill: the staged K/V of every layer, and the running score sums of its
     // prompts ([num_layers][num_heads][staging rows], when scores can be needed).
     const uint64_t S = cfg_.prefill_staging_tokens;
@@ -144,13 +164,19 @@ class CpuBackend final : public Backend {
     dispatch_dtype(cfg_.dtype, [&](auto tag) {
       using T = decltype(tag);
       const uint32_t Hkv = cfg_.num_kv_heads, n_rep = cfg_.num_heads / Hkv;
-      // One work item per (sequence, KV head): each cached K/V row is decoded once and
-      // serves the n_rep query heads of the group.
-      pool_threads_.parallel_for(uint64_t(items.size()) * Hkv, [&](uint64_t w, unsigned worker) {
-        const uint64_t first = w * n_rep * cfg_.head_dim;  // rows of q/out of this group
-        decode_group<T>(items[w / Hkv], static_cast<uint32_t>(w % Hkv),
-                        static_cast<const T *>(q) + first, static_cast<T *>(out) + first,
-                        scratch_[worker]);
+      const uint64_t groups = uint64_t(items.size()) * Hkv;
+      for (uint64_t g = 0; g < groups; ++g) parts_done_[g].store(0, std::memory_order_relaxed);
+      // One work item per part of a (sequence, KV head) group: each cached K/V row is
+      // decoded once and serves the n_rep query heads of the group; a long sequence's parts
+      // spread over the pool even when it is alone.
+      pool_threads_.parallel_for(groups * max_parts_, [&](uint64_t w, unsigned worker) {
+        const uint64_t g = w / max_parts_;
+        const CacheView &view = items[g / Hkv];
+        const uint32_t part = static_cast<uint32_t>(w % max_parts_), parts = decode_parts(view);
+        if (part >= parts) return;
+        const uint64_t first = g * n_rep * cfg_.head_dim;  // rows of q/out of this group
+        decode_part<T>(view, static_cast<uint32_t>(g % Hkv), static_cast<const T *>(q) + first,
+                       static_cast<T *>(out) + first, part, parts, g, scratch_[worker]);
       });
       return 0;
     });
@@ -434,11 +460,11 @@ class CpuBackend final : public Backend {
   }
 
   // ---- decode -----------------------------------------------------------------------
-  // Online softmax of the n_rep query heads of KV head `kvh` over the cache in cache order:
-  // the 16-bit sinks, the quantized tokens in tiles of at most decode_tile() tokens inside a block
-  // (codes decoded on the fly by the SIMD kernels: no dequantized copy of the cache), the
-  // 16-bit residual.
-  // The tiles fix where the running maximum is updated: the result depends on the
+  // Online softmax of the n_rep query heads of KV head `kvh` over one part of the cache
+  // (kMaxDecodeParts), in cache order: the 16-bit sinks, the quantized tokens in tiles of at
+  // most decode_tile() tokens inside a block (codes decoded on the fly by the SIMD kernels:
+  // no dequantized copy of the cache), the 16-bit residual.
+  // The parts and tiles fix where the running maximum is updated: the result depends on the
   // configuration and the data only (src/cpu/simd_kernels.h gives each kernel's order).
   uint32_t decode_tile() const { return std::min<uint32_t>(bl_.tokens, 128); }
   // Rows of the 16-bit regions (sinks, residual) folded at once.
@@ -475,8 +501,20 @@ class CpuBackend final : public Backend {
     return d;
   }
 
+  uint32_t decode_parts(const CacheView &view) const {
+    const uint32_t blocks = static_cast<uint32_t>(ceil_div(view.quantized, bl_.tokens));
+    return std::max(1u, std::min({view.quantized / kMinPartTokens, blocks, kMaxDecodeParts}));
+  }
+  // A part's softmax state in decode_states_: running max and sum per head, then the mean of
+  // the values so far [n_rep][D].
+  uint64_t part_state_floats() const {
+    const uint64_t n_rep = cfg_.num_heads / cfg_.num_kv_heads;
+    return align_up(2 * n_rep, 16) + n_rep * cfg_.head_dim;
+  }
+
   template <typename T>
-  void decode_group(const CacheView &view, uint32_t kvh, const T *q_in, T *out, Scratch &ws) {
+  void decode_part(const CacheView &view, uint32_t kvh, const T *q_in, T *out, uint32_t part,
+                   uint32_t parts, uint64_t group, Scratch &ws) {
     const uint32_t D = cfg_.head_dim, G = cfg_.group_size, R = bl_.tokens;
     const uint32_t kb = cfg_.key_bits, vb = cfg_.value_bits;
     const uint32_t n_rep = cfg_.num_heads / cfg_.num_kv_heads;
@@ -518,15 +556,19 @@ class CpuBackend final : public Backend {
       }
     };
     uint8_t *slot = residual_slot(view.residual_slot);
-    attend_dense(sink_row<T>(slot, rl_.sink_k, kvh, 0), sink_row<T>(slot, rl_.sink_v, kvh, 0),
-                 view.sinks);
+    if (part == 0)
+      attend_dense(sink_row<T>(slot, rl_.sink_k, kvh, 0), sink_row<T>(slot, rl_.sink_v, kvh, 0),
+                   view.sinks);
 
     const uint32_t tile = decode_tile();
-    for (uint32_t t0 = 0, n = 0; t0 < view.quantized; t0 += n) {
+    const uint64_t blocks = ceil_div(view.quantized, R);
+    const uint32_t begin = static_cast<uint32_t>(blocks * part / parts * R);
+    const uint32_t end = static_cast<uint32_t>(std::min<uint64_t>(blocks * (part + 1) / parts * R, view.quantized));
+    for (uint32_t t0 = begin, n = 0; t0 < end; t0 += n) {
       const uint32_t row0 = t0 % R;
       // A tile ends at its block's end: 128 need not divide R (e.g. R = 192). n is a
       // multiple of G (G divides R and 128, or G = 128).
-      n = std::min({tile, R - row0, view.quantized - t0});
+      n = std::min({tile, R - row0, end - t0});
       const uint8_t *block = block_ptr(view.blocks[t0 / R]);
       const uint8_t *k_codes = block + bl_.k_codes + kvh * bl_.k_codes_head() + row0 * bl_.k_row_bytes;
       if (kb == 16) {
@@ -559,24 +601,66 @@ class CpuBackend final : public Backend {
       }
     }
 
-    attend_dense(residual_row<T>(slot, rl_.k, kvh, 0), residual_row<T>(slot, rl_.v, kvh, 0),
-                 view.residual);
+    if (part == parts - 1)
+      attend_dense(residual_row<T>(slot, rl_.k, kvh, 0), residual_row<T>(slot, rl_.v, kvh, 0),
+                   view.residual);
+    if (parts > 1) {
+      float *state = decode_states_.data() + (group * max_parts_ + part) * part_state_floats();
+      std::copy(d.m, d.m + n_rep, state);
+      std::copy(d.l, d.l + n_rep, state + n_rep);
+      std::copy(d.acc, d.acc + uint64_t(n_rep) * D, state + align_up(2 * n_rep, 16));
+      // The other parts' states are visible to the thread that counts the last one.
+      if (parts_done_[group].fetch_add(1, std::memory_order_acq_rel) != parts - 1) return;
+      merge_parts(group, parts, d);
+    }
     // A mean of values within the dtype's range is within it too, up to the rounding of
     // the weights: keep that rounding from overflowing the conversion.
     for (uint64_t i = 0; i < uint64_t(n_rep) * D; ++i) d.acc[i] = clamp_finite<T>(d.acc[i]);
     cpu::from_floats(d.acc, uint64_t(n_rep) * D, out);
   }
 
+  // The softmax states of a group's parts merged in part order into d.m, d.l, d.acc: the
+  // state (m, l, mean) takes part b's (m_b, l_b, mean_b) as m' = max(m, m_b),
+  // w = l exp(m - m'), w_b = l_b exp(m_b - m'), l' = w + w_b, mean' = mean w / l' + mean_b w_b / l'.
+  void merge_parts(uint64_t group, uint32_t parts, const DecodeScratch &d) {
+    const uint32_t D = cfg_.head_dim, n_rep = cfg_.num_heads / cfg_.num_kv_heads;
+    const uint64_t values = align_up(2 * n_rep, 16);
+    const float *state = decode_states_.data() + group * max_parts_ * part_state_floats();
+    std::copy(state, state + n_rep, d.m);
+    std::copy(state + n_rep, state + 2 * n_rep, d.l);
+    std::copy(state + values, state + values + uint64_t(n_rep) * D, d.acc);
+    for (uint32_t b = 1; b < parts; ++b) {
+      state += part_state_floats();
+      // exp(m - m') into d.correction, exp(m_b - m') into d.logits[r][0] (the kernels' exp).
+      for (uint32_t r = 0; r < n_rep; ++r) d.logits[r * d.ld] = state[r];
+      std::copy(d.l, d.l + n_rep, d.l_old);
+      cpu::softmax_update(d.logits, n_rep, d.ld, 1, d.m, d.l, d.correction);
+      for (uint32_t r = 0; r < n_rep; ++r) {
+        const float w = d.l_old[r] * d.correction[r], w_b = state[n_rep + r] * d.logits[r * d.ld];
+        d.l[r] = w + w_b;
+        const float share = w / d.l[r], share_b = w_b / d.l[r];
+        float *acc = d.acc + uint64_t(r) * D;
+        const float *mean_b = state + values + uint64_t(r) * D;
+        for (uint32_t c = 0; c < D; ++c) acc[c] = acc[c] * share + mean_b[c] * share_b;
+      }
+    }
+  }
+
   StorageSpec spec_;
   minikv_config cfg_;
   BlockLayout bl_;
   ResidualLayout rl_;
+  uint32_t max_parts_;  // decode parts of the longest sequence (max_decode_parts)
   HostBuffer pool_, residual_;
   HostBuffer staging_;        // [num_layers][K, V][prefill_staging_tokens][Hkv][D] of T
   HostBuffer staged_scores_;  // [num_layers][num_heads][prefill_staging_tokens] double
   cpu::ThreadPool pool_threads_;
   std::vector<Scratch> scratch_;
   std::vector<double> head_scores_;  // [num_heads][max_seq_len] column sums of one sequence
+  // Decode: [max_sequences * num_kv_heads][max_parts_] part states (when a sequence can have
+  // several), and per group the parts finished in this call.
+  std::vector<float> decode_states_;
+  std::unique_ptr<std::atomic<uint32_t>[]> parts_done_;
   uint64_t workspace_bytes_ = 0;
 };
 
