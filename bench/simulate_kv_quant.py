@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import inspect
 import json
 import math
 import os
@@ -167,6 +168,8 @@ def main():
     for layer in model.model.layers:
         layer.self_attn.config._attn_implementation = "minikv_sim"
     corpus = Corpus(tok, args.corpus)
+    # transformers renames past_key_values to cache (5.x deprecates the old name)
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     n = args.decode_tokens
     rows = []
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -183,7 +186,7 @@ def main():
             P = ctx - n - 1
             sim.setting, sim.prefill_len = None, P
             cache = transformers.DynamicCache(config=model.config)
-            model(input_ids=x[:, :P], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model(input_ids=x[:, :P], use_cache=True, logits_to_keep=1, **{cache_kw: cache})
             forced, target = x[:, P:P + n], x[:, P + 1:P + n + 1]
             if args.check:  # the same positions from one causal forward, no cache
                 logits = model(input_ids=x[:, :P + n], use_cache=False, logits_to_keep=n).logits.float()
@@ -192,7 +195,7 @@ def main():
             for s in [None] + SETTINGS:
                 sim.setting = s
                 c = copy.deepcopy(cache)
-                logits = model(input_ids=forced, past_key_values=c, use_cache=True).logits.float()
+                logits = model(input_ids=forced, use_cache=True, **{cache_kw: c}).logits.float()
                 l = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
                 nll.setdefault(s[0] if s else "full", []).extend(l.mean(1).tolist())
             print(f"ctx {ctx}: {len(nll['full'])}/{len(windows)} windows, {time.time() - t0:.0f} s", flush=True)
