@@ -360,14 +360,20 @@ static bool gemv_launch(cuda_backend *c, const gemv_params &p) {
   return false; /* not reached */
 }
 
-static gemv_params gemv_norm_input(const void *w, int m, int k, int n, const float *x, const int32_t *x_rows,
-                                   const float *norm_w, float eps) {
+/* The weight [m][k] and the n rows every GEMV launch names; the rest zero. */
+static gemv_params gemv_base(const void *w, int m, int k, int n) {
   gemv_params p;
   memset(&p, 0, sizeof p);
   p.w = w;
   p.m = m;
   p.k = k;
   p.n = n;
+  return p;
+}
+
+static gemv_params gemv_norm_input(const void *w, int m, int k, int n, const float *x, const int32_t *x_rows,
+                                   const float *norm_w, float eps) {
+  gemv_params p = gemv_base(w, m, k, n);
   p.x = x;
   p.x_rows = x_rows;
   p.norm_w = norm_w;
@@ -377,12 +383,7 @@ static gemv_params gemv_norm_input(const void *w, int m, int k, int n, const flo
 
 /* x += a W^T (fp32 residual stream) for n rows of a [n][k] 16-bit input. */
 static gemv_params gemv_residual(const void *w, int m, int k, int n, const void *a, float *x) {
-  gemv_params p;
-  memset(&p, 0, sizeof p);
-  p.w = w;
-  p.m = m;
-  p.k = k;
-  p.n = n;
+  gemv_params p = gemv_base(w, m, k, n);
   p.a = a;
   p.out_f32 = x;
   return p;
