@@ -106,9 +106,11 @@ class CpuBackend final : public Backend {
     head_scores_.resize(uint64_t(cfg_.num_heads) * score_len);
     workspace_bytes_ += head_scores_.size() * sizeof(double);
     const uint64_t groups = uint64_t(cfg_.max_sequences) * cfg_.num_kv_heads;
-    decode_states_.resize(max_parts_ > 1 ? groups * max_parts_ * part_state_floats() : 0);
-    parts_done_.reset(new std::atomic<uint32_t>[groups]);
-    workspace_bytes_ += decode_states_.size() * sizeof(float) + groups * sizeof(std::atomic<uint32_t>);
+    if (max_parts_ > 1) {  // else every group is one part: no states, no counters
+      decode_states_.resize(groups * max_parts_ * part_state_floats());
+      parts_done_.reset(new std::atomic<uint32_t>[groups]);
+      workspace_bytes_ += decode_states_.size() * sizeof(float) + groups * sizeof(std::atomic<uint32_t>);
+    }
     // Chunked prefill: the staged K/V of every layer, and the running score sums of its
     // prompts ([num_layers][num_heads][staging rows], when scores can be needed).
     const uint64_t S = cfg_.prefill_staging_tokens;
@@ -165,7 +167,8 @@ class CpuBackend final : public Backend {
       using T = decltype(tag);
       const uint32_t Hkv = cfg_.num_kv_heads, n_rep = cfg_.num_heads / Hkv;
       const uint64_t groups = uint64_t(items.size()) * Hkv;
-      for (uint64_t g = 0; g < groups; ++g) parts_done_[g].store(0, std::memory_order_relaxed);
+      if (max_parts_ > 1)
+        for (uint64_t g = 0; g < groups; ++g) parts_done_[g].store(0, std::memory_order_relaxed);
       // One work item per part of a (sequence, KV head) group: each cached K/V row is
       // decoded once and serves the n_rep query heads of the group; a long sequence's parts
       // spread over the pool even when it is alone.
