@@ -129,6 +129,14 @@ template <typename T> __device__ __forceinline__ void unpack8(const uint4 v, flo
   }
 }
 
+// 2^x on the MUFU unit (what exp2f compiles to, minus its denormal-result path: terms
+// below 2^-126 are flushed to 0, far under fp32 rounding of any sum they join).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---- small reductions -----------------------------------------------------------------
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll

@@ -326,6 +326,11 @@ __device__ __forceinline__ void build_key_operand(const T *ks_row, uint32_t lane
   mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
   const int ks = mx > 0.0f ? clamp_exp(7 - exponent_of(mx), 100) : 0;
   us = pow2i(12 - ks);
+  // All of q's pairs first: loaded between the stores below, each would wait out its own
+  // shared-memory latency (the compiler cannot move a load past a store that may alias it).
+  uint32_t q2[D / 8];
+#pragma unroll
+  for (int P = 0; P < D / 8; ++P) q2[P] = q2_s[P * 32 + lane];
   const bool native = std::is_same<T, __half>::value && ks >= -14 && ks <= 15;
   // s' of channels lo and hi as an fp16 pair; both forms give the same bits where both apply.
   auto store_pieces = [&](auto scaled_pair) {
@@ -336,9 +341,8 @@ __device__ __forceinline__ void build_key_operand(const T *ks_row, uint32_t lane
       for (int h = 0; h < 2; ++h) {
         const int P = 2 * step + h;
         const uint32_t s2 = scaled_pair(KP::lo(P), KP::hi(P));
-        const uint32_t q2 = q2_s[P * 32 + lane];
-        xh[h] = hmul2_bits(q2, s2);
-        xl[h] = hfms2_bits(q2, s2, xh[h]);
+        xh[h] = hmul2_bits(q2[P], s2);
+        xl[h] = hfms2_bits(q2[P], s2, xh[h]);
       }
       xs_s[step * 32 + lane] = make_uint4(xh[0], xl[0], xh[1], xl[1]);
     }
@@ -511,6 +515,11 @@ __device__ __forceinline__ void pv_codes(const uint8_t *vrows, const float *sv_s
   const float pf0 = p[2 * kk][0] * pscale, pf1 = p[2 * kk][1] * pscale;
   const float pf2 = p[2 * kk + 1][0] * pscale, pf3 = p[2 * kk + 1][1] * pscale;
   uint32_t b0 = 0, b1 = 0;
+  // The scales of the group whose first m-tile comes next, loaded one group ahead: read
+  // where they are used, their latency stood between every group's first mma and its operand.
+  const float *s_next = sv_s + t0;
+  float2 s01 = *reinterpret_cast<const float2 *>(s_next);
+  float2 s23 = *reinterpret_cast<const float2 *>(s_next + 8);
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const uint4 r0 = *reinterpret_cast<const uint4 *>(vrows + (t0) * stride + u * 16);
@@ -521,11 +530,14 @@ __device__ __forceinline__ void pv_codes(const uint8_t *vrows, const float *sv_s
     for (int m = 0; m < MPU; ++m) {
       const int mt = u * MPU + m;
       if (((16u * mt) & ((1u << gshift) - 1)) == 0) {  // a value group's first m-tile: B = p · s_v · 2^Sv
-        const float *s = sv_s + ((16u * mt) >> gshift) * kMmaWarpTokens + t0;
-        const float2 s01 = *reinterpret_cast<const float2 *>(s);
-        const float2 s23 = *reinterpret_cast<const float2 *>(s + 8);
         b0 = pack_f16(pf0 * s01.x, pf1 * s01.y);
         b1 = pack_f16(pf2 * s23.x, pf3 * s23.y);
+        const uint32_t next = ((16u * mt) >> gshift) + 1;
+        if (next < (uint32_t(D) >> gshift)) {
+          s_next = sv_s + next * kMmaWarpTokens + t0;
+          s01 = *reinterpret_cast<const float2 *>(s_next);
+          s23 = *reinterpret_cast<const float2 *>(s_next + 8);
+        }
       }
       const int w0 = m * WPM + wg, w8 = m * WPM + wg8;
       auto pick = [&](const uint4 &r, int w) {
@@ -607,14 +619,14 @@ __device__ __forceinline__ void decode_tile(const uint8_t *stage, const MmaDecod
   tmax = fmaxf(tmax, __shfl_xor_sync(kFull, tmax, 2));
   const float m_new = fmaxf(ws.m_run, tmax);
   const float base = m_new == -INFINITY ? 0.0f : m_new;
-  const float corr = exp2f(ws.m_run - base);
+  const float corr = ex2(ws.m_run - base);
   float(&pr)[2 * kMaxSteps][2] = lg;  // probabilities replace the logits
   float sum = 0.0f;
 #pragma unroll
   for (int nt = 0; nt < 2 * kMaxSteps; ++nt)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      pr[nt][j] = exp2f(lg[nt][j] - base);  // 0 past the warp's tokens
+      pr[nt][j] = ex2(lg[nt][j] - base);  // 0 past the warp's tokens
       sum += pr[nt][j];
     }
   ws.l_part = fmaf(ws.l_part, corr, sum);
@@ -856,7 +868,7 @@ __global__ void __launch_bounds__(kMmaThreads, 3) decode_mma_kernel(const __grid
       for (uint32_t w = 0; w < kMmaWarps; ++w) {
         const float mw = merge_ml[(w * kMmaMaxHeads + col) * 2];
         if (mw == -INFINITY) continue;  // a warp without tokens (its sums are 0)
-        const float f = exp2f(mw - m);
+        const float f = ex2(mw - m);
         o = fmaf(merge_o[(w * kMmaMaxHeads + col) * D + ch], f, o);
         l = fmaf(merge_ml[(w * kMmaMaxHeads + col) * 2 + 1], f, l);
       }

@@ -6,7 +6,7 @@
 //   from shared memory; head_dim 256: 8 warps × 16 rows, PrefillTiling); K/V tiles of 64 keys up to the causal diagonal, double-buffered by
 //   cp.async one tile ahead; online softmax on raw scores with the scale folded into the
 //   exponent (log2 units); writes out and the row LSE (fp32, log2 units) to a workspace.
-//   The grid runs the longest (last) query tiles first, all heads of a tile adjacent.
+//   Each KV head's tiles run together, the longest (last) query tiles first (cta_tile_head).
 // Pass 2 (prefill_scores_kernel): one CTA = 128 key columns of one KV head, transposed:
 //   each warp keeps its 32 keys in registers as the A operand and streams 64-query tiles
 //   (with their LSE) as B, S^T = K·Q^T, for every query tile on or below the diagonal
@@ -117,8 +117,9 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
   T *k_s = q_s + kBM * S;                    // [2][kBN][S]
   T *v_s = k_s + 2 * kBN * S;                // [2][kBN][S]
 
-  const uint32_t tile = blockIdx.x / p.num_heads;
-  const int h = static_cast<int>(blockIdx.x % p.num_heads);
+  const CtaTileHead th = cta_tile_head(blockIdx.x, p.seqs.tile_begin[p.seqs.n], p.num_heads / p.num_kv_heads);
+  const uint32_t tile = th.tile;
+  const int h = th.head;
   const uint32_t seq = find_seq(p.seqs, tile);
   // n query rows at prompt positions [qp, qp + n) over the keys [0, L) (params.h PrefillKeys).
   const int n = static_cast<int>(p.seqs.len[seq]), qp = static_cast<int>(p.keys.q_pos[seq]);
@@ -324,8 +325,9 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
   T *q_s = k_s + kSK * S;                                      // [2][kSQ][S]
   float *lse_s = reinterpret_cast<float *>(q_s + 2 * kSQ * S);  // [2][kSQ]
 
-  const uint32_t tile = blockIdx.x / p.num_kv_heads;
-  const int kvh = static_cast<int>(blockIdx.x % p.num_kv_heads);
+  const CtaTileHead th = cta_tile_head(blockIdx.x, p.seqs.tile_begin[p.seqs.n], 1);  // a KV head's tiles adjacent
+  const uint32_t tile = th.tile;
+  const int kvh = th.head;
   const uint32_t seq = find_seq(p.seqs, tile);
   // n query rows (and their LSE) at prompt positions [qp, qp + n), keys [0, L) from kv_begin.
   const int n = static_cast<int>(p.seqs.len[seq]), qp = static_cast<int>(p.keys.q_pos[seq]);
@@ -520,7 +522,7 @@ void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const Prefi
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_prefill", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads;  // (tile, head), head fastest
+    const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads;  // cta_tile_head
     prefill_attention_kernel<T, D>
         <<<grid, PrefillTiling<D>::kThreads, attention_smem<T, D>(), stream>>>(p);
     check_launch_error("prefill_attention_kernel");

@@ -52,8 +52,9 @@ __global__ void __launch_bounds__(kScThreads, 2)
   float *const lse_s = reinterpret_cast<float *>(smem + Sm::kLse);
   const uint32_t q_addr = smem_addr(smem);
 
-  const uint32_t tile = blockIdx.x / p.num_kv_heads;
-  const int kvh = static_cast<int>(blockIdx.x % p.num_kv_heads);
+  const CtaTileHead th = cta_tile_head(blockIdx.x, p.seqs.tile_begin[p.seqs.n], 1);  // a KV head's tiles adjacent
+  const uint32_t tile = th.tile;
+  const int kvh = th.head;
   const uint32_t seq = find_seq(p.seqs, tile);
   // n query rows (and their LSE) at prompt positions [qp, qp + n), keys [0, L) from kv_begin.
   const int n = static_cast<int>(p.seqs.len[seq]), qp = static_cast<int>(p.keys.q_pos[seq]);

@@ -260,10 +260,11 @@ __global__ void __launch_bounds__(kFaThreads, 1)
   auto bar_v_empty = [&](int st) { return bar_q + 8 * (1 + 3 * S + st); };
   const uint32_t bar_v_tail = bar_q + 8 * (1 + 4 * S);
 
-  // blockIdx.x = (host tile, head): the longest tiles first, the heads of a tile adjacent
-  // (a GQA group's K/V stay in L2).
-  const uint32_t host_tile = blockIdx.x / p.num_heads;
-  const int h = static_cast<int>(blockIdx.x % p.num_heads);
+  // blockIdx.x = (KV head, host tile, head of its group): a KV head's tiles adjacent, the
+  // longest first (cta_tile_head).
+  const CtaTileHead th = cta_tile_head(blockIdx.x, p.seqs.tile_begin[p.seqs.n], p.num_heads / p.num_kv_heads);
+  const uint32_t host_tile = th.tile;
+  const int h = th.head;
   const uint32_t seq = find_seq(p.seqs, host_tile);
   // n query rows at prompt positions [qp, qp + n) over the keys [0, L) (params.h PrefillKeys).
   const int n = static_cast<int>(p.seqs.len[seq]), qp = static_cast<int>(p.keys.q_pos[seq]);
