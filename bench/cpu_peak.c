@@ -1,8 +1,8 @@
 /* This CPU's measured ceilings for bench/bench_cpu.py, on T threads (OpenMP):
  *   copy:    STREAM-like copy of a 512 MiB array, GB/s counting bytes read + written;
  *   fma:     independent 8-lane fused multiply-add chains (AVX2+FMA), GFLOP/s (2 per lane);
- *   muladd:  the same with a separate multiply and add (what libminikv's CPU kernels use:
- *            no FMA, for bit-identical results on every machine), GFLOP/s.
+ *   muladd:  the same with a separate multiply and add, GFLOP/s (libminikv's CPU kernels
+ *            fuse every product into its sum: the FMA figure is their ceiling).
  * Each is the best of 5 runs. Prints one JSON object. `cpu_peak 1 cpu` times with the
  * thread's CPU time instead of the wall clock (a machine shared with other jobs).
  *   cc -O2 -mavx2 -mfma -ffp-contract=off -fopenmp bench/cpu_peak.c -o cpu_peak && ./cpu_peak 2
