@@ -73,22 +73,45 @@ void ThreadPool::Workers::stop_and_join() noexcept {
   for (std::thread &t : threads) t.join();
 }
 
-void ThreadPool::Workers::run_items(unsigned worker) {
+void ThreadPool::Workers::finish(uint32_t items) {
+  const uint32_t size = job_size.load(std::memory_order_relaxed);  // before the job may end
+  if (finished.fetch_add(items, std::memory_order_acq_rel) + items == size) {
+    // The caller may be about to wait: take the mutex so that the notification cannot
+    // fall between its check and its wait.
+    { std::lock_guard<std::mutex> lock(mutex); }
+    done.notify_one();
+  }
+}
+
+void ThreadPool::Workers::run_items(uint32_t gen, unsigned worker) {
+  const uint64_t tag = uint64_t(gen) << 32;
+  uint64_t cur = next.load(std::memory_order_acquire);
   for (;;) {
-    const uint64_t i = next.fetch_add(1, std::memory_order_relaxed);
-    if (i >= job_size) return;
+    if ((cur >> 32) != gen) return;
+    const uint32_t size = job_size.load(std::memory_order_acquire);
+    if (static_cast<uint32_t>(cur) >= size) return;
+    if (!next.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+      continue;
+    uint32_t skipped = 0;
     try {
-      job.call(job.fn, i, worker);
+      job.call(job.fn, static_cast<uint32_t>(cur), worker);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex);
       if (!error) error = std::current_exception();
-      next.store(job_size, std::memory_order_relaxed);  // skip the rest
+      // Skip the rest: claim every unclaimed item at once and count it as finished.
+      uint64_t rest = next.load(std::memory_order_acquire);
+      while (static_cast<uint32_t>(rest) < size &&
+             !next.compare_exchange_weak(rest, tag | size, std::memory_order_acq_rel)) {
+      }
+      if (static_cast<uint32_t>(rest) < size) skipped = size - static_cast<uint32_t>(rest);
     }
+    finish(1 + skipped);
+    cur = next.load(std::memory_order_acquire);
   }
 }
 
 void ThreadPool::Workers::loop(unsigned index) {
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex);
@@ -96,11 +119,7 @@ void ThreadPool::Workers::loop(unsigned index) {
       if (stop) return;
       seen = generation;
     }
-    run_items(index);
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (--busy == 0) done.notify_one();
-    }
+    run_items(seen, index);
   }
 }
 
@@ -122,21 +141,23 @@ void ThreadPool::run(uint64_t n, Job job) {
     for (uint64_t i = 0; i < n; ++i) job.call(job.fn, i, 0);
     return;
   }
+  uint32_t gen;
   {
     std::lock_guard<std::mutex> lock(w.mutex);
+    gen = ++w.generation;
+    w.next.store((uint64_t(gen) << 32) | 0xffffffffu, std::memory_order_relaxed);  // closes the old job
     w.job = job;
-    w.job_size = n;
-    w.next.store(0, std::memory_order_relaxed);
     w.error = nullptr;
-    w.busy = static_cast<unsigned>(w.threads.size());
-    ++w.generation;
+    w.finished.store(0, std::memory_order_relaxed);
+    w.job_size.store(static_cast<uint32_t>(n), std::memory_order_release);
+    w.next.store(uint64_t(gen) << 32, std::memory_order_release);
   }
   w.wake.notify_all();
-  w.run_items(0);
+  w.run_items(gen, 0);
   std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(w.mutex);
-    w.done.wait(lock, [&] { return w.busy == 0; });
+    w.done.wait(lock, [&] { return w.finished.load(std::memory_order_acquire) == n; });
     w.job = Job{nullptr, nullptr};
     error = w.error;
   }

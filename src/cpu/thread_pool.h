@@ -2,6 +2,12 @@
 // for i in [0, n) on the pool and the calling thread; work items write disjoint outputs,
 // so results do not depend on the number of threads or on scheduling.
 //
+// The caller returns as soon as every item has run: it never waits for a worker that has
+// not claimed one. On a machine whose other cores are busy a woken worker may get a core
+// only milliseconds later; the caller then runs the items itself meanwhile, and the late
+// worker finds nothing left (items are claimed with the job's number, so a worker of an
+// earlier job cannot take an item of the next).
+//
 // fork(): the child of a process that forked has only the forking thread, so a pool made
 // before the fork has no workers there, and its mutex and condition variables may record
 // waiters that will never run. The pool notices (a pthread_atfork counter) and, in the
@@ -29,8 +35,8 @@ class ThreadPool {
   ThreadPool &operator=(const ThreadPool &) = delete;
 
   unsigned size() const { return num_threads_; }
-  // fn(item, worker_index); worker_index in [0, size()). Exceptions from fn are rethrown
-  // (the first one) after every item has finished or been skipped.
+  // fn(item, worker_index); worker_index in [0, size()); n < 2^32. Exceptions from fn are
+  // rethrown (the first one) after every item has finished or been skipped.
   // The callable is borrowed, not copied: no allocation per call (except the first call
   // in a forked child, which starts the workers again).
   template <typename Fn>
@@ -50,16 +56,21 @@ class ThreadPool {
     std::vector<std::thread> threads;
     std::mutex mutex;
     std::condition_variable wake, done;
-    uint64_t generation = 0;
-    unsigned busy = 0;
+    uint32_t generation = 0;  // the job's number (under mutex)
     bool stop = false;
-    Job job{nullptr, nullptr};
-    uint64_t job_size = 0;
+    Job job{nullptr, nullptr};  // stable while one of its items is claimed and not finished
+    std::atomic<uint32_t> job_size{0};
+    // (generation << 32) | the next item to claim. A claim is a compare-exchange that keeps
+    // the job's number, of an item below job_size; a new job first closes the old one
+    // (its number, item 2^32 - 1), then sets job_size, so that a claim that read the new
+    // job_size cannot succeed on the old job.
     std::atomic<uint64_t> next{0};
+    std::atomic<uint32_t> finished{0};  // items of the current job run or skipped
     std::exception_ptr error;
 
     void loop(unsigned index);
-    void run_items(unsigned worker);
+    void run_items(uint32_t generation, unsigned worker);
+    void finish(uint32_t items);
     void stop_and_join() noexcept;
   };
 
