@@ -203,20 +203,24 @@ TEST_CASE("simd kernels: dot products of float rows are CANONICAL16") {
 
 TEST_CASE("simd kernels: value accumulation is SEQUENTIAL over tokens") {
   Data rng(17);
+  // Dequantized values are clamped to [-limit, limit]: most of them exceed 1.25; with 100
+  // only the group whose scale is 200 does (the kernel clamps only where some may exceed).
+  for (float limit : {1.25f, 100.0f, 3.4e38f})
   for (uint32_t bits : {2u, 4u, 8u, 32u}) {  // 32: float rows
     for (uint32_t n_rep : {1u, 2u, 4u, 5u}) {
       const uint32_t d = 128, G = 32, n = 37, groups = d / G;
       const uint32_t words = bits == 32 ? d : d * bits / 32;
+      CAPTURE(limit);
       CAPTURE(bits);
       CAPTURE(n_rep);
       const uint64_t ldp = 40;
       const std::vector<float> p = rng.floats(n_rep * ldp, 0.0f, 1.0f);
-      const std::vector<float> scale = rng.floats(size_t(n) * groups, 0.0f, 0.5f), minimum = rng.floats(size_t(n) * groups);
+      std::vector<float> scale = rng.floats(size_t(n) * groups, 0.0f, 0.5f), minimum = rng.floats(size_t(n) * groups);
+      scale[size_t(n / 2) * groups + 1] = 200.0f;
       const std::vector<uint32_t> codes = rng.words(size_t(n) * words);
       const std::vector<float> rows = rng.floats(size_t(n) * d);
       const std::vector<float> acc0 = rng.floats(size_t(n_rep) * d);
       std::vector<float> want = acc0;
-      const float limit = 1.25f;  // dequantized values are clamped to [-limit, limit]
       for (uint32_t r = 0; r < n_rep; ++r)
         for (uint32_t c = 0; c < d; ++c)
           for (uint32_t t = 0; t < n; ++t) {

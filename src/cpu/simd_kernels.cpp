@@ -446,7 +446,7 @@ void ScaleRows(float *acc, uint32_t n_rep, uint32_t d, const float *correction) 
 
 // Values: lanes = channels [c0, c0 + kCh * kLanes), heads [r0, r0 + kHeads), accumulators in
 // registers across the n tokens.
-template <uint32_t kBits, size_t kHeads, size_t kCh>
+template <uint32_t kBits, bool kClamp, size_t kHeads, size_t kCh>
 HWY_INLINE uint32_t ValueCodesTile(const float *HWY_RESTRICT p, uint32_t r0, uint64_t ldp,
                                    uint32_t n, const uint32_t *HWY_RESTRICT codes,
                                    uint64_t row_words, const float *HWY_RESTRICT scale,
@@ -473,7 +473,7 @@ HWY_INLINE uint32_t ValueCodesTile(const float *HWY_RESTRICT p, uint32_t r0, uin
         // the storage dtype's finite range (a group near its maximum can exceed it).
         value[v] = hn::Add(hn::Mul(code, hn::Set(df, scale[t * groups + g[v]])),
                            hn::Set(df, minimum[t * groups + g[v]]));
-        value[v] = hn::Min(hn::Max(value[v], hn::Set(df, -limit)), hn::Set(df, limit));
+        if constexpr (kClamp) value[v] = hn::Min(hn::Max(value[v], hn::Set(df, -limit)), hn::Set(df, limit));
       }
       for (size_t h = 0; h < kHeads; ++h) {
         const VF pv = hn::Set(df, p[(r0 + h) * ldp + t]);
@@ -486,34 +486,57 @@ HWY_INLINE uint32_t ValueCodesTile(const float *HWY_RESTRICT p, uint32_t r0, uin
   return c0;
 }
 
-template <uint32_t kBits, size_t kHeads>
+template <uint32_t kBits, bool kClamp, size_t kHeads>
 HWY_INLINE void ValueCodesHeads(const float *p, uint32_t r0, uint64_t ldp, uint32_t n,
                                 const uint32_t *codes, uint64_t row_words, const float *scale,
                                 const float *minimum, uint32_t group, uint32_t d, float limit,
                                 float *acc) {
   constexpr size_t kCh = kHeads >= 4 ? 2 : 4;
-  const uint32_t c = ValueCodesTile<kBits, kHeads, kCh>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc, 0);
-  ValueCodesTile<kBits, kHeads, 1>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc, c);
+  const uint32_t c = ValueCodesTile<kBits, kClamp, kHeads, kCh>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc, 0);
+  ValueCodesTile<kBits, kClamp, kHeads, 1>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc, c);
 }
 
-template <uint32_t kBits>
+template <uint32_t kBits, bool kClamp>
 void ValueCodesBits(const float *p, uint32_t n_rep, uint64_t ldp, uint32_t n, const uint32_t *codes,
                     uint64_t row_words, const float *scale, const float *minimum, uint32_t group,
                     uint32_t d, float limit, float *acc) {
   uint32_t r0 = 0;
-  for (; r0 + 4 <= n_rep; r0 += 4) ValueCodesHeads<kBits, 4>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
-  for (; r0 + 2 <= n_rep; r0 += 2) ValueCodesHeads<kBits, 2>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
-  for (; r0 < n_rep; ++r0) ValueCodesHeads<kBits, 1>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+  for (; r0 + 4 <= n_rep; r0 += 4) ValueCodesHeads<kBits, kClamp, 4>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+  for (; r0 + 2 <= n_rep; r0 += 2) ValueCodesHeads<kBits, kClamp, 2>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+  for (; r0 < n_rep; ++r0) ValueCodesHeads<kBits, kClamp, 1>(p, r0, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+}
+
+// Whether some dequantized value of the pairs (scale[i], minimum[i]), i < count, could lie
+// outside [-limit, limit]: its magnitude is at most fl(fl(max_code * |scale|) + |minimum|)
+// (rounding is monotonic), so where every such bound is within the limit the clamp changes
+// nothing and is left out. A NaN bound counts as outside.
+bool ValuesMayExceed(const float *HWY_RESTRICT scale, const float *HWY_RESTRICT minimum, uint64_t count,
+                     float max_code, float limit) {
+  const DF df;
+  const VF top = hn::Set(df, max_code);
+  VF bound = hn::Zero(df);
+  uint64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) {
+    const VF b = hn::Add(hn::Mul(top, hn::Abs(hn::LoadU(df, scale + i))), hn::Abs(hn::LoadU(df, minimum + i)));
+    bound = hn::IfThenElse(hn::Le(b, bound), bound, b);  // keeps a NaN
+  }
+  bool exceed = !hn::AllTrue(df, hn::Le(bound, hn::Set(df, limit)));
+  for (; i < count; ++i) exceed |= !(std::fabs(minimum[i]) + max_code * std::fabs(scale[i]) <= limit);
+  return exceed;
 }
 
 void ValueAccumulateCodes(const float *p, uint32_t n_rep, uint64_t ldp, uint32_t n,
                           const uint32_t *codes, uint64_t row_words, uint32_t bits,
                           const float *scale, const float *minimum, uint32_t group, uint32_t d,
                           float limit, float *acc) {
-  switch (bits) {
-    case 2: return ValueCodesBits<2>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
-    case 4: return ValueCodesBits<4>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
-    default: return ValueCodesBits<8>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+  const bool clamp = ValuesMayExceed(scale, minimum, uint64_t(n) * (d / group), float((1u << bits) - 1), limit);
+  switch (bits * 2 + clamp) {
+    case 4: return ValueCodesBits<2, false>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+    case 5: return ValueCodesBits<2, true>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+    case 8: return ValueCodesBits<4, false>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+    case 9: return ValueCodesBits<4, true>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+    case 16: return ValueCodesBits<8, false>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
+    default: return ValueCodesBits<8, true>(p, n_rep, ldp, n, codes, row_words, scale, minimum, group, d, limit, acc);
   }
 }
 
