@@ -264,7 +264,8 @@ HWY_INLINE void LoadTransposed4(const uint32_t *HWY_RESTRICT rows, uint64_t row_
 #endif
 
 // Logits of heads [r0, r0 + kHeads) for tokens [t, ...) in tiles of kVecs token vectors
-// (lanes = tokens; each vector lies in one key group since kLanes <= 16 <= group).
+// (lanes = tokens; each vector lies in one key group since kLanes <= 16 <= group and n is a
+// multiple of the group).
 // Returns the first token not done (fewer than kVecs * kLanes left).
 template <uint32_t kBits, size_t kHeads, size_t kVecs>
 HWY_INLINE uint32_t KeyLogitsTile(const float *HWY_RESTRICT qs, const float *HWY_RESTRICT bias,
@@ -273,6 +274,9 @@ HWY_INLINE uint32_t KeyLogitsTile(const float *HWY_RESTRICT qs, const float *HWY
                                   uint32_t group, uint32_t t, uint32_t n, float scale,
                                   float *HWY_RESTRICT logits, uint64_t ld) {
   constexpr uint32_t kPer = 32 / kBits;
+  // The tile's tokens start at a multiple of their count: up to 16 they lie in one group
+  // (16 divides the group) and share its scaled query.
+  constexpr bool kOneGroup = kVecs * kLanes <= 16;
   const DF df;
   const DI di;
   const DU du;
@@ -316,9 +320,14 @@ HWY_INLINE uint32_t KeyLogitsTile(const float *HWY_RESTRICT qs, const float *HWY
         for (size_t v = 0; v < kVecs; ++v)
           code[v] = hn::ConvertTo(df, hn::BitCast(di, hn::And(hn::ShiftRightSame(word[v], int(i * kBits)),
                                                               hn::Set(du, (1u << kBits) - 1))));
-        for (size_t h = 0; h < kHeads; ++h)
-          for (size_t v = 0; v < kVecs; ++v)
-            acc[h][v] = Fma(hn::Set(df, q[v][h * d + c]), code[v], acc[h][v]);
+        for (size_t h = 0; h < kHeads; ++h) {
+          if constexpr (kOneGroup) {
+            const VF qv = hn::Set(df, q[0][h * d + c]);
+            for (size_t v = 0; v < kVecs; ++v) acc[h][v] = Fma(qv, code[v], acc[h][v]);
+          } else {
+            for (size_t v = 0; v < kVecs; ++v) acc[h][v] = Fma(hn::Set(df, q[v][h * d + c]), code[v], acc[h][v]);
+          }
+        }
       }
     }
     for (size_t h = 0; h < kHeads; ++h)
