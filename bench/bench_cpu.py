@@ -17,8 +17,9 @@ would: libminikv in one (no PyTorch loaded), PyTorch in two, one with libgomp's 
 wait policy (its OpenMP workers spin a while after each parallel region, then sleep) and one
 with OMP_WAIT_POLICY=PASSIVE (they sleep at once); the baseline reported is the faster of
 the two. This script drives them in turns: a block of consecutive calls of one function
-(the first untimed), then the next function's block, rounds of that, the order rotated each
-round, so that all of them see the same load on a shared machine. Before each block it
+(the first untimed, below 20 ms a call), then the next function's block, rounds of that, the
+order rotated each round, so that all of them see the same load on a shared machine (slow
+functions: blocks of at most ~0.4 s after the first round, at least one call). Before each block it
 waits until every thread of every worker is idle (their CPU time, /proc/PID/task/*/schedstat,
 unchanged for a few ms): one side's spinning threads never take the other side's cores.
 Both numbers come from one invocation. (Timing both in one process, calls interleaved, made
@@ -283,17 +284,24 @@ class Driver:
                 break
         self.waits_ms.append((time.perf_counter() - t0) * 1e3)
 
-    def measure(self, entries, reps, rounds, warmup):
+    def measure(self, entries, reps, rounds, warmup, block_budget_ms=400.0):
         """entries: (worker, fn) pairs. `rounds` rounds of a block of calls per entry, the
-        entries' order rotated each round; returns the median and minimum ms per entry."""
+        entries' order rotated each round; returns the median and minimum ms per entry.
+        After the first round a slow function's blocks shrink to what fits block_budget_ms
+        (at least one call), and functions of 20 ms or more skip the untimed call."""
         per_block = max(1, math.ceil(reps / rounds))
         times = [[] for _ in entries]
         for r in range(rounds):
             for j in range(len(entries)):
                 i = (j + r) % len(entries)
                 worker, fn = entries[i]
+                n, w = per_block, warmup
+                if times[i]:
+                    t = statistics.median(times[i])
+                    n = max(1, min(per_block, int(block_budget_ms / t)))
+                    w = warmup if t < 20.0 else 0
                 self.park()
-                times[i] += worker.call("time", fn=fn, reps=per_block, warmup=warmup)["ms"]
+                times[i] += worker.call("time", fn=fn, reps=n, warmup=w)["ms"]
         return [(statistics.median(t), min(t)) for t in times]
 
 
@@ -420,8 +428,10 @@ def main():
     method = ("separate processes driven in turns, each block after every worker thread idled; "
               f"libminikv alone in one, PyTorch in {len(baselines)} (wait policy "
               + " / ".join(f"{p}: {BASELINE_WAIT_POLICIES[p] or 'libgomp default'}" for p in policies)
-              + "), the faster baseline reported; decode: blocks of consecutive calls after one "
-              "untimed; prefill: one call per block after one untimed")
+              + f"), the faster baseline reported; decode: {args.decode_rounds} rounds of blocks of "
+              "consecutive calls after one untimed (slow functions: fewer calls, at least one per "
+              "block, no untimed call from 20 ms); prefill: one call per block after one untimed "
+              "(none from 20 ms)")
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 machine=f"{platform.node()}: {cpu_model()}, {os.cpu_count()} CPUs",
                 commit=git_commit() or "?", threads=args.threads, **mkv.call("info"),
