@@ -64,6 +64,10 @@ struct Scratch {
   std::vector<int32_t> kept;          // [max_seq_len]
   std::vector<uint32_t> order;        // [max_seq_len], when a layer can need scores
   std::vector<float> dec;             // decode: DecodeScratch
+  // What k and v hold as prefill panels: those of KV head panels_kvh in prefill pass
+  // panels_pass (0: none), reused by the next query head of the same group on this thread.
+  uint64_t panels_pass = 0;
+  uint32_t panels_kvh = 0;
 };
 
 // Threads worth having: the widest parallel loop is over the query heads (prefill) or over
@@ -255,6 +259,7 @@ class CpuBackend final : public Backend {
     // Rows whose attention counts towards the scores (prompt positions).
     const uint32_t score_from = first_scoring_row(cfg_, it.plan);
     const bool scores_now = chunk_scores(cfg_, it);
+    ++prefill_passes_;  // the panels of an earlier pass (other rows) are stale
     pool_threads_.parallel_for(H, [&](uint64_t h, unsigned worker) {
       attention_head<T>(it, static_cast<uint32_t>(h), scores_now, score_from, q, src, out,
                         scratch_[worker]);
@@ -280,14 +285,18 @@ class CpuBackend final : public Backend {
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const uint64_t lds = key_stride();
     // Keys and values in zero-padded panels of W columns (src/cpu/simd_kernels.h), in the
-    // row buffers ws.k and ws.v (sized for them), each row converted through ws.o.
+    // row buffers ws.k and ws.v (sized for them), each row converted through ws.o; kept
+    // for the next query head of the same KV head that this thread takes in this pass.
     constexpr uint32_t W = cpu::kPanelWidth;
     const uint32_t L_pad = static_cast<uint32_t>(align_up(keys, W));
     const uint64_t v_panel = uint64_t(L_pad) * W;
     float *k_panels = ws.k.data(), *v_panels = ws.v.data(), *row = ws.o.data();
-    std::fill(k_panels, k_panels + uint64_t(L_pad) * D, 0.0f);
-    std::fill(v_panels, v_panels + align_up(D, W) * L_pad, 0.0f);
-    for (uint32_t j = 0; j < keys; ++j) {
+    const bool have_panels = ws.panels_pass == prefill_passes_ && ws.panels_kvh == kvh;
+    ws.panels_pass = prefill_passes_;
+    ws.panels_kvh = kvh;
+    if (!have_panels) std::fill(k_panels, k_panels + uint64_t(L_pad) * D, 0.0f);
+    if (!have_panels) std::fill(v_panels, v_panels + align_up(D, W) * L_pad, 0.0f);
+    for (uint32_t j = 0; j < keys && !have_panels; ++j) {
       const uint64_t at = (uint64_t(src.row0 + j) * Hkv + kvh) * D;
       float *k_at = k_panels + (uint64_t(j / W) * D) * W + j % W;
       cpu::to_floats(src.k + at, D, row);
@@ -665,6 +674,7 @@ class CpuBackend final : public Backend {
   std::vector<float> decode_states_;
   std::unique_ptr<std::atomic<uint32_t>[]> parts_done_;
   uint64_t workspace_bytes_ = 0;
+  uint64_t prefill_passes_ = 0;  // attention passes of prefill so far (Scratch::panels_pass)
 };
 
 }  // namespace
