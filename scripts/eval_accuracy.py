@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """scripts/eval_accuracy.py — how much accuracy libminikv's compression costs a real model.
 
-SmolLM2-135M-Instruct (LLaMA architecture; scripts/fetch-model.sh fetches it) runs through
-minikv.hf.MiniKVGenerator with each libminikv setting, and through its own transformers
-attention with a full cache ("full", the reference). On windows of 2K/4K/8K tokens of a
+SmolLM2-135M-Instruct (LLaMA architecture; scripts/fetch-model.sh fetches it), or with
+--model another GGUF file such as Gemma 3 270M (gemma3 architecture; MINIKV_FETCH_GEMMA3=1
+scripts/fetch-model.sh fetches it), runs through minikv.hf.MiniKVGenerator with each
+libminikv setting, and through its own transformers attention with its own cache ("full",
+the reference). Gemma 3's sliding-window layers keep their last 512 positions in the
+adapter (16-bit, uncompressed, as in "full"); libminikv compresses its global layers. On windows of 2K/4K/8K tokens of a
 corpus (--corpus / MINIKV_CORPUS: a directory, whose *.gz files are the texts, or one gzip
 text file; default ../shared/data/corpus, Jane Austen's six novels) it measures:
   * decode-phase perplexity: prefill the first ctx-257 tokens of a window, then teacher-force
@@ -16,7 +19,13 @@ text file; default ../shared/data/corpus, Jane Austen's six novels) it measures:
   * the compression ratio that minikv_memory_stats_get reports (after the perplexity run:
     prompt + 256 decoded tokens per sequence), and from it the bits per element the cache
     spends on average, 16 * (1 - ratio) (codes, scales, 16-bit sinks and residual, over
-    every position seen, evicted ones included).
+    every position seen, evicted ones included). Always that of a 16-bit cache: a float32
+    run (the CPU default) stores scales and residual in float32, so its ratio comes from
+    replaying the same lengths through a float16 CPU cache of the same setting (the counts
+    and bytes depend on the lengths and the setting, not on the values); the float32
+    cache's own is kept as compression_ratio_cache_dtype. With sliding-window layers,
+    model_compression_ratio covers every layer (the windows at 16 bits) and the
+    compression ratio libminikv's layers alone.
 Prints a table, checks the issue's goals, writes JSON to bench/results/ and a Pareto
 figure beside it (PNG: bits per element vs perplexity increase, one point per setting and
 context, the paper's setting and the default marked; needs matplotlib). Every setting
@@ -32,6 +41,7 @@ starts from a library preset (minikv.Preset), so the rows do not move with the d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gzip
 import inspect
@@ -53,7 +63,8 @@ import transformers  # noqa: E402
 
 import minikv  # noqa: E402
 from results import git_commit, write_json  # noqa: E402
-from minikv.gguf_llama import default_model_path, load_gguf_llama  # noqa: E402
+from minikv.gguf_gemma3 import load_gguf_gemma3  # noqa: E402
+from minikv.gguf_llama import default_model_path, gguf_architecture, load_gguf_llama  # noqa: E402
 from minikv.hf import MiniKVGenerator  # noqa: E402
 
 # The default corpus: Jane Austen's novels beside the checkout (MINIKV_CORPUS or --corpus
@@ -145,17 +156,24 @@ def text_paragraphs(path):
 class Corpus:
     def __init__(self, tokenizer, path):
         self.tok = tokenizer
+        # What the tokenizer puts before a text (Gemma's <bos>; nothing for SmolLM2): every
+        # window and prompt starts with it, as the model was trained.
+        self.prefix = tokenizer.encode("")
         # Per text: the token ids of each paragraph ("text\n\n"), and all of them joined.
         self.paras = {}
         for f in corpus_files(path):
             name = os.path.basename(f).split(".")[0]
-            self.paras[name] = [tokenizer.encode(p + "\n\n") for p in text_paragraphs(f)]
+            self.paras[name] = [self.encode(p + "\n\n") for p in text_paragraphs(f)]
         self.stream = {n: [t for p in ps for t in p] for n, ps in self.paras.items()}
         self.names = list(self.paras)
 
+    def encode(self, text):
+        return self.tok.encode(text, add_special_tokens=False)
+
     def windows(self, length, count, rng):
-        """`count` windows of `length` consecutive tokens, from the texts long enough in
-        turn."""
+        """`count` windows of `length` tokens: the prefix, then consecutive tokens of the
+        texts long enough, in turn."""
+        length -= len(self.prefix)
         names = [n for n in self.names if len(self.stream[n]) >= length]
         if not names:
             raise ValueError(f"no text of the corpus has {length} tokens "
@@ -164,18 +182,18 @@ class Corpus:
         for i in range(count):
             s = self.stream[names[i % len(names)]]
             start = rng.randrange(len(s) - length + 1)
-            out.append(s[start:start + length])
+            out.append(self.prefix + s[start:start + length])
         return out
 
     def passkey_prompt(self, ctx, depth, key, rng):
         """A ctx-token prompt: instruction, novel text with the needle at `depth` (at a
         paragraph boundary), question."""
-        tok = self.tok
-        head = tok.encode("There is an important piece of information hidden inside a lot of "
-                          "irrelevant text. Find it and memorize it. I will quiz you about the "
-                          "important information there.\n\n")
-        needle = tok.encode(f"The pass key is {key}. Remember it. {key} is the pass key.\n\n")
-        tail = tok.encode("What is the pass key? The pass key is")
+        head = self.prefix + self.encode(
+            "There is an important piece of information hidden inside a lot of irrelevant "
+            "text. Find it and memorize it. I will quiz you about the important information "
+            "there.\n\n")
+        needle = self.encode(f"The pass key is {key}. Remember it. {key} is the pass key.\n\n")
+        tail = self.encode("What is the pass key? The pass key is")
         room = ctx - len(head) - len(needle) - len(tail)
         paras = self.paras[self.names[rng.randrange(len(self.names))]]
         i = rng.randrange(max(len(paras) // 2, 1))
@@ -255,11 +273,13 @@ def evaluate(args, save=lambda rows: None):
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
-    model, tok = load_gguf_llama(args.model, dtype=dtype, device=device)
+    load = load_gguf_gemma3 if gguf_architecture(args.model) == "gemma3" else load_gguf_llama
+    model, tok = load(args.model, dtype=dtype, device=device)
     print(f"model: {os.path.basename(args.model)} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
           f"parameters, {model.config.num_hidden_layers} layers, {model.config.num_attention_heads}/"
-          f"{model.config.num_key_value_heads} heads x {model.config.head_dim}), {args.dtype} on {device}, "
-          f"loaded in {time.time() - t0:.1f} s", flush=True)
+          f"{model.config.num_key_value_heads} heads x {model.config.head_dim}"
+          f"{window_note(model.config)}), {args.dtype} on {device}, loaded in {time.time() - t0:.1f} s",
+          flush=True)
     t0 = time.time()
     corpus = Corpus(tok, args.corpus)
     print(f"corpus: {', '.join(f'{n} {len(s)}' for n, s in corpus.stream.items())} tokens "
@@ -294,6 +314,10 @@ def evaluate(args, save=lambda rows: None):
                    passkey_ok=[bool(x) for x in ref_pass],
                    greedy_agreement=1.0, greedy_prefix=float(g), compression_ratio=0.0,
                    seconds=time.time() - t)
+        if sliding_layers(model.config):
+            # The model's own cache keeps only the window of its sliding-window layers.
+            ref["model_compression_ratio"] = model_compression(model.config, ctx, 0.0)
+            ref["kept_fraction"] = 1.0
         rows.append(ref)
         report(ref, ref)
         save(rows)
@@ -311,6 +335,7 @@ def evaluate(args, save=lambda rows: None):
                     comp.append(st.compression_ratio)
                     seen, cached = seen + st.tokens_seen, cached + st.tokens_cached
                     gen.reset()
+                ppl_time = time.time() - t
                 agree, prefix = [], []
                 for i, b in enumerate(batches(greedy_prompts, args.batch)):
                     outs = gen.generate(b, g)
@@ -326,17 +351,68 @@ def evaluate(args, save=lambda rows: None):
                     ok += [passkey_answer(tok, o) == key for o, (_, key, _) in zip(outs, b)]
             finally:
                 gen.close()
+            comp, pass_comp = float(np.mean(comp)), float(np.mean(pass_comp))
             row = dict(config=name, what=what, fields=fields, ctx=ctx, nll=float(np.mean(nll)),
                        ppl=math.exp(np.mean(nll)), passkey=float(np.mean(ok)),
                        passkey_by_depth=by_depth(trials, ok), passkey_ok=[bool(x) for x in ok],
                        greedy_agreement=float(np.mean(agree)),
-                       greedy_prefix=float(np.mean(prefix)), compression_ratio=float(np.mean(comp)),
-                       compression_ratio_passkey=float(np.mean(pass_comp)),
-                       kept_fraction=cached / seen, seconds=time.time() - t)
+                       greedy_prefix=float(np.mean(prefix)), compression_ratio=comp,
+                       compression_ratio_passkey=pass_comp,
+                       kept_fraction=cached / seen, seconds=time.time() - t,
+                       ppl_seconds=ppl_time)
+            if gen.config.dtype not in (minikv.DType.F16, minikv.DType.BF16):
+                row["compression_ratio_cache_dtype"] = comp
+                row["compression_ratio_passkey_cache_dtype"] = pass_comp
+                row["compression_ratio"] = replay_compression(gen.config, ctx - n - 1, n)
+                row["compression_ratio_passkey"] = replay_compression(gen.config, ctx,
+                                                                      args.answer_tokens - 1)
+            if sliding_layers(model.config):
+                row["model_compression_ratio"] = model_compression(
+                    model.config, ctx, row["compression_ratio"])
             rows.append(row)
             report(row, ref)
             save(rows)
     return model, rows
+
+
+def sliding_layers(config):
+    """How many layers of the model attend to a sliding window only (0 for most)."""
+    return sum(lt == "sliding_attention" for lt in getattr(config, "layer_types", None) or [])
+
+
+def window_note(config):
+    local = sliding_layers(config)
+    return (f"; {local} of {config.num_hidden_layers} layers see a {config.sliding_window}-token "
+            f"window" if local else "")
+
+
+def model_compression(config, ctx, global_ratio):
+    """The compression of the whole model's 16-bit KV cache after ctx positions (prompt +
+    decoded): the full-attention layers at `global_ratio` (libminikv's), the sliding-window
+    layers keeping min(ctx, window) positions at 16 bits."""
+    local = sliding_layers(config)
+    layers = config.num_hidden_layers
+    kept = (layers - local) * (1 - global_ratio) + local * min(ctx, config.sliding_window) / ctx
+    return 1 - kept / layers
+
+
+def replay_compression(config, prompt, decoded):
+    """The compression ratio minikv_memory_stats_get reports for a 16-bit (float16) CPU cache
+    with `config`'s setting after one sequence of `prompt` positions and `decoded` appended
+    ones (what a float16 model's run would report: what is kept, quantized and left in the
+    residual depends on the lengths and the setting only, so random values replay it)."""
+    d = dataclasses.asdict(config)
+    d.update(backend=minikv.Backend.CPU, device_id=0, dtype=minikv.DType.F16,
+             num_heads=config.num_kv_heads, max_sequences=1, max_seq_len=prompt + decoded)
+    rng = np.random.default_rng(0)
+    ids = np.zeros(1, dtype=np.uint32)
+    with minikv.Cache(minikv.Config(**d)) as cache:
+        x = rng.standard_normal((prompt, config.num_kv_heads, config.head_dim)).astype(np.float16)
+        for layer in range(config.num_layers):
+            cache.prefill(layer, ids, np.array([0, prompt], dtype=np.int32), x, x, x)
+            for i in range(decoded):
+                cache.append(layer, ids, x[i:i + 1], x[i:i + 1])
+        return cache.memory_stats().compression_ratio
 
 
 def by_depth(trials, ok):
@@ -368,7 +444,8 @@ def report(row, ref):
     print(f"{row['ctx']:>5} {row['config']:<20} {row['ppl']:>8.3f} {d:>+7.2f} {row['passkey']:>7.2f} "
           f"{row['greedy_agreement']:>6.3f} {row['greedy_prefix']:>6.1f} "
           f"{100 * row['compression_ratio']:>6.1f} {bits_per_element(row):>5.2f} {kept:>5.1f} "
-          f"{row['seconds']:>6.1f}", flush=True)
+          f"{row['seconds']:>6.1f}" + (f"  whole model {100 * row['model_compression_ratio']:.1f}%"
+                                      if "model_compression_ratio" in row else ""), flush=True)
 
 
 def goal(rows):

@@ -25,7 +25,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["default_model_path", "import_gguf", "load_gguf_llama", "unpermute_qk"]
+__all__ = ["default_model_path", "gguf_architecture", "import_gguf", "load_gguf_llama",
+           "unpermute_qk"]
 
 _REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -52,6 +53,14 @@ def import_gguf() -> Any:
                               "unpacks it into .models/python) or pip install gguf") from None
         sys.path.append(local)
     return importlib.import_module("gguf")
+
+
+def gguf_architecture(path: str) -> str:
+    """The general.architecture of a GGUF file ("llama", "gemma3", ...)."""
+    arch = _field(import_gguf().GGUFReader(path), "general.architecture")
+    if not isinstance(arch, str):
+        raise ValueError(f"{path}: no general.architecture in the GGUF metadata")
+    return arch
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -23,6 +23,13 @@ libminikv, so transformers keeps none; this module keeps each sequence's next po
 libminikv its lengths (minikv_sequence_length). The model itself is not modified: the
 attention implementation is switched to "minikv" only for the duration of each call.
 
+Sliding-window layers (Gemma 3: five of every six layers attend to the last 512 positions
+only). libminikv holds and compresses the global ("full_attention") layers only; the local
+("sliding_attention") layers keep their last `window` positions in the model's dtype, here
+in the adapter (SlidingWindowKV), uncompressed: a local layer never holds more than `window`
+tokens, so MiniKV's selection has nothing to gain there, and a ring buffer with a masked
+softmax is all it takes. Their attention runs through torch's scaled_dot_product_attention.
+
 One minikv.Cache per generator (num_layers = the model's layers); the backend follows the
 model's device (CPU tensors -> CPU backend, CUDA tensors -> CUDA backend on torch's current
 stream) and the cache dtype the model's dtype (float32, float16, bfloat16).
@@ -57,8 +64,8 @@ except ImportError:  # pragma: no cover - exercised only without torch
 
 ATTN_IMPLEMENTATION = "minikv"
 
-__all__ = ["ATTN_IMPLEMENTATION", "MiniKVGenerator", "minikv_attention", "register",
-           "tensor_parallel_heads"]
+__all__ = ["ATTN_IMPLEMENTATION", "MiniKVGenerator", "SlidingWindowKV", "minikv_attention",
+           "register", "tensor_parallel_heads"]
 
 _TORCH_TO_MINIKV = {}
 if torch is not None:
@@ -81,15 +88,144 @@ def register() -> None:
 class _Call:
     """What one model call asks of the attention layers: which sequences, and how."""
 
-    __slots__ = ("mode", "seq_ids", "cu_seqlens", "cache", "heads")
+    __slots__ = ("mode", "seq_ids", "cu_seqlens", "cache", "heads", "routes", "window")
 
     def __init__(self, mode: str, seq_ids: np.ndarray, cache: Cache, heads: Tuple[int, int],
-                 cu_seqlens: Optional[np.ndarray] = None):
+                 cu_seqlens: Optional[np.ndarray] = None,
+                 routes: Optional[Sequence[Tuple[bool, int]]] = None,
+                 window: Optional["SlidingWindowKV"] = None):
         self.mode = mode  # "prefill" | "decode"
         self.seq_ids = seq_ids
         self.cache = cache
         self.heads = heads  # (query heads, KV heads) of the cache
         self.cu_seqlens = cu_seqlens
+        # Per model layer: (True, layer of `window`) for a sliding-window layer, (False,
+        # layer of `cache`) otherwise; None: every layer is the cache's, by its own index.
+        self.routes = routes
+        self.window = window
+
+
+class SlidingWindowKV:
+    """The K/V of a model's sliding-window layers, kept by the adapter: per layer and
+    sequence slot, the last `window` positions in the model's dtype. A ring: position p
+    lives in slot p % window (attention does not depend on the order of the keys, whose
+    RoPE is applied already), so a new token costs one row write and nothing is shifted.
+
+    A query at position i attends to positions (i - window, i], as transformers' sliding
+    window mask (and Gemma's training) has it: `window` keys, its own included.
+
+        kv = SlidingWindowKV(layers, max_sequences, num_kv_heads, head_dim, window, dtype, device)
+        out = kv.prefill(layer, seq_ids, cu_seqlens, q, k, v, scale)   # q [total, H, D]
+        out = kv.append_attend(layer, seq_ids, q, k, v, scale)          # q [n, H, D]
+        kv.release(seq_id)
+    """
+
+    # Queries per block of the prefill: each block sees block + window - 1 keys, never L x L.
+    PREFILL_BLOCK = 512
+
+    def __init__(self, num_layers: int, max_sequences: int, num_kv_heads: int, head_dim: int,
+                 window: int, dtype: Any, device: Any):
+        _require_torch()
+        for name, v in (("num_layers", num_layers), ("max_sequences", max_sequences),
+                        ("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("window", window)):
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"SlidingWindowKV: {name} must be a positive int, got {v!r}")
+        self.window = int(window)
+        self.num_kv_heads = int(num_kv_heads)
+        self.head_dim = int(head_dim)
+        shape = (num_layers, max_sequences, num_kv_heads, window, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # Positions seen, per layer and slot (a step reaches the layers one after the other).
+        self.lengths = np.zeros((num_layers, max_sequences), dtype=np.int64)
+
+    def _check(self, layer: int, seq_ids: Sequence[int], q: Any, k: Any, v: Any,
+               what: str) -> None:
+        if not 0 <= layer < self.lengths.shape[0]:
+            raise ValueError(f"SlidingWindowKV.{what}: layer {layer} of {self.lengths.shape[0]}")
+        bad = [s for s in seq_ids if not 0 <= s < self.lengths.shape[1]]
+        if bad:
+            raise ValueError(f"SlidingWindowKV.{what}: sequence slots {bad} outside "
+                             f"0..{self.lengths.shape[1] - 1}")
+        want = (self.num_kv_heads, self.head_dim)
+        if tuple(k.shape[1:]) != want or tuple(v.shape[1:]) != want or q.shape[2] != self.head_dim \
+                or q.shape[1] % self.num_kv_heads:
+            raise ValueError(f"SlidingWindowKV.{what}: q {list(q.shape)}, k {list(k.shape)}, v "
+                             f"{list(v.shape)} do not fit {self.num_kv_heads} KV heads x "
+                             f"{self.head_dim}")
+
+    def prefill(self, layer: int, seq_ids: Sequence[int], cu_seqlens: Any, q: Any, k: Any,
+                v: Any, scale: float) -> Any:
+        """Causal sliding-window attention over packed prompts (q [total, H, D], k/v
+        [total, Hkv, D], prompt i = rows cu_seqlens[i]:cu_seqlens[i+1]), each prompt's last
+        `window` K/V kept in its slot. Returns [total, H, D]."""
+        seq_ids = [int(s) for s in seq_ids]
+        self._check(layer, seq_ids, q, k, v, "prefill")
+        busy = [s for s in seq_ids if self.lengths[layer, s]]
+        if busy:
+            raise MinikvError(Status.BAD_STATE, f"SlidingWindowKV.prefill: layer {layer} of "
+                                                f"sequence slots {busy} is prefilled already")
+        w, rep = self.window, q.shape[1] // self.num_kv_heads
+        out = torch.empty_like(q)
+        for i, s in enumerate(seq_ids):
+            a, b = int(cu_seqlens[i]), int(cu_seqlens[i + 1])
+            for q0 in range(a, b, self.PREFILL_BLOCK):
+                q1 = min(q0 + self.PREFILL_BLOCK, b)
+                k0 = max(a, q0 - w + 1)
+                qpos = torch.arange(q0, q1, device=q.device)[:, None]
+                kpos = torch.arange(k0, q1, device=q.device)[None, :]
+                mask = (kpos <= qpos) & (kpos > qpos - w)
+                out[q0:q1] = self._attend(q[q0:q1].transpose(0, 1), k[k0:q1].transpose(0, 1),
+                                          v[k0:q1].transpose(0, 1), mask, scale, rep).transpose(0, 1)
+            keep = torch.arange(max(a, b - w), b, device=q.device)
+            slots = (keep - a) % w
+            self.k[layer, s][:, slots] = k[keep].transpose(0, 1)
+            self.v[layer, s][:, slots] = v[keep].transpose(0, 1)
+            self.lengths[layer, s] = b - a
+        return out
+
+    def append_attend(self, layer: int, seq_ids: Sequence[int], q: Any, k: Any, v: Any,
+                      scale: float) -> Any:
+        """Appends one token per sequence (k/v [n, Hkv, D]) to its window, then its query
+        (q [n, H, D]) attends to the window. Returns [n, H, D]."""
+        seq_ids = [int(s) for s in seq_ids]
+        self._check(layer, seq_ids, q, k, v, "append_attend")
+        if len(set(seq_ids)) != len(seq_ids) or not len(seq_ids) == q.shape[0] == k.shape[0] == v.shape[0]:
+            raise ValueError(f"SlidingWindowKV.append_attend: {q.shape[0]} queries, {k.shape[0]} "
+                             f"keys for sequences {seq_ids} (one each, no repeats)")
+        empty = [s for s in seq_ids if not self.lengths[layer, s]]
+        if empty:
+            raise MinikvError(Status.BAD_STATE, f"SlidingWindowKV.append_attend: layer {layer} "
+                                                f"of sequence slots {empty} was not prefilled")
+        w = self.window
+        slots = torch.as_tensor(seq_ids, device=q.device)
+        ring = torch.as_tensor(self.lengths[layer, seq_ids] % w, device=q.device)
+        self.k[layer, slots, :, ring] = k
+        self.v[layer, slots, :, ring] = v
+        self.lengths[layer, seq_ids] += 1
+        filled = torch.as_tensor(np.minimum(self.lengths[layer, seq_ids], w), device=q.device)
+        mask = (torch.arange(w, device=q.device)[None, :] < filled[:, None])[:, None, None, :]
+        out = self._attend(q[:, :, None], self.k[layer, slots], self.v[layer, slots], mask,
+                           scale, q.shape[1] // self.num_kv_heads)
+        return out[:, :, 0]
+
+    @staticmethod
+    def _attend(q: Any, k: Any, v: Any, mask: Any, scale: float, rep: int) -> Any:
+        """softmax(q k^T * scale, masked) v with k/v shared by `rep` consecutive query heads;
+        q [..., H, t, D], k/v [..., Hkv, s, D], mask broadcastable to [..., H, t, s]."""
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=-3)
+            v = v.repeat_interleave(rep, dim=-3)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                scale=scale)
+
+    def release(self, seq_id: int) -> None:
+        """Forgets sequence slot `seq_id` in every layer (its rows are overwritten later)."""
+        self.lengths[:, int(seq_id)] = 0
+
+    def tokens(self) -> Tuple[int, int]:
+        """(positions seen, positions kept), summed over layers and slots."""
+        return int(self.lengths.sum()), int(np.minimum(self.lengths, self.window).sum())
 
 
 def minikv_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
@@ -105,11 +241,14 @@ def minikv_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
             "attn_implementation='minikv' computes attention only inside MiniKVGenerator calls "
             "(the K/V live in its libminikv cache); run the model through MiniKVGenerator, or set "
             "another attn_implementation")
-    if kwargs.get("sliding_window") is not None:
-        raise NotImplementedError("minikv.hf: sliding-window attention layers are not supported")
     layer = getattr(module, "layer_idx", None)
     if layer is None:
         raise RuntimeError(f"minikv.hf: {type(module).__name__} has no layer_idx")
+    sliding, cache_layer = (False, layer) if call.routes is None else call.routes[layer]
+    if (kwargs.get("sliding_window") is not None) != sliding:
+        raise RuntimeError(f"minikv.hf: layer {layer} is called with sliding_window="
+                           f"{kwargs.get('sliding_window')} but its config layer type says "
+                           f"{'sliding' if sliding else 'full'} attention")
     cache = call.cache
     b, h, t, d = query.shape
     if (h, key.shape[1]) != call.heads:
@@ -120,12 +259,25 @@ def minikv_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     if query.dtype != key.dtype or query.dtype != value.dtype:
         raise TypeError(f"minikv.hf: query/key/value dtypes differ ({query.dtype}, {key.dtype}, "
                         f"{value.dtype})")
+    ids = call.seq_ids
+    if sliding:
+        scale = d ** -0.5 if scaling is None else scaling
+        if call.mode == "prefill":
+            if b != 1:
+                raise RuntimeError("minikv.hf: prefill expects the prompts packed into one row")
+            out = call.window.prefill(cache_layer, ids, call.cu_seqlens, query[0].transpose(0, 1),
+                                      key[0].transpose(0, 1), value[0].transpose(0, 1), scale)
+            return out.unsqueeze(0), None
+        if b != len(ids):
+            raise RuntimeError(f"minikv.hf: {b} rows for {len(ids)} sequences")
+        outs = [call.window.append_attend(cache_layer, ids, query[:, :, i], key[:, :, i],
+                                          value[:, :, i], scale) for i in range(t)]
+        return torch.stack(outs, dim=1), None
+
     # libminikv scales logits by 1/sqrt(head_dim); a model with another scale (e.g. a
     # query_pre_attn_scalar) gets it folded into the query.
     if scaling is not None and not math.isclose(scaling, d ** -0.5, rel_tol=1e-6):
         query = query * (scaling * math.sqrt(d))
-
-    ids = call.seq_ids
     if call.mode == "prefill":
         if b != 1:
             raise RuntimeError("minikv.hf: prefill expects the prompts packed into one row")
@@ -133,14 +285,14 @@ def minikv_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
         q = query[0].transpose(0, 1).contiguous()
         k = key[0].transpose(0, 1).contiguous()
         v = value[0].transpose(0, 1).contiguous()
-        out = cache.prefill(layer, ids, call.cu_seqlens, q, k, v)
+        out = cache.prefill(cache_layer, ids, call.cu_seqlens, q, k, v)
         return out.unsqueeze(0), None
 
     # decode: t new tokens per sequence, one after the other (append, then attend: one
     # minikv_append_decode call each, a single kernel launch on CUDA where nothing flushes).
     if b != len(ids):
         raise RuntimeError(f"minikv.hf: {b} rows for {len(ids)} sequences")
-    outs = [cache.append_decode(layer, ids, query[:, :, i].contiguous(), key[:, :, i].contiguous(),
+    outs = [cache.append_decode(cache_layer, ids, query[:, :, i].contiguous(), key[:, :, i].contiguous(),
                                 value[:, :, i].contiguous()) for i in range(t)]
     return (outs[0].unsqueeze(1) if t == 1 else torch.stack(outs, dim=1)), None
 
@@ -171,6 +323,48 @@ def tensor_parallel_heads(config: Any, world_size: int) -> Tuple[int, int]:
             f"world size: each rank keeps whole KV heads in its cache; use a world size in "
             f"{divisors}")
     return num_heads // world_size, num_kv_heads // world_size
+
+
+def _layer_routes(tc: Any) -> Tuple[List[Tuple[bool, int]], int]:
+    """Where each layer of a model with (text) config `tc` keeps its K/V: a list of
+    (sliding, index) per layer, index counting the libminikv cache's layers and the
+    SlidingWindowKV's layers apart, and the window (0 when no layer is sliding). Raises
+    NotImplementedError for attention libminikv cannot compute (other layer types,
+    softcapped attention logits, a sliding window on every layer)."""
+    layers = tc.num_hidden_layers
+    layer_types = getattr(tc, "layer_types", None)
+    if getattr(tc, "attn_logit_softcapping", None) is not None:
+        raise NotImplementedError("minikv.hf: softcapped attention logits (attn_logit_softcapping) "
+                                  "are not supported")
+    if getattr(tc, "use_bidirectional_attention", False):
+        raise NotImplementedError("minikv.hf: bidirectional attention is not supported")
+    if layer_types is None:
+        if getattr(tc, "use_sliding_window", False) or (
+                getattr(tc, "sliding_window", None) is not None
+                and getattr(tc, "use_sliding_window", True)):
+            raise NotImplementedError("minikv.hf: a sliding window on every layer is not "
+                                      "supported (nothing would be left for libminikv)")
+        return [(False, l) for l in range(layers)], 0
+    if len(layer_types) != layers:
+        raise ValueError(f"minikv.hf: {len(layer_types)} layer_types for {layers} layers")
+    other = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+    if other:
+        raise NotImplementedError(f"minikv.hf supports full-attention and sliding-window layers; "
+                                  f"this model has layer types {other}")
+    if "full_attention" not in layer_types:
+        raise NotImplementedError("minikv.hf: every layer is a sliding-window layer; nothing "
+                                  "would be left for libminikv")
+    window = int(getattr(tc, "sliding_window", None) or 0) if "sliding_attention" in layer_types else 0
+    if "sliding_attention" in layer_types and window < 1:
+        raise ValueError(f"minikv.hf: sliding-window layers but sliding_window is "
+                         f"{getattr(tc, 'sliding_window', None)!r}")
+    counts = {True: 0, False: 0}
+    routes = []
+    for lt in layer_types:
+        sliding = lt == "sliding_attention"
+        routes.append((sliding, counts[sliding]))
+        counts[sliding] += 1
+    return routes, window
 
 
 def _tensor_parallel_rank(model: Any) -> Tuple[int, int]:
@@ -229,7 +423,8 @@ def _as_sequences(input_ids: Any, attention_mask: Any = None) -> List[List[int]]
 
 class MiniKVGenerator:
     """Runs `model` (a transformers causal LM of the LLaMA family: LLaMA, Mistral without
-    sliding window, Qwen2, SmolLM, ...) with its KV cache in one libminikv cache.
+    sliding window, Qwen2, SmolLM, ...; or Gemma 3, whose sliding-window layers the adapter
+    keeps itself: `sliding_window`) with its KV cache in one libminikv cache.
 
         gen = MiniKVGenerator(model, max_sequences=2, max_seq_len=4096,
                               heavy_ratio=0.25, recent_ratio=0.25, budget_policy="pyramid")
@@ -246,6 +441,12 @@ class MiniKVGenerator:
     the lowest free ones unless given `seq_ids`, and `step` advances the sequences named
     (by default every active one, in prefill order).
 
+    A model whose config.layer_types mixes "full_attention" and "sliding_attention" layers:
+    libminikv's cache holds the full-attention layers only (its layer j is the model's
+    layer `cache_layers[j]`, and budget_policy="pyramid" spreads over those), and
+    `sliding_window` (a SlidingWindowKV, None for other models) keeps the last
+    config.sliding_window positions of each sliding-window layer in the model's dtype.
+
     A tensor-parallel model (DistributedConfig(tp_plan="auto")): one generator per rank,
     each caching its rank's heads (`tp_world`, `tp_rank`; its KV head j is the model's KV
     head kv_head_offset + j); every rank makes the same calls.
@@ -257,14 +458,7 @@ class MiniKVGenerator:
         register()
         self.model = model
         tc = _text_config(model.config)
-        layer_types = getattr(tc, "layer_types", None)
-        if layer_types is not None and any(lt != "full_attention" for lt in layer_types):
-            raise NotImplementedError(f"minikv.hf supports full-attention layers only; this model "
-                                      f"has layer types {sorted(set(layer_types))}")
-        if getattr(tc, "use_sliding_window", False) or (
-                getattr(tc, "sliding_window", None) is not None
-                and getattr(tc, "use_sliding_window", True)):
-            raise NotImplementedError("minikv.hf: sliding-window attention is not supported")
+        routes, window = _layer_routes(tc)
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         # Under tensor parallelism this rank's attention sees only its own heads.
         self.tp_world, self.tp_rank = _tensor_parallel_rank(model)
@@ -288,12 +482,19 @@ class MiniKVGenerator:
         if max_seq_len is None:
             max_seq_len = int(getattr(tc, "max_position_embeddings", 4096) or 4096)
         make = Config if preset is None else functools.partial(Config.from_preset, preset)
+        self.cache_layers = [l for l, (sliding, _) in enumerate(routes) if not sliding]
         self.config = make(backend=backend,
                            device_id=(param.device.index or 0) if backend == Backend.CUDA else 0,
-                           dtype=dtype, num_layers=tc.num_hidden_layers, num_heads=num_heads,
+                           dtype=dtype, num_layers=len(self.cache_layers), num_heads=num_heads,
                            num_kv_heads=num_kv_heads, head_dim=head_dim,
                            max_sequences=max_sequences, max_seq_len=max_seq_len, **fields)
         self.cache = Cache(self.config)
+        self._routes = routes if window else None
+        self.sliding_window = None
+        if window:
+            self.sliding_window = SlidingWindowKV(
+                len(routes) - len(self.cache_layers), self.config.max_sequences, num_kv_heads,
+                head_dim, window, param.dtype, param.device)
         self.vocab_size = tc.vocab_size
         self._positions: dict = {}  # slot -> position of its next token
         self._order: List[int] = []  # active slots, in prefill order
@@ -303,6 +504,7 @@ class MiniKVGenerator:
     def close(self) -> None:
         """Frees the libminikv cache. Idempotent."""
         self.cache.close()
+        self.sliding_window = None
         self._positions.clear()
         self._order.clear()
         self._broken.clear()
@@ -317,7 +519,7 @@ class MiniKVGenerator:
         """Releases the given sequences (default: all); their slots can take new prompts."""
         slots = list(self._order) if seq_ids is None else [int(s) for s in seq_ids]
         for s in slots:
-            self.cache.release(s)
+            self._release(s)
             self._positions.pop(s, None)
             self._broken.discard(s)
             if s in self._order:
@@ -333,7 +535,14 @@ class MiniKVGenerator:
         return self._positions[seq_id]
 
     def memory_stats(self) -> MemoryStats:
+        """libminikv's statistics: the full-attention layers (all of them for most models;
+        sliding_window.tokens() counts the others)."""
         return self.cache.memory_stats()
+
+    def _release(self, seq_id: int) -> None:
+        self.cache.release(seq_id)
+        if self.sliding_window is not None:
+            self.sliding_window.release(seq_id)
 
     # ---- model calls -------------------------------------------------------------------
     def _run(self, input_ids: Any, position_ids: Any, call: _Call, logits_to_keep: Any) -> Any:
@@ -378,14 +587,15 @@ class MiniKVGenerator:
         flat = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=dev)[None]
         pos = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths]).to(dev)[None]
         keep = 0 if all_logits else torch.as_tensor(cu[1:] - 1, dtype=torch.long, device=dev)
-        call = _Call("prefill", np.asarray(seq_ids, dtype=np.uint32), self.cache, self._heads, cu)
+        call = _Call("prefill", np.asarray(seq_ids, dtype=np.uint32), self.cache, self._heads, cu,
+                     self._routes, self.sliding_window)
         try:
             logits = self._run(flat, pos, call, keep)[0]
         except BaseException:
             # A failure at layer l leaves layers < l prefilled: release the slots, so that
             # the failed prefill changes nothing (as each libminikv call guarantees).
             for s in seq_ids:
-                self.cache.release(s)
+                self._release(s)
             raise
         for s, n in zip(seq_ids, lengths):
             self._positions[s] = n
@@ -430,7 +640,8 @@ class MiniKVGenerator:
             pos = torch.arange(starts[0], starts[0] + t, device=self.device).expand(len(starts), t)
         else:
             pos = (torch.tensor(starts)[:, None] + torch.arange(t)[None]).to(self.device)
-        call = _Call("decode", np.asarray(seq_ids, dtype=np.uint32), self.cache, self._heads)
+        call = _Call("decode", np.asarray(seq_ids, dtype=np.uint32), self.cache, self._heads,
+                     routes=self._routes, window=self.sliding_window)
         try:
             logits = self._run(ids.to(self.device), pos, call, 0)
         except BaseException:
