@@ -138,9 +138,10 @@ if [ -n "$PY" ] && [ "${MINIKV_SKIP_HF:-0}" != 1 ]; then
     [ -x "$venv/bin/python" ] || "$PY" -m venv --system-site-packages "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "${HF_PACKAGES[@]}" numpy pytest
     # test_hf_tp.py: the adapter under transformers' tensor parallelism, two ranks (torchrun)
-    # on the CPU with gloo, against one process.
+    # on the CPU with gloo, against one process. test_gemma3.py: sliding-window layers and the
+    # gemma3 loader on tiny random models (the real Gemma 3 only where it was fetched).
     MINIKV_LIBRARY="$LIB" "$venv/bin/python" -m pytest bindings/python/tests/test_hf.py \
-      bindings/python/tests/test_hf_tp.py -q
+      bindings/python/tests/test_hf_tp.py bindings/python/tests/test_gemma3.py -q
     # The system benchmark end to end on a 2-layer model (its pool sizing is checked against
     # the library's kept-token counts); output in the build tree, not bench/results.
     step "system benchmark smoke (scripts/system_bench.py --tiny)"
