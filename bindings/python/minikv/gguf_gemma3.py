@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .gguf_llama import _field, import_gguf, models_dir
+from .gguf_llama import _field, build_from_gguf, import_gguf, models_dir
 
 __all__ = ["GEMMA3_MODEL_FILE", "gemma3_config_fields", "gemma3_layer_types",
            "gemma3_tensor_name", "load_gguf_gemma3"]
@@ -150,7 +150,6 @@ def load_gguf_gemma3(path: Optional[str] = None, dtype: Any = None, device: Any 
     default) on `device`, with sdpa attention; the tokenizer transformers' GemmaTokenizer
     (it prepends <bos>), or None when tokenizer=False (converting the 262K-token vocabulary
     takes ~30 s)."""
-    import torch
     import transformers
 
     gguf = import_gguf()
@@ -162,25 +161,10 @@ def load_gguf_gemma3(path: Optional[str] = None, dtype: Any = None, device: Any 
     fields = gemma3_config_fields(lambda key, default: _field(reader, key, default))
     names = {t.name for t in reader.tensors}
     cfg = transformers.Gemma3TextConfig(tie_word_embeddings="output.weight" not in names, **fields)
-    cfg._attn_implementation = "sdpa"
-    state = {}
-    for t in reader.tensors:
-        # A copy: F32 tensors come back as read-only views of the memory-mapped file.
-        w = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        w = w.reshape([int(d) for d in reversed(t.shape.tolist())])
-        if t.name.endswith("norm.weight"):
-            w -= 1.0
-        state[gemma3_tensor_name(t.name)] = torch.from_numpy(np.ascontiguousarray(w))
-    model = transformers.Gemma3ForCausalLM(cfg)
-    expected = set(model.state_dict().keys())
-    if cfg.tie_word_embeddings:
-        expected.discard("lm_head.weight")
-    missing, unexpected = expected - set(state), set(state) - expected
-    if missing or unexpected:
-        raise ValueError(f"load_gguf_gemma3: tensors missing {sorted(missing)[:5]}, unexpected "
-                         f"{sorted(unexpected)[:5]}")
-    model.load_state_dict(state, strict=False)
-    if cfg.tie_word_embeddings:
-        model.tie_weights()
-    model = model.to(device=device, dtype=dtype or torch.float32).eval()
+
+    def norm_minus_one(name: str, w: np.ndarray) -> np.ndarray:
+        return w - 1.0 if name.endswith("norm.weight") else w
+
+    model = build_from_gguf(transformers.Gemma3ForCausalLM, cfg, reader, gemma3_tensor_name,
+                            norm_minus_one, dtype, device, "load_gguf_gemma3")
     return model, (_tokenizer(path) if tokenizer else None)

@@ -25,8 +25,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["default_model_path", "gguf_architecture", "import_gguf", "load_gguf_llama",
-           "unpermute_qk"]
+__all__ = ["build_from_gguf", "default_model_path", "gguf_architecture", "import_gguf",
+           "load_gguf_llama", "unpermute_qk"]
 
 _REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -186,7 +186,6 @@ def load_gguf_llama(path: Optional[str] = None, dtype: Any = None, device: Any =
     The model is a transformers LlamaForCausalLM in eval mode, in `dtype` (torch.float32 by
     default) on `device`, with sdpa attention; the tokenizer a PreTrainedTokenizerFast (None
     when tokenizer=False)."""
-    import torch
     import transformers
 
     gguf = import_gguf()
@@ -198,29 +197,47 @@ def load_gguf_llama(path: Optional[str] = None, dtype: Any = None, device: Any =
     fields = _config(reader)
     names = {t.name for t in reader.tensors}
     cfg = transformers.LlamaConfig(tie_word_embeddings="output.weight" not in names, **fields)
+
+    def unpermuted(name: str, w: np.ndarray) -> np.ndarray:
+        if name.endswith("attn_q.weight"):
+            return unpermute_qk(w, cfg.num_attention_heads)
+        if name.endswith("attn_k.weight"):
+            return unpermute_qk(w, cfg.num_key_value_heads)
+        return w
+
+    model = build_from_gguf(transformers.LlamaForCausalLM, cfg, reader, _hf_name, unpermuted,
+                            dtype, device, "load_gguf_llama")
+    return model, (_tokenizer(reader) if tokenizer else None)
+
+
+def build_from_gguf(model_class: Any, cfg: Any, reader: Any, hf_name: Any, adjust: Any,
+                    dtype: Any, device: Any, what: str) -> Any:
+    """model_class(cfg) in eval mode, with sdpa attention, in `dtype` (torch.float32 when
+    None) on `device`, holding the tensors of the GGUFReader `reader`: each dequantized to
+    float32 with gguf's own code, given torch's [out, in] shape, passed through
+    adjust(gguf name, array) and loaded as parameter hf_name(gguf name); lm_head tied to the
+    embedding when cfg.tie_word_embeddings. Raises ValueError (prefixed `what`) naming
+    missing or unexpected tensors."""
+    import torch
+
+    gguf = import_gguf()
     cfg._attn_implementation = "sdpa"
-    dtype = dtype or torch.float32
     state = {}
     for t in reader.tensors:
         # A copy: F32 tensors come back as read-only views of the memory-mapped file.
         w = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
         # GGUF lists dims innermost first; numpy's shape is the torch [out, in] shape.
-        w = w.reshape([int(d) for d in reversed(t.shape.tolist())])
-        if t.name.endswith("attn_q.weight"):
-            w = unpermute_qk(w, cfg.num_attention_heads)
-        elif t.name.endswith("attn_k.weight"):
-            w = unpermute_qk(w, cfg.num_key_value_heads)
-        state[_hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(w))
-    model = transformers.LlamaForCausalLM(cfg)
+        w = adjust(t.name, w.reshape([int(d) for d in reversed(t.shape.tolist())]))
+        state[hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(w))
+    model = model_class(cfg)
     expected = set(model.state_dict().keys())
     if cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
-        raise ValueError(f"load_gguf_llama: tensors missing {sorted(missing)[:5]}, unexpected "
+        raise ValueError(f"{what}: tensors missing {sorted(missing)[:5]}, unexpected "
                          f"{sorted(unexpected)[:5]}")
     model.load_state_dict(state, strict=False)
     if cfg.tie_word_embeddings:
         model.tie_weights()
-    model = model.to(device=device, dtype=dtype).eval()
-    return model, (_tokenizer(reader) if tokenizer else None)
+    return model.to(device=device, dtype=dtype or torch.float32).eval()

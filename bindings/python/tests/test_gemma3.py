@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", minversion="5.0")
 import minikv.hf as hf  # noqa: E402  (needs torch)
 from minikv import gguf_gemma3  # noqa: E402
+from test_hf import Reference  # noqa: E402  (the model's own eager attention + DynamicCache)
 
 VOCAB = 96
 WINDOW = 8
@@ -162,23 +163,6 @@ def test_layer_routes():
 
 
 # ---- a tiny Gemma 3 through the adapter, lossless --------------------------------------------
-class Reference:
-    """The model's own path: eager attention over a transformers DynamicCache (which keeps
-    the sliding-window layers' windows itself)."""
-
-    def __init__(self, model):
-        self.model = model
-        self.cache = transformers.DynamicCache(config=model.config)
-
-    def prefill(self, ids):
-        with torch.no_grad():
-            return self.model(torch.as_tensor(ids)[None], cache=self.cache, use_cache=True).logits[0]
-
-    def step(self, tok):
-        with torch.no_grad():
-            return self.model(torch.tensor([[int(tok)]]), cache=self.cache, use_cache=True).logits[0, -1]
-
-
 def test_tiny_gemma3_lossless_ragged_batch(rng):
     model = tiny_gemma3()
     prompts = [randint(rng, 19), randint(rng, 5)]  # past and within the window
