@@ -294,16 +294,18 @@ class CpuBackend final : public Backend {
     const bool have_panels = ws.panels_pass == prefill_passes_ && ws.panels_kvh == kvh;
     ws.panels_pass = prefill_passes_;
     ws.panels_kvh = kvh;
-    if (!have_panels) std::fill(k_panels, k_panels + uint64_t(L_pad) * D, 0.0f);
-    if (!have_panels) std::fill(v_panels, v_panels + align_up(D, W) * L_pad, 0.0f);
-    for (uint32_t j = 0; j < keys && !have_panels; ++j) {
-      const uint64_t at = (uint64_t(src.row0 + j) * Hkv + kvh) * D;
-      float *k_at = k_panels + (uint64_t(j / W) * D) * W + j % W;
-      cpu::to_floats(src.k + at, D, row);
-      for (uint32_t c = 0; c < D; ++c) k_at[uint64_t(c) * W] = row[c];
-      float *v_at = v_panels + uint64_t(j) * W;
-      cpu::to_floats(src.v + at, D, row);
-      for (uint32_t c = 0; c < D; ++c) v_at[(c / W) * v_panel + c % W] = row[c];
+    if (!have_panels) {
+      std::fill(k_panels, k_panels + uint64_t(L_pad) * D, 0.0f);
+      std::fill(v_panels, v_panels + align_up(D, W) * L_pad, 0.0f);
+      for (uint32_t j = 0; j < keys; ++j) {
+        const uint64_t at = (uint64_t(src.row0 + j) * Hkv + kvh) * D;
+        float *k_at = k_panels + (uint64_t(j / W) * D) * W + j % W;
+        cpu::to_floats(src.k + at, D, row);
+        for (uint32_t c = 0; c < D; ++c) k_at[uint64_t(c) * W] = row[c];
+        float *v_at = v_panels + uint64_t(j) * W;
+        cpu::to_floats(src.v + at, D, row);
+        for (uint32_t c = 0; c < D; ++c) v_at[(c / W) * v_panel + c % W] = row[c];
+      }
     }
     // Sums of keys [0, scored_keys) hold the earlier chunks' rows; the others start here.
     double *col = scores_now ? src.scores + uint64_t(h) * src.score_stride : nullptr;

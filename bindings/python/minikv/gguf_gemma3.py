@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .gguf_llama import _field, build_from_gguf, import_gguf, models_dir
+from .gguf_llama import _field, build_from_gguf, hf_tensor_name, import_gguf, models_dir
 
 __all__ = ["GEMMA3_MODEL_FILE", "gemma3_config_fields", "gemma3_layer_types",
            "gemma3_tensor_name", "load_gguf_gemma3"]
@@ -121,19 +121,11 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-              "output_norm.weight": "model.norm.weight",
-              "output.weight": "lm_head.weight"}
 
 
 def gemma3_tensor_name(name: str) -> str:
     """The transformers Gemma3ForCausalLM parameter of a GGUF tensor name."""
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
-    parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}.weight"
-    raise ValueError(f"load_gguf_gemma3: unexpected tensor {name!r} (not a gemma3 text layout)")
+    return hf_tensor_name(name, _LAYER_NAMES, "load_gguf_gemma3", "a gemma3 text layout")
 
 
 def _tokenizer(path: str) -> Any:

@@ -25,8 +25,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["build_from_gguf", "default_model_path", "gguf_architecture", "import_gguf",
-           "load_gguf_llama", "unpermute_qk"]
+__all__ = ["build_from_gguf", "default_model_path", "gguf_architecture", "hf_tensor_name",
+           "import_gguf", "load_gguf_llama", "unpermute_qk"]
 
 _REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -115,28 +115,34 @@ def _config(reader: Any) -> Dict[str, Any]:
 
 
 _LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
               "output_norm.weight": "model.norm.weight",
               "output.weight": "lm_head.weight"}
 
 
-def _hf_name(name: str) -> str:
+def hf_tensor_name(name: str, layer_names: Dict[str, str], loader: str, layout: str) -> str:
+    """The transformers parameter of a GGUF tensor name: the embedding, final norm and output,
+    and blk.N.<x>.weight as model.layers.N.<layer_names[x]>.weight."""
     if name in _TOP_NAMES:
         return _TOP_NAMES[name]
-    parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}"
-    raise ValueError(f"load_gguf_llama: unexpected tensor {name!r} (not a plain LLaMA layout)")
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[2] in layer_names:
+        return f"model.layers.{int(parts[1])}.{layer_names[parts[2]]}.weight"
+    raise ValueError(f"{loader}: unexpected tensor {name!r} (not {layout})")
+
+
+def _hf_name(name: str) -> str:
+    return hf_tensor_name(name, _LAYER_NAMES, "load_gguf_llama", "a plain LLaMA layout")
 
 
 def _tokenizer(reader: Any) -> Any:
