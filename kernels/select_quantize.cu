@@ -4,11 +4,12 @@
 // select_kernel: one CTA per (sequence, KV head). The kept list starts with the sinks
 //   [0, n_sink); the n_heavy best candidates of [n_sink, candidates) are found by a
 //   4-pass radix select (8-bit digits) on order-preserving 32-bit keys of the scores
-//   (WINDOW max-pool applied on the fly), which yields the exact key of the n_heavy-th
-//   best and how many of the candidates equal to it are still needed; a compaction in
-//   position order then writes them ascending, followed by the protected suffix. The
-//   order is the one of src/policy.cpp select_kept: higher score first, ties to the lower
-//   position, NaN lowest (as -inf), -0 equal to +0.
+//   (the WINDOW max-pool applied once, by the first pass, which parks the keys in the kept
+//   list for the others; one warp finds each digit), which yields the exact key of the
+//   n_heavy-th best and how many of the candidates equal to it are still needed; a
+//   compaction in position order then writes them ascending, followed by the protected
+//   suffix. The order is the one of src/policy.cpp select_kept: higher score first, ties
+//   to the lower position, NaN lowest (as -inf), -0 equal to +0.
 // store_kept_kernel: one CTA per (sequence, KV head, group of G kept tokens after the
 //   sinks): gathers the rows from the caller's k/v, quantizes and packs them into their
 //   pool block (quantize.cuh); the task after the last group copies the sinks into the
@@ -85,6 +86,15 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
   if (p.mode[seq] == 2) {
     const float *sc = p.scores + uint64_t(kvh) * p.ws_tokens + off;
     const uint32_t pool = p.pool_kernel, prefix = p.scored_prefix[seq];
+    // A pooled key costs `pool` loads. The first pass parks each candidate's key in its own
+    // slot of `kept` (as bits), which later passes and the compaction read instead; the
+    // compaction overwrites slot j only after every key up to j has been read (it writes
+    // positions < the end of the 512 candidates it has read).
+    uint32_t *parked = reinterpret_cast<uint32_t *>(kept);
+    const bool park = pool > 1;
+    auto key_of = [&](uint32_t j, bool parked_yet) {
+      return park && parked_yet ? parked[j] : order_key(candidate_score(sc, j, pool, prefix));
+    };
     // Radix select of the k-th largest key.
     uint32_t prefix_key = 0, mask = 0, need = k;
     for (int pass = 0; pass < 4; ++pass) {
@@ -92,18 +102,36 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[b] = 0;
       __syncthreads();
       for (uint32_t j = first + tid; j < n; j += kSelectThreads) {
-        const uint32_t key = order_key(candidate_score(sc, j, pool, prefix));
+        const uint32_t key = key_of(j, pass > 0);
+        if (park && pass == 0) parked[j] = key;
         if ((key & mask) == prefix_key) atomicAdd(&hist[(key >> shift) & 255u], 1u);
       }
       __syncthreads();
-      if (tid == 0) {
-        uint32_t cum = 0, b = 255;
-        for (;; --b) {
-          if (cum + hist[b] >= need || b == 0) break;
-          cum += hist[b];
+      // The digit: the highest bin b with (keys in bins > b) < need <= (keys in bins >= b),
+      // found by warp 0 (8 bins per lane, a suffix sum across lanes); bin 0 if fewer than
+      // `need` keys match, as a scan down from bin 255 would end.
+      if (tid < 32) {
+        uint32_t count[8], lane_keys = 0;
+        for (int i = 0; i < 8; ++i) {
+          count[i] = hist[tid * 8 + i];
+          lane_keys += count[i];
         }
-        s_prefix = prefix_key | (b << shift);
-        s_need = need - cum;
+        uint32_t from_lane = lane_keys;  // keys in this lane's bins and every higher lane's
+        for (uint32_t d = 1; d < 32; d <<= 1) {
+          const uint32_t up = __shfl_down_sync(0xffffffffu, from_lane, d);
+          if (tid + d < 32) from_lane += up;
+        }
+        uint32_t cum = from_lane - lane_keys;  // keys in higher lanes' bins
+        if ((cum < need && from_lane >= need) || (tid == 0 && from_lane < need)) {
+          for (int i = 7; i >= 0; --i) {
+            if (cum + count[i] >= need || (tid == 0 && i == 0)) {
+              s_prefix = prefix_key | (uint32_t(tid * 8 + i) << shift);
+              s_need = need - cum;
+              break;
+            }
+            cum += count[i];
+          }
+        }
       }
       __syncthreads();
       prefix_key = s_prefix;
@@ -115,7 +143,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
     uint32_t out = first, eq_seen = 0;
     for (uint32_t base = first; base < n; base += kSelectThreads) {
       const uint32_t j = base + tid;
-      const uint32_t key = j < n ? order_key(candidate_score(sc, j, pool, prefix)) : 0u;
+      const uint32_t key = j < n ? key_of(j, true) : 0u;
       const bool gt = j < n && key > prefix_key, eq = j < n && key == prefix_key;
       uint32_t eq_before, eq_total;
       block_count(eq, eq_before, eq_total, scan_a);
