@@ -236,10 +236,13 @@ typedef struct minikv_config {
                                      double, with a slack of 1e-12 (1 + L) for the rounding
                                      of the PYRAMID line), or every token when h_l + r >= 1 */
   float recent_ratio;           /**< recent-window budget r as a fraction of the prompt; 0.25 */
-  minikv_budget_policy budget_policy; /**< UNIFORM (measured better than PYRAMID on
-                                            SmolLM2-135M at 4 bits per element) */
+  minikv_budget_policy budget_policy; /**< PYRAMID (with WINDOW scores it measured best
+                                            on SmolLM2-135M at 4 bits per element) */
   float pyramid_depth;          /**< PYRAMID depth delta >= 1; 7 */
-  minikv_score_mode score_mode; /**< CUMULATIVE */
+  minikv_score_mode score_mode; /**< WINDOW (keeps what the prompt's end asks for: passkey
+                                     retrieval near the full cache's; CUMULATIVE lost up
+                                     to 11 points); WINDOW prefill costs one attention
+                                     pass, CUMULATIVE about two */
   uint32_t window_size;         /**< WINDOW mode: scoring queries (always kept); 32 */
   uint32_t pool_kernel;         /**< WINDOW mode: odd max-pool width, 1 = none; 7 */
   uint32_t key_bits;            /**< 2, 4, 8, or 16 (= unquantized, dtype); 4 (keys are the
@@ -307,9 +310,9 @@ MINIKV_API void minikv_config_default(minikv_config *cfg);
  *  on a real model is in docs/performance.md. */
 typedef enum minikv_preset {
   MINIKV_PRESET_BALANCED = 0,     /**< the default: 4-bit keys, 2-bit values, G = 32, 4 sinks,
-                                       UNIFORM, CUMULATIVE scores: 4 bits per element (~87%
-                                       smaller than fp16), the paper's memory at a fraction
-                                       of its accuracy cost */
+                                       PYRAMID depth 7, WINDOW scores (32 queries, pooling
+                                       7): 4 bits per element (~87% smaller than fp16), the
+                                       paper's memory at a fraction of its accuracy cost */
   MINIKV_PRESET_PAPER = 1,        /**< MiniKV exactly: 2-bit keys and values, G = 16, no
                                        sinks, PYRAMID depth 7, CUMULATIVE scores: 4 bits per
                                        element */

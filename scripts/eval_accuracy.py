@@ -112,10 +112,14 @@ CONFIGS = {
     "pyramid-75": ("MiniKV pyramid 75%, K2V2 G16", quant(2, 2, 16, **budget(0.75, "pyramid"))),
     "pyramid-50-4bit": ("MiniKV pyramid 50%, K4V4 G16", quant(4, 4, 16, **budget(0.50, "pyramid"))),
     # 50% eviction with the better quantization.
-    "balanced": ("uniform 50%, K4V2 G32 + 4 sinks (BALANCED preset, the default)",
+    "balanced": ("pyramid 50%, K4V2 G32 + 4 sinks, window scores (BALANCED preset, the default)",
                  setting("balanced")),
-    "balanced-pyramid": ("pyramid 50%, K4V2 G32 + 4 sinks",
-                         setting("balanced", budget_policy="pyramid")),
+    "balanced-uniform": ("uniform 50%, K4V2 G32 + 4 sinks, window scores",
+                         setting("balanced", budget_policy="uniform")),
+    "balanced-cumulative": ("uniform 50%, K4V2 G32 + 4 sinks, cumulative scores",
+                            setting("balanced", budget_policy="uniform", score_mode="cumulative")),
+    "balanced-cumulative-pyramid": ("pyramid 50%, K4V2 G32 + 4 sinks, cumulative scores",
+                                    setting("balanced", score_mode="cumulative")),
     "uniform-50-k4v2-g32": ("uniform 50%, K4V2 G32, no sinks", quant(4, 2, 32, **budget(0.50))),
     "quality": ("uniform 50%, K8V8 G32 + 4 sinks (QUALITY preset)", setting("quality")),
     # Eviction alone.

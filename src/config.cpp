@@ -11,16 +11,18 @@ namespace {
 
 // The compression fields that differ between presets (minikv.h documents each; the README
 // gives the measurements behind BALANCED), indexed by the preset's value. Every preset
-// has h = r = 0.25, CUMULATIVE scores and R = 128.
+// has h = r = 0.25, pyramid depth 7, window 32 with pooling 7 (read in WINDOW mode) and
+// R = 128.
 struct PresetFields {
   uint32_t key_bits, value_bits, group_size, sink_tokens;
   minikv_budget_policy budget_policy;
+  minikv_score_mode score_mode;
 };
 constexpr PresetFields kPresets[] = {
-    /* BALANCED      */ {4, 2, 32, 4, MINIKV_BUDGET_UNIFORM},
-    /* PAPER         */ {2, 2, 16, 0, MINIKV_BUDGET_PYRAMID},
-    /* QUALITY       */ {8, 8, 32, 4, MINIKV_BUDGET_UNIFORM},
-    /* EVICTION_ONLY */ {16, 16, 16, 0, MINIKV_BUDGET_UNIFORM},
+    /* BALANCED      */ {4, 2, 32, 4, MINIKV_BUDGET_PYRAMID, MINIKV_SCORE_WINDOW},
+    /* PAPER         */ {2, 2, 16, 0, MINIKV_BUDGET_PYRAMID, MINIKV_SCORE_CUMULATIVE},
+    /* QUALITY       */ {8, 8, 32, 4, MINIKV_BUDGET_UNIFORM, MINIKV_SCORE_CUMULATIVE},
+    /* EVICTION_ONLY */ {16, 16, 16, 0, MINIKV_BUDGET_UNIFORM, MINIKV_SCORE_CUMULATIVE},
 };
 constexpr int32_t kNumPresets = sizeof(kPresets) / sizeof(kPresets[0]);
 static_assert(MINIKV_PRESET_EVICTION_ONLY == kNumPresets - 1, "a preset without fields");
@@ -31,7 +33,7 @@ void set_compression(minikv_config &c, int32_t preset) {
   c.recent_ratio = 0.25f;
   c.budget_policy = p.budget_policy;
   c.pyramid_depth = 7.0f;
-  c.score_mode = MINIKV_SCORE_CUMULATIVE;
+  c.score_mode = p.score_mode;
   c.window_size = 32;
   c.pool_kernel = 7;
   c.key_bits = p.key_bits;

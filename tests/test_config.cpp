@@ -49,9 +49,9 @@ TEST_CASE("config: defaults are MINIKV_PRESET_BALANCED") {
   CHECK(c.max_tokens == 0);
   CHECK(c.heavy_ratio == 0.25f);
   CHECK(c.recent_ratio == 0.25f);
-  CHECK(c.budget_policy == MINIKV_BUDGET_UNIFORM);
+  CHECK(c.budget_policy == MINIKV_BUDGET_PYRAMID);
   CHECK(c.pyramid_depth == 7.0f);
-  CHECK(c.score_mode == MINIKV_SCORE_CUMULATIVE);
+  CHECK(c.score_mode == MINIKV_SCORE_WINDOW);
   CHECK(c.window_size == 32);
   CHECK(c.pool_kernel == 7);
   CHECK(c.key_bits == 4);
@@ -74,13 +74,14 @@ struct PresetFields {
   minikv_preset preset;
   uint32_t key_bits, value_bits, group_size, sink_tokens;
   minikv_budget_policy policy;
+  minikv_score_mode score_mode;
 };
 
 const PresetFields kPresets[] = {
-    {MINIKV_PRESET_BALANCED, 4, 2, 32, 4, MINIKV_BUDGET_UNIFORM},
-    {MINIKV_PRESET_PAPER, 2, 2, 16, 0, MINIKV_BUDGET_PYRAMID},
-    {MINIKV_PRESET_QUALITY, 8, 8, 32, 4, MINIKV_BUDGET_UNIFORM},
-    {MINIKV_PRESET_EVICTION_ONLY, 16, 16, 16, 0, MINIKV_BUDGET_UNIFORM},
+    {MINIKV_PRESET_BALANCED, 4, 2, 32, 4, MINIKV_BUDGET_PYRAMID, MINIKV_SCORE_WINDOW},
+    {MINIKV_PRESET_PAPER, 2, 2, 16, 0, MINIKV_BUDGET_PYRAMID, MINIKV_SCORE_CUMULATIVE},
+    {MINIKV_PRESET_QUALITY, 8, 8, 32, 4, MINIKV_BUDGET_UNIFORM, MINIKV_SCORE_CUMULATIVE},
+    {MINIKV_PRESET_EVICTION_ONLY, 16, 16, 16, 0, MINIKV_BUDGET_UNIFORM, MINIKV_SCORE_CUMULATIVE},
 };
 
 }  // namespace
@@ -106,7 +107,7 @@ TEST_CASE("config: each preset sets exactly its compression fields") {
     c.heavy_ratio = c.recent_ratio = 0.9f;
     c.budget_policy = p.policy == MINIKV_BUDGET_UNIFORM ? MINIKV_BUDGET_PYRAMID : MINIKV_BUDGET_UNIFORM;
     c.pyramid_depth = 2.0f;
-    c.score_mode = MINIKV_SCORE_WINDOW;
+    c.score_mode = p.score_mode == MINIKV_SCORE_WINDOW ? MINIKV_SCORE_CUMULATIVE : MINIKV_SCORE_WINDOW;
     c.window_size = 5;
     c.pool_kernel = 3;
     c.key_bits = c.value_bits = 3;
@@ -136,7 +137,7 @@ TEST_CASE("config: each preset sets exactly its compression fields") {
     CHECK(c.heavy_ratio == 0.25f);
     CHECK(c.recent_ratio == 0.25f);
     CHECK(c.pyramid_depth == 7.0f);
-    CHECK(c.score_mode == MINIKV_SCORE_CUMULATIVE);
+    CHECK(c.score_mode == p.score_mode);
     CHECK(c.window_size == 32);
     CHECK(c.pool_kernel == 7);
     CHECK(c.residual_length == 128);

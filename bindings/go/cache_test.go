@@ -390,12 +390,19 @@ func expectedUsed(cfg minikv.Config, prompt, steps int) (used, cached uint64) {
 		x := float64(ratio) * float64(prompt)
 		return uint64(math.Floor(x + 1e-9*(1+x)))
 	}
-	// UNIFORM (no clipping); the sinks take heavy-hitter slots.
+	// UNIFORM (no clipping); the sinks take heavy-hitter slots; WINDOW scores always keep
+	// the scoring window.
 	sinks := uint64(cfg.SinkTokens)
 	if sinks > uint64(prompt) {
 		sinks = uint64(prompt)
 	}
 	heavy, recent := budget(cfg.HeavyRatio), budget(cfg.RecentRatio)
+	if window := uint64(cfg.WindowSize); cfg.ScoreMode == minikv.ScoreWindow && recent < window {
+		recent = window
+		if recent > uint64(prompt) {
+			recent = uint64(prompt)
+		}
+	}
 	if heavy < sinks {
 		heavy = sinks // the sinks fill the heavy-hitter share and may exceed it
 	}
@@ -472,12 +479,13 @@ func TestCompressionPaperSetting(t *testing.T) {
 	t.Logf("compression %.4f (used %d of %d fp16 bytes)", st.CompressionRatio, st.UsedBytes, fp16)
 }
 
-// Defaults (PresetBalanced: 4-bit keys, 2-bit values, G 32, 4 sinks, budget 50%) on a
-// ragged batch with residual_length 32: the byte count follows the layout through many
-// flushes, per sequence and layer.
+// The default storage (PresetBalanced: 4-bit keys, 2-bit values, G 32, 4 sinks, budget
+// 50%) on a ragged batch with residual_length 32: the byte count follows the layout through
+// many flushes, per sequence and layer. Uniform budgets, the ones expectedUsed models
+// (the default's pyramid gives each layer its own).
 func TestCompressionRaggedDefaults(t *testing.T) {
 	cfg := minikv.DefaultConfig()
-	cfg.Backend = minikv.BackendCPU
+	cfg.Backend, cfg.BudgetPolicy = minikv.BackendCPU, minikv.BudgetUniform
 	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = tLayers, tH, tHkv, 64
 	cfg.MaxSequences, cfg.MaxSeqLen, cfg.ResidualLength = 3, 512, 32
 	c := mustNew(t, cfg)
@@ -766,23 +774,28 @@ func TestPresets(t *testing.T) {
 		keyBits, valueBits, group uint32
 		sinks                     uint32
 		policy                    minikv.BudgetPolicy
+		scores                    minikv.ScoreMode
 	}{
-		{minikv.PresetBalanced, 4, 2, 32, 4, minikv.BudgetUniform},
-		{minikv.PresetPaper, 2, 2, 16, 0, minikv.BudgetPyramid},
-		{minikv.PresetQuality, 8, 8, 32, 4, minikv.BudgetUniform},
-		{minikv.PresetEvictionOnly, 16, 16, 16, 0, minikv.BudgetUniform},
+		{minikv.PresetBalanced, 4, 2, 32, 4, minikv.BudgetPyramid, minikv.ScoreWindow},
+		{minikv.PresetPaper, 2, 2, 16, 0, minikv.BudgetPyramid, minikv.ScoreCumulative},
+		{minikv.PresetQuality, 8, 8, 32, 4, minikv.BudgetUniform, minikv.ScoreCumulative},
+		{minikv.PresetEvictionOnly, 16, 16, 16, 0, minikv.BudgetUniform, minikv.ScoreCumulative},
 	}
 	for _, tc := range cases {
 		cfg := minikv.DefaultConfig()
 		cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim, cfg.MaxSeqLen = 3, 8, 2, 96, 777
 		cfg.Dtype, cfg.Backend = minikv.DtypeBF16, minikv.BackendCPU
-		cfg.HeavyRatio, cfg.ResidualLength, cfg.ScoreMode = 0.9, 512, minikv.ScoreWindow
+		cfg.HeavyRatio, cfg.ResidualLength = 0.9, 512
+		cfg.ScoreMode = minikv.ScoreWindow
+		if tc.scores == minikv.ScoreWindow {
+			cfg.ScoreMode = minikv.ScoreCumulative
+		}
 		if err := cfg.ApplyPreset(tc.p); err != nil {
 			t.Fatalf("preset %d: %v", tc.p, err)
 		}
 		if cfg.KeyBits != tc.keyBits || cfg.ValueBits != tc.valueBits || cfg.GroupSize != tc.group ||
 			cfg.SinkTokens != tc.sinks || cfg.BudgetPolicy != tc.policy || cfg.HeavyRatio != 0.25 ||
-			cfg.RecentRatio != 0.25 || cfg.ResidualLength != 128 || cfg.ScoreMode != minikv.ScoreCumulative {
+			cfg.RecentRatio != 0.25 || cfg.ResidualLength != 128 || cfg.ScoreMode != tc.scores {
 			t.Fatalf("preset %d gave %+v", tc.p, cfg)
 		}
 		if cfg.NumLayers != 3 || cfg.NumHeads != 8 || cfg.NumKVHeads != 2 || cfg.HeadDim != 96 ||

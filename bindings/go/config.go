@@ -48,7 +48,7 @@ const (
 type Preset int32
 
 const (
-	PresetBalanced     Preset = 0 // the default: 4-bit keys, 2-bit values, G 32, 4 sinks, uniform
+	PresetBalanced     Preset = 0 // the default: 4-bit keys, 2-bit values, G 32, 4 sinks, pyramid, window scores
 	PresetPaper        Preset = 1 // MiniKV exactly: 2-bit keys and values, G 16, pyramid, no sinks
 	PresetQuality      Preset = 2 // 8-bit keys and values, G 32, 4 sinks, uniform
 	PresetEvictionOnly Preset = 3 // 16-bit, no sinks, uniform (H2O-style eviction alone)
@@ -120,7 +120,7 @@ type Config struct {
 
 // DefaultConfig returns the library's defaults (minikv_config_default, PresetBalanced): F16,
 // 4-bit keys and 2-bit values, group 32, 4 sink tokens, residual 128, heavy and recent
-// ratios 0.25, Backend Auto. Model dimensions are zero and must be set.
+// ratios 0.25 with pyramid budgets, window scores, Backend Auto. Model dimensions are zero and must be set.
 func DefaultConfig() Config {
 	c := capi.NewConfigStruct()
 	defer capi.DeleteConfigStruct(c)

@@ -60,7 +60,7 @@ class ScoreMode(_NamedIntEnum):
 
 class Preset(_NamedIntEnum):
     """Named compression settings (minikv_preset; include/minikv.h documents each)."""
-    BALANCED = 0       # the default: 4-bit keys, 2-bit values, G = 32, 4 sinks, uniform
+    BALANCED = 0       # the default: 4-bit keys, 2-bit values, G = 32, 4 sinks, pyramid, window scores
     PAPER = 1          # MiniKV exactly: 2-bit keys and values, G = 16, pyramid, no sinks
     QUALITY = 2        # 8-bit keys and values, G = 32, 4 sinks, uniform
     EVICTION_ONLY = 3  # 16-bit, no sinks, uniform (H2O-style eviction alone)

@@ -119,7 +119,8 @@ def test_config_defaults_come_from_the_library():
         assert getattr(cfg, f.name) == pytest.approx(getattr(raw, f.name)), f.name
     # The defaults documented in the header: MINIKV_PRESET_BALANCED.
     assert (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.residual_length) == (4, 2, 32, 128)
-    assert cfg.sink_tokens == 4 and cfg.budget_policy is minikv.BudgetPolicy.UNIFORM
+    assert cfg.sink_tokens == 4 and cfg.budget_policy is minikv.BudgetPolicy.PYRAMID
+    assert cfg.score_mode is minikv.ScoreMode.WINDOW
     assert cfg.heavy_ratio == 0.25 and cfg.recent_ratio == 0.25
     assert cfg.backend is minikv.Backend.AUTO and cfg.dtype is minikv.DType.F16
     # Round trip, with enums given by name.
@@ -160,17 +161,21 @@ def test_library_discovery():
 
 
 @pytest.mark.parametrize("preset,fields", [
-    ("balanced", dict(key_bits=4, value_bits=2, group_size=32, sink_tokens=4, budget_policy=0)),
-    ("paper", dict(key_bits=2, value_bits=2, group_size=16, sink_tokens=0, budget_policy=1)),
-    (minikv.Preset.QUALITY, dict(key_bits=8, value_bits=8, group_size=32, sink_tokens=4, budget_policy=0)),
-    (3, dict(key_bits=16, value_bits=16, group_size=16, sink_tokens=0, budget_policy=0)),
+    ("balanced", dict(key_bits=4, value_bits=2, group_size=32, sink_tokens=4, budget_policy=1,
+                      score_mode=1)),
+    ("paper", dict(key_bits=2, value_bits=2, group_size=16, sink_tokens=0, budget_policy=1,
+                   score_mode=0)),
+    (minikv.Preset.QUALITY, dict(key_bits=8, value_bits=8, group_size=32, sink_tokens=4,
+                                 budget_policy=0, score_mode=0)),
+    (3, dict(key_bits=16, value_bits=16, group_size=16, sink_tokens=0, budget_policy=0,
+             score_mode=0)),
 ])
 def test_presets_set_the_compression_fields(preset, fields):
     cfg = minikv.Config.from_preset(preset, num_layers=3, head_dim=96)
     for name, value in fields.items():
         assert getattr(cfg, name) == value, name
     assert (cfg.heavy_ratio, cfg.recent_ratio, cfg.residual_length) == (0.25, 0.25, 128)
-    assert cfg.score_mode is minikv.ScoreMode.CUMULATIVE and cfg.pyramid_depth == 7.0
+    assert cfg.pyramid_depth == 7.0 and (cfg.window_size, cfg.pool_kernel) == (32, 7)
     # Fields given on top win; the rest are minikv_config_default()'s.
     assert cfg.num_layers == 3 and cfg.head_dim == 96
     assert cfg.max_seq_len == minikv.Config().max_seq_len and cfg.backend is minikv.Backend.AUTO

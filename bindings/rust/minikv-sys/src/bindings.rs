@@ -167,12 +167,15 @@ pub struct minikv_config {
     pub heavy_ratio: f32,
     #[doc = "< recent-window budget r as a fraction of the prompt; 0.25"]
     pub recent_ratio: f32,
-    #[doc = "< UNIFORM (measured better than PYRAMID on"]
-    #[doc = "SmolLM2-135M at 4 bits per element)"]
+    #[doc = "< PYRAMID (with WINDOW scores it measured best"]
+    #[doc = "on SmolLM2-135M at 4 bits per element)"]
     pub budget_policy: minikv_budget_policy,
     #[doc = "< PYRAMID depth delta >= 1; 7"]
     pub pyramid_depth: f32,
-    #[doc = "< CUMULATIVE"]
+    #[doc = "< WINDOW (keeps what the prompt's end asks for: passkey"]
+    #[doc = "retrieval near the full cache's; CUMULATIVE lost up"]
+    #[doc = "to 11 points); WINDOW prefill costs one attention"]
+    #[doc = "pass, CUMULATIVE about two"]
     pub score_mode: minikv_score_mode,
     #[doc = "< WINDOW mode: scoring queries (always kept); 32"]
     pub window_size: u32,
@@ -577,9 +580,9 @@ extern "C" {
 }
 impl minikv_preset {
     #[doc = "< the default: 4-bit keys, 2-bit values, G = 32, 4 sinks,"]
-    #[doc = "UNIFORM, CUMULATIVE scores: 4 bits per element (~87%"]
-    #[doc = "smaller than fp16), the paper's memory at a fraction"]
-    #[doc = "of its accuracy cost"]
+    #[doc = "PYRAMID depth 7, WINDOW scores (32 queries, pooling"]
+    #[doc = "7): 4 bits per element (~87% smaller than fp16), the"]
+    #[doc = "paper's memory at a fraction of its accuracy cost"]
     pub const MINIKV_PRESET_BALANCED: minikv_preset = minikv_preset(0);
 }
 impl minikv_preset {

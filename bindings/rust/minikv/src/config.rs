@@ -58,7 +58,8 @@ pub enum ScoreMode {
 /// Named compression settings (`minikv_preset`; `include/minikv.h` documents each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Preset {
-    /// The default: 4-bit keys, 2-bit values, group 32, 4 sink tokens, uniform budgets.
+    /// The default: 4-bit keys, 2-bit values, group 32, 4 sink tokens, pyramid budgets,
+    /// window (SnapKV-style) scores.
     Balanced,
     /// MiniKV exactly: 2-bit keys and values, group 16, pyramid budgets, no sinks.
     Paper,
@@ -70,7 +71,7 @@ pub enum Preset {
 
 /// Cache configuration. `Config::default()` holds the library's defaults
 /// ([`Preset::Balanced`]: 4-bit keys, 2-bit values, group 32, 4 sink tokens, residual 128,
-/// heavy = recent = 25%) with the model dimensions at 0; [`Config::new`] sets them and
+/// heavy = recent = 25%, pyramid budgets, window scores) with the model dimensions at 0; [`Config::new`] sets them and
 /// [`Config::apply_preset`] switches the compression fields to another named setting. The library validates the whole
 /// config in [`KvCache::new`](crate::KvCache::new); a bad field is an
 /// [`Error`](crate::Error) with [`Status::InvalidArgument`](crate::Status) whose message

@@ -162,17 +162,19 @@ fn default_compression_with_sinks_matches_the_layout() {
 #[test]
 fn presets_set_the_compression_fields() {
     let cases = [
-        (Preset::Balanced, 4, 2, 32, 4, BudgetPolicy::Uniform),
-        (Preset::Paper, 2, 2, 16, 0, BudgetPolicy::Pyramid),
-        (Preset::Quality, 8, 8, 32, 4, BudgetPolicy::Uniform),
-        (Preset::EvictionOnly, 16, 16, 16, 0, BudgetPolicy::Uniform),
+        (Preset::Balanced, 4, 2, 32, 4, BudgetPolicy::Pyramid, ScoreMode::Window),
+        (Preset::Paper, 2, 2, 16, 0, BudgetPolicy::Pyramid, ScoreMode::Cumulative),
+        (Preset::Quality, 8, 8, 32, 4, BudgetPolicy::Uniform, ScoreMode::Cumulative),
+        (Preset::EvictionOnly, 16, 16, 16, 0, BudgetPolicy::Uniform, ScoreMode::Cumulative),
     ];
-    for (preset, kb, vb, g, sinks, policy) in cases {
+    for (preset, kb, vb, g, sinks, policy, scores) in cases {
         let mut cfg = Config::new(3, 8, 2, 96);
         cfg.backend = Backend::Cpu;
         cfg.dtype = Dtype::Bf16;
         cfg.max_seq_len = 777;
-        (cfg.heavy_ratio, cfg.residual_length, cfg.score_mode) = (0.9, 512, ScoreMode::Window);
+        // Every compression field starts elsewhere than the preset puts it.
+        let other = if scores == ScoreMode::Window { ScoreMode::Cumulative } else { ScoreMode::Window };
+        (cfg.heavy_ratio, cfg.residual_length, cfg.score_mode) = (0.9, 512, other);
         cfg.apply_preset(preset);
         assert_eq!(
             (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.sink_tokens, cfg.budget_policy),
@@ -180,7 +182,7 @@ fn presets_set_the_compression_fields() {
             "{preset:?}"
         );
         assert_eq!((cfg.heavy_ratio, cfg.recent_ratio, cfg.residual_length), (0.25, 0.25, 128));
-        assert_eq!(cfg.score_mode, ScoreMode::Cumulative);
+        assert_eq!(cfg.score_mode, scores, "{preset:?}");
         // Everything else keeps its value.
         assert_eq!((cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim), (3, 8, 2, 96));
         assert_eq!((cfg.backend, cfg.dtype, cfg.max_seq_len), (Backend::Cpu, Dtype::Bf16, 777));

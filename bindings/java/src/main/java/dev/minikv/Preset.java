@@ -5,7 +5,10 @@ package dev.minikv;
  * {@link Config.Builder#preset(Preset)} sets the compression fields to one of them.
  */
 public enum Preset {
-  /** The default: 4-bit keys, 2-bit values, group 32, 4 sink tokens, uniform budgets. */
+  /**
+   * The default: 4-bit keys, 2-bit values, group 32, 4 sink tokens, pyramid budgets, window
+   * (SnapKV-style) scores.
+   */
   BALANCED(0),
   /** MiniKV exactly: 2-bit keys and values, group 16, pyramid budgets, no sinks. */
   PAPER(1),

@@ -314,9 +314,12 @@ class KvCacheTest {
 
   /** {used bytes, cached tokens} of one (sequence, layer) after prefill + steps appends. */
   static long[] expectedUsed(Config c, int prompt, int steps) {
-    // UNIFORM budgets; the sinks take heavy-hitter slots (and fill them when they outnumber it).
+    // UNIFORM budgets; the sinks take heavy-hitter slots (and fill them when they outnumber it);
+    // WINDOW scores always keep the scoring window.
     long sinks = Math.min(c.sinkTokens(), prompt);
-    long keep = Math.max(budget(c.heavyRatio(), prompt), sinks) + budget(c.recentRatio(), prompt);
+    long recent = budget(c.recentRatio(), prompt);
+    if (c.scoreMode() == ScoreMode.WINDOW) recent = Math.max(recent, Math.min(c.windowSize(), prompt));
+    long keep = Math.max(budget(c.heavyRatio(), prompt), sinks) + recent;
     keep = Math.min(keep, prompt);
     long g = c.groupSize(), r = c.residualLength();
     long rest = keep - sinks;
@@ -379,13 +382,15 @@ class KvCacheTest {
   }
 
   /**
-   * Defaults (BALANCED: 4-bit keys, 2-bit values, group 32, 4 sinks) on a ragged batch with
-   * residual 32: bytes follow the layout through flushes.
+   * The default storage (BALANCED: 4-bit keys, 2-bit values, group 32, 4 sinks) on a ragged
+   * batch with residual 32: bytes follow the layout through flushes. Uniform budgets, the
+   * ones expectedUsed models (the default's pyramid gives each layer its own).
    */
   @Test
   void compressionRaggedDefaults() {
     Config cfg = Config.builder().backend(Backend.CPU).numLayers(LAYERS).numHeads(H)
-        .numKvHeads(HKV).headDim(64).maxSequences(3).maxSeqLen(512).residualLength(32).build();
+        .numKvHeads(HKV).headDim(64).maxSequences(3).maxSeqLen(512).residualLength(32)
+        .budgetPolicy(BudgetPolicy.UNIFORM).build();
     assertEquals(4, cfg.sinkTokens());
     try (KvCache cache = new KvCache(cfg)) {
       Random rng = new Random(4);
@@ -720,15 +725,17 @@ class KvCacheTest {
   @Test
   void presetsSetTheCompressionFields() {
     Object[][] cases = {
-      {Preset.BALANCED, 4, 2, 32, 4, BudgetPolicy.UNIFORM},
-      {Preset.PAPER, 2, 2, 16, 0, BudgetPolicy.PYRAMID},
-      {Preset.QUALITY, 8, 8, 32, 4, BudgetPolicy.UNIFORM},
-      {Preset.EVICTION_ONLY, 16, 16, 16, 0, BudgetPolicy.UNIFORM},
+      {Preset.BALANCED, 4, 2, 32, 4, BudgetPolicy.PYRAMID, ScoreMode.WINDOW},
+      {Preset.PAPER, 2, 2, 16, 0, BudgetPolicy.PYRAMID, ScoreMode.CUMULATIVE},
+      {Preset.QUALITY, 8, 8, 32, 4, BudgetPolicy.UNIFORM, ScoreMode.CUMULATIVE},
+      {Preset.EVICTION_ONLY, 16, 16, 16, 0, BudgetPolicy.UNIFORM, ScoreMode.CUMULATIVE},
     };
     for (Object[] c : cases) {
+      // Every compression field starts elsewhere than the preset puts it.
+      ScoreMode other = c[6] == ScoreMode.WINDOW ? ScoreMode.CUMULATIVE : ScoreMode.WINDOW;
       Config cfg = Config.builder().backend(Backend.CPU).dtype(Dtype.BF16).numLayers(3)
           .numHeads(8).numKvHeads(2).headDim(96).maxSeqLen(777).heavyRatio(0.9f)
-          .residualLength(512).scoreMode(ScoreMode.WINDOW).preset((Preset) c[0]).build();
+          .residualLength(512).scoreMode(other).preset((Preset) c[0]).build();
       String what = c[0].toString();
       assertEquals(c[1], cfg.keyBits(), what);
       assertEquals(c[2], cfg.valueBits(), what);
@@ -738,7 +745,7 @@ class KvCacheTest {
       assertEquals(0.25f, cfg.heavyRatio(), what);
       assertEquals(0.25f, cfg.recentRatio(), what);
       assertEquals(128, cfg.residualLength(), what);
-      assertEquals(ScoreMode.CUMULATIVE, cfg.scoreMode(), what);
+      assertEquals(c[6], cfg.scoreMode(), what);
       // Everything else keeps the builder's values.
       assertEquals(Backend.CPU, cfg.backend(), what);
       assertEquals(Dtype.BF16, cfg.dtype(), what);
