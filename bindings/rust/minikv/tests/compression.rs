@@ -173,7 +173,8 @@ fn presets_set_the_compression_fields() {
         cfg.dtype = Dtype::Bf16;
         cfg.max_seq_len = 777;
         // Every compression field starts elsewhere than the preset puts it.
-        let other = if scores == ScoreMode::Window { ScoreMode::Cumulative } else { ScoreMode::Window };
+        let other =
+            if scores == ScoreMode::Window { ScoreMode::Cumulative } else { ScoreMode::Window };
         (cfg.heavy_ratio, cfg.residual_length, cfg.score_mode) = (0.9, 512, other);
         cfg.apply_preset(preset);
         assert_eq!(
