@@ -109,7 +109,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       __syncthreads();
       // The digit: the highest bin b with (keys in bins > b) < need <= (keys in bins >= b),
       // found by warp 0 (8 bins per lane, a suffix sum across lanes); bin 0 if fewer than
-      // `need` keys match, as a scan down from bin 255 would end.
+      // `need` keys match, as a scan down from bin 255 would end. need >= 1 throughout
+      // (mode 2 has n_heavy >= 1, and each pass leaves need - cum >= 1), so one lane writes.
       if (tid < 32) {
         uint32_t count[8], lane_keys = 0;
         for (int i = 0; i < 8; ++i) {
