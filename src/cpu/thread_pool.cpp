@@ -2,11 +2,41 @@
 
 #include <pthread.h>
 
+#include <chrono>
 #include <cstdlib>
 
 namespace minikv::cpu {
 
 namespace {
+
+// How long a thread polls before it sleeps: a worker that has run its items, for the next
+// job; the caller, for the workers' last items. Waking a thread that sleeps on a condition
+// variable costs tens of microseconds (a futex wake, then the scheduler), as much as the
+// whole of a short decode call; one layer's call follows the previous one within
+// microseconds, so polling briefly keeps the workers awake through a run of calls and
+// costs a core for at most this long after the last one.
+constexpr auto kSpin = std::chrono::microseconds(100);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls done() for up to kSpin; true when it held.
+template <typename Done>
+bool spin_until(Done done) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= until) return false;
+  }
+}
 
 // Forks this process has gone through, as seen by the current process (incremented in
 // every child). pthread_atfork handlers of a shared library are removed when it is unloaded.
@@ -113,6 +143,18 @@ void ThreadPool::Workers::run_items(uint32_t gen, unsigned worker) {
 void ThreadPool::Workers::loop(unsigned index) {
   uint32_t seen = 0;
   for (;;) {
+    // A job is open once `next` carries its number and a claimable item (a new job first
+    // closes the old one with item 2^32 - 1).
+    uint32_t polled = seen;
+    if (spin_until([&] {
+          const uint64_t cur = next.load(std::memory_order_acquire);
+          polled = static_cast<uint32_t>(cur >> 32);
+          return polled != seen && static_cast<uint32_t>(cur) != 0xffffffffu;
+        })) {
+      seen = polled;
+      run_items(seen, index);
+      continue;
+    }
     {
       std::unique_lock<std::mutex> lock(mutex);
       wake.wait(lock, [&] { return stop || generation != seen; });
@@ -155,6 +197,7 @@ void ThreadPool::run(uint64_t n, Job job) {
   w.wake.notify_all();
   w.run_items(gen, 0);
   std::exception_ptr error;
+  spin_until([&] { return w.finished.load(std::memory_order_acquire) == n; });
   {
     std::unique_lock<std::mutex> lock(w.mutex);
     w.done.wait(lock, [&] { return w.finished.load(std::memory_order_acquire) == n; });
