@@ -25,7 +25,9 @@ inline void cpu_relax() {
 #endif
 }
 
-// Polls done() for up to kSpin; true when it held.
+// Polls done() for up to kSpin; true when it held. It yields the core now and then, so
+// that where threads outnumber free cores the thread polled for (or the caller's own
+// work between calls) gets it.
 template <typename Done>
 bool spin_until(Done done) {
   const auto until = std::chrono::steady_clock::now() + kSpin;
@@ -35,6 +37,7 @@ bool spin_until(Done done) {
       cpu_relax();
     }
     if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::yield();
   }
 }
 
