@@ -8,6 +8,14 @@
 // worker finds nothing left (items are claimed with the job's number, so a worker of an
 // earlier job cannot take an item of the next).
 //
+// Waiting: a worker that has run its items polls for the next job, and the caller for the
+// workers' last items, for up to 100 us (yielding now and then) before sleeping on a
+// condition variable. A futex wake costs about as much as a short decode call; with
+// polling, a run of calls (layer after layer) keeps the workers awake. On a machine whose
+// cores are all busy the polling competes for them: a 4K decode with 2 threads on 2 cores
+// next to a busy loop took 0-30% longer than with sleeping at once (on a quiet machine:
+// half the time).
+//
 // fork(): the child of a process that forked has only the forking thread, so a pool made
 // before the fork has no workers there, and its mutex and condition variables may record
 // waiters that will never run. The pool notices (a pthread_atfork counter) and, in the
