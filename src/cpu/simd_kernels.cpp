@@ -475,13 +475,31 @@ HWY_INLINE uint32_t ValueCodesTile(const float *HWY_RESTRICT p, uint32_t r0, uin
     }
     for (uint32_t t = 0; t < n; ++t) {
       const uint32_t *row = codes + t * row_words;
+      // The tile's kCh vectors span kCh * kLanes channels from a multiple of that count: up
+      // to 16 they lie in one quantization group (16 divides the group), and up to
+      // 32 / kBits in one packed word: one load of each serves them all.
+      VF group_scale, group_min;
+      VU word;
+      if constexpr (kCh * kLanes <= 16) {
+        group_scale = hn::Set(df, scale[t * groups + g[0]]);
+        group_min = hn::Set(df, minimum[t * groups + g[0]]);
+      }
+      if constexpr (kCh * kLanes <= 32 / kBits) word = hn::Set(DU(), row[c0 / (32 / kBits)]);
       VF value[kCh];
       for (size_t v = 0; v < kCh; ++v) {
-        const VF code = hn::ConvertTo(df, hn::BitCast(di, CodeLanes<kBits>(row, c0 + uint32_t(v * kLanes), shift[v])));
+        VU bits;
+        if constexpr (kCh * kLanes <= 32 / kBits)
+          bits = hn::And(word >> shift[v], hn::Set(DU(), (1u << kBits) - 1));
+        else
+          bits = CodeLanes<kBits>(row, c0 + uint32_t(v * kLanes), shift[v]);
+        const VF code = hn::ConvertTo(df, hn::BitCast(di, bits));
         // dequantize_code (src/quant.h): the product rounded, then the sum; then clamped to
         // the storage dtype's finite range (a group near its maximum can exceed it).
-        value[v] = hn::Add(hn::Mul(code, hn::Set(df, scale[t * groups + g[v]])),
-                           hn::Set(df, minimum[t * groups + g[v]]));
+        if constexpr (kCh * kLanes <= 16)
+          value[v] = hn::Add(hn::Mul(code, group_scale), group_min);
+        else
+          value[v] = hn::Add(hn::Mul(code, hn::Set(df, scale[t * groups + g[v]])),
+                             hn::Set(df, minimum[t * groups + g[v]]));
         if constexpr (kClamp) value[v] = hn::Min(hn::Max(value[v], hn::Set(df, -limit)), hn::Set(df, limit));
       }
       for (size_t h = 0; h < kHeads; ++h) {
