@@ -126,7 +126,8 @@ class MinikvSide:
             seen, cached = cache.sequence_length(0, 0)
         qd = self.array((H, D), dtype)
         od = self.np.empty_like(qd)
-        fns = {"decode": lambda: self.check(self.lib.minikv_decode(h, 0, 1, ids, ptr(qd), ptr(od), None), h)}
+        qp, op = ptr(qd), ptr(od)  # built once: the timed call is the C call and its check
+        fns = {"decode": lambda: self.check(self.lib.minikv_decode(h, 0, 1, ids, qp, op, None), h)}
         return fns, dict(cached_tokens=cached, minikv_bytes=cache.memory_stats().used_bytes)
 
     def setup_prefill(self, dtype, H, Hkv, D, L):
@@ -134,12 +135,13 @@ class MinikvSide:
         out = self.np.empty_like(q)
         ids = (ctypes.c_uint32 * 1)(0)
         cu = (ctypes.c_int32 * 2)(0, L)
+        ptrs = (ptr(q), ptr(k), ptr(v), ptr(out))  # built once, outside the timed calls
         fns = {}
         for mode in ("cumulative", "window"):
             h = ctypes.c_void_p(self.cache(dtype, H, Hkv, D, L, mode).handle)
 
             def call(h=h):  # prefill, then release so that the next call can prefill again
-                self.check(self.lib.minikv_prefill(h, 0, 1, ids, cu, ptr(q), ptr(k), ptr(v), ptr(out), None), h)
+                self.check(self.lib.minikv_prefill(h, 0, 1, ids, cu, *ptrs, None), h)
                 self.lib.minikv_sequence_release(h, 0)
             fns[f"prefill_{mode}"] = call
         return fns, {}
@@ -218,7 +220,8 @@ def worker_main(side_name, threads, cpu_time):
 
 
 def ptr(a):
-    return ctypes.c_void_p(a.ctypes.data)
+    """A void pointer to the array's data that keeps the array alive (numpy's data_as)."""
+    return a.ctypes.data_as(ctypes.c_void_p)
 
 
 # ---- the driver ----------------------------------------------------------------------------
