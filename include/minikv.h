@@ -234,7 +234,8 @@ typedef struct minikv_config {
                                      the float (0.7f is 0.7, so 0.7 of 1000 tokens is 700);
                                      a layer keeps floor(h_l L) + floor(r L) tokens (in
                                      double, with a slack of 1e-12 (1 + L) for the rounding
-                                     of the PYRAMID line), or every token when h_l + r >= 1 */
+                                     of the PYRAMID line), or every token when h_l + r >= 1;
+                                     h + r >= 1 keeps every layer whole under either policy */
   float recent_ratio;           /**< recent-window budget r as a fraction of the prompt; 0.25 */
   minikv_budget_policy budget_policy; /**< PYRAMID (with WINDOW scores it measured best
                                             on SmolLM2-135M at 4 bits per element) */

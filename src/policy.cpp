@@ -29,7 +29,11 @@ std::vector<double> layer_heavy_ratios(const minikv_config &cfg) {
   const uint32_t m = cfg.num_layers;
   const double h = decimal_value(cfg.heavy_ratio), r = decimal_value(cfg.recent_ratio);
   std::vector<double> ratios(m, h);
-  if (cfg.budget_policy == MINIKV_BUDGET_PYRAMID && m > 1) {
+  // A budget of the whole prompt (h + r >= 1, e.g. heavy_ratio = 1) keeps every layer whole
+  // under either policy: the pyramid would take from the top layers what the bottom ones,
+  // which already hold their whole prompt, cannot use.
+  const bool whole = h + r >= 1.0 - 1e-12;
+  if (cfg.budget_policy == MINIKV_BUDGET_PYRAMID && m > 1 && !whole) {
     const double delta = decimal_value(cfg.pyramid_depth);
     const double bottom = h * (2.0 - 1.0 / delta), top = h / delta;
     for (uint32_t l = 0; l < m; ++l)

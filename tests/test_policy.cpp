@@ -108,8 +108,8 @@ TEST_CASE("policy: float ratios are read as the decimals they carry") {
 
 // The budget of MINIKV.md in exact integer arithmetic, for ratios given in thousandths and a
 // rational PYRAMID depth: h_l = h ((2 delta - 1)(m - 1) - (2 delta - 2) l) / (delta (m - 1)),
-// clipped to 1 - r; n_hh = floor(h_l L), n_rw = floor(r L); everything when h_l + r >= 1 or
-// n_hh + n_rw >= L.
+// clipped to 1 - r (h in every layer when h + r >= 1); n_hh = floor(h_l L), n_rw = floor(r L);
+// everything when h_l + r >= 1 or n_hh + n_rw >= L.
 struct ExactBudget {
   uint64_t h_num, h_den, n_heavy, n_recent;
   bool keep_all;
@@ -117,7 +117,7 @@ struct ExactBudget {
 ExactBudget exact_budget(bool pyramid, uint32_t layers, uint32_t layer, uint64_t h_milli,
                          uint64_t r_milli, uint64_t depth_num, uint64_t depth_den, uint64_t L) {
   ExactBudget b{h_milli, 1000, 0, 0, false};
-  if (pyramid) {
+  if (pyramid && layers > 1 && h_milli + r_milli < 1000) {
     const uint64_t m1 = layers - 1;
     b.h_num = h_milli * ((2 * depth_num - depth_den) * m1 - (2 * depth_num - 2 * depth_den) * layer);
     b.h_den = 1000 * depth_num * m1;
@@ -244,6 +244,11 @@ TEST_CASE("policy: keep-all boundary n_hh + n_rw >= L") {
   const std::vector<double> pyr = minikv::layer_heavy_ratios(d);
   CHECK(minikv::plan_selection(d, pyr.front(), 37).keep_all);
   CHECK_FALSE(minikv::plan_selection(d, pyr.back(), 37).keep_all);
+  // A budget of the whole prompt keeps every PYRAMID layer whole (heavy_ratio = 1, r = 0:
+  // the pyramid would otherwise give the top layer 1/7 of it).
+  d.heavy_ratio = 1.0f;
+  d.recent_ratio = 0.0f;
+  for (double h_l : minikv::layer_heavy_ratios(d)) CHECK(minikv::plan_selection(d, h_l, 37).keep_all);
   // Nothing kept at all: h = r = 0.
   c.recent_ratio = 0.0f;
   const minikv::SelectionPlan none = minikv::plan_selection(c, 0.0, 50);

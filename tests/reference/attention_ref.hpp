@@ -74,12 +74,13 @@ inline std::vector<double> max_pool(const std::vector<double> &x, uint32_t kerne
 }
 
 // Heavy-hitter ratio of each layer (MINIKV.md §2): UNIFORM h_l = h; PYRAMID linear from
-// h (2 - 1/depth) to h / depth, clipped so h_l + r <= 1.
+// h (2 - 1/depth) to h / depth, clipped so h_l + r <= 1; h in every layer (clipped) when
+// h + r >= 1, the whole prompt everywhere.
 inline std::vector<double> layer_ratios(bool pyramid, uint32_t layers, double h, double r,
                                         double depth) {
   std::vector<double> out(layers, h);
   if (!pyramid) return out;
-  if (layers > 1) {
+  if (layers > 1 && h + r < 1.0 - 1e-12) {
     const double bottom = h * (2.0 - 1.0 / depth), top = h / depth;
     for (uint32_t l = 0; l < layers; ++l)
       out[l] = bottom - (bottom - top) * l / double(layers - 1);

@@ -163,7 +163,8 @@ pub struct minikv_config {
     #[doc = "the float (0.7f is 0.7, so 0.7 of 1000 tokens is 700);"]
     #[doc = "a layer keeps floor(h_l L) + floor(r L) tokens (in"]
     #[doc = "double, with a slack of 1e-12 (1 + L) for the rounding"]
-    #[doc = "of the PYRAMID line), or every token when h_l + r >= 1"]
+    #[doc = "of the PYRAMID line), or every token when h_l + r >= 1;"]
+    #[doc = "h + r >= 1 keeps every layer whole under either policy"]
     pub heavy_ratio: f32,
     #[doc = "< recent-window budget r as a fraction of the prompt; 0.25"]
     pub recent_ratio: f32,
