@@ -240,7 +240,8 @@ def test_minikv_defaults_equal_single_process(runs):
     assert sorted(k for res in ranks for k in res["defaults"]["kept"]) == sorted(want["kept"])
     # The split caches store what the single one does, byte for byte.
     assert sum(res["defaults"]["used_bytes"] for res in ranks) == want["used_bytes"]
-    assert max(kept_fraction) < 1.0  # the defaults evicted something
+    # The defaults evicted something (the pyramid's bottom layer may keep a short prompt whole).
+    assert min(kept_fraction) < 1.0
 
 
 def test_world_size_not_dividing_kv_heads_is_refused(runs):
