@@ -67,8 +67,12 @@ __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
                "l"(gmem), "r"(src_bytes));
 }
-// The same, whole, to a shared-state-space address (smem_addr): a loop of copies converts the
+// The same to a shared-state-space address (smem_addr): a loop of copies converts the
 // destination once.
+__device__ __forceinline__ void cp_async_16(uint32_t smem, const void *gmem, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void *gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
 }

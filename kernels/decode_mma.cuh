@@ -70,6 +70,16 @@ __device__ __forceinline__ int exponent_of(float x) {
   return int((__float_as_uint(x) >> 23) & 0xffu) - 127;
 }
 __device__ __forceinline__ int clamp_exp(int e, int lim) { return e < -lim ? -lim : e > lim ? lim : e; }
+// The cache's group size G: kG where an instance fixes it at compile time (the default
+// storage's: every group branch and scale index below then folds), else the layout's.
+template <int kG> __device__ __forceinline__ uint32_t group_size(const BlockLayout &bl) {
+  return kG != 0 ? uint32_t(kG) : bl.group;
+}
+template <int kG> __device__ __forceinline__ uint32_t group_shift(const BlockLayout &bl) {
+  static_assert(kG == 0 || (kG >= 16 && (kG & (kG - 1)) == 0), "G: a power of two >= 16");
+  if constexpr (kG != 0) return uint32_t(__builtin_ctz(kG));
+  else return __ffs(bl.group) - 1;
+}
 __device__ __forceinline__ uint32_t pack_f16(float a, float b) { return DType<__half>::pack2(a, b); }
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
   const __half2 r = __hmul2(*reinterpret_cast<const __half2 *>(&a), *reinterpret_cast<const __half2 *>(&b));
@@ -122,14 +132,14 @@ __host__ __device__ constexpr uint32_t mma_row_stride(uint32_t row_bytes) {
 // (threads / units)-th row, at constant offsets: a fixed number of predicated copies where
 // rows are short (a loop's bookkeeping was a fifth of the 4-bit-key kernel's instructions).
 template <uint32_t kRowBytes>
-__device__ __forceinline__ void copy_code_rows(uint8_t *dst, const uint8_t *src, uint32_t rows,
+__device__ __forceinline__ void copy_code_rows(uint32_t dst, const uint8_t *src, uint32_t rows,
                                                uint32_t tid) {
   constexpr uint32_t kUnits = kRowBytes / 16, kStride = mma_row_stride(kRowBytes);
   static_assert(kUnits > 0 && (kUnits & (kUnits - 1)) == 0 && kMmaThreads % kUnits == 0, "");
   constexpr uint32_t kRowsPerPass = kMmaThreads / kUnits;
   constexpr uint32_t kPasses = (kMmaMaxTile + kRowsPerPass - 1) / kRowsPerPass;
   const uint32_t r = tid / kUnits;
-  const uint32_t d = smem_addr(dst) + r * kStride + (tid % kUnits) * 16;
+  const uint32_t d = dst + r * kStride + (tid % kUnits) * 16;
   const uint8_t *s = src + tid * 16;
   if constexpr (kPasses <= 8) {
 #pragma unroll
@@ -146,7 +156,7 @@ __device__ __forceinline__ void copy_code_rows(uint8_t *dst, const uint8_t *src,
 // read as fp16) may be Inf or NaN, which 0 · row would not cancel. Row `sub` (if below
 // `rows`) comes from `sub_src` instead: the appended token (decode_common.cuh).
 template <uint32_t kRowBytes>
-__device__ __forceinline__ void copy_value_rows(uint8_t *dst, const uint8_t *src, uint32_t rows,
+__device__ __forceinline__ void copy_value_rows(uint32_t dst, const uint8_t *src, uint32_t rows,
                                                 uint32_t tid, uint32_t sub,
                                                 const uint8_t *sub_src) {
   constexpr uint32_t kUnits = kRowBytes / 16, kStride = mma_row_stride(kRowBytes);
@@ -161,9 +171,8 @@ __device__ __forceinline__ void copy_value_rows(uint8_t *dst, const uint8_t *src
 
 // `bytes` (a multiple of 16, at most kMaxBytes) from src to dst.
 template <uint32_t kMaxBytes>
-__device__ __forceinline__ void copy_bytes(uint8_t *dst, const uint8_t *src, uint32_t bytes,
+__device__ __forceinline__ void copy_bytes(uint32_t d, const uint8_t *src, uint32_t bytes,
                                            uint32_t tid) {
-  const uint32_t d = smem_addr(dst);
 #pragma unroll
   for (uint32_t j = 0; j < (kMaxBytes + 16 * kMmaThreads - 1) / (16 * kMmaThreads); ++j) {
     const uint32_t at = (tid + j * kMmaThreads) * 16;
@@ -192,10 +201,11 @@ struct HeadRegions {
         v_min(uint32_t(bl.v_min + kvh * bl.v_scale_head())) {}
 };
 
-template <typename T, int D, int KB, int VB>
+// Stages tile `tr` into the stage buffer at shared-state-space address `stage`.
+template <typename T, int D, int KB, int VB, int kG>
 __device__ void stage_tile(const MmaDecodeArgs &a, const TileRef &tr, const int32_t *table,
                            const uint8_t *res_slot, uint32_t kvh, const HeadRegions &hr,
-                           uint8_t *stage, uint32_t tid) {
+                           uint32_t stage, uint32_t tid) {
   const DecodeParams &p = a.p;
   const MmaDecodePlan &g = a.g;
   const BlockLayout &bl = p.st.block;
@@ -203,7 +213,7 @@ __device__ void stage_tile(const MmaDecodeArgs &a, const TileRef &tr, const int3
   if (tr.segment == kSegQuantized) {
     const uint32_t blk = a.block_tokens.div(tr.first);
     const uint32_t row0 = tr.first - blk * bl.tokens;  // qtile divides R
-    const uint32_t gshift = __ffs(bl.group) - 1;
+    const uint32_t G = group_size<kG>(bl), gshift = group_shift<kG>(bl);
     const uint8_t *block = p.st.pool + uint64_t(table[blk]) * bl.bytes;
     // Quantized counts are multiples of G >= 16: no padding.
     copy_code_rows<kKRow>(stage, block + hr.k_codes + row0 * kKRow, tr.count, tid);
@@ -212,7 +222,7 @@ __device__ void stage_tile(const MmaDecodeArgs &a, const TileRef &tr, const int3
     constexpr uint32_t kMaxScaleBytes = (kMmaMaxTile / 16) * D * e;
     if constexpr (KB != 16) {
       // Every key group the tile touches: a whole tile of G = 128 may hold 64 tokens.
-      const uint32_t groups = (tr.count + bl.group - 1) >> gshift;
+      const uint32_t groups = (tr.count + G - 1) >> gshift;
       const uint32_t bytes = groups * D * e, at = (row0 >> gshift) * D * e;
       copy_bytes<kMaxScaleBytes>(stage + g.q_kscale, block + hr.k_scale + at, bytes, tid);
       copy_bytes<kMaxScaleBytes>(stage + g.q_kmin, block + hr.k_min + at, bytes, tid);
@@ -446,13 +456,13 @@ __device__ __forceinline__ void qk_quantized(const uint8_t *stage, const MmaDeco
       }
     }
     // Row g (c0, c1): head g's hi products; row g + 8 (c2, c3): its lo products.
-    const float unscale = uq * us;
+    const float unscale = uq * us * scale_log2, bias_log2 = bias * scale_log2;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float s0 = (d[h][0][0] + d[h][0][2]) + (d[h][1][0] + d[h][1][2]);
       const float s1 = (d[h][0][1] + d[h][0][3]) + (d[h][1][1] + d[h][1][3]);
-      lg[2 * st + h][0] = fmaf(s0, unscale, bias) * scale_log2;
-      lg[2 * st + h][1] = fmaf(s1, unscale, bias) * scale_log2;
+      lg[2 * st + h][0] = fmaf(s0, unscale, bias_log2);
+      lg[2 * st + h][1] = fmaf(s1, unscale, bias_log2);
     }
   }
 }
@@ -611,8 +621,9 @@ __device__ __forceinline__ void decode_tile(const uint8_t *stage, const MmaDecod
   for (int nt = 0; nt < 2 * kMaxSteps; ++nt)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
+      // Quantized tiles hold whole k-steps (counts are multiples of G >= 16).
       const uint32_t t = tok0 + 8 * nt + 2 * qi + j;
-      if (uint32_t(nt) >= 2 * steps || t >= count) lg[nt][j] = -INFINITY;
+      if (uint32_t(nt) >= 2 * steps || (!kQuantSeg && t >= count)) lg[nt][j] = -INFINITY;
       tmax = fmaxf(tmax, lg[nt][j]);
     }
   tmax = fmaxf(tmax, __shfl_xor_sync(kFull, tmax, 1));
@@ -720,11 +731,13 @@ __device__ __forceinline__ void decode_tile(const uint8_t *stage, const MmaDecod
 /// \tparam D  head_dim (64 or 128)
 /// \tparam KB key bits of the quantized storage (2, 4, 8; 16 = 16-bit rows)
 /// \tparam VB value bits, likewise
-template <typename T, int D, int KB, int VB>
+/// \tparam kG group size fixed at compile time, or 0: the layout's (run time)
+template <typename T, int D, int KB, int VB, int kG>
 __global__ void __launch_bounds__(kMmaThreads, 3) decode_mma_kernel(const __grid_constant__ MmaDecodeArgs a) {
   using Prob = ProbOperand<T>;
   constexpr bool kQuantValues = VB != 16;
   extern __shared__ __align__(16) uint8_t smem[];
+  const uint32_t smem_s = smem_addr(smem);  // the stages' shared-state-space base, for cp.async
   const DecodeParams &p = a.p;
   const MmaDecodePlan &g = a.g;
   const BlockLayout &bl = p.st.block;
@@ -734,7 +747,7 @@ __global__ void __launch_bounds__(kMmaThreads, 3) decode_mma_kernel(const __grid
   const uint32_t chunks = (n_rep + per - 1) / per;
   const uint32_t kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
   const uint32_t h0 = kvh * n_rep + chunk * per, nh = min(per, n_rep - chunk * per);
-  const uint32_t G = bl.group;
+  const uint32_t G = group_size<kG>(bl);
 
   // Stage bytes past the staged regions are read (and multiplied by 0) before any tile has
   // written them: they start as zeros.
@@ -748,7 +761,7 @@ __global__ void __launch_bounds__(kMmaThreads, 3) decode_mma_kernel(const __grid
   op.sv_s = reinterpret_cast<float *>(smem + g.sv) + warp * kMmaMaxGroups * kMmaWarpTokens;
   op.mv_s = reinterpret_cast<T *>(smem + g.mv) + warp * kMmaMaxGroups * kMmaWarpTokens;
   op.scale_log2 = p.scale_log2;
-  op.gshift = __ffs(G) - 1;
+  op.gshift = group_shift<kG>(bl);
   op.uq = 1.0f;
 
   // Query of head g (zeros past the chunk's heads): natural pairs for the 16-bit mma, and
@@ -802,8 +815,8 @@ __global__ void __launch_bounds__(kMmaThreads, 3) decode_mma_kernel(const __grid
   const uint32_t ahead = g.stages - 1;
   for (uint32_t s = 0; s < ahead; ++s) {
     if (t_begin + s < t_end)
-      stage_tile<T, D, KB, VB>(a, tiles.tile(t_begin + s, g), table, res_slot, kvh, regions,
-                               smem + s * g.stage_bytes, tid);
+      stage_tile<T, D, KB, VB, kG>(a, tiles.tile(t_begin + s, g), table, res_slot, kvh, regions,
+                               smem_s + s * g.stage_bytes, tid);
     cp_async_commit();
   }
   uint32_t buf = 0, next = ahead;  // stage buffers of tile ti and of tile ti + ahead
@@ -812,8 +825,8 @@ __global__ void __launch_bounds__(kMmaThreads, 3) decode_mma_kernel(const __grid
     if (g.stages == 3) cp_async_wait<1>(); else cp_async_wait<0>();
     __syncthreads();
     if (ti + ahead < t_end)
-      stage_tile<T, D, KB, VB>(a, tiles.tile(ti + ahead, g), table, res_slot, kvh, regions,
-                               smem + next * g.stage_bytes, tid);
+      stage_tile<T, D, KB, VB, kG>(a, tiles.tile(ti + ahead, g), table, res_slot, kvh, regions,
+                               smem_s + next * g.stage_bytes, tid);
     cp_async_commit();
     buf = buf + 1 == g.stages ? 0 : buf + 1;
     next = next + 1 == g.stages ? 0 : next + 1;
@@ -885,10 +898,14 @@ template <int KB> struct DecodeMmaKeyBits {
       using T = decltype(tag);
       constexpr int D = decltype(hd)::value;
       switch (bl.value_bits) {
-        case 2: fn(decode_mma_kernel<T, D, KB, 2>); break;
-        case 4: fn(decode_mma_kernel<T, D, KB, 4>); break;
-        case 8: fn(decode_mma_kernel<T, D, KB, 8>); break;
-        default: fn(decode_mma_kernel<T, D, KB, 16>); break;
+        case 2:
+          // The default storage (K4V2 G32) has its own instance with G fixed.
+          if (KB == 4 && bl.group == 32) fn(decode_mma_kernel<T, D, KB, 2, KB == 4 ? 32 : 0>);
+          else fn(decode_mma_kernel<T, D, KB, 2, 0>);
+          break;
+        case 4: fn(decode_mma_kernel<T, D, KB, 4, 0>); break;
+        case 8: fn(decode_mma_kernel<T, D, KB, 8, 0>); break;
+        default: fn(decode_mma_kernel<T, D, KB, 16, 0>); break;
       }
     });
   }

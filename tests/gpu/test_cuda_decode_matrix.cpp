@@ -58,6 +58,9 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
       // Blocks of R tokens that 128 does not divide (R = 3, 5 and 3 groups): tiles end at a
       // block's end (the device fuzz's case that caught the CPU reading past one).
       {4, 2, 64, 128, 3, F16, 17, 192}, {2, 2, 32, 64, 4, BF16, 0, 160}, {8, 8, 16, 128, 2, F16, 4, 48},
+      // The default storage's own instance (G fixed at 32): the preset's R = 128 (one key group
+      // per warp share), and R = 96 (32-token tiles: half a group per warp).
+      {4, 2, 32, 128, 4, F16, 4, 128}, {4, 2, 32, 128, 1, BF16, 4, 128}, {4, 2, 32, 64, 7, BF16, 4, 96},
   };
   for (const Shape &s : shapes) {
     if (!minikv::kernels::head_dim_compiled(s.head_dim)) continue;  // MINIKV_CUDA_HEAD_DIMS
