@@ -727,13 +727,17 @@ __device__ __forceinline__ void decode_tile(const uint8_t *stage, const MmaDecod
   }
 }
 
+// Resident CTAs per SM the registers are sized for: 3 (168 registers) up to head_dim 128;
+// head_dim 256 keeps twice the accumulators and would spill at that bound.
+template <int D> constexpr int kMmaMinBlocks = D >= 256 ? 2 : 3;
+
 /// \tparam T  dtype of q/out and of scales and 16-bit rows (__half or __nv_bfloat16)
-/// \tparam D  head_dim (64 or 128)
+/// \tparam D  head_dim (64, 128 or 256)
 /// \tparam KB key bits of the quantized storage (2, 4, 8; 16 = 16-bit rows)
 /// \tparam VB value bits, likewise
 /// \tparam kG group size fixed at compile time, or 0: the layout's (run time)
 template <typename T, int D, int KB, int VB, int kG>
-__global__ void __launch_bounds__(kMmaThreads, 3) decode_mma_kernel(const __grid_constant__ MmaDecodeArgs a) {
+__global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<D>) decode_mma_kernel(const __grid_constant__ MmaDecodeArgs a) {
   using Prob = ProbOperand<T>;
   constexpr bool kQuantValues = VB != 16;
   extern __shared__ __align__(16) uint8_t smem[];
