@@ -172,7 +172,8 @@ class CudaBackend final : public Backend {
         break;
       case DecodeKernel::kMma:
         heads_per_cta_ = decode_mma_heads_per_cta(n_rep);
-        decode_tile_ = make_mma_decode_plan(spec.block).qtile;
+        mma_plan_ = make_mma_launch_plan(spec.block);
+        decode_tile_ = mma_plan_.g.qtile;
         decode_slots_ = num_sms_ * configure_decode_mma(cfg_.dtype, spec.block);
         break;
       case DecodeKernel::kGeneric:
@@ -393,7 +394,7 @@ class CudaBackend final : public Backend {
       p.splits = static_cast<uint32_t>(std::max<uint64_t>(splits, 1));
       switch (decode_kernel_) {
         case DecodeKernel::kFast: launch_decode_fast(cfg_.dtype, D, p, stream); break;
-        case DecodeKernel::kMma: launch_decode_mma(cfg_.dtype, p, stream); break;
+        case DecodeKernel::kMma: launch_decode_mma(cfg_.dtype, p, mma_plan_, stream); break;
         case DecodeKernel::kGeneric: launch_decode_generic(cfg_.dtype, p, stream); break;
       }
     }
@@ -578,6 +579,7 @@ class CudaBackend final : public Backend {
   uint32_t heads_per_cta_ = 1;  // query heads of one decode CTA
   enum class DecodeKernel { kFast, kMma, kGeneric };
   DecodeKernel decode_kernel_ = DecodeKernel::kGeneric;  // the decode plan
+  MmaLaunchPlan mma_plan_{};  // the tensor-core kernel's tiles and stages (kMma)
   bool prefill_wgmma_ = false;  // prefill_wgmma_usable(): the sm_90a forward on this device
   bool prefill_scores_wgmma_ = false;  // prefill_scores_wgmma_usable(): the sm_90a score pass
   uint64_t decode_slots_ = 1;   // resident decode CTAs on the device

@@ -26,12 +26,13 @@ uint32_t configure_decode_mma(minikv_dtype dtype, const BlockLayout &bl) {
   }
 }
 
-void launch_decode_mma(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream) {
+void launch_decode_mma(minikv_dtype dtype, const DecodeParams &p, const MmaLaunchPlan &plan,
+                       cudaStream_t stream) {
   switch (p.st.block.key_bits) {
-    case 2: launch_decode_mma_k2(dtype, p, stream); break;
-    case 4: launch_decode_mma_k4(dtype, p, stream); break;
-    case 8: launch_decode_mma_k8(dtype, p, stream); break;
-    default: launch_decode_mma_k16(dtype, p, stream); break;
+    case 2: launch_decode_mma_k2(dtype, p, plan, stream); break;
+    case 4: launch_decode_mma_k4(dtype, p, plan, stream); break;
+    case 8: launch_decode_mma_k8(dtype, p, plan, stream); break;
+    default: launch_decode_mma_k16(dtype, p, plan, stream); break;
   }
   if (p.splits > 1) launch_decode_merge(dtype, p.st.block.head_dim, p, stream);
 }

@@ -923,11 +923,12 @@ template <int KB> struct DecodeMmaKeyBits {
     });
     return static_cast<uint32_t>(blocks > 0 ? blocks : 1);
   }
-  static void launch(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream) {
+  static void launch(minikv_dtype dtype, const DecodeParams &p, const MmaLaunchPlan &plan,
+                     cudaStream_t stream) {
     const BlockLayout &bl = p.st.block;
     const uint32_t n_rep = p.num_heads / p.num_kv_heads;
     const uint32_t chunks = (n_rep + p.heads_per_cta - 1) / p.heads_per_cta;
-    const MmaDecodeArgs args{p, make_mma_decode_plan(bl), FastDivU32::make(bl.tokens)};
+    const MmaDecodeArgs args{p, plan.g, plan.block_tokens};
     const uint32_t smem = args.g.total;
     dispatch(dtype, bl, [&](auto kernel) {
       kernel<<<dim3(p.splits, p.num_kv_heads * chunks, p.n), kMmaThreads, smem, stream>>>(args);
@@ -941,7 +942,8 @@ template <int KB> struct DecodeMmaKeyBits {
 // One per key bit width, defined in decode_mma_k<KB>.cu.
 #define MINIKV_DECODE_MMA_KEY_BITS(KB)                                                    \
   uint32_t configure_decode_mma_k##KB(minikv_dtype dtype, const BlockLayout &bl);        \
-  void launch_decode_mma_k##KB(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream);
+  void launch_decode_mma_k##KB(minikv_dtype dtype, const DecodeParams &p, const MmaLaunchPlan &plan, \
+                               cudaStream_t stream);
 MINIKV_DECODE_MMA_KEY_BITS(2)
 MINIKV_DECODE_MMA_KEY_BITS(4)
 MINIKV_DECODE_MMA_KEY_BITS(8)

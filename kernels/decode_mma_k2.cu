@@ -7,8 +7,9 @@ namespace kernels {
 uint32_t configure_decode_mma_k2(minikv_dtype dtype, const BlockLayout &bl) {
   return DecodeMmaKeyBits<2>::configure(dtype, bl);
 }
-void launch_decode_mma_k2(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream) {
-  DecodeMmaKeyBits<2>::launch(dtype, p, stream);
+void launch_decode_mma_k2(minikv_dtype dtype, const DecodeParams &p, const MmaLaunchPlan &plan,
+                          cudaStream_t stream) {
+  DecodeMmaKeyBits<2>::launch(dtype, p, plan, stream);
 }
 
 }  // namespace kernels

@@ -97,5 +97,15 @@ MINIKV_HD MmaDecodePlan make_mma_decode_plan(const BlockLayout &bl) {
   return g;
 }
 
+// What a launch needs beyond its DecodeParams, made once at minikv_cache_create (the plan
+// and R's divisor depend on the storage layout alone).
+struct MmaLaunchPlan {
+  MmaDecodePlan g;
+  FastDivU32 block_tokens;  // R
+};
+inline MmaLaunchPlan make_mma_launch_plan(const BlockLayout &bl) {
+  return {make_mma_decode_plan(bl), FastDivU32::make(bl.tokens)};
+}
+
 }  // namespace kernels
 }  // namespace minikv

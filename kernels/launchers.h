@@ -73,7 +73,10 @@ bool decode_mma_path(const BlockLayout &bl, uint32_t n_rep);
 uint32_t decode_mma_heads_per_cta(uint32_t n_rep);
 // Raises the kernel's shared-memory limit on the current device; returns resident CTAs per SM.
 uint32_t configure_decode_mma(minikv_dtype dtype, const BlockLayout &bl);
-void launch_decode_mma(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream);
+// plan: make_mma_launch_plan(p.st.block), made once at create (decode_mma_plan.h).
+struct MmaLaunchPlan;
+void launch_decode_mma(minikv_dtype dtype, const DecodeParams &p, const MmaLaunchPlan &plan,
+                       cudaStream_t stream);
 // decode_merge.cu: out = the combine of p.splits partials per (sequence, query head).
 void launch_decode_merge(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
                          cudaStream_t stream);
