@@ -820,7 +820,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<D>) decode_mma_kern
   for (uint32_t s = 0; s < ahead; ++s) {
     if (t_begin + s < t_end)
       stage_tile<T, D, KB, VB, kG>(a, tiles.tile(t_begin + s, g), table, res_slot, kvh, regions,
-                               smem_s + s * g.stage_bytes, tid);
+                                   smem_s + s * g.stage_bytes, tid);
     cp_async_commit();
   }
   uint32_t buf = 0, next = ahead;  // stage buffers of tile ti and of tile ti + ahead
@@ -830,7 +830,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<D>) decode_mma_kern
     __syncthreads();
     if (ti + ahead < t_end)
       stage_tile<T, D, KB, VB, kG>(a, tiles.tile(ti + ahead, g), table, res_slot, kvh, regions,
-                               smem_s + next * g.stage_bytes, tid);
+                                   smem_s + next * g.stage_bytes, tid);
     cp_async_commit();
     buf = buf + 1 == g.stages ? 0 : buf + 1;
     next = next + 1 == g.stages ? 0 : next + 1;
@@ -897,6 +897,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<D>) decode_mma_kern
 // The launch and the shared-memory setup of the instances with KB key bits (one file each:
 // decode_mma_k<KB>.cu), for decode_mma.cu's dispatch.
 template <int KB> struct DecodeMmaKeyBits {
+  static constexpr int kDefaultGroup = KB == 4 ? 32 : 0;  // instantiated for 4-bit keys only
   template <typename Fn> static void dispatch(minikv_dtype dtype, const BlockLayout &bl, Fn &&fn) {
     dispatch_dtype_head_dim<MmaDecodeHeadDims>(dtype, bl.head_dim, "minikv_decode", [&](auto tag, auto hd) {
       using T = decltype(tag);
@@ -904,7 +905,7 @@ template <int KB> struct DecodeMmaKeyBits {
       switch (bl.value_bits) {
         case 2:
           // The default storage (K4V2 G32) has its own instance with G fixed.
-          if (KB == 4 && bl.group == 32) fn(decode_mma_kernel<T, D, KB, 2, KB == 4 ? 32 : 0>);
+          if (KB == 4 && bl.group == 32) fn(decode_mma_kernel<T, D, KB, 2, kDefaultGroup>);
           else fn(decode_mma_kernel<T, D, KB, 2, 0>);
           break;
         case 4: fn(decode_mma_kernel<T, D, KB, 4, 0>); break;
