@@ -62,17 +62,16 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
 
 // 16-byte global → shared copy; bytes past `src_bytes` (0 or 16) are zero-filled, so rows
 // outside a sequence load as zeros and never read another sequence's (or no) memory.
-__device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(src_bytes));
-}
-// The same to a shared-state-space address (smem_addr): a loop of copies converts the
+// `smem`: a shared-state-space address (smem_addr), so a loop of copies converts its
 // destination once.
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void *gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
 }
+__device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
+  cp_async_16(smem_addr(smem), gmem, valid);
+}
+// The same, always the whole 16 bytes.
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void *gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
 }

@@ -905,7 +905,8 @@ template <int KB> struct DecodeMmaKeyBits {
       switch (bl.value_bits) {
         case 2:
           // The default storage (K4V2 G32) has its own instance with G fixed.
-          if (KB == 4 && bl.group == 32) fn(decode_mma_kernel<T, D, KB, 2, kDefaultGroup>);
+          if (kDefaultGroup != 0 && bl.group == kDefaultGroup)
+            fn(decode_mma_kernel<T, D, KB, 2, kDefaultGroup>);
           else fn(decode_mma_kernel<T, D, KB, 2, 0>);
           break;
         case 4: fn(decode_mma_kernel<T, D, KB, 4, 0>); break;
