@@ -25,6 +25,7 @@
 #include "cuda_debug.h"
 #include "cuda_shapes.h"
 #include "decode_generic_plan.h"
+#include "decode_k4v2_plan.h"
 #include "decode_mma_plan.h"
 #include "launchers.h"
 
@@ -150,22 +151,37 @@ class CudaBackend final : public Backend {
     // MHA takes the tensor-core kernel where it measured faster than the generic one: values
     // of 2 or 16 bits (bench/results, the decode matrix); GQA always.
     const bool mma_first = n_rep >= 2 || spec.block.value_bits == 2 || spec.block.value_bits == 16;
+    // The default storage's kernel needs an sm_90 image that this device loads.
+    const uint32_t k4v2_heads = decode_mma_heads_per_cta(n_rep);
+    const uint32_t k4v2_ctas = decode_k4v2_path(spec.block, n_rep)
+                                   ? configure_decode_k4v2(cfg_.dtype, spec.block, k4v2_heads)
+                                   : 0;
+    const bool k4v2_ok = k4v2_ctas > 0;
     decode_kernel_ = fast_ok                ? DecodeKernel::kFast
+                     : k4v2_ok             ? DecodeKernel::kK4V2
                      : mma_ok && mma_first ? DecodeKernel::kMma
                                            : DecodeKernel::kGeneric;
     if (const char *forced = std::getenv("MINIKV_DECODE_KERNEL")) {
       const std::string name(forced);
       if (name == "fast" && fast_ok) decode_kernel_ = DecodeKernel::kFast;
+      else if (name == "k4v2" && k4v2_ok) decode_kernel_ = DecodeKernel::kK4V2;
       else if (name == "mma" && mma_ok) decode_kernel_ = DecodeKernel::kMma;
       else if (name == "generic") decode_kernel_ = DecodeKernel::kGeneric;
       else if (!name.empty())
         fail(MINIKV_ERR_UNSUPPORTED,
              "minikv_cache_create: MINIKV_DECODE_KERNEL=%s cannot decode this configuration "
-             "(fast: 2-bit keys and values, G 16, no sinks, n_rep 1/2/4/8; mma: "
-             "G >= 16 with head_dim / G <= 8; generic: any)",
+             "(fast: 2-bit keys and values, G 16, no sinks, n_rep 1/2/4/8; k4v2: 4-bit keys, "
+             "2-bit values, G 32, head_dim 64/128, sm_90; mma: G >= 16 with head_dim / G <= 8; "
+             "generic: any)",
              forced);
     }
     switch (decode_kernel_) {
+      case DecodeKernel::kK4V2:
+        heads_per_cta_ = k4v2_heads;
+        k4v2_plan_ = make_k4v2_launch_plan(spec.block, heads_per_cta_);
+        decode_tile_ = k4v2_plan_.g.qtile;
+        decode_slots_ = num_sms_ * k4v2_ctas;
+        break;
       case DecodeKernel::kFast:
         heads_per_cta_ = n_rep;
         decode_slots_ = num_sms_ * decode_fast_ctas_per_sm(cfg_.dtype, D, n_rep);
@@ -394,6 +410,7 @@ class CudaBackend final : public Backend {
       p.splits = static_cast<uint32_t>(std::max<uint64_t>(splits, 1));
       switch (decode_kernel_) {
         case DecodeKernel::kFast: launch_decode_fast(cfg_.dtype, D, p, stream); break;
+        case DecodeKernel::kK4V2: launch_decode_k4v2(cfg_.dtype, p, k4v2_plan_, stream); break;
         case DecodeKernel::kMma: launch_decode_mma(cfg_.dtype, p, mma_plan_, stream); break;
         case DecodeKernel::kGeneric: launch_decode_generic(cfg_.dtype, p, stream); break;
       }
@@ -577,9 +594,10 @@ class CudaBackend final : public Backend {
   uint32_t num_sms_ = 0;
   uint32_t ws_tokens_ = 0;
   uint32_t heads_per_cta_ = 1;  // query heads of one decode CTA
-  enum class DecodeKernel { kFast, kMma, kGeneric };
+  enum class DecodeKernel { kFast, kK4V2, kMma, kGeneric };
   DecodeKernel decode_kernel_ = DecodeKernel::kGeneric;  // the decode plan
   MmaLaunchPlan mma_plan_{};  // the tensor-core kernel's tiles and stages (kMma)
+  K4V2LaunchPlan k4v2_plan_{};  // the default storage kernel's (kK4V2)
   bool prefill_wgmma_ = false;  // prefill_wgmma_usable(): the sm_90a forward on this device
   bool prefill_scores_wgmma_ = false;  // prefill_scores_wgmma_usable(): the sm_90a score pass
   uint64_t decode_slots_ = 1;   // resident decode CTAs on the device

@@ -70,6 +70,18 @@ __device__ __forceinline__ void store_appended_row(const DecodeParams &p, uint32
         p.new_position[seq];
 }
 
+// Byte offsets inside a block of the CTA's KV head's regions (a block is far below 4 GB).
+struct HeadRegions {
+  uint32_t k_codes, v_codes, k_scale, k_min, v_scale, v_min;
+  __device__ HeadRegions(const BlockLayout &bl, uint32_t kvh)
+      : k_codes(uint32_t(bl.k_codes + kvh * bl.k_codes_head())),
+        v_codes(uint32_t(bl.v_codes + kvh * bl.v_codes_head())),
+        k_scale(uint32_t(bl.k_scale + kvh * bl.k_scale_head())),
+        k_min(uint32_t(bl.k_min + kvh * bl.k_scale_head())),
+        v_scale(uint32_t(bl.v_scale + kvh * bl.v_scale_head())),
+        v_min(uint32_t(bl.v_min + kvh * bl.v_scale_head())) {}
+};
+
 // Channel ch of query head `head` (sequence-major: seq · num_heads + h) once a CTA has its
 // (max m, sum l, unnormalized output o): the normalized output where the launch has one
 // split, else the split's partial for decode_merge.cu (m and l written with channel 0).

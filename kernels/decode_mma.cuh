@@ -189,18 +189,6 @@ struct MmaDecodeArgs {
 };
 static_assert(sizeof(MmaDecodeArgs) <= 4096, "kernel parameters exceed 4 KB");
 
-// Byte offsets inside a block of the CTA's KV head's regions (a block is far below 4 GB).
-struct HeadRegions {
-  uint32_t k_codes, v_codes, k_scale, k_min, v_scale, v_min;
-  __device__ HeadRegions(const BlockLayout &bl, uint32_t kvh)
-      : k_codes(uint32_t(bl.k_codes + kvh * bl.k_codes_head())),
-        v_codes(uint32_t(bl.v_codes + kvh * bl.v_codes_head())),
-        k_scale(uint32_t(bl.k_scale + kvh * bl.k_scale_head())),
-        k_min(uint32_t(bl.k_min + kvh * bl.k_scale_head())),
-        v_scale(uint32_t(bl.v_scale + kvh * bl.v_scale_head())),
-        v_min(uint32_t(bl.v_min + kvh * bl.v_scale_head())) {}
-};
-
 // Stages tile `tr` into the stage buffer at shared-state-space address `stage`.
 template <typename T, int D, int KB, int VB, int kG>
 __device__ void stage_tile(const MmaDecodeArgs &a, const TileRef &tr, const int32_t *table,

@@ -77,6 +77,16 @@ uint32_t configure_decode_mma(minikv_dtype dtype, const BlockLayout &bl);
 struct MmaLaunchPlan;
 void launch_decode_mma(minikv_dtype dtype, const DecodeParams &p, const MmaLaunchPlan &plan,
                        cudaStream_t stream);
+// decode_k4v2.cu: the default storage (4-bit keys, 2-bit values, G = 32, head_dim 64/128) on
+// sm_90, four-warp CTAs of 4 or 8 query-head slots over the tiles of decode_k4v2_plan.h.
+bool decode_k4v2_path(const BlockLayout &bl, uint32_t n_rep);
+// Raises the kernel's shared-memory limit; returns resident CTAs per SM, or 0 where this
+// device cannot run it (no sm_90 image loaded).
+uint32_t configure_decode_k4v2(minikv_dtype dtype, const BlockLayout &bl, uint32_t heads_per_cta);
+// plan: make_k4v2_launch_plan(p.st.block, p.heads_per_cta), made once at create.
+struct K4V2LaunchPlan;
+void launch_decode_k4v2(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
+                        cudaStream_t stream);
 // decode_merge.cu: out = the combine of p.splits partials per (sequence, query head).
 void launch_decode_merge(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
                          cudaStream_t stream);

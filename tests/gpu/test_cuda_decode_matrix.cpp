@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <utility>
 
 #include "../../kernels/cuda_shapes.h"
 #include "cpu_gpu_pair.h"
@@ -70,15 +71,24 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
                              (s.dtype == F16 ? " f16" : " bf16") +
                              (s.sinks ? " sinks " + std::to_string(s.sinks) : "") +
                              (s.residual ? " R " + std::to_string(s.residual) : "");
-    SUBCASE(name.c_str()) {
-      const uint32_t kv_heads = s.n_rep >= 8 ? 1 : 2;
-      const uint32_t R = s.residual ? s.residual : s.group * 2;
-      gt::Case c{name.c_str(), s.dtype, s.head_dim, kv_heads * s.n_rep, kv_heads,
-                 MINIKV_SCORE_CUMULATIVE, s.key_bits, s.value_bits, s.group,
-                 R, MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f,
-                 {1, s.group - 1, s.group + 1, 333, 1200}, R + 9};
-      c.sinks = s.sinks;
-      gt::run_case(c);
+    // The default storage runs its own kernel where it compiles (sm_90); the tensor-core
+    // kernel's instance for it stays checked by forcing it.
+    const bool k4v2 = s.key_bits == 4 && s.value_bits == 2 && s.group == 32 &&
+                      (s.head_dim == 64 || s.head_dim == 128);
+    for (const char *kernel : {static_cast<const char *>(nullptr), "mma"}) {
+      if (kernel != nullptr && !k4v2) break;
+      const std::string sub = kernel ? name + " (" + kernel + ")" : name;
+      SUBCASE(sub.c_str()) {
+        const gt::DecodeKernelChoice choice(kernel);
+        const uint32_t kv_heads = s.n_rep >= 8 ? 1 : 2;
+        const uint32_t R = s.residual ? s.residual : s.group * 2;
+        gt::Case c{sub.c_str(), s.dtype, s.head_dim, kv_heads * s.n_rep, kv_heads,
+                   MINIKV_SCORE_CUMULATIVE, s.key_bits, s.value_bits, s.group,
+                   R, MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f,
+                   {1, s.group - 1, s.group + 1, 333, 1200}, R + 9};
+        c.sinks = s.sinks;
+        gt::run_case(c);
+      }
     }
   }
 }
@@ -89,14 +99,16 @@ TEST_CASE("decode matches the CPU backend with extreme query magnitudes in every
   // storage and on the generic kernel's, at head_dim 128 and at the generic kernel's other
   // lane mappings (80: idle lanes, 256: a row per warp).
   for (const float q_scale : {1e-3f, 40.0f}) {
-    for (const uint32_t bits : {2u, 4u}) {
+    // (key bits, group): the fast path's and the generic kernel's storage, and the default
+    // storage (its own kernel at head_dim 128).
+    for (const auto [bits, group] : {std::pair{2u, 16u}, std::pair{4u, 16u}, std::pair{4u, 32u}}) {
       for (const uint32_t head_dim : {128u, 80u, 256u}) {
         if (!minikv::kernels::head_dim_compiled(head_dim)) continue;
-        const std::string name = std::to_string(bits) + "-bit hd" + std::to_string(head_dim) +
-                                 " q_scale " + std::to_string(q_scale);
+        const std::string name = std::to_string(bits) + "-bit G" + std::to_string(group) + " hd" +
+                                 std::to_string(head_dim) + " q_scale " + std::to_string(q_scale);
         SUBCASE(name.c_str()) {
           gt::Case c{name.c_str(), MINIKV_DTYPE_F16, head_dim, 8, 2, MINIKV_SCORE_CUMULATIVE,
-                     bits, 2, 16, 64, MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f, {700, 90}, 20};
+                     bits, 2, group, 4 * group, MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f, {700, 90}, 20};
           c.q_scale = q_scale;
           gt::run_case(c);
         }
@@ -110,11 +122,13 @@ TEST_CASE("decode stays finite when the staged code bytes read as fp16 NaN") {
   // Keys and values at two levels: nearly every 8-bit (4-bit) code is all ones, and the
   // tensor-core kernel's stage rows past a short sink or residual tile once held such bytes
   // (NaN as fp16; 0 * NaN poisoned the P.V accumulators). Keep-all: no selection ties.
-  for (const uint32_t bits : {8u, 4u}) {
+  // (key bits, value bits): 4/2 is the default storage (its own kernel).
+  for (const auto [kbits, vbits] : {std::pair{8u, 8u}, std::pair{4u, 4u}, std::pair{4u, 2u}}) {
     for (const minikv_dtype dt : {MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
-      const std::string name = std::to_string(bits) + "-bit" + (dt == MINIKV_DTYPE_F16 ? " f16" : " bf16");
+      const std::string name = "K" + std::to_string(kbits) + "V" + std::to_string(vbits) +
+                               (dt == MINIKV_DTYPE_F16 ? " f16" : " bf16");
       SUBCASE(name.c_str()) {
-        gt::Case c{name.c_str(), dt, 64, 6, 2, MINIKV_SCORE_CUMULATIVE, bits, bits, 32, 64,
+        gt::Case c{name.c_str(), dt, 64, 6, 2, MINIKV_SCORE_CUMULATIVE, kbits, vbits, 32, 64,
                    MINIKV_BUDGET_UNIFORM, 0.5f, 0.5f, {1200, 334, 70}, 73};  // even: keep all
         c.sinks = 4;
         c.saturated = true;

@@ -3,7 +3,7 @@
 //     65536 (past the fp16 maximum), and bf16 K/V of magnitude 2^60 (with |q| |k| ~ 1, the
 //     bound minikv.h states for CUDA bf16), give finite outputs
 //     that match the CPU backend (which clamps dequantized values and outputs) in prefill,
-//     decode and append_decode, on each decode kernel (fast, mma, generic);
+//     decode and append_decode, on each decode kernel (fast, k4v2, mma, generic);
 //   - non-finite inputs (NaN, +-inf in q, k or v, at prefill, append, decode and
 //     append_decode) stay inside the (sequence, layer) they were given for: the other
 //     sequences' outputs are bit for bit those of a control cache that never saw them, the
@@ -279,7 +279,8 @@ TEST_CASE("CUDA outputs stay finite and match the CPU for fp16 values at 65504")
   // dequantize to 65520), where the CPU backend returns 65504.
   const minikv_dtype F16 = MINIKV_DTYPE_F16;
   run_extreme(config_of(F16, 2, 2, 16, 0, 8, 2), 65504.0f, "fast kernel: 2-bit, G 16, GQA 4");
-  run_extreme(config_of(F16, 4, 2, 32, 4, 8, 2), 65504.0f, "mma kernel: 4/2-bit, G 32, 4 sinks");
+  run_extreme(config_of(F16, 4, 2, 32, 4, 8, 2), 65504.0f, "k4v2 kernel: 4/2-bit, G 32, 4 sinks");
+  run_extreme(config_of(F16, 4, 2, 32, 4, 8, 2), 65504.0f, "mma kernel: 4/2-bit, G 32, 4 sinks", "mma");
   run_extreme(config_of(F16, 4, 2, 32, 4, 8, 2), 65504.0f, "generic kernel: 4/2-bit, G 32, 4 sinks",
               "generic");
   run_extreme(config_of(F16, 16, 16, 16, 0, 4, 4), 65504.0f, "generic kernel: 16-bit storage, MHA");
@@ -290,13 +291,14 @@ TEST_CASE("CUDA bf16 values of magnitude 2^60 decode as on the CPU") {
   const float M = 1152921504606846976.0f;  // 2^60: the bound minikv.h states for CUDA bf16
   const minikv_dtype BF16 = MINIKV_DTYPE_BF16;
   run_extreme(config_of(BF16, 2, 2, 16, 0, 4, 4), M, "fast kernel");
-  run_extreme(config_of(BF16, 4, 2, 32, 4, 8, 2), M, "mma kernel");
+  run_extreme(config_of(BF16, 4, 2, 32, 4, 8, 2), M, "k4v2 kernel");
+  run_extreme(config_of(BF16, 4, 2, 32, 4, 8, 2), M, "mma kernel", "mma");
   run_extreme(config_of(BF16, 4, 2, 32, 4, 8, 2), M, "generic kernel", "generic");
 }
 
 TEST_CASE("non-finite inputs on CUDA stay inside their sequence and layer") {
   GPU_OR_SKIP();
-  for (const char *kernel : {"fast", "mma", "generic"}) {
+  for (const char *kernel : {"fast", "k4v2", "mma", "generic"}) {
     CAPTURE(kernel);
     const bool fast = kernel[0] == 'f';
     const minikv_config cfg = fast ? config_of(MINIKV_DTYPE_F16, 2, 2, 16, 0, 8, 2)

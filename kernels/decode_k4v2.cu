@@ -1,0 +1,685 @@
+// Decode attention for the default storage (4-bit keys, 2-bit values, G = 32; attention
+// sinks and the 16-bit residual), sm_90: the tensor-core kernel of decode_mma.cuh with its
+// work split differently across the four warps of a CTA, so that per-warp bookkeeping is
+// paid per 128-token tile of the CTA, not per 32-token share of each warp.
+//
+// One CTA of four warps per (split, KV head × chunk of <= kH query heads, sequence), kH = 4
+// or 8 head slots. Warp 0 stages each tile with bulk copies (one per region of the block,
+// which stores a tile's rows contiguously) completed on an mbarrier; three stages.
+// Lane (g, i) = (lane / 4, lane % 4) in the mma fragment notation; lane i holds query heads
+// i + 4η (η < kH / 4).
+//
+// QK, per 64-token pass (M = tokens, N = (head, hi / lo), K = channels, mma.sync m16n8k16):
+//   warp w takes tokens 16w + g and 16w + g + 8 of the pass, which lie in key group
+//   2·pass + w / 2. A = the codes as fp16 subnormals, key pairs as in decode_mma.cuh (one
+//   LOP3 per pair). B = q ⊙ s_k of the group in the exact hi + lo fp16 pieces of
+//   decode_mma.cuh, built once per tile by all 128 threads (thread = key group × head ×
+//   quarter of the channels × half) into shared memory, rows (group parity, head, piece),
+//   and read by ldmatrix. The bias q · m_k of each (head, group) is one mma<T> of exact
+//   products per warp over its quarter of the channels, summed over the warps.
+// Softmax: one running max per head for the whole CTA (the tile's maxima meet in shared
+//   memory), so every warp's probabilities share one scale and P·V can sum over every
+//   warp's tokens.
+// PV (M = channels, N = (head, value group), K = the tile's tokens): warp w owns, in each
+//   64-channel span, the channels 8g + 2w (row g) and 8g + 2w + 1 (row g + 8): ldmatrix.trans
+//   of the value rows puts chunk g (channels 8g .. 8g + 7, 2 bits each) of two tokens in one
+//   register, and one LOP3 (after a shift by 8 for w >= 2) takes code 2w or 2w + 1 of both as
+//   fp16 subnormals. Rows g < 4 lie in the span's first value group, rows g >= 4 in its
+//   second, so B has a column per (head, group): fp16(p · s_v · 2^Sv), written by the lanes
+//   that hold p (the one rounding MINIKV.md allows), Sv a power of two common to the CTA
+//   that keeps every p · s_v · 2^Sv below 2^15 (lowered when a tile needs it, the
+//   accumulators rescaled). K positions 2m and 2m + 1 of a k-step are its tokens m and
+//   m + 8, so a lane's two probabilities of a head are one 32-bit store. Σ p · m_v runs on
+//   the CUDA cores (per lane: its tokens × value groups).
+// 16-bit tiles (sinks, residual; 32 rows): QK is an mma<T> of the K rows (ldmatrix)
+//   against q (exact products); PV an mma<T> of the V rows against p (fp16 · 2^12, or bf16
+//   in two pieces) into separate accumulators.
+// Error against the CPU backend's fp32 decode: the bounds of decode_mma.cuh (the same
+// operands and roundings). Results: the normalized output (one split) or the split's
+// (max, sum, unnormalized output) for decode_merge.cu.
+#include "bulk_copy.cuh"
+#include "decode_k4v2_plan.h"
+#include "decode_mma.cuh"  // key pairs, fp16 operand helpers, ProbOperand
+
+namespace minikv {
+namespace kernels {
+namespace {
+
+struct K4V2Args {
+  DecodeParams p;
+  K4V2Plan g;
+  FastDivU32 block_tokens;  // R
+};
+static_assert(sizeof(K4V2Args) <= 4096, "kernel parameters exceed 4 KB");
+
+__device__ __forceinline__ uint32_t lds32(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
+__device__ __forceinline__ void sts32(uint8_t *p, uint32_t v) { *reinterpret_cast<uint32_t *>(p) = v; }
+
+// Tile `tr` into the stage at shared address dst, by warp 0: one bulk copy per region of a
+// quantized tile, one per row of a 16-bit tile (rows land p_stride apart; the appended
+// token's row comes from the caller's buffer).
+template <typename T, int D>
+__device__ __forceinline__ void k4v2_stage(const K4V2Args &a, const TileRef &tr, const int32_t *table,
+                                           const uint8_t *res_slot, uint32_t kvh, const HeadRegions &hr,
+                                           uint32_t dst, uint32_t bar, uint32_t lane) {
+  const DecodeParams &p = a.p;
+  const K4V2Plan &g = a.g;
+  const BlockLayout &bl = p.st.block;
+  constexpr uint32_t e = sizeof(T), VG = D / kK4V2Group;
+  if (tr.segment == kSegQuantized) {
+    const uint32_t blk = a.block_tokens.div(tr.first);
+    const uint32_t row0 = tr.first - blk * bl.tokens;  // qtile divides R
+    const uint8_t *block = p.st.pool + uint64_t(table[blk]) * bl.bytes;
+    const uint32_t n = tr.count;  // a multiple of G
+    const uint32_t kc = n * D / 2, vc = n * D / 4, ks = n / kK4V2Group * D * e, vs = n * VG * e;
+    if (lane == 0) bulk::mbar_arrive_expect_tx(bar, kc + vc + 2 * ks + 2 * vs);
+    __syncwarp();
+    const uint32_t kat = row0 / kK4V2Group * D * e, vat = row0 * VG * e;
+    switch (lane) {
+      case 0: bulk::copy(dst, block + hr.k_codes + row0 * (D / 2), kc, bar); break;
+      case 1: bulk::copy(dst + g.q_vcodes, block + hr.v_codes + row0 * (D / 4), vc, bar); break;
+      case 2: bulk::copy(dst + g.q_kscale, block + hr.k_scale + kat, ks, bar); break;
+      case 3: bulk::copy(dst + g.q_kmin, block + hr.k_min + kat, ks, bar); break;
+      case 4: bulk::copy(dst + g.q_vscale, block + hr.v_scale + vat, vs, bar); break;
+      case 5: bulk::copy(dst + g.q_vmin, block + hr.v_min + vat, vs, bar); break;
+      default: break;
+    }
+  } else {
+    const RowTileSource src = row_tile_source(p, tr, res_slot, kvh);
+    constexpr uint32_t kRow = D * e;
+    if (lane == 0) bulk::mbar_arrive_expect_tx(bar, 2 * tr.count * kRow);
+    __syncwarp();
+    for (uint32_t r = lane; r < tr.count; r += 32) {
+      const bool sub = r == src.sub;
+      bulk::copy(dst + r * g.p_stride, sub ? src.sub_k : src.k + r * kRow, kRow, bar);
+      bulk::copy(dst + g.p_v + r * g.p_stride, sub ? src.sub_v : src.v + r * kRow, kRow, bar);
+    }
+  }
+}
+
+/// \tparam T  dtype of q/out, scales and 16-bit rows (__half or __nv_bfloat16)
+/// \tparam D  head_dim (64 or 128)
+/// \tparam kH query-head slots per CTA (4 or 8)
+template <typename T, int D, int kH>
+__global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __grid_constant__ K4V2Args a) {
+#if __CUDA_ARCH__ >= 900
+  using KP = KeyPairs<4>;
+  using Prob = ProbOperand<T>;
+  constexpr int KS = D / 16;          // 16-channel k-steps of a key row
+  constexpr int S = D / 64;           // 64-channel spans of a value row (one 16-byte unit each)
+  constexpr int VG = D / kK4V2Group;  // value groups of a token
+  constexpr int NE = kH / 4;          // query heads per lane
+  constexpr uint32_t e = sizeof(T);
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(kH == 4 || kH == 8, "4 or 8 head slots");
+
+  extern __shared__ __align__(16) uint8_t smem[];
+  const uint32_t smem_s = smem_addr(smem);
+  const DecodeParams &p = a.p;
+  const K4V2Plan &g = a.g;
+  const uint32_t tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, qi = lane & 3;
+  const uint32_t split = blockIdx.x, seq = blockIdx.z;
+  const uint32_t n_rep = p.num_heads / p.num_kv_heads, per = p.heads_per_cta;
+  const uint32_t chunks = (n_rep + per - 1) / per;
+  const uint32_t kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
+  const uint32_t h0 = kvh * n_rep + chunk * per, nh = min(per, n_rep - chunk * per);
+
+  T *qn = reinterpret_cast<T *>(smem + g.qn);
+  float *uq_s = reinterpret_cast<float *>(smem + g.uq);
+  float *us_s = reinterpret_cast<float *>(smem + g.us);
+  float *bias_part = reinterpret_cast<float *>(smem + g.bias_part);  // [warp][8][8]
+  float *red = reinterpret_cast<float *>(smem + g.red);              // [warp][kH + 1]
+  float *fin = reinterpret_cast<float *>(smem + g.fin);              // [warp][kH][1 + VG]
+  const uint32_t bar0 = smem_s + g.mbar;
+
+  // The CTA's queries (zeros past its heads), and the stages' barriers.
+  for (uint32_t x = tid; x < kH * D / 8; x += kK4V2Threads) {
+    const uint32_t h = x / (D / 8), c8 = x % (D / 8);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (h < nh) v = reinterpret_cast<const uint4 *>(static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0 + h) * D)[c8];
+    reinterpret_cast<uint4 *>(qn)[x] = v;
+  }
+  if (tid == 0) {
+    for (uint32_t s = 0; s < kK4V2Stages; ++s) bulk::mbar_init(bar0 + 8 * s, 1);
+    bulk::fence_mbar_init();
+  }
+  __syncthreads();
+
+  // This thread's share of the key operand: key group w of a tile, head slots uh + 4η,
+  // quarter ui of the channels, half uk of its key pairs (D / 8 contiguous channels).
+  const uint32_t uh = lane >> 3, ui = (lane >> 1) & 3, uk = lane & 1;
+  const uint32_t uc0 = ui * (D / 4) + uk * (D / 8);
+  uint32_t q2[NE][KS];  // q' pairs (key-pair order), prescaled by 2^(kq - offset)
+#pragma unroll
+  for (int eta = 0; eta < NE; ++eta) {
+    const T *qh = qn + (uh + 4 * eta) * D + uc0;
+    float qq[D / 8];
+#pragma unroll
+    for (int v = 0; v < D / 64; ++v) {
+      float f[8];
+      unpack8<T>(reinterpret_cast<const uint4 *>(qh)[v], f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) qq[8 * v + j] = f[j];
+    }
+    float mx = 0.0f;
+#pragma unroll
+    for (int P = 0; P < KS; ++P) {
+      const float inv = pow2i(-KP::offset(P));
+      mx = fmaxf(mx, fmaxf(fabsf(qq[KP::lo(P)] * inv), fabsf(qq[KP::hi(P)] * inv)));
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
+    mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 4));
+    const int kq = mx > 0.0f ? clamp_exp(6 - exponent_of(mx), 100) : 0;
+#pragma unroll
+    for (int P = 0; P < KS; ++P) {
+      const float f = pow2i(kq - KP::offset(P));
+      q2[eta][P] = pack_f16(qq[KP::lo(P)] * f, qq[KP::hi(P)] * f);
+    }
+    if (w == 0 && (lane & 7) == 0) uq_s[uh + 4 * eta] = pow2i(12 - kq);
+  }
+  // The bias mma's A operand: q of head g (rows 0..7), this warp's quarter of the k-steps.
+  uint32_t qa[KS / 4][2];
+#pragma unroll
+  for (int kk = 0; kk < KS / 4; ++kk) {
+    const int ks = w * (KS / 4) + kk;
+    const bool live = gq < uint32_t(kH);
+    qa[kk][0] = live ? lds32(reinterpret_cast<const uint8_t *>(qn + gq * D + 16 * ks + 2 * qi)) : 0u;
+    qa[kk][1] = live ? lds32(reinterpret_cast<const uint8_t *>(qn + gq * D + 16 * ks + 8 + 2 * qi)) : 0u;
+  }
+
+  const SequenceTiles<K4V2Plan> tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], g);
+  const uint32_t per_split = (tiles.total + p.splits - 1) / p.splits;
+  const uint32_t t_begin = min(tiles.total, split * per_split);
+  const uint32_t t_end = min(tiles.total, t_begin + per_split);
+  const uint32_t slot = p.slot[seq];
+  const int32_t *table = p.st.block_table + uint64_t(slot) * p.st.max_blocks_per_seq;
+  const uint8_t *res_slot = p.st.residual + uint64_t(slot) * p.st.res.bytes;
+  const HeadRegions regions(p.st.block, kvh);
+
+  // Per lane: running max and its part of the sum per head; the quantized values'
+  // accumulators (units: code patterns · 2^(o − 24) · 2^Sv) and the 16-bit rows' (p ·
+  // Prob::kScale), [span][head block][C fragment]; Σ p · m_v per head and value group.
+  float m_run[NE], l_part[NE], acc[S][NE][4], acc16[S][NE][4], vb[NE][VG];
+#pragma unroll
+  for (int eta = 0; eta < NE; ++eta) {
+    m_run[eta] = -INFINITY;
+    l_part[eta] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VG; ++j) vb[eta][j] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[s][eta][c] = acc16[s][eta][c] = 0.0f;
+  }
+  int Sv = 0;
+  bool sv_set = false;
+
+  if (split == 0 && chunk == 0) store_appended_row(p, seq, kvh, tid, kK4V2Threads);
+
+  constexpr uint32_t ahead = kK4V2Stages - 1;
+  if (w == 0) {
+    for (uint32_t s = 0; s < ahead; ++s)
+      if (t_begin + s < t_end)
+        k4v2_stage<T, D>(a, tiles.tile(t_begin + s, g), table, res_slot, kvh, regions,
+                         smem_s + s * g.stage_bytes, bar0 + 8 * s, lane);
+  }
+  uint32_t phases = 0, buf = 0, nxt = ahead;
+  for (uint32_t ti = t_begin; ti < t_end; ++ti) {
+    bulk::mbar_wait(bar0 + 8 * buf, (phases >> buf) & 1u);
+    phases ^= 1u << buf;
+    // Every warp is done with the previous tile: its stage (the next copy's), and the
+    // operand buffers this tile rewrites.
+    __syncthreads();
+    if (w == 0 && ti + ahead < t_end)
+      k4v2_stage<T, D>(a, tiles.tile(ti + ahead, g), table, res_slot, kvh, regions,
+                       smem_s + nxt * g.stage_bytes, bar0 + 8 * nxt, lane);
+    const uint8_t *stage = smem + buf * g.stage_bytes;
+    buf = buf + 1 == kK4V2Stages ? 0 : buf + 1;
+    nxt = nxt + 1 == kK4V2Stages ? 0 : nxt + 1;
+    const TileRef tr = tiles.tile(ti, g);
+    const uint32_t count = tr.count;
+
+    float lg[2][NE][2];  // [pass][head][row r: token 16w + g + 8r of the pass], log2 units
+    float vmx = 0.0f;    // the largest value scale of the lane's tokens
+    uint32_t svw[2][2][(VG + 1) / 2], mvw[2][2][(VG + 1) / 2];  // their value scales, minima (dtype)
+    const bool quant = tr.segment == kSegQuantized;
+    if (quant) {
+      const uint32_t groups = count / kK4V2Group;
+      // 1. The key operand of group w: hi and lo pieces per (head, channel pair).
+      if (w < groups) {
+        const uint8_t *srow = stage + g.q_kscale + w * D * e + uc0 * e;
+        uint32_t sw[D / 16];
+#pragma unroll
+        for (int v = 0; v < D / 64; ++v) {
+          const uint4 u = reinterpret_cast<const uint4 *>(srow)[v];
+          sw[4 * v] = u.x;
+          sw[4 * v + 1] = u.y;
+          sw[4 * v + 2] = u.z;
+          sw[4 * v + 3] = u.w;
+        }
+        // The group's largest scale (scales are >= 0: their 16-bit patterns order as integers).
+        uint32_t m2 = sw[0] & 0x7fff7fffu;
+#pragma unroll
+        for (int j = 1; j < D / 16; ++j) m2 = __vmaxu2(m2, sw[j] & 0x7fff7fffu);
+        uint32_t mb = max(m2 & 0xffffu, m2 >> 16);
+        mb = max(mb, __shfl_xor_sync(kFull, mb, 1));
+        mb = max(mb, __shfl_xor_sync(kFull, mb, 2));
+        mb = max(mb, __shfl_xor_sync(kFull, mb, 4));
+        const float mx = elem_to_float<T>(mb, 0);
+        const int ks = mx > 0.0f ? clamp_exp(7 - exponent_of(mx), 100) : 0;
+        if (lane == 0) us_s[w] = pow2i(12 - ks);
+        uint32_t s2[KS];  // s' = s · 2^ks of each key pair's channels
+        if (std::is_same<T, __half>::value && ks >= -14 && ks <= 15) {
+          const uint32_t f2 = pack_f16(pow2i(ks), pow2i(ks));
+#pragma unroll
+          for (int P = 0; P < KS; ++P) {
+            const int lo = KP::lo(P), hi = KP::hi(P);
+            const uint32_t sel = (lo & 1 ? 0x32u : 0x10u) | (hi & 1 ? 0x7600u : 0x5400u);
+            s2[P] = hmul2_bits(prmt(sw[lo / 2], sw[hi / 2], sel), f2);
+          }
+        } else {
+          const float f = pow2i(ks);
+#pragma unroll
+          for (int P = 0; P < KS; ++P) {
+            const int lo = KP::lo(P), hi = KP::hi(P);
+            s2[P] = pack_f16(elem_to_float<T>(sw[lo / 2], lo & 1) * f, elem_to_float<T>(sw[hi / 2], hi & 1) * f);
+          }
+        }
+        uint8_t *bq = smem + g.bqk + (w >> 1) * g.bqk_pass;
+#pragma unroll
+        for (int eta = 0; eta < NE; ++eta) {
+          const uint32_t n = 2 * kH * (w & 1) + 2 * (uh + 4 * eta);  // the hi row; lo is n + 1
+#pragma unroll
+          for (int P = 0; P < KS; ++P) {
+            const uint32_t hi = hmul2_bits(q2[eta][P], s2[P]);
+            const uint32_t lo = hfms2_bits(q2[eta][P], s2[P], hi);
+            const int Pq = int(uk) * KS + P;  // the pair's index in its quarter
+            const uint32_t k = 16 * (Pq / 2) + 8 * (Pq % 2) + 2 * ui;
+            sts32(bq + n * g.bqk_stride + 2 * k, hi);
+            sts32(bq + (n + 1) * g.bqk_stride + 2 * k, lo);
+          }
+        }
+      }
+      // The bias q · m_k: rows = heads, columns = the tile's key groups; this warp's k-steps.
+      {
+        const uint8_t *kmin = stage + g.q_kmin;
+        float cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const bool live = gq < groups;
+#pragma unroll
+        for (int kk = 0; kk < KS / 4; ++kk) {
+          const int ks = int(w) * (KS / 4) + kk;
+          const uint8_t *mrow = kmin + (live ? gq : 0) * D * e + (16 * ks + 2 * qi) * e;
+          const uint32_t b0 = live ? lds32(mrow) : 0u, b1 = live ? lds32(mrow + 8 * e) : 0u;
+          const uint32_t av[4] = {qa[kk][0], 0u, qa[kk][1], 0u};
+          mma_16816<T>(cb, av, b0, b1);
+        }
+        if (gq < uint32_t(kH)) {
+          bias_part[(w * 8 + gq) * 8 + 2 * qi] = cb[0];
+          bias_part[(w * 8 + gq) * 8 + 2 * qi + 1] = cb[1];
+        }
+      }
+      __syncthreads();  // the key operand and the bias partials are complete
+
+      // 2. Logits of the warp's tokens, pass by pass.
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {
+        const bool valid = 64u * pass + 16u * w < count;
+        if (!valid) {
+#pragma unroll
+          for (int eta = 0; eta < NE; ++eta) lg[pass][eta][0] = lg[pass][eta][1] = -INFINITY;
+          continue;
+        }
+        const uint32_t t0 = 64 * pass + 16 * w + gq;
+        uint32_t w0[D / 32], w1[D / 32];
+        {
+          const uint8_t *k0 = stage + t0 * (D / 2) + qi * (D / 8), *k1 = k0 + 8 * (D / 2);
+          if constexpr (D == 128) {
+            const uint4 u0 = *reinterpret_cast<const uint4 *>(k0), u1 = *reinterpret_cast<const uint4 *>(k1);
+            w0[0] = u0.x; w0[1] = u0.y; w0[2] = u0.z; w0[3] = u0.w;
+            w1[0] = u1.x; w1[1] = u1.y; w1[2] = u1.z; w1[3] = u1.w;
+          } else {
+            const uint2 u0 = *reinterpret_cast<const uint2 *>(k0), u1 = *reinterpret_cast<const uint2 *>(k1);
+            w0[0] = u0.x; w0[1] = u0.y;
+            w1[0] = u1.x; w1[1] = u1.y;
+          }
+        }
+        const uint8_t *brow = smem + g.bqk + pass * g.bqk_pass + 2 * kH * (w >> 1) * g.bqk_stride;
+        float d[NE][2][4] = {};  // (head block, k-step parity): independent chains
+#pragma unroll
+        for (int ks = 0; ks < KS; ks += 2) {
+          uint32_t b[NE][4];
+#pragma unroll
+          for (int eta = 0; eta < NE; ++eta)
+            ldmatrix_x4(b[eta], brow + (8 * eta + (lane & 7)) * g.bqk_stride + (16 * ks + 8 * (lane >> 3)) * 2);
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const int k = ks + h2;
+            const uint32_t av[4] = {KP::code_pair(w0[(2 * k) / 4], 2 * k), KP::code_pair(w1[(2 * k) / 4], 2 * k),
+                                    KP::code_pair(w0[(2 * k + 1) / 4], 2 * k + 1),
+                                    KP::code_pair(w1[(2 * k + 1) / 4], 2 * k + 1)};
+#pragma unroll
+            for (int eta = 0; eta < NE; ++eta) mma_16816<__half>(d[eta][h2], av, b[eta][2 * h2], b[eta][2 * h2 + 1]);
+          }
+        }
+        const uint32_t kg = 2 * pass + (w >> 1);  // the warp's key group in the tile
+#pragma unroll
+        for (int eta = 0; eta < NE; ++eta) {
+          const uint32_t h = qi + 4 * eta;
+          float bias = 0.0f;
+#pragma unroll
+          for (int ww = 0; ww < int(kK4V2Warps); ++ww) bias += bias_part[(ww * 8 + h) * 8 + kg];
+          const float un = uq_s[h] * us_s[kg] * p.scale_log2, bl2 = bias * p.scale_log2;
+          lg[pass][eta][0] = fmaf((d[eta][0][0] + d[eta][0][1]) + (d[eta][1][0] + d[eta][1][1]), un, bl2);
+          lg[pass][eta][1] = fmaf((d[eta][0][2] + d[eta][0][3]) + (d[eta][1][2] + d[eta][1][3]), un, bl2);
+        }
+        // The value scales and minima of the two tokens.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t t = t0 + 8 * r;
+          const uint8_t *vs = stage + g.q_vscale + t * VG * e, *vm = stage + g.q_vmin + t * VG * e;
+          if constexpr (VG == 4) {
+            const uint2 s4 = *reinterpret_cast<const uint2 *>(vs), m4 = *reinterpret_cast<const uint2 *>(vm);
+            svw[pass][r][0] = s4.x; svw[pass][r][1] = s4.y;
+            mvw[pass][r][0] = m4.x; mvw[pass][r][1] = m4.y;
+          } else {
+            svw[pass][r][0] = lds32(vs);
+            mvw[pass][r][0] = lds32(vm);
+          }
+#pragma unroll
+          for (int j = 0; j < VG; ++j) vmx = fmaxf(vmx, fabsf(elem_to_float<T>(svw[pass][r][j / 2], j & 1)));
+        }
+      }
+    } else {
+      // 1'. 16-bit rows: logits of tokens 16w + g (+ 8) on warps 0 and 1 (ptile = 32).
+#pragma unroll
+      for (int eta = 0; eta < NE; ++eta) lg[0][eta][0] = lg[0][eta][1] = lg[1][eta][0] = lg[1][eta][1] = -INFINITY;
+      if (16 * w < count) {
+        float d[NE][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+          uint32_t av[4];
+          ldmatrix_x4(av, stage + (16 * w + (lane & 7) + 8 * ((lane >> 3) & 1)) * g.p_stride +
+                              (16 * ks + 8 * (lane >> 4)) * e);
+#pragma unroll
+          for (int eta = 0; eta < NE; ++eta) {
+            // B column g: head g / 2 (+ 4η) for even g, zero for odd g (the "lo" columns).
+            const uint8_t *qrow = reinterpret_cast<const uint8_t *>(qn + ((gq >> 1) + 4 * eta) * D + 16 * ks + 2 * qi);
+            const uint32_t b0 = gq & 1 ? 0u : lds32(qrow), b1 = gq & 1 ? 0u : lds32(qrow + 8 * e);
+            mma_16816<T>(d[eta], av, b0, b1);
+          }
+        }
+#pragma unroll
+        for (int eta = 0; eta < NE; ++eta)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            lg[0][eta][r] = 16 * w + gq + 8 * r < count ? d[eta][2 * r] * p.scale_log2 : -INFINITY;
+      }
+    }
+
+    // 3. The CTA's running max per head (and, for quantized values, Sv).
+    float tmax[NE];
+#pragma unroll
+    for (int eta = 0; eta < NE; ++eta) {
+      tmax[eta] = fmaxf(fmaxf(lg[0][eta][0], lg[0][eta][1]), fmaxf(lg[1][eta][0], lg[1][eta][1]));
+      tmax[eta] = fmaxf(tmax[eta], __shfl_xor_sync(kFull, tmax[eta], 4));
+      tmax[eta] = fmaxf(tmax[eta], __shfl_xor_sync(kFull, tmax[eta], 8));
+      tmax[eta] = fmaxf(tmax[eta], __shfl_xor_sync(kFull, tmax[eta], 16));
+    }
+    vmx = fmaxf(vmx, __shfl_xor_sync(kFull, vmx, 4));
+    vmx = fmaxf(vmx, __shfl_xor_sync(kFull, vmx, 8));
+    vmx = fmaxf(vmx, __shfl_xor_sync(kFull, vmx, 16));
+    if (gq == 0) {
+#pragma unroll
+      for (int eta = 0; eta < NE; ++eta) red[w * (kH + 1) + qi + 4 * eta] = tmax[eta];
+      if (qi == 0) red[w * (kH + 1) + kH] = vmx;
+    }
+    __syncthreads();
+    float base[NE], corr[NE];
+#pragma unroll
+    for (int eta = 0; eta < NE; ++eta) {
+      float mt = m_run[eta];
+#pragma unroll
+      for (int ww = 0; ww < int(kK4V2Warps); ++ww) mt = fmaxf(mt, red[ww * (kH + 1) + qi + 4 * eta]);
+      base[eta] = mt == -INFINITY ? 0.0f : mt;
+      corr[eta] = ex2(m_run[eta] - base[eta]);
+      m_run[eta] = mt;
+    }
+    float rescale = 1.0f;
+    if (quant) {
+      float vt = 0.0f;
+#pragma unroll
+      for (int ww = 0; ww < int(kK4V2Warps); ++ww) vt = fmaxf(vt, red[ww * (kH + 1) + kH]);
+      if (vt > 0.0f) {
+        const int want = clamp_exp(14 - exponent_of(vt), 60);
+        const int sv_new = sv_set ? min(Sv, want) : want;
+        sv_set = true;
+        rescale = pow2i(sv_new - Sv);
+        Sv = sv_new;
+      }
+    }
+    float pr[2][NE][2];
+#pragma unroll
+    for (int eta = 0; eta < NE; ++eta) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          pr[pass][eta][r] = ex2(lg[pass][eta][r] - base[eta]);  // 0 where masked
+          sum += pr[pass][eta][r];
+        }
+      l_part[eta] = fmaf(l_part[eta], corr[eta], sum);
+#pragma unroll
+      for (int s = 0; s < S; ++s)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          acc[s][eta][c] *= corr[eta] * rescale;
+          acc16[s][eta][c] *= corr[eta];
+        }
+#pragma unroll
+      for (int j = 0; j < VG; ++j) vb[eta][j] *= corr[eta];
+    }
+
+    // 4. The B operand of P·V: this warp's k-step(s), K positions 2g and 2g + 1.
+    uint8_t *bpv = smem + g.bpv;
+    if (quant) {
+      const float unit = pow2i(Sv);
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {
+        if (64u * pass + 16u * w >= count) continue;
+        const uint32_t kpos = 16 * (4 * pass + w) + 2 * gq;
+        float sv[2][VG], mv[2][VG];
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int j = 0; j < VG; ++j) {
+            sv[r][j] = elem_to_float<T>(svw[pass][r][j / 2], j & 1) * unit;
+            mv[r][j] = elem_to_float<T>(mvw[pass][r][j / 2], j & 1);
+          }
+#pragma unroll
+        for (int eta = 0; eta < NE; ++eta) {
+          const float p0 = pr[pass][eta][0], p1 = pr[pass][eta][1];
+          const uint32_t h = qi + 4 * eta;
+#pragma unroll
+          for (int j = 0; j < VG; ++j) {
+            // Value group j = span j / 2, column (h, j % 2).
+            sts32(bpv + (j / 2) * g.bpv_span + (2 * h + (j & 1)) * g.bpv_stride + 2 * kpos,
+                  pack_f16(p0 * sv[0][j], p1 * sv[1][j]));
+            vb[eta][j] = fmaf(p0, mv[0][j], fmaf(p1, mv[1][j], vb[eta][j]));
+          }
+        }
+      }
+    } else if (16 * w < count) {
+      const uint32_t kpos = 16 * w + 2 * gq;
+#pragma unroll
+      for (int eta = 0; eta < NE; ++eta) {
+        const uint32_t h = qi + 4 * eta;
+        const Prob pb(pr[0][eta][0], pr[0][eta][1], 0.0f, 0.0f);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {  // both columns of the head: the value-group slots
+          sts32(bpv + (2 * h + c) * g.bpv_stride + 2 * kpos, pb.hi[0]);
+          if constexpr (!std::is_same<T, __half>::value)
+            sts32(bpv + g.bpv_span + (2 * h + c) * g.bpv_stride + 2 * kpos, pb.lo[0]);
+        }
+      }
+    }
+    __syncthreads();  // B of P·V is complete
+
+    // 5. P·V over the tile's k-steps, this warp's channels.
+    if (quant) {
+      const uint8_t *vc = stage + g.q_vcodes;
+      const uint32_t sh = w >= 2 ? 8u : 0u;
+      const uint32_t m0 = (3u << (4 * (w & 1))) * 0x00010001u, m1 = m0 << 2;
+      // ldmatrix.trans row addresses: matrix mi = (K half, span), row = K position → token.
+      const uint32_t mi = lane >> 3, pp = (mi & 1) * 8 + (lane & 7);
+      const uint32_t tok = (pp & 1) ? pp / 2 + 8 : pp / 2;
+      const uint8_t *vaddr = vc + tok * (D / 4) + (S > 1 ? (mi >> 1) * 16 : 0);
+      for (uint32_t kk = 0; kk < count / 16; kk += 2) {
+        uint32_t b[S][NE][4];
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+          for (int eta = 0; eta < NE; ++eta)
+            ldmatrix_x4(b[s][eta], bpv + s * g.bpv_span + (8 * eta + (lane & 7)) * g.bpv_stride +
+                                       (16 * kk + 8 * (lane >> 3)) * 2);
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          uint32_t R[4];
+          ldmatrix_x4_trans(R, vaddr + (16 * (kk + h2)) * (D / 4));
+#pragma unroll
+          for (int s = 0; s < S; ++s) {
+            const uint32_t lo = R[2 * s] >> sh, hi = R[2 * s + 1] >> sh;
+            const uint32_t av[4] = {lo & m0, lo & m1, hi & m0, hi & m1};
+#pragma unroll
+            for (int eta = 0; eta < NE; ++eta)
+              mma_16816<__half>(acc[s][eta], av, b[s][eta][2 * h2], b[s][eta][2 * h2 + 1]);
+          }
+        }
+      }
+    } else {
+      const uint8_t *vrows = stage + g.p_v;
+      for (uint32_t kk = 0; kk * 16 < count; ++kk) {
+        // K positions 2i, 2i + 1, 2i + 8, 2i + 9 are tokens i, i + 8, i + 4, i + 12.
+        const uint32_t tk[4] = {16 * kk + qi, 16 * kk + qi + 8, 16 * kk + qi + 4, 16 * kk + qi + 12};
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          const uint32_t c = 64 * s + 8 * gq + 2 * w;
+          uint32_t W[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) W[j] = tk[j] < count ? lds32(vrows + tk[j] * g.p_stride + c * e) : 0u;
+          const uint32_t av[4] = {prmt(W[0], W[1], 0x5410u), prmt(W[0], W[1], 0x7632u),
+                                  prmt(W[2], W[3], 0x5410u), prmt(W[2], W[3], 0x7632u)};
+#pragma unroll
+          for (int eta = 0; eta < NE; ++eta) {
+            const uint8_t *brow = bpv + (8 * eta + gq) * g.bpv_stride + (16 * kk + 2 * qi) * 2;
+            mma_16816<T>(acc16[s][eta], av, lds32(brow), lds32(brow + 16));
+            if constexpr (!std::is_same<T, __half>::value)
+              mma_16816<T>(acc16[s][eta], av, lds32(brow + g.bpv_span), lds32(brow + g.bpv_span + 16));
+          }
+        }
+      }
+    }
+  }
+
+  // The sums and Σ p · m_v over the warp's lanes of each head, then over the warps.
+#pragma unroll
+  for (int eta = 0; eta < NE; ++eta) {
+    float l = l_part[eta];
+    l += __shfl_xor_sync(kFull, l, 4);
+    l += __shfl_xor_sync(kFull, l, 8);
+    l += __shfl_xor_sync(kFull, l, 16);
+    float v[VG];
+#pragma unroll
+    for (int j = 0; j < VG; ++j) {
+      v[j] = vb[eta][j];
+      v[j] += __shfl_xor_sync(kFull, v[j], 4);
+      v[j] += __shfl_xor_sync(kFull, v[j], 8);
+      v[j] += __shfl_xor_sync(kFull, v[j], 16);
+    }
+    if (gq == 0) {
+      float *f = fin + (w * kH + qi + 4 * eta) * (1 + VG);
+      f[0] = l;
+#pragma unroll
+      for (int j = 0; j < VG; ++j) f[1 + j] = v[j];
+    }
+  }
+  __syncthreads();
+
+  // Each (head, channel) of the output lives in one lane: channel 64s + 8g + 2w + r, its
+  // value group's column 2i + (g / 4) of head block η.
+  const uint32_t col = gq >> 2;
+#pragma unroll
+  for (int eta = 0; eta < NE; ++eta) {
+    const uint32_t h = qi + 4 * eta;
+    if (h >= nh) continue;
+    float L = 0.0f;
+#pragma unroll
+    for (int ww = 0; ww < int(kK4V2Warps); ++ww) L += fin[(ww * kH + h) * (1 + VG)];
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      float VB = 0.0f;
+#pragma unroll
+      for (int ww = 0; ww < int(kK4V2Warps); ++ww) VB += fin[(ww * kH + h) * (1 + VG) + 1 + 2 * s + col];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t ch = 64 * s + 8 * gq + 2 * w + r;
+        const int off = int(4 * (w & 1) + 2 * r);  // the code's bit offset in its fp16 half
+        const float q = col ? acc[s][eta][2 * r + 1] : acc[s][eta][2 * r];
+        const float q16 = col ? acc16[s][eta][2 * r + 1] : acc16[s][eta][2 * r];
+        const float o = fmaf(q, pow2i(24 - off - Sv), fmaf(q16, 1.0f / Prob::kScale, VB));
+        store_decode_result<T, D>(p, uint64_t(seq) * p.num_heads + h0 + h, split, ch, m_run[eta], o, L);
+      }
+    }
+  }
+#endif
+}
+
+template <typename Fn> void dispatch_k4v2(minikv_dtype dtype, uint32_t head_dim, uint32_t kH, Fn &&fn) {
+  dispatch_dtype_head_dim<K4V2DecodeHeadDims>(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
+    using T = decltype(tag);
+    constexpr int D = decltype(hd)::value;
+    if (kH <= 4) fn(decode_k4v2_kernel<T, D, 4>);
+    else fn(decode_k4v2_kernel<T, D, 8>);
+  });
+}
+
+}  // namespace
+
+bool decode_k4v2_path(const BlockLayout &bl, uint32_t n_rep) {
+  return n_rep >= 1 && bl.elem_bytes == 2 && bl.key_bits == 4 && bl.value_bits == 2 &&
+         bl.group == kK4V2Group && in_list(K4V2DecodeHeadDims{}, bl.head_dim) &&
+         head_dim_compiled(bl.head_dim);
+}
+
+uint32_t configure_decode_k4v2(minikv_dtype dtype, const BlockLayout &bl, uint32_t heads_per_cta) {
+  const K4V2LaunchPlan plan = make_k4v2_launch_plan(bl, heads_per_cta);
+  int blocks = 0;
+  bool sm90 = false;
+  dispatch_k4v2(dtype, bl.head_dim, plan.heads, [&](auto kernel) {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess || attr.binaryVersion < 90) return;
+    sm90 = true;
+    MINIKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(plan.g.total)));
+    MINIKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kK4V2Threads,
+                                                                    plan.g.total));
+  });
+  (void)cudaGetLastError();  // a failed attribute query leaves no sticky error
+  return sm90 ? static_cast<uint32_t>(blocks > 0 ? blocks : 1) : 0u;
+}
+
+void launch_decode_k4v2(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
+                        cudaStream_t stream) {
+  const uint32_t n_rep = p.num_heads / p.num_kv_heads;
+  const uint32_t chunks = (n_rep + p.heads_per_cta - 1) / p.heads_per_cta;
+  const K4V2Args args{p, plan.g, plan.block_tokens};
+  dispatch_k4v2(dtype, p.st.block.head_dim, plan.heads, [&](auto kernel) {
+    kernel<<<dim3(p.splits, p.num_kv_heads * chunks, p.n), kK4V2Threads, plan.g.total, stream>>>(args);
+    check_launch_error("decode_k4v2_kernel");
+  });
+  if (p.splits > 1) launch_decode_merge(dtype, p.st.block.head_dim, p, stream);
+}
+
+}  // namespace kernels
+}  // namespace minikv
