@@ -7,7 +7,7 @@
 # NCU_KEEP_REPORTS=1.
 #
 #   bench/ncu.sh [name...]   names: decode-gqa4 decode-mha generic-mha generic-gqa8
-#                            mma-gqa4 mma-gqa8 prefill-mha (default: all)
+#                            mma-gqa4 mma-gqa8 k4v2-gqa4 k4v2-gqa7 prefill-mha (default: all)
 # Environment (all optional):
 #   MINIKV_BUILD_DIR   build directory                 (build-ncu in the repository)
 #   MINIKV_LIBRARY     a built libminikv.so: no build
@@ -21,7 +21,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
 help_if_asked "$@"
 no_positional_build_dir "$@"
 renamed_setting MINIKV_CUDA_ARCHS MINIKV_CUDA_ARCHITECTURES
-names="decode-gqa4 decode-mha generic-mha generic-gqa8 mma-gqa4 mma-gqa8 prefill-mha"
+names="decode-gqa4 decode-mha generic-mha generic-gqa8 mma-gqa4 mma-gqa8 k4v2-gqa4 k4v2-gqa7 prefill-mha"
 for n in "$@"; do
   [[ " $names " == *" $n "* ]] || die "unknown profile '$n' (one of: $names)"
 done
@@ -59,6 +59,8 @@ profile decode-gqa4 decode_fast_kernel 1 1 decode --B 8 --H 32 --Hkv 8
 profile decode-mha decode_fast_kernel 1 1 decode --B 8 --H 32 --Hkv 32
 profile generic-mha decode_generic_kernel 1 1 decode --B 8 --H 32 --Hkv 32 --mode window --key-bits 4 --group 32
 profile generic-gqa8 decode_generic_kernel 1 1 decode --B 8 --H 64 --Hkv 8 --mode window --key-bits 4 --group 32
-profile mma-gqa4 decode_mma_kernel 1 1 decode --B 8 --H 32 --Hkv 8 --mode window --key-bits 4 --group 32
-profile mma-gqa8 decode_mma_kernel 1 1 decode --B 8 --H 64 --Hkv 8 --mode window --key-bits 4 --group 32
+MINIKV_DECODE_KERNEL=mma profile mma-gqa4 decode_mma_kernel 1 1 decode --B 8 --H 32 --Hkv 8 --mode window --key-bits 4 --group 32
+MINIKV_DECODE_KERNEL=mma profile mma-gqa8 decode_mma_kernel 1 1 decode --B 8 --H 64 --Hkv 8 --mode window --key-bits 4 --group 32
+profile k4v2-gqa4 decode_k4v2_kernel 1 1 decode --B 8 --H 32 --Hkv 8 --mode window --key-bits 4 --group 32
+profile k4v2-gqa7 decode_k4v2_kernel 1 1 decode --B 8 --H 28 --Hkv 4 --mode window --key-bits 4 --group 32
 profile prefill-mha 'prefill_(attention|scores)_kernel' 2 2 prefill --H 32 --Hkv 32 --reps 2

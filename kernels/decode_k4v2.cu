@@ -47,52 +47,72 @@ namespace {
 
 struct K4V2Args {
   DecodeParams p;
-  K4V2Plan g;
+  K4V2Tiles tiles;
   FastDivU32 block_tokens;  // R
 };
 static_assert(sizeof(K4V2Args) <= 4096, "kernel parameters exceed 4 KB");
 
-__device__ __forceinline__ uint32_t lds32(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
-__device__ __forceinline__ void sts32(uint8_t *p, uint32_t v) { *reinterpret_cast<uint32_t *>(p) = v; }
+[[maybe_unused]] __device__ __forceinline__ uint32_t lds32(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
+[[maybe_unused]] __device__ __forceinline__ void sts32(uint8_t *p, uint32_t v) { *reinterpret_cast<uint32_t *>(p) = v; }
 
-// Tile `tr` into the stage at shared address dst, by warp 0: one bulk copy per region of a
-// quantized tile, one per row of a 16-bit tile (rows land p_stride apart; the appended
-// token's row comes from the caller's buffer).
+// The block of a quantized tile (nullptr for a 16-bit tile or past the split): a global load
+// of the block table, issued a tile before the copies that need it.
+[[maybe_unused]] __device__ __forceinline__ const uint8_t *k4v2_block_of(const K4V2Args &a, const TileRef &tr,
+                                                        const int32_t *table) {
+  if (tr.segment != kSegQuantized) return nullptr;
+  const BlockLayout &bl = a.p.st.block;
+  return a.p.st.pool + uint64_t(table[a.block_tokens.div(tr.first)]) * bl.bytes;
+}
+
+// Warp w's share of staging tile `tr` into the stage at shared address dst: one bulk copy per
+// block region of a quantized tile (key codes, value codes, key scales and minima, value
+// scales and minima: one or two per warp), the rows r ≡ w (mod 4) of a 16-bit tile (the
+// appended token's row from the caller's buffer). Each warp announces its own bytes to the
+// stage's barrier (four arrivals per phase) before its copies.
 template <typename T, int D>
-__device__ __forceinline__ void k4v2_stage(const K4V2Args &a, const TileRef &tr, const int32_t *table,
+__device__ __forceinline__ void k4v2_stage(const K4V2Args &a, const TileRef &tr, const uint8_t *block,
                                            const uint8_t *res_slot, uint32_t kvh, const HeadRegions &hr,
-                                           uint32_t dst, uint32_t bar, uint32_t lane) {
+                                           uint32_t dst, uint32_t bar, uint32_t w, uint32_t lane) {
+  using Lay = K4V2Layout<sizeof(T), D, 4>;  // stage offsets do not depend on the head slots
   const DecodeParams &p = a.p;
-  const K4V2Plan &g = a.g;
-  const BlockLayout &bl = p.st.block;
   constexpr uint32_t e = sizeof(T), VG = D / kK4V2Group;
   if (tr.segment == kSegQuantized) {
-    const uint32_t blk = a.block_tokens.div(tr.first);
-    const uint32_t row0 = tr.first - blk * bl.tokens;  // qtile divides R
-    const uint8_t *block = p.st.pool + uint64_t(table[blk]) * bl.bytes;
-    const uint32_t n = tr.count;  // a multiple of G
-    const uint32_t kc = n * D / 2, vc = n * D / 4, ks = n / kK4V2Group * D * e, vs = n * VG * e;
-    if (lane == 0) bulk::mbar_arrive_expect_tx(bar, kc + vc + 2 * ks + 2 * vs);
-    __syncwarp();
+    if (lane != 0) return;
+    const uint32_t row0 = tr.first - a.block_tokens.div(tr.first) * p.st.block.tokens;
+    const uint32_t n = tr.count;  // a multiple of G; the tile lies in one block
+    const uint32_t ks = n / kK4V2Group * D * e, vs = n * VG * e;
     const uint32_t kat = row0 / kK4V2Group * D * e, vat = row0 * VG * e;
-    switch (lane) {
-      case 0: bulk::copy(dst, block + hr.k_codes + row0 * (D / 2), kc, bar); break;
-      case 1: bulk::copy(dst + g.q_vcodes, block + hr.v_codes + row0 * (D / 4), vc, bar); break;
-      case 2: bulk::copy(dst + g.q_kscale, block + hr.k_scale + kat, ks, bar); break;
-      case 3: bulk::copy(dst + g.q_kmin, block + hr.k_min + kat, ks, bar); break;
-      case 4: bulk::copy(dst + g.q_vscale, block + hr.v_scale + vat, vs, bar); break;
-      case 5: bulk::copy(dst + g.q_vmin, block + hr.v_min + vat, vs, bar); break;
-      default: break;
+    switch (w) {
+      case 0:
+        bulk::mbar_arrive_expect_tx(bar, n * D / 2);
+        bulk::copy(dst + Lay::kKCodes, block + hr.k_codes + row0 * (D / 2), n * D / 2, bar);
+        break;
+      case 1:
+        bulk::mbar_arrive_expect_tx(bar, n * D / 4);
+        bulk::copy(dst + Lay::kVCodes, block + hr.v_codes + row0 * (D / 4), n * D / 4, bar);
+        break;
+      case 2:
+        bulk::mbar_arrive_expect_tx(bar, 2 * ks);
+        bulk::copy(dst + Lay::kKScale, block + hr.k_scale + kat, ks, bar);
+        bulk::copy(dst + Lay::kKMin, block + hr.k_min + kat, ks, bar);
+        break;
+      default:
+        bulk::mbar_arrive_expect_tx(bar, 2 * vs);
+        bulk::copy(dst + Lay::kVScale, block + hr.v_scale + vat, vs, bar);
+        bulk::copy(dst + Lay::kVMin, block + hr.v_min + vat, vs, bar);
+        break;
     }
   } else {
     const RowTileSource src = row_tile_source(p, tr, res_slot, kvh);
     constexpr uint32_t kRow = D * e;
-    if (lane == 0) bulk::mbar_arrive_expect_tx(bar, 2 * tr.count * kRow);
+    const uint32_t mine = tr.count > w ? (tr.count - 1 - w) / 4 + 1 : 0;
+    if (lane == 0) bulk::mbar_arrive_expect_tx(bar, 2 * mine * kRow);
     __syncwarp();
-    for (uint32_t r = lane; r < tr.count; r += 32) {
+    const uint32_t r = 4 * lane + w;
+    if (r < tr.count) {
       const bool sub = r == src.sub;
-      bulk::copy(dst + r * g.p_stride, sub ? src.sub_k : src.k + r * kRow, kRow, bar);
-      bulk::copy(dst + g.p_v + r * g.p_stride, sub ? src.sub_v : src.v + r * kRow, kRow, bar);
+      bulk::copy(dst + r * Lay::kRowStride, sub ? src.sub_k : src.k + r * kRow, kRow, bar);
+      bulk::copy(dst + Lay::kRowV + r * Lay::kRowStride, sub ? src.sub_v : src.v + r * kRow, kRow, bar);
     }
   }
 }
@@ -116,7 +136,8 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
   extern __shared__ __align__(16) uint8_t smem[];
   const uint32_t smem_s = smem_addr(smem);
   const DecodeParams &p = a.p;
-  const K4V2Plan &g = a.g;
+  using Lay = K4V2Layout<sizeof(T), D, kH>;
+  constexpr uint32_t kStages = Lay::kStages;
   const uint32_t tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, qi = lane & 3;
   const uint32_t split = blockIdx.x, seq = blockIdx.z;
   const uint32_t n_rep = p.num_heads / p.num_kv_heads, per = p.heads_per_cta;
@@ -124,13 +145,13 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
   const uint32_t kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
   const uint32_t h0 = kvh * n_rep + chunk * per, nh = min(per, n_rep - chunk * per);
 
-  T *qn = reinterpret_cast<T *>(smem + g.qn);
-  float *uq_s = reinterpret_cast<float *>(smem + g.uq);
-  float *us_s = reinterpret_cast<float *>(smem + g.us);
-  float *bias_part = reinterpret_cast<float *>(smem + g.bias_part);  // [warp][8][8]
-  float *red = reinterpret_cast<float *>(smem + g.red);              // [warp][kH + 1]
-  float *fin = reinterpret_cast<float *>(smem + g.fin);              // [warp][kH][1 + VG]
-  const uint32_t bar0 = smem_s + g.mbar;
+  T *qn = reinterpret_cast<T *>(smem + Lay::kQn);
+  float *uq_s = reinterpret_cast<float *>(smem + Lay::kUq);
+  float *us_s = reinterpret_cast<float *>(smem + Lay::kUs);
+  float *bias_part = reinterpret_cast<float *>(smem + Lay::kBiasPart);  // [warp][8][8]
+  float *red = reinterpret_cast<float *>(smem + Lay::kRed);              // [warp][kH + 1]
+  float *fin = reinterpret_cast<float *>(smem + Lay::kFin);              // [warp][kH][1 + VG]
+  const uint32_t bar0 = smem_s + Lay::kMbar;
 
   // The CTA's queries (zeros past its heads), and the stages' barriers.
   for (uint32_t x = tid; x < kH * D / 8; x += kK4V2Threads) {
@@ -140,7 +161,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
     reinterpret_cast<uint4 *>(qn)[x] = v;
   }
   if (tid == 0) {
-    for (uint32_t s = 0; s < kK4V2Stages; ++s) bulk::mbar_init(bar0 + 8 * s, 1);
+    for (uint32_t s = 0; s < kStages; ++s) bulk::mbar_init(bar0 + 8 * s, kK4V2Warps);
     bulk::fence_mbar_init();
   }
   __syncthreads();
@@ -188,7 +209,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
     qa[kk][1] = live ? lds32(reinterpret_cast<const uint8_t *>(qn + gq * D + 16 * ks + 8 + 2 * qi)) : 0u;
   }
 
-  const SequenceTiles<K4V2Plan> tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], g);
+  const SequenceTiles<K4V2Tiles> tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], a.tiles);
   const uint32_t per_split = (tiles.total + p.splits - 1) / p.splits;
   const uint32_t t_begin = min(tiles.total, split * per_split);
   const uint32_t t_end = min(tiles.total, t_begin + per_split);
@@ -217,38 +238,51 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
 
   if (split == 0 && chunk == 0) store_appended_row(p, seq, kvh, tid, kK4V2Threads);
 
-  constexpr uint32_t ahead = kK4V2Stages - 1;
-  if (w == 0) {
-    for (uint32_t s = 0; s < ahead; ++s)
-      if (t_begin + s < t_end)
-        k4v2_stage<T, D>(a, tiles.tile(t_begin + s, g), table, res_slot, kvh, regions,
-                         smem_s + s * g.stage_bytes, bar0 + 8 * s, lane);
-  }
+  // Every warp stages its share of a tile (k4v2_stage); the block pointer of the next tile
+  // to stage is loaded a tile ahead, so its latency is off the path to the copies.
+  constexpr uint32_t ahead = kStages - 1;
+  for (uint32_t s = 0; s < ahead; ++s)
+    if (t_begin + s < t_end) {
+      const TileRef tr = tiles.tile(t_begin + s, a.tiles);
+      k4v2_stage<T, D>(a, tr, k4v2_block_of(a, tr, table), res_slot, kvh, regions,
+                       smem_s + s * Lay::kStageBytes, bar0 + 8 * s, w, lane);
+    }
+  const uint8_t *next_block =
+      t_begin + ahead < t_end ? k4v2_block_of(a, tiles.tile(t_begin + ahead, a.tiles), table) : nullptr;
   uint32_t phases = 0, buf = 0, nxt = ahead;
   for (uint32_t ti = t_begin; ti < t_end; ++ti) {
     bulk::mbar_wait(bar0 + 8 * buf, (phases >> buf) & 1u);
     phases ^= 1u << buf;
-    // Every warp is done with the previous tile: its stage (the next copy's), and the
-    // operand buffers this tile rewrites.
-    __syncthreads();
-    if (w == 0 && ti + ahead < t_end)
-      k4v2_stage<T, D>(a, tiles.tile(ti + ahead, g), table, res_slot, kvh, regions,
-                       smem_s + nxt * g.stage_bytes, bar0 + 8 * nxt, lane);
-    const uint8_t *stage = smem + buf * g.stage_bytes;
-    buf = buf + 1 == kK4V2Stages ? 0 : buf + 1;
-    nxt = nxt + 1 == kK4V2Stages ? 0 : nxt + 1;
-    const TileRef tr = tiles.tile(ti, g);
+    // Three CTA barriers per tile: after the key operand (1), the tile's maxima (2) and P·V's
+    // B operand (3). The previous tile's readers of what this tile rewrites before (1) (the
+    // key operand, the bias partials) all passed its barrier (2); the stage of the next copy
+    // (the previous tile's) is free once every warp is past (1).
+    const uint8_t *stage = smem + buf * Lay::kStageBytes;
+    buf = buf + 1 == kStages ? 0 : buf + 1;
+    const TileRef tr = tiles.tile(ti, a.tiles);
     const uint32_t count = tr.count;
+    // After barrier (1): every warp's share of the tile `ahead` on, into the previous tile's
+    // stage, and the block pointer of the one after.
+    auto issue_next = [&] {
+      if (ti + ahead < t_end) {
+        const TileRef nt = tiles.tile(ti + ahead, a.tiles);
+        k4v2_stage<T, D>(a, nt, next_block, res_slot, kvh, regions, smem_s + nxt * Lay::kStageBytes,
+                         bar0 + 8 * nxt, w, lane);
+        next_block = ti + ahead + 1 < t_end ? k4v2_block_of(a, tiles.tile(ti + ahead + 1, a.tiles), table)
+                                             : nullptr;
+      }
+      nxt = nxt + 1 == kStages ? 0 : nxt + 1;
+    };
 
     float lg[2][NE][2];  // [pass][head][row r: token 16w + g + 8r of the pass], log2 units
-    float vmx = 0.0f;    // the largest value scale of the lane's tokens
+    uint32_t vmx_bits = 0;  // the largest value scale of the lane's tokens (>= 0: as integers)
     uint32_t svw[2][2][(VG + 1) / 2], mvw[2][2][(VG + 1) / 2];  // their value scales, minima (dtype)
     const bool quant = tr.segment == kSegQuantized;
     if (quant) {
       const uint32_t groups = count / kK4V2Group;
       // 1. The key operand of group w: hi and lo pieces per (head, channel pair).
       if (w < groups) {
-        const uint8_t *srow = stage + g.q_kscale + w * D * e + uc0 * e;
+        const uint8_t *srow = stage + Lay::kKScale + w * D * e + uc0 * e;
         uint32_t sw[D / 16];
 #pragma unroll
         for (int v = 0; v < D / 64; ++v) {
@@ -286,7 +320,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
             s2[P] = pack_f16(elem_to_float<T>(sw[lo / 2], lo & 1) * f, elem_to_float<T>(sw[hi / 2], hi & 1) * f);
           }
         }
-        uint8_t *bq = smem + g.bqk + (w >> 1) * g.bqk_pass;
+        uint8_t *bq = smem + Lay::kBqk + (w >> 1) * Lay::kBqkPass;
 #pragma unroll
         for (int eta = 0; eta < NE; ++eta) {
           const uint32_t n = 2 * kH * (w & 1) + 2 * (uh + 4 * eta);  // the hi row; lo is n + 1
@@ -296,14 +330,14 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
             const uint32_t lo = hfms2_bits(q2[eta][P], s2[P], hi);
             const int Pq = int(uk) * KS + P;  // the pair's index in its quarter
             const uint32_t k = 16 * (Pq / 2) + 8 * (Pq % 2) + 2 * ui;
-            sts32(bq + n * g.bqk_stride + 2 * k, hi);
-            sts32(bq + (n + 1) * g.bqk_stride + 2 * k, lo);
+            sts32(bq + n * Lay::kBqkStride + 2 * k, hi);
+            sts32(bq + (n + 1) * Lay::kBqkStride + 2 * k, lo);
           }
         }
       }
       // The bias q · m_k: rows = heads, columns = the tile's key groups; this warp's k-steps.
       {
-        const uint8_t *kmin = stage + g.q_kmin;
+        const uint8_t *kmin = stage + Lay::kKMin;
         float cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         const bool live = gq < groups;
 #pragma unroll
@@ -319,7 +353,8 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
           bias_part[(w * 8 + gq) * 8 + 2 * qi + 1] = cb[1];
         }
       }
-      __syncthreads();  // the key operand and the bias partials are complete
+      __syncthreads();  // (1) the key operand and the bias partials are complete
+      issue_next();
 
       // 2. Logits of the warp's tokens, pass by pass.
 #pragma unroll
@@ -344,14 +379,14 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
             w1[0] = u1.x; w1[1] = u1.y;
           }
         }
-        const uint8_t *brow = smem + g.bqk + pass * g.bqk_pass + 2 * kH * (w >> 1) * g.bqk_stride;
+        const uint8_t *brow = smem + Lay::kBqk + pass * Lay::kBqkPass + 2 * kH * (w >> 1) * Lay::kBqkStride;
         float d[NE][2][4] = {};  // (head block, k-step parity): independent chains
 #pragma unroll
         for (int ks = 0; ks < KS; ks += 2) {
           uint32_t b[NE][4];
 #pragma unroll
           for (int eta = 0; eta < NE; ++eta)
-            ldmatrix_x4(b[eta], brow + (8 * eta + (lane & 7)) * g.bqk_stride + (16 * ks + 8 * (lane >> 3)) * 2);
+            ldmatrix_x4(b[eta], brow + (8 * eta + (lane & 7)) * Lay::kBqkStride + (16 * ks + 8 * (lane >> 3)) * 2);
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
             const int k = ks + h2;
@@ -377,7 +412,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const uint32_t t = t0 + 8 * r;
-          const uint8_t *vs = stage + g.q_vscale + t * VG * e, *vm = stage + g.q_vmin + t * VG * e;
+          const uint8_t *vs = stage + Lay::kVScale + t * VG * e, *vm = stage + Lay::kVMin + t * VG * e;
           if constexpr (VG == 4) {
             const uint2 s4 = *reinterpret_cast<const uint2 *>(vs), m4 = *reinterpret_cast<const uint2 *>(vm);
             svw[pass][r][0] = s4.x; svw[pass][r][1] = s4.y;
@@ -387,10 +422,12 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
             mvw[pass][r][0] = lds32(vm);
           }
 #pragma unroll
-          for (int j = 0; j < VG; ++j) vmx = fmaxf(vmx, fabsf(elem_to_float<T>(svw[pass][r][j / 2], j & 1)));
+          for (int j = 0; j < VG / 2; ++j) vmx_bits = __vmaxu2(vmx_bits, svw[pass][r][j] & 0x7fff7fffu);
         }
       }
     } else {
+      __syncthreads();  // (1)
+      issue_next();
       // 1'. 16-bit rows: logits of tokens 16w + g (+ 8) on warps 0 and 1 (ptile = 32).
 #pragma unroll
       for (int eta = 0; eta < NE; ++eta) lg[0][eta][0] = lg[0][eta][1] = lg[1][eta][0] = lg[1][eta][1] = -INFINITY;
@@ -399,7 +436,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
           uint32_t av[4];
-          ldmatrix_x4(av, stage + (16 * w + (lane & 7) + 8 * ((lane >> 3) & 1)) * g.p_stride +
+          ldmatrix_x4(av, stage + (16 * w + (lane & 7) + 8 * ((lane >> 3) & 1)) * Lay::kRowStride +
                               (16 * ks + 8 * (lane >> 4)) * e);
 #pragma unroll
           for (int eta = 0; eta < NE; ++eta) {
@@ -426,6 +463,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
       tmax[eta] = fmaxf(tmax[eta], __shfl_xor_sync(kFull, tmax[eta], 8));
       tmax[eta] = fmaxf(tmax[eta], __shfl_xor_sync(kFull, tmax[eta], 16));
     }
+    float vmx = elem_to_float<T>(max(vmx_bits & 0xffffu, vmx_bits >> 16), 0);
     vmx = fmaxf(vmx, __shfl_xor_sync(kFull, vmx, 4));
     vmx = fmaxf(vmx, __shfl_xor_sync(kFull, vmx, 8));
     vmx = fmaxf(vmx, __shfl_xor_sync(kFull, vmx, 16));
@@ -434,7 +472,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
       for (int eta = 0; eta < NE; ++eta) red[w * (kH + 1) + qi + 4 * eta] = tmax[eta];
       if (qi == 0) red[w * (kH + 1) + kH] = vmx;
     }
-    __syncthreads();
+    __syncthreads();  // (2)
     float base[NE], corr[NE];
 #pragma unroll
     for (int eta = 0; eta < NE; ++eta) {
@@ -482,7 +520,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
     }
 
     // 4. The B operand of P·V: this warp's k-step(s), K positions 2g and 2g + 1.
-    uint8_t *bpv = smem + g.bpv;
+    uint8_t *bpv = smem + Lay::kBpv;
     if (quant) {
       const float unit = pow2i(Sv);
 #pragma unroll
@@ -504,7 +542,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
 #pragma unroll
           for (int j = 0; j < VG; ++j) {
             // Value group j = span j / 2, column (h, j % 2).
-            sts32(bpv + (j / 2) * g.bpv_span + (2 * h + (j & 1)) * g.bpv_stride + 2 * kpos,
+            sts32(bpv + (j / 2) * Lay::kBpvSpan + (2 * h + (j & 1)) * Lay::kBpvStride + 2 * kpos,
                   pack_f16(p0 * sv[0][j], p1 * sv[1][j]));
             vb[eta][j] = fmaf(p0, mv[0][j], fmaf(p1, mv[1][j], vb[eta][j]));
           }
@@ -518,17 +556,17 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
         const Prob pb(pr[0][eta][0], pr[0][eta][1], 0.0f, 0.0f);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {  // both columns of the head: the value-group slots
-          sts32(bpv + (2 * h + c) * g.bpv_stride + 2 * kpos, pb.hi[0]);
+          sts32(bpv + (2 * h + c) * Lay::kBpvStride + 2 * kpos, pb.hi[0]);
           if constexpr (!std::is_same<T, __half>::value)
-            sts32(bpv + g.bpv_span + (2 * h + c) * g.bpv_stride + 2 * kpos, pb.lo[0]);
+            sts32(bpv + Lay::kBpvSpan + (2 * h + c) * Lay::kBpvStride + 2 * kpos, pb.lo[0]);
         }
       }
     }
-    __syncthreads();  // B of P·V is complete
+    __syncthreads();  // (3) B of P·V is complete
 
     // 5. P·V over the tile's k-steps, this warp's channels.
     if (quant) {
-      const uint8_t *vc = stage + g.q_vcodes;
+      const uint8_t *vc = stage + Lay::kVCodes;
       const uint32_t sh = w >= 2 ? 8u : 0u;
       const uint32_t m0 = (3u << (4 * (w & 1))) * 0x00010001u, m1 = m0 << 2;
       // ldmatrix.trans row addresses: matrix mi = (K half, span), row = K position → token.
@@ -541,7 +579,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
         for (int s = 0; s < S; ++s)
 #pragma unroll
           for (int eta = 0; eta < NE; ++eta)
-            ldmatrix_x4(b[s][eta], bpv + s * g.bpv_span + (8 * eta + (lane & 7)) * g.bpv_stride +
+            ldmatrix_x4(b[s][eta], bpv + s * Lay::kBpvSpan + (8 * eta + (lane & 7)) * Lay::kBpvStride +
                                        (16 * kk + 8 * (lane >> 3)) * 2);
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
@@ -558,7 +596,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
         }
       }
     } else {
-      const uint8_t *vrows = stage + g.p_v;
+      const uint8_t *vrows = stage + Lay::kRowV;
       for (uint32_t kk = 0; kk * 16 < count; ++kk) {
         // K positions 2i, 2i + 1, 2i + 8, 2i + 9 are tokens i, i + 8, i + 4, i + 12.
         const uint32_t tk[4] = {16 * kk + qi, 16 * kk + qi + 8, 16 * kk + qi + 4, 16 * kk + qi + 12};
@@ -567,15 +605,15 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
           const uint32_t c = 64 * s + 8 * gq + 2 * w;
           uint32_t W[4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) W[j] = tk[j] < count ? lds32(vrows + tk[j] * g.p_stride + c * e) : 0u;
+          for (int j = 0; j < 4; ++j) W[j] = tk[j] < count ? lds32(vrows + tk[j] * Lay::kRowStride + c * e) : 0u;
           const uint32_t av[4] = {prmt(W[0], W[1], 0x5410u), prmt(W[0], W[1], 0x7632u),
                                   prmt(W[2], W[3], 0x5410u), prmt(W[2], W[3], 0x7632u)};
 #pragma unroll
           for (int eta = 0; eta < NE; ++eta) {
-            const uint8_t *brow = bpv + (8 * eta + gq) * g.bpv_stride + (16 * kk + 2 * qi) * 2;
+            const uint8_t *brow = bpv + (8 * eta + gq) * Lay::kBpvStride + (16 * kk + 2 * qi) * 2;
             mma_16816<T>(acc16[s][eta], av, lds32(brow), lds32(brow + 16));
             if constexpr (!std::is_same<T, __half>::value)
-              mma_16816<T>(acc16[s][eta], av, lds32(brow + g.bpv_span), lds32(brow + g.bpv_span + 16));
+              mma_16816<T>(acc16[s][eta], av, lds32(brow + Lay::kBpvSpan), lds32(brow + Lay::kBpvSpan + 16));
           }
         }
       }
@@ -635,12 +673,13 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
 #endif
 }
 
+// fn(kernel, its dynamic shared memory) of (dtype, head_dim, head slots).
 template <typename Fn> void dispatch_k4v2(minikv_dtype dtype, uint32_t head_dim, uint32_t kH, Fn &&fn) {
   dispatch_dtype_head_dim<K4V2DecodeHeadDims>(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    if (kH <= 4) fn(decode_k4v2_kernel<T, D, 4>);
-    else fn(decode_k4v2_kernel<T, D, 8>);
+    if (kH <= 4) fn(decode_k4v2_kernel<T, D, 4>, K4V2Layout<sizeof(T), D, 4>::kTotal);
+    else fn(decode_k4v2_kernel<T, D, 8>, K4V2Layout<sizeof(T), D, 8>::kTotal);
   });
 }
 
@@ -656,14 +695,13 @@ uint32_t configure_decode_k4v2(minikv_dtype dtype, const BlockLayout &bl, uint32
   const K4V2LaunchPlan plan = make_k4v2_launch_plan(bl, heads_per_cta);
   int blocks = 0;
   bool sm90 = false;
-  dispatch_k4v2(dtype, bl.head_dim, plan.heads, [&](auto kernel) {
+  dispatch_k4v2(dtype, bl.head_dim, plan.heads, [&](auto kernel, uint32_t smem) {
     cudaFuncAttributes attr{};
     if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess || attr.binaryVersion < 90) return;
     sm90 = true;
     MINIKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(plan.g.total)));
-    MINIKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kK4V2Threads,
-                                                                    plan.g.total));
+                                           static_cast<int>(smem)));
+    MINIKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kK4V2Threads, smem));
   });
   (void)cudaGetLastError();  // a failed attribute query leaves no sticky error
   return sm90 ? static_cast<uint32_t>(blocks > 0 ? blocks : 1) : 0u;
@@ -673,9 +711,9 @@ void launch_decode_k4v2(minikv_dtype dtype, const DecodeParams &p, const K4V2Lau
                         cudaStream_t stream) {
   const uint32_t n_rep = p.num_heads / p.num_kv_heads;
   const uint32_t chunks = (n_rep + p.heads_per_cta - 1) / p.heads_per_cta;
-  const K4V2Args args{p, plan.g, plan.block_tokens};
-  dispatch_k4v2(dtype, p.st.block.head_dim, plan.heads, [&](auto kernel) {
-    kernel<<<dim3(p.splits, p.num_kv_heads * chunks, p.n), kK4V2Threads, plan.g.total, stream>>>(args);
+  const K4V2Args args{p, plan.tiles, plan.block_tokens};
+  dispatch_k4v2(dtype, p.st.block.head_dim, plan.heads, [&](auto kernel, uint32_t smem) {
+    kernel<<<dim3(p.splits, p.num_kv_heads * chunks, p.n), kK4V2Threads, smem, stream>>>(args);
     check_launch_error("decode_k4v2_kernel");
   });
   if (p.splits > 1) launch_decode_merge(dtype, p.st.block.head_dim, p, stream);

@@ -1,104 +1,78 @@
-// Shared-memory plan of the default storage's decode kernel (decode_k4v2.cu: 4-bit keys,
-// 2-bit values, G = 32): tile sizes, the pipeline depth and where each region lives.
-// Computed from the storage layout and the heads per CTA alone, identically on the host
-// (dynamic shared memory, occupancy) and in the kernel.
+// Shared-memory layout of the default storage's decode kernel (decode_k4v2.cu: 4-bit keys,
+// 2-bit values, G = 32): compile-time for each (dtype size, head_dim, head slots), so no
+// address in the kernel is computed from a run-time stride. Stages are sized for the largest
+// tile; a shorter tile fills the start of each region.
 #pragma once
 
 #include <cstdint>
 
-#include "decode_mma_plan.h"  // FastDivU32, generic_align16, generic_pow2_divisor
+#include "decode_mma_plan.h"  // FastDivU32, generic_pow2_divisor
 
 namespace minikv {
 namespace kernels {
 
 constexpr uint32_t kK4V2Warps = 4;
 constexpr uint32_t kK4V2Threads = 32 * kK4V2Warps;
-constexpr uint32_t kK4V2Group = 32;        // G: the storage this kernel decodes
-constexpr uint32_t kK4V2MaxTile = 128;     // quantized tokens per tile, at most (4 key groups)
-constexpr uint32_t kK4V2RowTile = 32;      // 16-bit rows (sinks, residual) per tile
-constexpr uint32_t kK4V2Stages = 3;
+constexpr uint32_t kK4V2Group = 32;     // G: the storage this kernel decodes
+constexpr uint32_t kK4V2MaxTile = 128;  // quantized tokens per tile, at most (4 key groups)
+constexpr uint32_t kK4V2RowTile = 30;   // 16-bit rows (sinks, residual) per tile: a stage's worth
 
-struct K4V2Plan {
-  uint32_t qtile;        // quantized tokens per tile: divides R, 32..128
-  uint32_t ptile;        // 16-bit rows per tile
-  uint32_t stage_bytes;  // one pipeline stage (either kind of tile)
-  // Quantized stage, as the block stores the tile's rows (key codes at 0): contiguous, so
-  // each region is one bulk copy.
-  uint32_t q_vcodes, q_kscale, q_kmin, q_vscale, q_vmin;
-  // 16-bit stage: K rows at 0, V rows at p_v, p_stride apart (an odd number of 16-byte units:
-  // conflict-free ldmatrix).
-  uint32_t p_stride, p_v;
-  // After the stages.
-  uint32_t bqk, bqk_stride, bqk_pass;  // [2 passes][2·kH·2 rows][D] fp16: the q ⊙ s_k pieces
-  uint32_t bpv, bpv_stride, bpv_span;  // [spans][2·kH rows][qtile] fp16: p · s_v per value group
-  uint32_t qn;         // [kH][D] dtype: the CTA's queries
-  uint32_t uq;         // [kH] fp32: 2^(12 − kq) per head
-  uint32_t us;         // [4] fp32: 2^(12 − ks) per key group of the tile
-  uint32_t bias_part;  // [4 warps][8 heads][8] fp32: q · m_k partial sums (head, key group)
-  uint32_t red;        // [4 warps][kH + 1] fp32: the warps' tile maxima (logits, value scales)
-  uint32_t fin;        // [4 warps][kH][1 + D / 32] fp32: the warps' sums and Σ p · m_v
-  uint32_t mbar;       // [stages] mbarriers
-  uint32_t total;      // bytes from the 1024-aligned base
-  uint32_t launch;     // dynamic shared memory to request (the base may need aligning)
+// An odd number of 16-byte units: rows read 16 bytes per lane (ldmatrix) without conflicts.
+constexpr uint32_t k4v2_odd_stride(uint32_t bytes) { return ((bytes + 15) / 16 | 1u) * 16; }
+constexpr uint32_t k4v2_align(uint32_t x, uint32_t a) { return (x + a - 1) / a * a; }
+
+template <uint32_t E, uint32_t D, uint32_t kH> struct K4V2Layout {
+  static constexpr uint32_t kGroupsMax = kK4V2MaxTile / kK4V2Group;
+  static constexpr uint32_t kVG = D / kK4V2Group;  // value groups per token
+  // Quantized stage: the tile's rows as the block stores them (one bulk copy per region).
+  static constexpr uint32_t kKCodes = 0;
+  static constexpr uint32_t kVCodes = kKCodes + kK4V2MaxTile * D / 2;
+  static constexpr uint32_t kKScale = kVCodes + kK4V2MaxTile * D / 4;
+  static constexpr uint32_t kKMin = kKScale + kGroupsMax * D * E;
+  static constexpr uint32_t kVScale = kKMin + kGroupsMax * D * E;
+  static constexpr uint32_t kVMin = kVScale + kK4V2MaxTile * kVG * E;
+  static constexpr uint32_t kQuantBytes = kVMin + kK4V2MaxTile * kVG * E;
+  // 16-bit stage: K rows at 0, V rows at kRowV, kRowStride apart.
+  static constexpr uint32_t kRowStride = k4v2_odd_stride(D * E);
+  static constexpr uint32_t kRowV = kK4V2RowTile * kRowStride;
+  static constexpr uint32_t kRowBytes = 2 * kRowV;
+  static constexpr uint32_t kStageBytes = k4v2_align(kQuantBytes > kRowBytes ? kQuantBytes : kRowBytes, 128);
+  // Eight head slots double the operand buffers: two stages keep three CTAs per SM.
+  static constexpr uint32_t kStages = kH <= 4 ? 3 : 2;
+  // The key operand: [2 passes][(group parity, head, hi / lo) rows][D] fp16.
+  static constexpr uint32_t kBqkStride = k4v2_odd_stride(D * 2);
+  static constexpr uint32_t kBqkPass = 4 * kH * kBqkStride;
+  static constexpr uint32_t kBqk = kStages * kStageBytes;
+  // P·V's B: [spans, at least 2][(head, value group) rows][tile tokens] fp16.
+  static constexpr uint32_t kSpans = D / 64 > 2 ? D / 64 : 2;
+  static constexpr uint32_t kBpvStride = k4v2_odd_stride(kK4V2MaxTile * 2);
+  static constexpr uint32_t kBpvSpan = 2 * kH * kBpvStride;
+  static constexpr uint32_t kBpv = kBqk + 2 * kBqkPass;
+  static constexpr uint32_t kQn = kBpv + kSpans * kBpvSpan;           // [kH][D] dtype: queries
+  static constexpr uint32_t kUq = k4v2_align(kQn + kH * D * E, 16);   // [kH] fp32 2^(12 − kq)
+  static constexpr uint32_t kUs = kUq + kH * 4;                       // [4] fp32 2^(12 − ks)
+  static constexpr uint32_t kBiasPart = k4v2_align(kUs + 16, 16);     // [warp][8][8] fp32
+  static constexpr uint32_t kRed = kBiasPart + kK4V2Warps * 64 * 4;    // [warp][kH + 1] fp32
+  static constexpr uint32_t kFin = k4v2_align(kRed + kK4V2Warps * (kH + 1) * 4, 16);  // [warp][kH][1 + VG]
+  static constexpr uint32_t kMbar = k4v2_align(kFin + kK4V2Warps * kH * (1 + kVG) * 4, 16);
+  static constexpr uint32_t kTotal = kMbar + kStages * 8;
 };
 
-MINIKV_HD K4V2Plan make_k4v2_plan(const BlockLayout &bl, uint32_t kH) {
-  K4V2Plan g{};
-  const uint32_t D = bl.head_dim, e = bl.elem_bytes;
-  g.qtile = generic_pow2_divisor(bl.tokens, kK4V2MaxTile);
-  g.ptile = kK4V2RowTile;
-  const uint32_t groups = g.qtile / kK4V2Group;
-  g.q_vcodes = g.qtile * D / 2;
-  g.q_kscale = g.q_vcodes + g.qtile * D / 4;
-  g.q_kmin = g.q_kscale + groups * D * e;
-  g.q_vscale = g.q_kmin + groups * D * e;
-  g.q_vmin = g.q_vscale + g.qtile * (D / kK4V2Group) * e;
-  const uint32_t qbytes = g.q_vmin + g.qtile * (D / kK4V2Group) * e;
-  g.p_stride = ((D * e / 16) | 1u) * 16;
-  g.p_v = g.ptile * g.p_stride;
-  const uint32_t pbytes = 2 * g.p_v;
-  g.stage_bytes = generic_align16(qbytes > pbytes ? qbytes : pbytes);
-  uint32_t off = kK4V2Stages * g.stage_bytes;
-  g.bqk_stride = ((D * 2 / 16) | 1u) * 16;
-  g.bqk = off;
-  g.bqk_pass = 4 * kH * g.bqk_stride;
-  off += 2 * g.bqk_pass;
-  // Spans: 16-byte units of a value row (64 channels each); the 16-bit tiles of bf16 use
-  // span 1 for the probabilities' low pieces even where head_dim is 64.
-  const uint32_t spans = D / 64 > 2 ? D / 64 : 2;
-  g.bpv_stride = ((g.qtile * 2 / 16) | 1u) * 16;
-  if (g.bpv_stride < ((kK4V2RowTile * 2 / 16) | 1u) * 16) g.bpv_stride = ((kK4V2RowTile * 2 / 16) | 1u) * 16;
-  g.bpv = off;
-  g.bpv_span = 2 * kH * g.bpv_stride;
-  off += spans * g.bpv_span;
-  g.qn = off;
-  off = generic_align16(off + kH * D * e);
-  g.uq = off;
-  off = generic_align16(off + kH * 4);
-  g.us = off;
-  off = generic_align16(off + 4 * 4);
-  g.bias_part = off;
-  off = generic_align16(off + kK4V2Warps * 8 * 8 * 4);
-  g.red = off;
-  off = generic_align16(off + kK4V2Warps * (kH + 1) * 4);
-  g.fin = off;
-  off = generic_align16(off + kK4V2Warps * kH * (1 + D / 32) * 4);
-  g.mbar = off;
-  off = generic_align16(off + kK4V2Stages * 8);
-  g.total = off;
-  g.launch = off + 1024;
-  return g;
-}
+// The tile sizes of a launch (SequenceTiles reads qtile and ptile): quantized tiles of up to
+// 128 tokens that divide R, 16-bit tiles of kK4V2RowTile rows.
+struct K4V2Tiles {
+  uint32_t qtile, ptile;
+};
 
 // What a launch needs beyond its DecodeParams, made once at minikv_cache_create.
 struct K4V2LaunchPlan {
-  K4V2Plan g;
+  K4V2Tiles tiles;
   FastDivU32 block_tokens;  // R
   uint32_t heads;           // kH: 4 or 8 query-head slots per CTA
 };
 inline K4V2LaunchPlan make_k4v2_launch_plan(const BlockLayout &bl, uint32_t heads_per_cta) {
-  const uint32_t kH = heads_per_cta <= 4 ? 4 : 8;
-  return {make_k4v2_plan(bl, kH), FastDivU32::make(bl.tokens), kH};
+  return {{generic_pow2_divisor(bl.tokens, kK4V2MaxTile), kK4V2RowTile}, FastDivU32::make(bl.tokens),
+          heads_per_cta <= 4 ? 4u : 8u};
 }
 
 }  // namespace kernels
