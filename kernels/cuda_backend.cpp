@@ -404,8 +404,12 @@ class CudaBackend final : public Backend {
       const uint64_t ctas = uint64_t(p.n) * Hkv * ceil_div(H / Hkv, heads_per_cta_);
       // Generic: the sink and residual segments add up to two tiles (residual ≤ R rows).
       const bool fast = decode_kernel_ == DecodeKernel::kFast;
+      // k4v2: 16-bit rows (sinks, residual) in tiles of kK4V2RowTile, the rest by decode_tile_.
       const uint64_t tiles = fast ? ceil_div(longest_quantized, kDecodeFastTile)
-                                  : ceil_div(longest, decode_tile_) + 2;
+                             : decode_kernel_ == DecodeKernel::kK4V2
+                                 ? ceil_div(longest_quantized, decode_tile_) +
+                                       ceil_div(longest - longest_quantized, kK4V2RowTile) + 1
+                                 : ceil_div(longest, decode_tile_) + 2;
       const uint64_t splits = best_splits(ctas, tiles, max_splits);
       p.splits = static_cast<uint32_t>(std::max<uint64_t>(splits, 1));
       switch (decode_kernel_) {

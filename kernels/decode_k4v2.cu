@@ -238,6 +238,86 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
 
   if (split == 0 && chunk == 0) store_appended_row(p, seq, kvh, tid, kK4V2Threads);
 
+  // The key operand of a quantized tile (stage, count): group w's hi and lo pieces per
+  // (head, channel pair), its 2^(12 − ks), and this warp's q · m_k partial sums. Read by
+  // every warp's QK after the next CTA barrier.
+  auto build_key_operand = [&](const uint8_t *stage, uint32_t count) {
+    const uint32_t groups = count / kK4V2Group;
+    // 1. The key operand of group w: hi and lo pieces per (head, channel pair).
+    if (w < groups) {
+      const uint8_t *srow = stage + Lay::kKScale + w * D * e + uc0 * e;
+      uint32_t sw[D / 16];
+#pragma unroll
+      for (int v = 0; v < D / 64; ++v) {
+        const uint4 u = reinterpret_cast<const uint4 *>(srow)[v];
+        sw[4 * v] = u.x;
+        sw[4 * v + 1] = u.y;
+        sw[4 * v + 2] = u.z;
+        sw[4 * v + 3] = u.w;
+      }
+      // The group's largest scale (scales are >= 0: their 16-bit patterns order as integers).
+      uint32_t m2 = sw[0] & 0x7fff7fffu;
+#pragma unroll
+      for (int j = 1; j < D / 16; ++j) m2 = __vmaxu2(m2, sw[j] & 0x7fff7fffu);
+      uint32_t mb = max(m2 & 0xffffu, m2 >> 16);
+      mb = max(mb, __shfl_xor_sync(kFull, mb, 1));
+      mb = max(mb, __shfl_xor_sync(kFull, mb, 2));
+      mb = max(mb, __shfl_xor_sync(kFull, mb, 4));
+      const float mx = elem_to_float<T>(mb, 0);
+      const int ks = mx > 0.0f ? clamp_exp(7 - exponent_of(mx), 100) : 0;
+      if (lane == 0) us_s[w] = pow2i(12 - ks);
+      uint32_t s2[KS];  // s' = s · 2^ks of each key pair's channels
+      if (std::is_same<T, __half>::value && ks >= -14 && ks <= 15) {
+        const uint32_t f2 = pack_f16(pow2i(ks), pow2i(ks));
+#pragma unroll
+        for (int P = 0; P < KS; ++P) {
+          const int lo = KP::lo(P), hi = KP::hi(P);
+          const uint32_t sel = (lo & 1 ? 0x32u : 0x10u) | (hi & 1 ? 0x7600u : 0x5400u);
+          s2[P] = hmul2_bits(prmt(sw[lo / 2], sw[hi / 2], sel), f2);
+        }
+      } else {
+        const float f = pow2i(ks);
+#pragma unroll
+        for (int P = 0; P < KS; ++P) {
+          const int lo = KP::lo(P), hi = KP::hi(P);
+          s2[P] = pack_f16(elem_to_float<T>(sw[lo / 2], lo & 1) * f, elem_to_float<T>(sw[hi / 2], hi & 1) * f);
+        }
+      }
+      uint8_t *bq = smem + Lay::kBqk + (w >> 1) * Lay::kBqkPass;
+#pragma unroll
+      for (int eta = 0; eta < NE; ++eta) {
+        const uint32_t n = 2 * kH * (w & 1) + 2 * (uh + 4 * eta);  // the hi row; lo is n + 1
+#pragma unroll
+        for (int P = 0; P < KS; ++P) {
+          const uint32_t hi = hmul2_bits(q2[eta][P], s2[P]);
+          const uint32_t lo = hfms2_bits(q2[eta][P], s2[P], hi);
+          const int Pq = int(uk) * KS + P;  // the pair's index in its quarter
+          const uint32_t k = 16 * (Pq / 2) + 8 * (Pq % 2) + 2 * ui;
+          sts32(bq + n * Lay::kBqkStride + 2 * k, hi);
+          sts32(bq + (n + 1) * Lay::kBqkStride + 2 * k, lo);
+        }
+      }
+    }
+    // The bias q · m_k: rows = heads, columns = the tile's key groups; this warp's k-steps.
+    {
+      const uint8_t *kmin = stage + Lay::kKMin;
+      float cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const bool live = gq < groups;
+#pragma unroll
+      for (int kk = 0; kk < KS / 4; ++kk) {
+        const int ks = int(w) * (KS / 4) + kk;
+        const uint8_t *mrow = kmin + (live ? gq : 0) * D * e + (16 * ks + 2 * qi) * e;
+        const uint32_t b0 = live ? lds32(mrow) : 0u, b1 = live ? lds32(mrow + 8 * e) : 0u;
+        const uint32_t av[4] = {qa[kk][0], 0u, qa[kk][1], 0u};
+        mma_16816<T>(cb, av, b0, b1);
+      }
+      if (gq < uint32_t(kH)) {
+        bias_part[(w * 8 + gq) * 8 + 2 * qi] = cb[0];
+        bias_part[(w * 8 + gq) * 8 + 2 * qi + 1] = cb[1];
+      }
+    }
+  };
+
   // Every warp stages its share of a tile (k4v2_stage); the block pointer of the next tile
   // to stage is loaded a tile ahead, so its latency is off the path to the copies.
   constexpr uint32_t ahead = kStages - 1;
@@ -250,19 +330,19 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
   const uint8_t *next_block =
       t_begin + ahead < t_end ? k4v2_block_of(a, tiles.tile(t_begin + ahead, a.tiles), table) : nullptr;
   uint32_t phases = 0, buf = 0, nxt = ahead;
+  auto wait_stage = [&](uint32_t b) {
+    bulk::mbar_wait(bar0 + 8 * b, (phases >> b) & 1u);
+    phases ^= 1u << b;
+  };
   for (uint32_t ti = t_begin; ti < t_end; ++ti) {
-    bulk::mbar_wait(bar0 + 8 * buf, (phases >> buf) & 1u);
-    phases ^= 1u << buf;
-    // Three CTA barriers per tile: after the key operand (1), the tile's maxima (2) and P·V's
-    // B operand (3). The previous tile's readers of what this tile rewrites before (1) (the
-    // key operand, the bias partials) all passed its barrier (2); the stage of the next copy
-    // (the previous tile's) is free once every warp is past (1).
+    wait_stage(buf);
     const uint8_t *stage = smem + buf * Lay::kStageBytes;
-    buf = buf + 1 == kStages ? 0 : buf + 1;
+    const uint32_t next_stage = buf + 1 == kStages ? 0 : buf + 1;
     const TileRef tr = tiles.tile(ti, a.tiles);
     const uint32_t count = tr.count;
-    // After barrier (1): every warp's share of the tile `ahead` on, into the previous tile's
-    // stage, and the block pointer of the one after.
+    const bool quant = tr.segment == kSegQuantized;
+    // Every warp's share of the tile `ahead` on, into the previous tile's stage (free once
+    // every warp is past this tile's barrier (1)), and the block pointer of the one after.
     auto issue_next = [&] {
       if (ti + ahead < t_end) {
         const TileRef nt = tiles.tile(ti + ahead, a.tiles);
@@ -273,89 +353,17 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
       }
       nxt = nxt + 1 == kStages ? 0 : nxt + 1;
     };
+    // Three CTA barriers per tile: after the key operand (1), the tile's maxima (2) and P·V's
+    // B operand (3). The previous tile's readers of what this tile rewrites before (1) (the
+    // key operand, the bias partials) all passed its barrier (2).
+    if (quant) build_key_operand(stage, count);
+    __syncthreads();  // (1) the key operand and the bias partials are complete
+    issue_next();
 
     float lg[2][NE][2];  // [pass][head][row r: token 16w + g + 8r of the pass], log2 units
     uint32_t vmx_bits = 0;  // the largest value scale of the lane's tokens (>= 0: as integers)
     uint32_t svw[2][2][(VG + 1) / 2], mvw[2][2][(VG + 1) / 2];  // their value scales, minima (dtype)
-    const bool quant = tr.segment == kSegQuantized;
     if (quant) {
-      const uint32_t groups = count / kK4V2Group;
-      // 1. The key operand of group w: hi and lo pieces per (head, channel pair).
-      if (w < groups) {
-        const uint8_t *srow = stage + Lay::kKScale + w * D * e + uc0 * e;
-        uint32_t sw[D / 16];
-#pragma unroll
-        for (int v = 0; v < D / 64; ++v) {
-          const uint4 u = reinterpret_cast<const uint4 *>(srow)[v];
-          sw[4 * v] = u.x;
-          sw[4 * v + 1] = u.y;
-          sw[4 * v + 2] = u.z;
-          sw[4 * v + 3] = u.w;
-        }
-        // The group's largest scale (scales are >= 0: their 16-bit patterns order as integers).
-        uint32_t m2 = sw[0] & 0x7fff7fffu;
-#pragma unroll
-        for (int j = 1; j < D / 16; ++j) m2 = __vmaxu2(m2, sw[j] & 0x7fff7fffu);
-        uint32_t mb = max(m2 & 0xffffu, m2 >> 16);
-        mb = max(mb, __shfl_xor_sync(kFull, mb, 1));
-        mb = max(mb, __shfl_xor_sync(kFull, mb, 2));
-        mb = max(mb, __shfl_xor_sync(kFull, mb, 4));
-        const float mx = elem_to_float<T>(mb, 0);
-        const int ks = mx > 0.0f ? clamp_exp(7 - exponent_of(mx), 100) : 0;
-        if (lane == 0) us_s[w] = pow2i(12 - ks);
-        uint32_t s2[KS];  // s' = s · 2^ks of each key pair's channels
-        if (std::is_same<T, __half>::value && ks >= -14 && ks <= 15) {
-          const uint32_t f2 = pack_f16(pow2i(ks), pow2i(ks));
-#pragma unroll
-          for (int P = 0; P < KS; ++P) {
-            const int lo = KP::lo(P), hi = KP::hi(P);
-            const uint32_t sel = (lo & 1 ? 0x32u : 0x10u) | (hi & 1 ? 0x7600u : 0x5400u);
-            s2[P] = hmul2_bits(prmt(sw[lo / 2], sw[hi / 2], sel), f2);
-          }
-        } else {
-          const float f = pow2i(ks);
-#pragma unroll
-          for (int P = 0; P < KS; ++P) {
-            const int lo = KP::lo(P), hi = KP::hi(P);
-            s2[P] = pack_f16(elem_to_float<T>(sw[lo / 2], lo & 1) * f, elem_to_float<T>(sw[hi / 2], hi & 1) * f);
-          }
-        }
-        uint8_t *bq = smem + Lay::kBqk + (w >> 1) * Lay::kBqkPass;
-#pragma unroll
-        for (int eta = 0; eta < NE; ++eta) {
-          const uint32_t n = 2 * kH * (w & 1) + 2 * (uh + 4 * eta);  // the hi row; lo is n + 1
-#pragma unroll
-          for (int P = 0; P < KS; ++P) {
-            const uint32_t hi = hmul2_bits(q2[eta][P], s2[P]);
-            const uint32_t lo = hfms2_bits(q2[eta][P], s2[P], hi);
-            const int Pq = int(uk) * KS + P;  // the pair's index in its quarter
-            const uint32_t k = 16 * (Pq / 2) + 8 * (Pq % 2) + 2 * ui;
-            sts32(bq + n * Lay::kBqkStride + 2 * k, hi);
-            sts32(bq + (n + 1) * Lay::kBqkStride + 2 * k, lo);
-          }
-        }
-      }
-      // The bias q · m_k: rows = heads, columns = the tile's key groups; this warp's k-steps.
-      {
-        const uint8_t *kmin = stage + Lay::kKMin;
-        float cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const bool live = gq < groups;
-#pragma unroll
-        for (int kk = 0; kk < KS / 4; ++kk) {
-          const int ks = int(w) * (KS / 4) + kk;
-          const uint8_t *mrow = kmin + (live ? gq : 0) * D * e + (16 * ks + 2 * qi) * e;
-          const uint32_t b0 = live ? lds32(mrow) : 0u, b1 = live ? lds32(mrow + 8 * e) : 0u;
-          const uint32_t av[4] = {qa[kk][0], 0u, qa[kk][1], 0u};
-          mma_16816<T>(cb, av, b0, b1);
-        }
-        if (gq < uint32_t(kH)) {
-          bias_part[(w * 8 + gq) * 8 + 2 * qi] = cb[0];
-          bias_part[(w * 8 + gq) * 8 + 2 * qi + 1] = cb[1];
-        }
-      }
-      __syncthreads();  // (1) the key operand and the bias partials are complete
-      issue_next();
-
       // 2. Logits of the warp's tokens, pass by pass.
 #pragma unroll
       for (int pass = 0; pass < 2; ++pass) {
@@ -426,8 +434,6 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
         }
       }
     } else {
-      __syncthreads();  // (1)
-      issue_next();
       // 1'. 16-bit rows: logits of tokens 16w + g (+ 8) on warps 0 and 1 (ptile = 32).
 #pragma unroll
       for (int eta = 0; eta < NE; ++eta) lg[0][eta][0] = lg[0][eta][1] = lg[1][eta][0] = lg[1][eta][1] = -INFINITY;
@@ -618,6 +624,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
         }
       }
     }
+    buf = next_stage;
   }
 
   // The sums and Σ p · m_v over the warp's lanes of each head, then over the warps.
