@@ -58,6 +58,15 @@ template <uint32_t E, uint32_t D, uint32_t kH> struct K4V2Layout {
   static constexpr uint32_t kTotal = kMbar + kStages * 8;
 };
 
+// Three CTAs per SM (the registers are sized for them, __launch_bounds__) need each CTA's
+// shared memory within a third of the SM's 228 KB, less the 1 KB the runtime reserves per CTA.
+constexpr uint32_t kK4V2SmemPerCta = 228 * 1024 / 3 - 1024;
+static_assert(K4V2Layout<2, 128, 4>::kTotal <= kK4V2SmemPerCta && K4V2Layout<2, 128, 8>::kTotal <= kK4V2SmemPerCta &&
+                  K4V2Layout<2, 64, 4>::kTotal <= kK4V2SmemPerCta && K4V2Layout<2, 64, 8>::kTotal <= kK4V2SmemPerCta,
+              "decode_k4v2's shared memory no longer fits three CTAs per SM");
+static_assert(K4V2Layout<2, 128, 4>::kRowBytes <= K4V2Layout<2, 128, 4>::kStageBytes,
+              "a 16-bit tile must fit a stage");
+
 // The tile sizes of a launch (SequenceTiles reads qtile and ptile): quantized tiles of up to
 // 128 tokens that divide R, 16-bit tiles of kK4V2RowTile rows.
 struct K4V2Tiles {
