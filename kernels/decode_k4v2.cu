@@ -4,8 +4,9 @@
 // paid per 128-token tile of the CTA, not per 32-token share of each warp.
 //
 // One CTA of four warps per (split, KV head × chunk of <= kH query heads, sequence), kH = 4
-// or 8 head slots. Warp 0 stages each tile with bulk copies (one per region of the block,
-// which stores a tile's rows contiguously) completed on an mbarrier; three stages.
+// or 8 head slots. Every warp stages its share of a tile with bulk copies (one per region of
+// the block, which stores a tile's rows contiguously) completed on the stage's mbarrier;
+// three stages (two with 8 head slots), the layout compile-time (decode_k4v2_plan.h).
 // Lane (g, i) = (lane / 4, lane % 4) in the mma fragment notation; lane i holds query heads
 // i + 4η (η < kH / 4).
 //
@@ -31,7 +32,7 @@
 //   accumulators rescaled). K positions 2m and 2m + 1 of a k-step are its tokens m and
 //   m + 8, so a lane's two probabilities of a head are one 32-bit store. Σ p · m_v runs on
 //   the CUDA cores (per lane: its tokens × value groups).
-// 16-bit tiles (sinks, residual; 32 rows): QK is an mma<T> of the K rows (ldmatrix)
+// 16-bit tiles (sinks, residual; 30 rows): QK is an mma<T> of the K rows (ldmatrix)
 //   against q (exact products); PV an mma<T> of the V rows against p (fp16 · 2^12, or bf16
 //   in two pieces) into separate accumulators.
 // Error against the CPU backend's fp32 decode: the bounds of decode_mma.cuh (the same
@@ -434,7 +435,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
         }
       }
     } else {
-      // 1'. 16-bit rows: logits of tokens 16w + g (+ 8) on warps 0 and 1 (ptile = 32).
+      // 1'. 16-bit rows: logits of tokens 16w + g (+ 8) on warps 0 and 1 (ptile <= 32).
 #pragma unroll
       for (int eta = 0; eta < NE; ++eta) lg[0][eta][0] = lg[0][eta][1] = lg[1][eta][0] = lg[1][eta][1] = -INFINITY;
       if (16 * w < count) {
