@@ -66,6 +66,14 @@ static_assert(K4V2Layout<2, 128, 4>::kTotal <= kK4V2SmemPerCta && K4V2Layout<2, 
               "decode_k4v2's shared memory no longer fits three CTAs per SM");
 static_assert(K4V2Layout<2, 128, 4>::kRowBytes <= K4V2Layout<2, 128, 4>::kStageBytes,
               "a 16-bit tile must fit a stage");
+// Bulk copies and ldmatrix need 16-byte aligned shared addresses; mbarriers 8.
+template <uint32_t D> constexpr bool k4v2_aligned() {
+  using L = K4V2Layout<2, D, 8>;
+  return L::kVCodes % 16 == 0 && L::kKScale % 16 == 0 && L::kKMin % 16 == 0 && L::kVScale % 16 == 0 &&
+         L::kVMin % 16 == 0 && L::kRowV % 16 == 0 && L::kStageBytes % 16 == 0 && L::kBqk % 16 == 0 &&
+         L::kBpv % 16 == 0 && L::kQn % 16 == 0 && L::kMbar % 8 == 0;
+}
+static_assert(k4v2_aligned<64>() && k4v2_aligned<128>(), "decode_k4v2's regions must stay 16-byte aligned");
 
 // The tile sizes of a launch (SequenceTiles reads qtile and ptile): quantized tiles of up to
 // 128 tokens that divide R, 16-bit tiles of kK4V2RowTile rows.
