@@ -38,9 +38,16 @@
 // Error against the CPU backend's fp32 decode: the bounds of decode_mma.cuh (the same
 // operands and roundings). Results: the normalized output (one split) or the split's
 // (max, sum, unnormalized output) for decode_merge.cu.
+#include <type_traits>
+
 #include "bulk_copy.cuh"
+#include "common.cuh"
+#include "decode_common.cuh"
 #include "decode_k4v2_plan.h"
-#include "decode_mma.cuh"  // key pairs, fp16 operand helpers, ProbOperand
+#include "decode_operands.cuh"
+#include "decode_tiles.cuh"
+#include "dispatch.cuh"
+#include "launchers.h"
 
 namespace minikv {
 namespace kernels {
