@@ -93,6 +93,26 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
   }
 }
 
+TEST_CASE("decode matches the CPU backend when each CTA walks many tiles") {
+  GPU_OR_SKIP();
+  // Enough (sequence, KV head) CTAs to fill an H200 without splitting the cache, and 32-token
+  // tiles (R = 32), so each CTA walks ~10 tiles through its pipeline stages: the short
+  // caches above give most CTAs one to three tiles. A staging bug that only shows after the
+  // stages wrap around (phases out of step) hangs or corrupts here.
+  for (const char *kernel : {static_cast<const char *>(nullptr), "mma"}) {
+    const std::string name = std::string("K4V2 G32 R 32 hd64 gqa4 120 sequences") + (kernel ? " (mma)" : "");
+    SUBCASE(name.c_str()) {
+      const gt::DecodeKernelChoice choice(kernel);
+      std::vector<uint32_t> lens(120);
+      for (uint32_t i = 0; i < lens.size(); ++i) lens[i] = 560 + (i * 37) % 90;
+      gt::Case c{name.c_str(), MINIKV_DTYPE_F16, 64, 16, 4, MINIKV_SCORE_CUMULATIVE, 4, 2, 32, 32,
+                 MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f, lens, 40};
+      c.sinks = 4;
+      gt::run_case(c);
+    }
+  }
+}
+
 TEST_CASE("decode matches the CPU backend with extreme query magnitudes in every strategy") {
   GPU_OR_SKIP();
   // Large logits (softmax near one-hot) and tiny ones (near uniform), on the fast path's
@@ -101,7 +121,7 @@ TEST_CASE("decode matches the CPU backend with extreme query magnitudes in every
   for (const float q_scale : {1e-3f, 40.0f}) {
     // (key bits, group): the fast path's and the generic kernel's storage, and the default
     // storage (its own kernel at head_dim 128).
-    for (const auto [bits, group] : {std::pair{2u, 16u}, std::pair{4u, 16u}, std::pair{4u, 32u}}) {
+    for (const auto &[bits, group] : {std::pair{2u, 16u}, std::pair{4u, 16u}, std::pair{4u, 32u}}) {
       for (const uint32_t head_dim : {128u, 80u, 256u}) {
         if (!minikv::kernels::head_dim_compiled(head_dim)) continue;
         const std::string name = std::to_string(bits) + "-bit G" + std::to_string(group) + " hd" +
@@ -123,7 +143,7 @@ TEST_CASE("decode stays finite when the staged code bytes read as fp16 NaN") {
   // tensor-core kernel's stage rows past a short sink or residual tile once held such bytes
   // (NaN as fp16; 0 * NaN poisoned the P.V accumulators). Keep-all: no selection ties.
   // (key bits, value bits): 4/2 is the default storage (its own kernel).
-  for (const auto [kbits, vbits] : {std::pair{8u, 8u}, std::pair{4u, 4u}, std::pair{4u, 2u}}) {
+  for (const auto &[kbits, vbits] : {std::pair{8u, 8u}, std::pair{4u, 4u}, std::pair{4u, 2u}}) {
     for (const minikv_dtype dt : {MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
       const std::string name = "K" + std::to_string(kbits) + "V" + std::to_string(vbits) +
                                (dt == MINIKV_DTYPE_F16 ? " f16" : " bf16");
