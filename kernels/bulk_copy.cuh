@@ -1,7 +1,8 @@
-// Bulk global → shared copies completed on an mbarrier (PTX ISA 8.0, sm_90): one thread
-// moves a whole contiguous region, and the waiting threads spin on the barrier's phase
-// instead of issuing and committing per-thread cp.async groups. The bodies exist in sm_90+
-// device passes only; kernels that call them are launched on such devices only.
+// mbarriers and the bulk global → shared copies completed on them (PTX ISA 8.0, sm_90): one
+// thread moves a whole contiguous region, and the waiting threads spin on the barrier's phase
+// instead of issuing and committing per-thread cp.async groups (decode_k4v2.cu; the TMA
+// pipeline of prefill_wgmma.cu uses the barriers). The bodies exist in sm_90+ device passes
+// only; kernels that call them are launched on such devices only.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +29,13 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
                : "memory");
 #endif
 }
-// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+#endif
+}
+// Waits until the phase of parity `parity` has completed (a fresh barrier: parity 1 passes).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #if __CUDA_ARCH__ >= 900
   asm volatile(

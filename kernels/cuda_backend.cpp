@@ -178,7 +178,7 @@ class CudaBackend final : public Backend {
     switch (decode_kernel_) {
       case DecodeKernel::kK4V2:
         heads_per_cta_ = k4v2_heads;
-        k4v2_plan_ = make_k4v2_launch_plan(spec.block, heads_per_cta_);
+        k4v2_plan_ = make_k4v2_launch_plan(spec.block);
         decode_tile_ = k4v2_plan_.tiles.qtile;
         decode_slots_ = num_sms_ * k4v2_ctas;
         break;

@@ -70,6 +70,42 @@ __device__ __forceinline__ void store_appended_row(const DecodeParams &p, uint32
         p.new_position[seq];
 }
 
+// What a decode CTA of a tensor-core or generic launch covers: grid (splits, KV heads ×
+// head chunks, sequences), p.heads_per_cta query heads per chunk; query heads h0 .. h0 + nh
+// (nh < heads_per_cta in a group's last chunk).
+struct DecodeCta {
+  uint32_t split, seq, kvh, chunk, h0, nh;
+  __device__ explicit DecodeCta(const DecodeParams &p) : split(blockIdx.x), seq(blockIdx.z) {
+    const uint32_t n_rep = p.num_heads / p.num_kv_heads, per = p.heads_per_cta;
+    const uint32_t chunks = (n_rep + per - 1) / per;
+    kvh = blockIdx.y / chunks;
+    chunk = blockIdx.y % chunks;
+    h0 = kvh * n_rep + chunk * per;
+    nh = min(per, n_rep - chunk * per);
+  }
+};
+
+// The tiles [begin, end) of `total` that split `split` of `splits` walks (empty past the end).
+struct SplitTiles {
+  uint32_t begin, end;
+  __device__ SplitTiles(uint32_t total, uint32_t splits, uint32_t split) {
+    const uint32_t per_split = (total + splits - 1) / splits;
+    begin = min(total, split * per_split);
+    end = min(total, begin + per_split);
+  }
+};
+
+// Sequence seq's block table row and residual slot.
+struct SequenceSlot {
+  const int32_t *table;
+  const uint8_t *residual;
+  __device__ SequenceSlot(const DecodeParams &p, uint32_t seq) {
+    const uint32_t slot = p.slot[seq];
+    table = p.st.block_table + uint64_t(slot) * p.st.max_blocks_per_seq;
+    residual = p.st.residual + uint64_t(slot) * p.st.res.bytes;
+  }
+};
+
 // Byte offsets inside a block of the CTA's KV head's regions (a block is far below 4 GB).
 struct HeadRegions {
   uint32_t k_codes, v_codes, k_scale, k_min, v_scale, v_min;

@@ -147,11 +147,8 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
   using Lay = K4V2Layout<sizeof(T), D, kH>;
   constexpr uint32_t kStages = Lay::kStages;
   const uint32_t tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, qi = lane & 3;
-  const uint32_t split = blockIdx.x, seq = blockIdx.z;
-  const uint32_t n_rep = p.num_heads / p.num_kv_heads, per = p.heads_per_cta;
-  const uint32_t chunks = (n_rep + per - 1) / per;
-  const uint32_t kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
-  const uint32_t h0 = kvh * n_rep + chunk * per, nh = min(per, n_rep - chunk * per);
+  const DecodeCta cta(p);
+  const uint32_t split = cta.split, seq = cta.seq, kvh = cta.kvh, chunk = cta.chunk, h0 = cta.h0, nh = cta.nh;
 
   T *qn = reinterpret_cast<T *>(smem + Lay::kQn);
   float *uq_s = reinterpret_cast<float *>(smem + Lay::kUq);
@@ -218,12 +215,11 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
   }
 
   const SequenceTiles<K4V2Tiles> tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], a.tiles);
-  const uint32_t per_split = (tiles.total + p.splits - 1) / p.splits;
-  const uint32_t t_begin = min(tiles.total, split * per_split);
-  const uint32_t t_end = min(tiles.total, t_begin + per_split);
-  const uint32_t slot = p.slot[seq];
-  const int32_t *table = p.st.block_table + uint64_t(slot) * p.st.max_blocks_per_seq;
-  const uint8_t *res_slot = p.st.residual + uint64_t(slot) * p.st.res.bytes;
+  const SplitTiles range(tiles.total, p.splits, split);
+  const uint32_t t_begin = range.begin, t_end = range.end;
+  const SequenceSlot sslot(p, seq);
+  const int32_t *table = sslot.table;
+  const uint8_t *res_slot = sslot.residual;
   const HeadRegions regions(p.st.block, kvh);
 
   // Per lane: running max and its part of the sum per head; the quantized values'
@@ -707,10 +703,9 @@ bool decode_k4v2_path(const BlockLayout &bl, uint32_t n_rep) {
 }
 
 uint32_t configure_decode_k4v2(minikv_dtype dtype, const BlockLayout &bl, uint32_t heads_per_cta) {
-  const K4V2LaunchPlan plan = make_k4v2_launch_plan(bl, heads_per_cta);
   int blocks = 0;
   bool sm90 = false;
-  dispatch_k4v2(dtype, bl.head_dim, plan.heads, [&](auto kernel, uint32_t smem) {
+  dispatch_k4v2(dtype, bl.head_dim, k4v2_head_slots(heads_per_cta), [&](auto kernel, uint32_t smem) {
     cudaFuncAttributes attr{};
     if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess || attr.binaryVersion < 90) return;
     sm90 = true;
@@ -727,7 +722,7 @@ void launch_decode_k4v2(minikv_dtype dtype, const DecodeParams &p, const K4V2Lau
   const uint32_t n_rep = p.num_heads / p.num_kv_heads;
   const uint32_t chunks = (n_rep + p.heads_per_cta - 1) / p.heads_per_cta;
   const K4V2Args args{p, plan.tiles, plan.block_tokens};
-  dispatch_k4v2(dtype, p.st.block.head_dim, plan.heads, [&](auto kernel, uint32_t smem) {
+  dispatch_k4v2(dtype, p.st.block.head_dim, k4v2_head_slots(p.heads_per_cta), [&](auto kernel, uint32_t smem) {
     kernel<<<dim3(p.splits, p.num_kv_heads * chunks, p.n), kK4V2Threads, smem, stream>>>(args);
     check_launch_error("decode_k4v2_kernel");
   });

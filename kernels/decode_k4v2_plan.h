@@ -81,15 +81,16 @@ struct K4V2Tiles {
   uint32_t qtile, ptile;
 };
 
+// The instance's query-head slots (kH) for p.heads_per_cta query heads per CTA.
+constexpr uint32_t k4v2_head_slots(uint32_t heads_per_cta) { return heads_per_cta <= 4 ? 4 : 8; }
+
 // What a launch needs beyond its DecodeParams, made once at minikv_cache_create.
 struct K4V2LaunchPlan {
   K4V2Tiles tiles;
   FastDivU32 block_tokens;  // R
-  uint32_t heads;           // kH: 4 or 8 query-head slots per CTA
 };
-inline K4V2LaunchPlan make_k4v2_launch_plan(const BlockLayout &bl, uint32_t heads_per_cta) {
-  return {{generic_pow2_divisor(bl.tokens, kK4V2MaxTile), kK4V2RowTile}, FastDivU32::make(bl.tokens),
-          heads_per_cta <= 4 ? 4u : 8u};
+inline K4V2LaunchPlan make_k4v2_launch_plan(const BlockLayout &bl) {
+  return {{generic_pow2_divisor(bl.tokens, kK4V2MaxTile), kK4V2RowTile}, FastDivU32::make(bl.tokens)};
 }
 
 }  // namespace kernels

@@ -662,11 +662,8 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<D>) decode_mma_kern
   const MmaDecodePlan &g = a.g;
   const BlockLayout &bl = p.st.block;
   const uint32_t tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, qi = lane & 3;
-  const uint32_t split = blockIdx.x, seq = blockIdx.z;
-  const uint32_t n_rep = p.num_heads / p.num_kv_heads, per = p.heads_per_cta;
-  const uint32_t chunks = (n_rep + per - 1) / per;
-  const uint32_t kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
-  const uint32_t h0 = kvh * n_rep + chunk * per, nh = min(per, n_rep - chunk * per);
+  const DecodeCta cta(p);
+  const uint32_t split = cta.split, seq = cta.seq, kvh = cta.kvh, chunk = cta.chunk, h0 = cta.h0, nh = cta.nh;
   const uint32_t G = group_size<kG>(bl);
 
   // Stage bytes past the staged regions are read (and multiplied by 0) before any tile has
@@ -713,12 +710,11 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<D>) decode_mma_kern
   }
 
   const SequenceTiles<MmaDecodePlan> tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], g);
-  const uint32_t per_split = (tiles.total + p.splits - 1) / p.splits;
-  const uint32_t t_begin = min(tiles.total, split * per_split);
-  const uint32_t t_end = min(tiles.total, t_begin + per_split);
-  const uint32_t slot = p.slot[seq];
-  const int32_t *table = p.st.block_table + uint64_t(slot) * p.st.max_blocks_per_seq;
-  const uint8_t *res_slot = p.st.residual + uint64_t(slot) * p.st.res.bytes;
+  const SplitTiles range(tiles.total, p.splits, split);
+  const uint32_t t_begin = range.begin, t_end = range.end;
+  const SequenceSlot sslot(p, seq);
+  const int32_t *table = sslot.table;
+  const uint8_t *res_slot = sslot.residual;
   const HeadRegions regions(bl, kvh);
 
   WarpState<D> ws;

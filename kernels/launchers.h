@@ -83,7 +83,7 @@ bool decode_k4v2_path(const BlockLayout &bl, uint32_t n_rep);
 // Raises the kernel's shared-memory limit; returns resident CTAs per SM, or 0 where this
 // device cannot run it (no sm_90 image loaded).
 uint32_t configure_decode_k4v2(minikv_dtype dtype, const BlockLayout &bl, uint32_t heads_per_cta);
-// plan: make_k4v2_launch_plan(p.st.block, p.heads_per_cta), made once at create.
+// plan: make_k4v2_launch_plan(p.st.block), made once at create.
 struct K4V2LaunchPlan;
 void launch_decode_k4v2(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
                         cudaStream_t stream);

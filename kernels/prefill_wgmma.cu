@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "bulk_copy.cuh"
 #include "dispatch.cuh"
 #include "prefill_common.cuh"
 #include "launchers.h"
@@ -74,29 +75,11 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // setmaxnreg: 24·128 +
 // one per consumer warpgroup for its epilogue.
 constexpr int kBarTurn = 1, kBarEpilogue = 3;
 
-// ---- mbarrier, TMA, named barriers, setmaxnreg (PTX ISA 8.0, sm_90) ----------------------
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// One arrival that also announces `bytes` of TMA data still to land.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
-               : "memory");
-}
-// Waits until the phase of parity `parity` has completed (a fresh barrier: parity 1 passes).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
+// ---- mbarriers (bulk_copy.cuh), TMA, named barriers, setmaxnreg (PTX ISA 8.0, sm_90) -----
+using bulk::mbar_arrive;
+using bulk::mbar_arrive_expect_tx;
+using bulk::mbar_init;
+using bulk::mbar_wait;
 // Box {64 elements, 1 head, 128 rows} at (c0, c1, c2) into a 1024-byte-aligned column block.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
                                             int c0, int c1, int c2) {
@@ -286,7 +269,7 @@ __global__ void __launch_bounds__(kFaThreads, 1)
       mbar_init(bar_v_empty(st), kFaEmptyArrivals);
     }
     mbar_init(bar_v_tail, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    bulk::fence_mbar_init();
   }
   __syncthreads();
 
