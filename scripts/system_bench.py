@@ -611,6 +611,7 @@ def main():
         print("wrote", png)
     print(f"done in {time.time() - started:.0f} s")
     if b.world > 1:
+        dist.barrier()  # as in tp_generate.py: no rank tears gloo down under a peer
         dist.destroy_process_group()
 
 

@@ -127,4 +127,7 @@ if rank == 0:
           f"{slowest['prefill_s']:.2f} s, decode {args.batch * (args.new_tokens - 1) / slowest['decode_s']:.1f} "
           f"tokens/s, end to end {n / (slowest['prefill_s'] + slowest['decode_s']):.1f} tokens/s")
     print("  sequence 0:", torch.stack(out, 1)[0].tolist())
+# Every rank past its last collective before any tears gloo down: a rank that destroys its
+# process group while a peer's gloo threads still talk to it can abort at exit.
+dist.barrier()
 dist.destroy_process_group()
