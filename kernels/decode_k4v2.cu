@@ -43,6 +43,7 @@
 #include "bulk_copy.cuh"
 #include "common.cuh"
 #include "decode_common.cuh"
+#include "decode_k4v2.cuh"
 #include "decode_k4v2_plan.h"
 #include "decode_operands.cuh"
 #include "decode_tiles.cuh"
@@ -52,25 +53,6 @@
 namespace minikv {
 namespace kernels {
 namespace {
-
-struct K4V2Args {
-  DecodeParams p;
-  K4V2Tiles tiles;
-  FastDivU32 block_tokens;  // R
-};
-static_assert(sizeof(K4V2Args) <= 4096, "kernel parameters exceed 4 KB");
-
-[[maybe_unused]] __device__ __forceinline__ uint32_t lds32(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
-[[maybe_unused]] __device__ __forceinline__ void sts32(uint8_t *p, uint32_t v) { *reinterpret_cast<uint32_t *>(p) = v; }
-
-// The block of a quantized tile (nullptr for a 16-bit tile or past the split): a global load
-// of the block table, issued a tile before the copies that need it.
-[[maybe_unused]] __device__ __forceinline__ const uint8_t *k4v2_block_of(const K4V2Args &a, const TileRef &tr,
-                                                        const int32_t *table) {
-  if (tr.segment != kSegQuantized) return nullptr;
-  const BlockLayout &bl = a.p.st.block;
-  return a.p.st.pool + uint64_t(table[a.block_tokens.div(tr.first)]) * bl.bytes;
-}
 
 // Warp w's share of staging tile `tr` into the stage at shared address dst: one bulk copy per
 // block region of a quantized tile (key codes, value codes, key scales and minima, value
@@ -249,44 +231,12 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
     const uint32_t groups = count / kK4V2Group;
     // 1. The key operand of group w: hi and lo pieces per (head, channel pair).
     if (w < groups) {
-      const uint8_t *srow = stage + Lay::kKScale + w * D * e + uc0 * e;
       uint32_t sw[D / 16];
-#pragma unroll
-      for (int v = 0; v < D / 64; ++v) {
-        const uint4 u = reinterpret_cast<const uint4 *>(srow)[v];
-        sw[4 * v] = u.x;
-        sw[4 * v + 1] = u.y;
-        sw[4 * v + 2] = u.z;
-        sw[4 * v + 3] = u.w;
-      }
-      // The group's largest scale (scales are >= 0: their 16-bit patterns order as integers).
-      uint32_t m2 = sw[0] & 0x7fff7fffu;
-#pragma unroll
-      for (int j = 1; j < D / 16; ++j) m2 = __vmaxu2(m2, sw[j] & 0x7fff7fffu);
-      uint32_t mb = max(m2 & 0xffffu, m2 >> 16);
-      mb = max(mb, __shfl_xor_sync(kFull, mb, 1));
-      mb = max(mb, __shfl_xor_sync(kFull, mb, 2));
-      mb = max(mb, __shfl_xor_sync(kFull, mb, 4));
-      const float mx = elem_to_float<T>(mb, 0);
-      const int ks = mx > 0.0f ? clamp_exp(7 - exponent_of(mx), 100) : 0;
+      load_words(stage + Lay::kKScale + w * D * e + uc0 * e, sw);
+      const int ks = key_scale_exponent<T, 8>(sw);
       if (lane == 0) us_s[w] = pow2i(12 - ks);
       uint32_t s2[KS];  // s' = s · 2^ks of each key pair's channels
-      if (std::is_same<T, __half>::value && ks >= -14 && ks <= 15) {
-        const uint32_t f2 = pack_f16(pow2i(ks), pow2i(ks));
-#pragma unroll
-        for (int P = 0; P < KS; ++P) {
-          const int lo = KP::lo(P), hi = KP::hi(P);
-          const uint32_t sel = (lo & 1 ? 0x32u : 0x10u) | (hi & 1 ? 0x7600u : 0x5400u);
-          s2[P] = hmul2_bits(prmt(sw[lo / 2], sw[hi / 2], sel), f2);
-        }
-      } else {
-        const float f = pow2i(ks);
-#pragma unroll
-        for (int P = 0; P < KS; ++P) {
-          const int lo = KP::lo(P), hi = KP::hi(P);
-          s2[P] = pack_f16(elem_to_float<T>(sw[lo / 2], lo & 1) * f, elem_to_float<T>(sw[hi / 2], hi & 1) * f);
-        }
-      }
+      scaled_key_scales<T, 4>(sw, ks, s2);
       uint8_t *bq = smem + Lay::kBqk + (w >> 1) * Lay::kBqkPass;
 #pragma unroll
       for (int eta = 0; eta < NE; ++eta) {

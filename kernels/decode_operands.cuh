@@ -83,5 +83,57 @@ template <int KB> struct KeyPairs {
   }
 };
 
+// The 32-bit words of n consecutive uint4s at p (16-byte aligned shared memory).
+template <int N> __device__ __forceinline__ void load_words(const void *p, uint32_t (&w)[N]) {
+  static_assert(N % 4 == 0, "whole uint4s");
+#pragma unroll
+  for (int v = 0; v < N / 4; ++v) {
+    const uint4 u = reinterpret_cast<const uint4 *>(p)[v];
+    w[4 * v] = u.x;
+    w[4 * v + 1] = u.y;
+    w[4 * v + 2] = u.z;
+    w[4 * v + 3] = u.w;
+  }
+}
+
+// The exponent ks of a key group's scales, max s · 2^ks in [2^7, 2^8) (0 for an all-zero
+// group), from the lane's words of them (16-bit patterns of scales >= 0, which order as
+// integers) and the lanes at xor distances below kLanes that hold the group's other channels.
+template <typename T, int kLanes, int N>
+__device__ __forceinline__ int key_scale_exponent(const uint32_t (&sw)[N]) {
+  uint32_t m2 = sw[0] & 0x7fff7fffu;
+#pragma unroll
+  for (int j = 1; j < N; ++j) m2 = __vmaxu2(m2, sw[j] & 0x7fff7fffu);
+  uint32_t mb = max(m2 & 0xffffu, m2 >> 16);
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) mb = max(mb, __shfl_xor_sync(kFull, mb, o));
+  const float mx = elem_to_float<T>(mb, 0);
+  return mx > 0.0f ? clamp_exp(7 - exponent_of(mx), 100) : 0;
+}
+
+// s' = s · 2^ks of each key pair's channels (KeyPairs<KB> order, lo in the low half) as
+// fp16, from the words sw of the scales (channel c in half c % 2 of word c / 2): fp16 scales
+// whose 2^ks is an fp16 normal take one PRMT and one HMUL2 a pair.
+template <typename T, int KB, int NP, int N>
+__device__ __forceinline__ void scaled_key_scales(const uint32_t (&sw)[N], int ks, uint32_t (&s2)[NP]) {
+  using KP = KeyPairs<KB>;
+  if (std::is_same<T, __half>::value && ks >= -14 && ks <= 15) {
+    const uint32_t f2 = pack_f16(pow2i(ks), pow2i(ks));
+#pragma unroll
+    for (int P = 0; P < NP; ++P) {
+      const int lo = KP::lo(P), hi = KP::hi(P);
+      const uint32_t sel = (lo & 1 ? 0x32u : 0x10u) | (hi & 1 ? 0x7600u : 0x5400u);
+      s2[P] = hmul2_bits(prmt(sw[lo / 2], sw[hi / 2], sel), f2);
+    }
+  } else {
+    const float f = pow2i(ks);
+#pragma unroll
+    for (int P = 0; P < NP; ++P) {
+      const int lo = KP::lo(P), hi = KP::hi(P);
+      s2[P] = pack_f16(elem_to_float<T>(sw[lo / 2], lo & 1) * f, elem_to_float<T>(sw[hi / 2], hi & 1) * f);
+    }
+  }
+}
+
 }  // namespace kernels
 }  // namespace minikv

@@ -62,6 +62,10 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
       // The default storage's own instance (G fixed at 32): the preset's R = 128 (one key group
       // per warp share), and R = 96 (32-token tiles: half a group per warp).
       {4, 2, 32, 128, 4, F16, 4, 128}, {4, 2, 32, 128, 1, BF16, 4, 128}, {4, 2, 32, 64, 7, BF16, 4, 96},
+      // Its MHA kernel (one warp per CTA): 128-, 64- and 32-token tiles (R 128, 64, 96), with
+      // and without sinks, both dtypes and head_dims.
+      {4, 2, 32, 128, 1, F16, 4, 128}, {4, 2, 32, 64, 1, F16, 0, 64}, {4, 2, 32, 64, 1, BF16, 4, 96},
+      {4, 2, 32, 128, 1, BF16, 0, 96},
   };
   for (const Shape &s : shapes) {
     if (!minikv::kernels::head_dim_compiled(s.head_dim)) continue;  // MINIKV_CUDA_HEAD_DIMS
@@ -72,11 +76,13 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
                              (s.sinks ? " sinks " + std::to_string(s.sinks) : "") +
                              (s.residual ? " R " + std::to_string(s.residual) : "");
     // The default storage runs its own kernel where it compiles (sm_90); the tensor-core
-    // kernel's instance for it stays checked by forcing it.
+    // kernel's instance for it stays checked by forcing it, and under MHA the one-warp
+    // kernel (not chosen by default) is forced too.
     const bool k4v2 = s.key_bits == 4 && s.value_bits == 2 && s.group == 32 &&
                       (s.head_dim == 64 || s.head_dim == 128);
-    for (const char *kernel : {static_cast<const char *>(nullptr), "mma"}) {
+    for (const char *kernel : {static_cast<const char *>(nullptr), "mma", "k4v2-mha"}) {
       if (kernel != nullptr && !k4v2) break;
+      if (kernel != nullptr && kernel[0] == 'k' && s.n_rep != 1) break;
       const std::string sub = kernel ? name + " (" + kernel + ")" : name;
       SUBCASE(sub.c_str()) {
         const gt::DecodeKernelChoice choice(kernel);
@@ -99,13 +105,20 @@ TEST_CASE("decode matches the CPU backend when each CTA walks many tiles") {
   // tiles (R = 32), so each CTA walks ~10 tiles through its pipeline stages: the short
   // caches above give most CTAs one to three tiles. A staging bug that only shows after the
   // stages wrap around (phases out of step) hangs or corrupts here.
-  for (const char *kernel : {static_cast<const char *>(nullptr), "mma"}) {
-    const std::string name = std::string("K4V2 G32 R 32 hd64 gqa4 120 sequences") + (kernel ? " (mma)" : "");
-    SUBCASE(name.c_str()) {
-      const gt::DecodeKernelChoice choice(kernel);
+  // The MHA kernel's CTA is one warp over 128-token tiles (R = 128): 4 KV heads × 120
+  // sequences of ~600 kept tokens, five or more tiles through its two stages.
+  const struct {
+    const char *name, *kernel;
+    uint32_t heads, R, min_len;
+  } runs[] = {{"K4V2 G32 R 32 hd64 gqa4 120 sequences", nullptr, 16, 32, 560},
+              {"K4V2 G32 R 32 hd64 gqa4 120 sequences (mma)", "mma", 16, 32, 560},
+              {"K4V2 G32 R 128 hd64 mha 120 sequences (k4v2-mha)", "k4v2-mha", 4, 128, 2400}};
+  for (const auto &r : runs) {
+    SUBCASE(r.name) {
+      const gt::DecodeKernelChoice choice(r.kernel);
       std::vector<uint32_t> lens(120);
-      for (uint32_t i = 0; i < lens.size(); ++i) lens[i] = 560 + (i * 37) % 90;
-      gt::Case c{name.c_str(), MINIKV_DTYPE_F16, 64, 16, 4, MINIKV_SCORE_CUMULATIVE, 4, 2, 32, 32,
+      for (uint32_t i = 0; i < lens.size(); ++i) lens[i] = r.min_len + (i * 37) % 90;
+      gt::Case c{r.name, MINIKV_DTYPE_F16, 64, r.heads, 4, MINIKV_SCORE_CUMULATIVE, 4, 2, 32, r.R,
                  MINIKV_BUDGET_UNIFORM, 0.25f, 0.25f, lens, 40};
       c.sinks = 4;
       gt::run_case(c);
