@@ -329,18 +329,8 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
         }
         const uint32_t t0 = 64 * pass + 16 * w + gq;
         uint32_t w0[D / 32], w1[D / 32];
-        {
-          const uint8_t *k0 = stage + t0 * (D / 2) + qi * (D / 8), *k1 = k0 + 8 * (D / 2);
-          if constexpr (D == 128) {
-            const uint4 u0 = *reinterpret_cast<const uint4 *>(k0), u1 = *reinterpret_cast<const uint4 *>(k1);
-            w0[0] = u0.x; w0[1] = u0.y; w0[2] = u0.z; w0[3] = u0.w;
-            w1[0] = u1.x; w1[1] = u1.y; w1[2] = u1.z; w1[3] = u1.w;
-          } else {
-            const uint2 u0 = *reinterpret_cast<const uint2 *>(k0), u1 = *reinterpret_cast<const uint2 *>(k1);
-            w0[0] = u0.x; w0[1] = u0.y;
-            w1[0] = u1.x; w1[1] = u1.y;
-          }
-        }
+        load_key_quarter<D>(stage + t0 * (D / 2) + qi * (D / 8), w0);
+        load_key_quarter<D>(stage + (t0 + 8) * (D / 2) + qi * (D / 8), w1);
         const uint8_t *brow = smem + Lay::kBqk + pass * Lay::kBqkPass + 2 * kH * (w >> 1) * Lay::kBqkStride;
         float d[NE][2][4] = {};  // (head block, k-step parity): independent chains
 #pragma unroll
@@ -374,15 +364,8 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const uint32_t t = t0 + 8 * r;
-          const uint8_t *vs = stage + Lay::kVScale + t * VG * e, *vm = stage + Lay::kVMin + t * VG * e;
-          if constexpr (VG == 4) {
-            const uint2 s4 = *reinterpret_cast<const uint2 *>(vs), m4 = *reinterpret_cast<const uint2 *>(vm);
-            svw[pass][r][0] = s4.x; svw[pass][r][1] = s4.y;
-            mvw[pass][r][0] = m4.x; mvw[pass][r][1] = m4.y;
-          } else {
-            svw[pass][r][0] = lds32(vs);
-            mvw[pass][r][0] = lds32(vm);
-          }
+          load_value_scales<VG>(stage + Lay::kVScale + t * VG * e, stage + Lay::kVMin + t * VG * e, svw[pass][r],
+                                mvw[pass][r]);
 #pragma unroll
           for (int j = 0; j < VG / 2; ++j) vmx_bits = __vmaxu2(vmx_bits, svw[pass][r][j] & 0x7fff7fffu);
         }

@@ -31,5 +31,30 @@ static_assert(sizeof(K4V2Args) <= 4096, "kernel parameters exceed 4 KB");
   return a.p.st.pool + uint64_t(table[a.block_tokens.div(tr.first)]) * bl.bytes;
 }
 
+// A lane's quarter of a token's 4-bit key row: D / 8 bytes at p, as D / 32 words.
+template <int D> __device__ __forceinline__ void load_key_quarter(const uint8_t *p, uint32_t (&w)[D / 32]) {
+  if constexpr (D == 128) {
+    const uint4 u = *reinterpret_cast<const uint4 *>(p);
+    w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+    w[0] = u.x; w[1] = u.y;
+  }
+}
+
+// A token's VG value scales (at vs) and minima (at vm), 16-bit, as VG / 2 words each.
+template <int VG>
+__device__ __forceinline__ void load_value_scales(const uint8_t *vs, const uint8_t *vm, uint32_t (&s)[(VG + 1) / 2],
+                                                  uint32_t (&m)[(VG + 1) / 2]) {
+  if constexpr (VG == 4) {
+    const uint2 s4 = *reinterpret_cast<const uint2 *>(vs), m4 = *reinterpret_cast<const uint2 *>(vm);
+    s[0] = s4.x; s[1] = s4.y;
+    m[0] = m4.x; m[1] = m4.y;
+  } else {
+    s[0] = lds32(vs);
+    m[0] = lds32(vm);
+  }
+}
+
 }  // namespace kernels
 }  // namespace minikv

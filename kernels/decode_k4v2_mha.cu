@@ -297,17 +297,8 @@ __global__ void __launch_bounds__(32) decode_k4v2_mha_kernel(const __grid_consta
       for (int m = 0; m < kMTiles; ++m) {
         if (uint32_t(m) >= 2 * groups) break;
         uint32_t w0[D / 32], w1[D / 32];
-        const uint8_t *k0 = stage + L::kKCodes + (16 * m + gq) * (D / 2) + qi * (D / 8);
-        const uint8_t *k1 = k0 + 8 * (D / 2);
-        if constexpr (D == 128) {
-          const uint4 u0 = *reinterpret_cast<const uint4 *>(k0), u1 = *reinterpret_cast<const uint4 *>(k1);
-          w0[0] = u0.x; w0[1] = u0.y; w0[2] = u0.z; w0[3] = u0.w;
-          w1[0] = u1.x; w1[1] = u1.y; w1[2] = u1.z; w1[3] = u1.w;
-        } else {
-          const uint2 u0 = *reinterpret_cast<const uint2 *>(k0), u1 = *reinterpret_cast<const uint2 *>(k1);
-          w0[0] = u0.x; w0[1] = u0.y;
-          w1[0] = u1.x; w1[1] = u1.y;
-        }
+        load_key_quarter<D>(stage + L::kKCodes + (16 * m + gq) * (D / 2) + qi * (D / 8), w0);
+        load_key_quarter<D>(stage + L::kKCodes + (16 * m + gq + 8) * (D / 2) + qi * (D / 8), w1);
         float d[2][4] = {};  // k-step parity: two independent chains
 #pragma unroll
         for (int k = 0; k < KS; ++k) {
@@ -331,15 +322,7 @@ __global__ void __launch_bounds__(32) decode_k4v2_mha_kernel(const __grid_consta
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const uint32_t t = mine ? 16 * (2 * qi + mm) + gq + 8 * r : 0;
-          const uint8_t *vs = stage + L::kVScale + t * VG * 2, *vm = stage + L::kVMin + t * VG * 2;
-          if constexpr (VG == 4) {
-            const uint2 s4 = *reinterpret_cast<const uint2 *>(vs), m4 = *reinterpret_cast<const uint2 *>(vm);
-            svw[mm][r][0] = s4.x; svw[mm][r][1] = s4.y;
-            mvw[mm][r][0] = m4.x; mvw[mm][r][1] = m4.y;
-          } else {
-            svw[mm][r][0] = lds32(vs);
-            mvw[mm][r][0] = lds32(vm);
-          }
+          load_value_scales<VG>(stage + L::kVScale + t * VG * 2, stage + L::kVMin + t * VG * 2, svw[mm][r], mvw[mm][r]);
 #pragma unroll
           for (int j = 0; j < VG / 2; ++j) vmx_bits = __vmaxu2(vmx_bits, mine ? svw[mm][r][j] & 0x7fff7fffu : 0u);
         }
