@@ -20,7 +20,7 @@ over cuDNN's bytes/s on its full cache (the issue's target is >= 0.85).
       [--storage 0,2] [--shapes 1,2] [--kernels auto,generic] [--head-dims 64,128,256]
 
 --kernels measures each cell once per decode kernel: `auto` is the plan the library picks,
-`fast`, `k4v2`, `k4v2-mha`, `mma` or `generic` force one through MINIKV_DECODE_KERNEL (docs/kernels.md#decode);
+`fast`, `k4v2`, `k4v2-warp`, `mma` or `generic` force one through MINIKV_DECODE_KERNEL (docs/kernels.md#decode);
 a kernel that cannot take the configuration is recorded as an error row. --head-dims runs
 every (selected) shape at each listed head_dim instead of its own: the 64 and 256 columns.
 """
@@ -165,7 +165,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="L = 32K only")
     ap.add_argument("--storage", default="", help="comma-separated indices into STORAGE")
     ap.add_argument("--shapes", default="", help="comma-separated indices into the shape list")
-    ap.add_argument("--kernels", default="auto", help="auto, fast, k4v2, k4v2-mha, mma, generic (comma-separated)")
+    ap.add_argument("--kernels", default="auto", help="auto, fast, k4v2, k4v2-warp, mma, generic (comma-separated)")
     ap.add_argument("--head-dims", default="",
                     help="comma-separated head_dim values (64, 80, 96, 128, 256): every shape "
                          "runs at each of them instead of its own")

@@ -157,7 +157,7 @@ class CudaBackend final : public Backend {
                                    ? configure_decode_k4v2(cfg_.dtype, spec.block, k4v2_heads)
                                    : 0;
     const bool k4v2_ok = k4v2_ctas > 0;
-    uint32_t k4v2_mha_ctas = 0;  // its MHA kernel: only where forced, until it is measured
+    uint32_t k4v2_warp_ctas = 0;  // its one-warp kernel: only where forced, until it is measured
     decode_kernel_ = fast_ok                ? DecodeKernel::kFast
                      : k4v2_ok             ? DecodeKernel::kK4V2
                      : mma_ok && mma_first ? DecodeKernel::kMma
@@ -166,27 +166,29 @@ class CudaBackend final : public Backend {
       const std::string name(forced);
       if (name == "fast" && fast_ok) decode_kernel_ = DecodeKernel::kFast;
       else if (name == "k4v2" && k4v2_ok) decode_kernel_ = DecodeKernel::kK4V2;
-      else if (name == "k4v2-mha" && decode_k4v2_mha_path(spec.block, n_rep) &&
-               (k4v2_mha_ctas = configure_decode_k4v2_mha(cfg_.dtype, spec.block)) > 0)
-        decode_kernel_ = DecodeKernel::kK4V2Mha;
+      else if (name == "k4v2-warp" && decode_k4v2_path(spec.block, n_rep) &&
+               (k4v2_warp_ctas = configure_decode_k4v2_warp(cfg_.dtype, spec.block, n_rep)) > 0)
+        decode_kernel_ = DecodeKernel::kK4V2Warp;
       else if (name == "mma" && mma_ok) decode_kernel_ = DecodeKernel::kMma;
       else if (name == "generic") decode_kernel_ = DecodeKernel::kGeneric;
       else if (!name.empty())
         fail(MINIKV_ERR_UNSUPPORTED,
              "minikv_cache_create: MINIKV_DECODE_KERNEL=%s cannot decode this configuration "
              "(fast: 2-bit keys and values, G 16, no sinks, n_rep 1/2/4/8; k4v2: 4-bit keys, "
-             "2-bit values, G 32, head_dim 64/128, sm_90; k4v2-mha: the same with n_rep 1; "
+             "2-bit values, G 32, head_dim 64/128, sm_90; k4v2-warp: the same; "
              "mma: G >= 16 with head_dim / G <= 8; generic: any)",
              forced);
     }
     switch (decode_kernel_) {
       case DecodeKernel::kK4V2:
-      case DecodeKernel::kK4V2Mha:
-        heads_per_cta_ = decode_kernel_ == DecodeKernel::kK4V2 ? k4v2_heads : 1;
+      case DecodeKernel::kK4V2Warp: {
+        const bool four_warps = decode_kernel_ == DecodeKernel::kK4V2;
+        heads_per_cta_ = four_warps ? k4v2_heads : decode_k4v2_warp_heads_per_cta(n_rep);
         k4v2_plan_ = make_k4v2_launch_plan(spec.block);
         decode_tile_ = k4v2_plan_.tiles.qtile;
-        decode_slots_ = num_sms_ * (decode_kernel_ == DecodeKernel::kK4V2 ? k4v2_ctas : k4v2_mha_ctas);
+        decode_slots_ = num_sms_ * (four_warps ? k4v2_ctas : k4v2_warp_ctas);
         break;
+      }
       case DecodeKernel::kFast:
         heads_per_cta_ = n_rep;
         decode_slots_ = num_sms_ * decode_fast_ctas_per_sm(cfg_.dtype, D, n_rep);
@@ -411,7 +413,7 @@ class CudaBackend final : public Backend {
       const bool fast = decode_kernel_ == DecodeKernel::kFast;
       // k4v2: 16-bit rows (sinks, residual) in tiles of kK4V2RowTile, the rest by decode_tile_.
       const uint64_t tiles = fast ? ceil_div(longest_quantized, kDecodeFastTile)
-                             : decode_kernel_ == DecodeKernel::kK4V2 || decode_kernel_ == DecodeKernel::kK4V2Mha
+                             : decode_kernel_ == DecodeKernel::kK4V2 || decode_kernel_ == DecodeKernel::kK4V2Warp
                                  ? ceil_div(longest_quantized, decode_tile_) +
                                        ceil_div(longest - longest_quantized, kK4V2RowTile) + 1
                                  : ceil_div(longest, decode_tile_) + 2;
@@ -420,7 +422,7 @@ class CudaBackend final : public Backend {
       switch (decode_kernel_) {
         case DecodeKernel::kFast: launch_decode_fast(cfg_.dtype, D, p, stream); break;
         case DecodeKernel::kK4V2: launch_decode_k4v2(cfg_.dtype, p, k4v2_plan_, stream); break;
-        case DecodeKernel::kK4V2Mha: launch_decode_k4v2_mha(cfg_.dtype, p, k4v2_plan_, stream); break;
+        case DecodeKernel::kK4V2Warp: launch_decode_k4v2_warp(cfg_.dtype, p, k4v2_plan_, stream); break;
         case DecodeKernel::kMma: launch_decode_mma(cfg_.dtype, p, mma_plan_, stream); break;
         case DecodeKernel::kGeneric: launch_decode_generic(cfg_.dtype, p, stream); break;
       }
@@ -604,10 +606,10 @@ class CudaBackend final : public Backend {
   uint32_t num_sms_ = 0;
   uint32_t ws_tokens_ = 0;
   uint32_t heads_per_cta_ = 1;  // query heads of one decode CTA
-  enum class DecodeKernel { kFast, kK4V2, kK4V2Mha, kMma, kGeneric };
+  enum class DecodeKernel { kFast, kK4V2, kK4V2Warp, kMma, kGeneric };
   DecodeKernel decode_kernel_ = DecodeKernel::kGeneric;  // the decode plan
   MmaLaunchPlan mma_plan_{};  // the tensor-core kernel's tiles and stages (kMma)
-  K4V2LaunchPlan k4v2_plan_{};  // the default storage kernels' (kK4V2, kK4V2Mha)
+  K4V2LaunchPlan k4v2_plan_{};  // the default storage kernels' (kK4V2, kK4V2Warp)
   bool prefill_wgmma_ = false;  // prefill_wgmma_usable(): the sm_90a forward on this device
   bool prefill_scores_wgmma_ = false;  // prefill_scores_wgmma_usable(): the sm_90a score pass
   uint64_t decode_slots_ = 1;   // resident decode CTAs on the device

@@ -636,18 +636,11 @@ bool decode_k4v2_path(const BlockLayout &bl, uint32_t n_rep) {
 }
 
 uint32_t configure_decode_k4v2(minikv_dtype dtype, const BlockLayout &bl, uint32_t heads_per_cta) {
-  int blocks = 0;
-  bool sm90 = false;
+  uint32_t ctas = 0;
   dispatch_k4v2(dtype, bl.head_dim, k4v2_head_slots(heads_per_cta), [&](auto kernel, uint32_t smem) {
-    cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess || attr.binaryVersion < 90) return;
-    sm90 = true;
-    MINIKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
-    MINIKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kK4V2Threads, smem));
+    ctas = configure_sm90_kernel(kernel, kK4V2Threads, smem);
   });
-  (void)cudaGetLastError();  // a failed attribute query leaves no sticky error
-  return sm90 ? static_cast<uint32_t>(blocks > 0 ? blocks : 1) : 0u;
+  return ctas;
 }
 
 void launch_decode_k4v2(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,

@@ -1,10 +1,13 @@
-// What the default storage's two decode kernels share (decode_k4v2.cu: four-warp CTAs for
-// GQA groups; decode_k4v2_mha.cu: one-warp CTAs for MHA): their launch arguments and the
-// block of a quantized tile.
+// What the default storage's two decode kernels share (decode_k4v2.cu: four-warp CTAs of 4
+// or 8 head slots; decode_k4v2_warp.cu: one-warp CTAs of 1, 2 or 4): their launch arguments,
+// the block of a quantized tile, and the loads of key rows and value scales.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "cuda_check.h"
 #include "decode_k4v2_plan.h"
 #include "decode_tiles.cuh"
 #include "params.h"
@@ -29,6 +32,20 @@ static_assert(sizeof(K4V2Args) <= 4096, "kernel parameters exceed 4 KB");
   if (tr.segment != kSegQuantized) return nullptr;
   const BlockLayout &bl = a.p.st.block;
   return a.p.st.pool + uint64_t(table[a.block_tokens.div(tr.first)]) * bl.bytes;
+}
+
+// Host: raises `kernel`'s dynamic shared-memory limit to `smem` and returns its resident
+// CTAs of `threads` per SM, or 0 where this device has not loaded an sm_90 image of it.
+template <typename Kernel> uint32_t configure_sm90_kernel(Kernel kernel, uint32_t threads, uint32_t smem) {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess || attr.binaryVersion < 90) {
+    (void)cudaGetLastError();  // a failed attribute query leaves no sticky error
+    return 0;
+  }
+  MINIKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  int blocks = 0;
+  MINIKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, static_cast<int>(threads), smem));
+  return static_cast<uint32_t>(blocks > 0 ? blocks : 1);
 }
 
 // A lane's quarter of a token's 4-bit key row: D / 8 bytes at p, as D / 32 words.

@@ -87,14 +87,15 @@ uint32_t configure_decode_k4v2(minikv_dtype dtype, const BlockLayout &bl, uint32
 struct K4V2LaunchPlan;
 void launch_decode_k4v2(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
                         cudaStream_t stream);
-// decode_k4v2_mha.cu: the same storage under MHA (n_rep 1), one-warp CTAs over the same
-// tiles and plan; not chosen by default yet (MINIKV_DECODE_KERNEL=k4v2-mha).
-bool decode_k4v2_mha_path(const BlockLayout &bl, uint32_t n_rep);
+// decode_k4v2_warp.cu: the same storage, any GQA group, one-warp CTAs of 1, 2 or 4 query
+// heads over the same tiles and plan; not chosen by default yet (MINIKV_DECODE_KERNEL=
+// k4v2-warp). Its path is decode_k4v2_path's.
+uint32_t decode_k4v2_warp_heads_per_cta(uint32_t n_rep);
 // Raises the kernel's shared-memory limit; returns resident CTAs per SM, or 0 where this
 // device cannot run it (no sm_90 image loaded).
-uint32_t configure_decode_k4v2_mha(minikv_dtype dtype, const BlockLayout &bl);
-void launch_decode_k4v2_mha(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
-                            cudaStream_t stream);
+uint32_t configure_decode_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t n_rep);
+void launch_decode_k4v2_warp(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
+                             cudaStream_t stream);
 // decode_merge.cu: out = the combine of p.splits partials per (sequence, query head).
 void launch_decode_merge(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
                          cudaStream_t stream);

@@ -173,10 +173,15 @@ TEST_CASE("append_decode equals append then decode bit for bit on CUDA") {
       {"k4v2 f16 hd128 G32 4 sinks gqa4", F16, 128, 8, 2, 4, 2, 32, 32, 4, {2, 200, 700}, 70},
       {"k4v2 bf16 hd128 G32 4 sinks gqa8 long split-K", BF16, 128, 16, 2, 4, 2, 32, 128, 4, {4000, 300}, 150},
       {"k4v2 f16 hd64 G32 mha", F16, 64, 4, 4, 4, 2, 32, 64, 0, {1, 40, 300}, 80},
-      // its one-warp MHA kernel (forced: not chosen by default yet)
-      {"k4v2-mha f16 hd64 G32", F16, 64, 4, 4, 4, 2, 32, 64, 0, {1, 40, 300}, 80, "k4v2-mha"},
-      {"k4v2-mha bf16 hd128 G32 4 sinks long split-K", BF16, 128, 4, 4, 4, 2, 32, 128, 4, {4000, 300}, 150,
-       "k4v2-mha"},
+      // its one-warp kernel (forced: not chosen by default yet): MHA, groups of 2 and 4, 8 (two
+      // chunks of four head slots)
+      {"k4v2-warp f16 hd64 G32 mha", F16, 64, 4, 4, 4, 2, 32, 64, 0, {1, 40, 300}, 80, "k4v2-warp"},
+      {"k4v2-warp bf16 hd128 G32 4 sinks mha long split-K", BF16, 128, 4, 4, 4, 2, 32, 128, 4, {4000, 300}, 150,
+       "k4v2-warp"},
+      {"k4v2-warp f16 hd128 G32 4 sinks gqa4", F16, 128, 8, 2, 4, 2, 32, 32, 4, {2, 200, 700}, 70, "k4v2-warp"},
+      {"k4v2-warp bf16 hd64 G32 gqa2", BF16, 64, 4, 2, 4, 2, 32, 64, 0, {17, 129}, 70, "k4v2-warp"},
+      {"k4v2-warp f16 hd128 G32 gqa8 long split-K", F16, 128, 16, 2, 4, 2, 32, 128, 4, {4000, 300}, 150,
+       "k4v2-warp"},
       {"mma f16 hd128 K4V2 G32 4 sinks gqa4", F16, 128, 8, 2, 4, 2, 32, 32, 4, {2, 200, 700}, 70, "mma"},
       {"mma bf16 hd64 K8V8 gqa3", BF16, 64, 6, 2, 8, 8, 16, 16, 0, {60, 1}, 40},
       {"mma f16 hd64 16/16 gqa12 17 sinks", F16, 64, 12, 1, 16, 16, 16, 32, 17, {100, 10}, 70},

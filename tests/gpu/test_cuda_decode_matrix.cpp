@@ -62,10 +62,12 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
       // The default storage's own instance (G fixed at 32): the preset's R = 128 (one key group
       // per warp share), and R = 96 (32-token tiles: half a group per warp).
       {4, 2, 32, 128, 4, F16, 4, 128}, {4, 2, 32, 128, 1, BF16, 4, 128}, {4, 2, 32, 64, 7, BF16, 4, 96},
-      // Its MHA kernel (one warp per CTA): 128-, 64- and 32-token tiles (R 128, 64, 96), with
-      // and without sinks, both dtypes and head_dims.
+      // More of it for the one-warp kernel (1, 2 or 4 head slots): 128-, 64- and 32-token
+      // tiles (R 128, 64, 96), with and without sinks, both dtypes and head_dims, MHA, groups
+      // of 2, 3 (a padded slot) and 8 (two chunks).
       {4, 2, 32, 128, 1, F16, 4, 128}, {4, 2, 32, 64, 1, F16, 0, 64}, {4, 2, 32, 64, 1, BF16, 4, 96},
-      {4, 2, 32, 128, 1, BF16, 0, 96},
+      {4, 2, 32, 128, 1, BF16, 0, 96}, {4, 2, 32, 128, 2, F16, 4, 128}, {4, 2, 32, 64, 2, BF16, 0, 64},
+      {4, 2, 32, 128, 3, BF16, 4, 96}, {4, 2, 32, 128, 8, F16, 4, 128},
   };
   for (const Shape &s : shapes) {
     if (!minikv::kernels::head_dim_compiled(s.head_dim)) continue;  // MINIKV_CUDA_HEAD_DIMS
@@ -76,13 +78,12 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
                              (s.sinks ? " sinks " + std::to_string(s.sinks) : "") +
                              (s.residual ? " R " + std::to_string(s.residual) : "");
     // The default storage runs its own kernel where it compiles (sm_90); the tensor-core
-    // kernel's instance for it stays checked by forcing it, and under MHA the one-warp
-    // kernel (not chosen by default) is forced too.
+    // kernel's instance for it and the one-warp kernel (not chosen by default) stay checked
+    // by forcing them.
     const bool k4v2 = s.key_bits == 4 && s.value_bits == 2 && s.group == 32 &&
                       (s.head_dim == 64 || s.head_dim == 128);
-    for (const char *kernel : {static_cast<const char *>(nullptr), "mma", "k4v2-mha"}) {
+    for (const char *kernel : {static_cast<const char *>(nullptr), "mma", "k4v2-warp"}) {
       if (kernel != nullptr && !k4v2) break;
-      if (kernel != nullptr && kernel[0] == 'k' && s.n_rep != 1) break;
       const std::string sub = kernel ? name + " (" + kernel + ")" : name;
       SUBCASE(sub.c_str()) {
         const gt::DecodeKernelChoice choice(kernel);
@@ -105,14 +106,15 @@ TEST_CASE("decode matches the CPU backend when each CTA walks many tiles") {
   // tiles (R = 32), so each CTA walks ~10 tiles through its pipeline stages: the short
   // caches above give most CTAs one to three tiles. A staging bug that only shows after the
   // stages wrap around (phases out of step) hangs or corrupts here.
-  // The MHA kernel's CTA is one warp over 128-token tiles (R = 128): 4 KV heads × 120
-  // sequences of ~600 kept tokens, five or more tiles through its two stages.
+  // The one-warp kernel's CTA walks 128-token tiles (R = 128): 4 KV heads × 120 sequences of
+  // ~600 kept tokens, five or more tiles through its two stages, MHA and groups of 4.
   const struct {
     const char *name, *kernel;
     uint32_t heads, R, min_len;
   } runs[] = {{"K4V2 G32 R 32 hd64 gqa4 120 sequences", nullptr, 16, 32, 560},
               {"K4V2 G32 R 32 hd64 gqa4 120 sequences (mma)", "mma", 16, 32, 560},
-              {"K4V2 G32 R 128 hd64 mha 120 sequences (k4v2-mha)", "k4v2-mha", 4, 128, 2400}};
+              {"K4V2 G32 R 128 hd64 mha 120 sequences (k4v2-warp)", "k4v2-warp", 4, 128, 2400},
+              {"K4V2 G32 R 128 hd64 gqa4 120 sequences (k4v2-warp)", "k4v2-warp", 16, 128, 2400}};
   for (const auto &r : runs) {
     SUBCASE(r.name) {
       const gt::DecodeKernelChoice choice(r.kernel);

@@ -281,8 +281,10 @@ TEST_CASE("CUDA outputs stay finite and match the CPU for fp16 values at 65504")
   run_extreme(config_of(F16, 2, 2, 16, 0, 8, 2), 65504.0f, "fast kernel: 2-bit, G 16, GQA 4");
   run_extreme(config_of(F16, 4, 2, 32, 4, 8, 2), 65504.0f, "k4v2 kernel: 4/2-bit, G 32, 4 sinks");
   run_extreme(config_of(F16, 4, 2, 32, 4, 8, 2), 65504.0f, "mma kernel: 4/2-bit, G 32, 4 sinks", "mma");
-  run_extreme(config_of(F16, 4, 2, 32, 4, 4, 4), 65504.0f, "k4v2-mha kernel: 4/2-bit, G 32, 4 sinks, MHA",
-              "k4v2-mha");
+  run_extreme(config_of(F16, 4, 2, 32, 4, 4, 4), 65504.0f, "k4v2-warp kernel: 4/2-bit, G 32, 4 sinks, MHA",
+              "k4v2-warp");
+  run_extreme(config_of(F16, 4, 2, 32, 4, 8, 2), 65504.0f, "k4v2-warp kernel: 4/2-bit, G 32, 4 sinks, GQA 4",
+              "k4v2-warp");
   run_extreme(config_of(F16, 4, 2, 32, 4, 8, 2), 65504.0f, "generic kernel: 4/2-bit, G 32, 4 sinks",
               "generic");
   run_extreme(config_of(F16, 16, 16, 16, 0, 4, 4), 65504.0f, "generic kernel: 16-bit storage, MHA");
@@ -295,18 +297,18 @@ TEST_CASE("CUDA bf16 values of magnitude 2^60 decode as on the CPU") {
   run_extreme(config_of(BF16, 2, 2, 16, 0, 4, 4), M, "fast kernel");
   run_extreme(config_of(BF16, 4, 2, 32, 4, 8, 2), M, "k4v2 kernel");
   run_extreme(config_of(BF16, 4, 2, 32, 4, 8, 2), M, "mma kernel", "mma");
-  run_extreme(config_of(BF16, 4, 2, 32, 4, 4, 4), M, "k4v2-mha kernel", "k4v2-mha");
+  run_extreme(config_of(BF16, 4, 2, 32, 4, 4, 4), M, "k4v2-warp kernel MHA", "k4v2-warp");
+  run_extreme(config_of(BF16, 4, 2, 32, 4, 8, 2), M, "k4v2-warp kernel GQA 4", "k4v2-warp");
   run_extreme(config_of(BF16, 4, 2, 32, 4, 8, 2), M, "generic kernel", "generic");
 }
 
 TEST_CASE("non-finite inputs on CUDA stay inside their sequence and layer") {
   GPU_OR_SKIP();
-  for (const char *kernel : {"fast", "k4v2", "k4v2-mha", "mma", "generic"}) {
+  for (const char *kernel : {"fast", "k4v2", "k4v2-warp", "mma", "generic"}) {
     CAPTURE(kernel);
-    const bool fast = kernel[0] == 'f', mha = std::string(kernel) == "k4v2-mha";
-    const minikv_config cfg = fast  ? config_of(MINIKV_DTYPE_F16, 2, 2, 16, 0, 8, 2)
-                              : mha ? config_of(MINIKV_DTYPE_BF16, 4, 2, 32, 4, 4, 4)
-                                    : config_of(MINIKV_DTYPE_BF16, 4, 2, 32, 4, 8, 2);
+    const bool fast = kernel[0] == 'f';
+    const minikv_config cfg = fast ? config_of(MINIKV_DTYPE_F16, 2, 2, 16, 0, 8, 2)
+                                   : config_of(MINIKV_DTYPE_BF16, 4, 2, 32, 4, 8, 2);
     const gt::DecodeKernelChoice choice(kernel);
     CachePtr poisoned = make(cfg, MINIKV_BACKEND_CUDA), control = make(cfg, MINIKV_BACKEND_CUDA);
     const uint32_t H = cfg.num_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim;

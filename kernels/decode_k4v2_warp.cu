@@ -1,0 +1,600 @@
+// Decode attention for the default storage (4-bit keys, 2-bit values, G = 32; attention
+// sinks and the 16-bit residual), sm_90: one warp per CTA, one CTA per (split, KV head ×
+// chunk of NH query heads, sequence), walking whole 128-token tiles with no CTA barrier. NH =
+// 1 for MHA, 2 for groups of two, 4 for larger groups (in chunks of four heads).
+//
+// decode_k4v2.cu fills the mma's N columns with (head slot, hi / lo piece) of 4 or 8 head
+// slots, and its four warps pay three CTA barriers per tile to share the work; under MHA
+// three of its four slots are padding. Here the columns hold (key group, head slot, piece),
+// so none is padding for any NH:
+//
+// QK (M = 16 tokens of one key group, N = 8 columns, K = channels in the key-pair order of
+//   decode_operands.cuh, mma.sync m16n8k16 f16): A = the codes as fp16 subnormals (one LOP3
+//   per pair, the rows as the block stores them). Column n of a B operand is q ⊙ s_k of head
+//   slot (n / 2) mod NH and key group n / (2 NH) of the operand's 4 / NH groups, in the exact
+//   hi + lo fp16 pieces of decode_mma.cuh (piece n mod 2); lane (g, i) builds column g, NH
+//   operands per tile. A logit is the sum of a column pair: lane (g, i) keeps head slot
+//   i mod NH's logits of tokens g, g + 8 of the M-tiles of the operand's group i / NH. The
+//   bias q · m_k of every (group, head) is one mma<T> of exact products per k-step (A = the
+//   tile's key minima, one group per row; B column n = q of head slot n mod NH).
+// Softmax: a running max per head slot, over the lanes i ≡ slot (mod NH).
+// PV (M = channels, N = (head slot, value group of the span), K = tokens): decode_k4v2.cu's
+//   P·V with the four channel subsets of its four warps (8g + 2j, 8g + 2j + 1 of a 64-channel
+//   span, j < 4) taken by this warp in turn; B = fp16(p · s_v · 2^Sv) (the one rounding
+//   MINIKV.md allows), written by the lanes that hold p; Σ p · m_v on the CUDA cores. Every
+//   lane's C columns 2i, 2i + 1 are its head slot's two value groups.
+// 16-bit rows (sinks, residual; tiles of kK4V2RowTile rows): on the CUDA cores in fp32, lane =
+//   row for the logits of every head, lane = D / 32 channels of every head for P·V (no
+//   rounding of p).
+// Tiles are staged by bulk copies (cp.async.bulk + one mbarrier per stage) issued by the warp
+// itself, two stages. Error against the CPU backend's fp32 decode: decode_mma.cuh's bounds
+// (the same operands and roundings for quantized rows; 16-bit rows are exact fp32 products).
+#include <type_traits>
+
+#include "bulk_copy.cuh"
+#include "common.cuh"
+#include "decode_common.cuh"
+#include "decode_k4v2.cuh"
+#include "decode_operands.cuh"
+#include "dispatch.cuh"
+#include "launchers.h"
+
+namespace minikv {
+namespace kernels {
+namespace {
+
+constexpr uint32_t kWarpStages = 2;
+
+// Shared memory of one CTA (one warp) at head_dim D with NH head slots, 16-bit dtypes; byte
+// offsets.
+template <uint32_t D, uint32_t NH> struct K4V2WarpLayout {
+  static constexpr uint32_t kVG = D / kK4V2Group;
+  // Quantized stage: the tile's rows as the block stores them (one bulk copy per region).
+  static constexpr uint32_t kKCodes = 0;
+  static constexpr uint32_t kVCodes = kKCodes + kK4V2MaxTile * D / 2;
+  static constexpr uint32_t kKScale = kVCodes + kK4V2MaxTile * D / 4;
+  static constexpr uint32_t kKMin = kKScale + kK4V2MaxTile / kK4V2Group * D * 2;
+  static constexpr uint32_t kVScale = kKMin + kK4V2MaxTile / kK4V2Group * D * 2;
+  static constexpr uint32_t kVMin = kVScale + kK4V2MaxTile * kVG * 2;
+  static constexpr uint32_t kQuantBytes = kVMin + kK4V2MaxTile * kVG * 2;
+  // 16-bit stage: K rows kRowK apart (an odd number of 16-byte units: lane = row reads
+  // without conflicts), then V rows packed (lane = channels reads whole rows).
+  static constexpr uint32_t kRowK = k4v2_odd_stride(D * 2);
+  static constexpr uint32_t kRowV = kK4V2RowTile * kRowK;
+  static constexpr uint32_t kRowBytes = kRowV + kK4V2RowTile * D * 2;
+  static constexpr uint32_t kStageBytes = k4v2_align(kQuantBytes > kRowBytes ? kQuantBytes : kRowBytes, 128);
+  // P·V's B: [span][(head slot, value group of the span) rows][k position] fp16.
+  static constexpr uint32_t kBpvStride = k4v2_odd_stride(kK4V2MaxTile * 2);
+  static constexpr uint32_t kBpvSpan = 2 * NH * kBpvStride;
+  static constexpr uint32_t kBpv = kWarpStages * kStageBytes;
+  static constexpr uint32_t kQ2 = kBpv + D / 64 * kBpvSpan;  // [slot][quarter][D / 8] q' pairs (fp16x2)
+  static constexpr uint32_t kQn = kQ2 + NH * 4 * (D / 8) * 4;  // [slot][D] dtype: q
+  static constexpr uint32_t kQf = kQn + NH * D * 2;  // [slot][D] fp32: q, at the end the 16-bit rows' P·V
+  static constexpr uint32_t kMbar = k4v2_align(kQf + NH * D * 4, 8);
+  static constexpr uint32_t kTotal = kMbar + kWarpStages * 8;
+};
+static_assert(K4V2WarpLayout<128, 1>::kRowBytes <= K4V2WarpLayout<128, 1>::kQuantBytes &&
+                  K4V2WarpLayout<64, 1>::kRowBytes <= K4V2WarpLayout<64, 1>::kQuantBytes,
+              "a 16-bit tile must fit a quantized stage");
+template <uint32_t D, uint32_t NH> constexpr bool k4v2_warp_aligned() {
+  using L = K4V2WarpLayout<D, NH>;
+  return L::kVCodes % 16 == 0 && L::kKScale % 16 == 0 && L::kKMin % 16 == 0 && L::kVScale % 16 == 0 &&
+         L::kVMin % 16 == 0 && L::kRowV % 16 == 0 && L::kStageBytes % 16 == 0 && L::kBpv % 16 == 0 &&
+         L::kQ2 % 16 == 0 && L::kQn % 16 == 0 && L::kQf % 16 == 0 && L::kMbar % 8 == 0;
+}
+static_assert(k4v2_warp_aligned<64, 1>() && k4v2_warp_aligned<128, 1>() && k4v2_warp_aligned<64, 4>() &&
+                  k4v2_warp_aligned<128, 4>(),
+              "decode_k4v2_warp's regions must stay 16-byte aligned");
+
+// The head slots of a CTA for a GQA group of n_rep.
+constexpr uint32_t k4v2_warp_slots(uint32_t n_rep) { return n_rep == 1 ? 1 : n_rep == 2 ? 2 : 4; }
+
+// Staging tile `tr` into the stage at shared address dst, completed on barrier `bar` (one
+// arrival per phase, lane 0's): six bulk copies for a quantized tile (key codes, value codes,
+// key scales and minima, value scales and minima), two per row for a 16-bit tile, the row of
+// the token appended in this launch from the caller's buffer.
+template <int D, int NH>
+__device__ __forceinline__ void k4v2_warp_stage(const K4V2Args &a, const TileRef &tr, const uint8_t *block,
+                                                const uint8_t *res_slot, uint32_t kvh, const HeadRegions &hr,
+                                                uint32_t dst, uint32_t bar, uint32_t lane) {
+  using L = K4V2WarpLayout<D, NH>;
+  const DecodeParams &p = a.p;
+  constexpr uint32_t VG = D / kK4V2Group;
+  if (tr.segment == kSegQuantized) {
+    if (lane != 0) return;
+    const uint32_t row0 = tr.first - a.block_tokens.div(tr.first) * p.st.block.tokens;
+    const uint32_t n = tr.count;  // a multiple of G; the tile lies in one block
+    const uint32_t kc = n * D / 2, vc = n * D / 4, ks = n / kK4V2Group * D * 2, vs = n * VG * 2;
+    const uint32_t kat = row0 / kK4V2Group * D * 2, vat = row0 * VG * 2;
+    bulk::mbar_arrive_expect_tx(bar, kc + vc + 2 * ks + 2 * vs);
+    bulk::copy(dst + L::kKCodes, block + hr.k_codes + row0 * (D / 2), kc, bar);
+    bulk::copy(dst + L::kVCodes, block + hr.v_codes + row0 * (D / 4), vc, bar);
+    bulk::copy(dst + L::kKScale, block + hr.k_scale + kat, ks, bar);
+    bulk::copy(dst + L::kKMin, block + hr.k_min + kat, ks, bar);
+    bulk::copy(dst + L::kVScale, block + hr.v_scale + vat, vs, bar);
+    bulk::copy(dst + L::kVMin, block + hr.v_min + vat, vs, bar);
+  } else {
+    const RowTileSource src = row_tile_source(p, tr, res_slot, kvh);
+    constexpr uint32_t kRow = D * 2;
+    if (lane == 0) bulk::mbar_arrive_expect_tx(bar, 2 * tr.count * kRow);
+    __syncwarp();
+    const uint32_t r = lane;
+    if (r < tr.count) {
+      const bool sub = r == src.sub;
+      bulk::copy(dst + r * L::kRowK, sub ? src.sub_k : src.k + r * kRow, kRow, bar);
+      bulk::copy(dst + L::kRowV + r * kRow, sub ? src.sub_v : src.v + r * kRow, kRow, bar);
+    }
+  }
+}
+
+/// \tparam T  dtype of q/out, scales and 16-bit rows (__half or __nv_bfloat16)
+/// \tparam D  head_dim (64 or 128)
+/// \tparam NH query-head slots of the CTA (1, 2 or 4): lane (g, i) owns slot i % NH
+template <typename T, int D, int NH>
+__global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_constant__ K4V2Args a) {
+#if __CUDA_ARCH__ >= 900
+  using KP = KeyPairs<4>;
+  using L = K4V2WarpLayout<D, NH>;
+  constexpr int KS = D / 16;          // 16-channel k-steps of a key row
+  constexpr int S = D / 64;           // 64-channel spans of a value row
+  constexpr int VG = D / kK4V2Group;  // value groups of a token
+  constexpr int QP = D / 8;           // key pairs in a quarter of a key row
+  constexpr int CL = D / 32;          // channels per lane in the 16-bit rows' P·V
+  constexpr int kBatch = 4 / NH;      // key groups per QK B operand (NH operands per tile)
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(NH == 1 || NH == 2 || NH == 4, "1, 2 or 4 head slots");
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t smem_s = smem_addr(smem);
+  const DecodeParams &p = a.p;
+  const uint32_t lane = threadIdx.x, gq = lane >> 2, qi = lane & 3;
+  const uint32_t hh = qi % NH;   // the lane's head slot: its logits, probabilities, P·V columns
+  const uint32_t kgl = qi / NH;  // the key group of a B operand whose logits the lane keeps
+  const DecodeCta cta(p);
+  const uint32_t split = cta.split, seq = cta.seq, kvh = cta.kvh, h0 = cta.h0, nh = cta.nh;
+
+  T *qn = reinterpret_cast<T *>(smem + L::kQn);
+  float *qf = reinterpret_cast<float *>(smem + L::kQf);
+  uint32_t *q2s = reinterpret_cast<uint32_t *>(smem + L::kQ2);
+  uint8_t *bpv = smem + L::kBpv;
+  const uint32_t bar0 = smem_s + L::kMbar;
+
+  // The CTA's queries (zeros past its heads) as the dtype (the bias mma's B) and as fp32
+  // (the 16-bit rows); the stages' barriers.
+  for (uint32_t x = lane; x < NH * D / 8; x += 32) {
+    const uint32_t h = x / (D / 8), c8 = x % (D / 8);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (h < nh) v = reinterpret_cast<const uint4 *>(static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0 + h) * D)[c8];
+    reinterpret_cast<uint4 *>(qn)[x] = v;
+    float f[8];
+    unpack8<T>(v, f);
+    reinterpret_cast<float4 *>(qf)[2 * x] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4 *>(qf)[2 * x + 1] = make_float4(f[4], f[5], f[6], f[7]);
+  }
+  if (lane == 0) {
+    for (uint32_t s = 0; s < kWarpStages; ++s) bulk::mbar_init(bar0 + 8 * s, 1);
+    bulk::fence_mbar_init();
+  }
+  __syncwarp();
+  // q' = q · 2^(kq − offset) per head in key-pair order, fp16 pairs: the offset is the pair's
+  // code position (decode_operands.cuh: 0 for even channels of a word, 4 for odd ones), kq
+  // puts the head's max |q · 2^-offset| into [2^6, 2^7).
+  float uq = 1.0f;  // 2^(12 − kq) of the lane's head
+#pragma unroll
+  for (int h = 0; h < NH; ++h) {
+    float mx = 0.0f;
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+      const uint32_t ch = lane + 32 * c;  // lane's parity is the channel's
+      mx = fmaxf(mx, fabsf(qf[h * D + ch]) * (ch & 1 ? 1.0f / 16 : 1.0f));
+    }
+    mx = warp_max(mx);
+    const int kq = mx > 0.0f ? clamp_exp(6 - exponent_of(mx), 100) : 0;
+    if (uint32_t(h) == hh) uq = pow2i(12 - kq);
+#pragma unroll
+    for (int j = 0; j < D / 64; ++j) {
+      const uint32_t idx = lane + 32 * j, quarter = idx / QP, P = idx % QP;
+      const uint32_t lo = quarter * (D / 4) + KP::lo(P), hi = quarter * (D / 4) + KP::hi(P);
+      const float f = pow2i(kq - int(4 * (lo & 1)));
+      q2s[h * (D / 2) + idx] = pack_f16(qf[h * D + lo] * f, qf[h * D + hi] * f);
+    }
+  }
+  __syncwarp();
+
+  const SequenceTiles<K4V2Tiles> tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], a.tiles);
+  const SplitTiles range(tiles.total, p.splits, split);
+  const uint32_t t_begin = range.begin, t_end = range.end;
+  const SequenceSlot sslot(p, seq);
+  const int32_t *table = sslot.table;
+  const uint8_t *res_slot = sslot.residual;
+  const HeadRegions regions(p.st.block, kvh);
+
+  // Quantized values, head slot hh: acc[span][j] is the C fragment of channels 64s + 8g + 2j
+  // (row g) and + 1 (row g + 8), columns = the span's value groups, units 2^(off − 24 − Sv)
+  // (off: the code's bit offset, 4 (j mod 2) + 2 · row half); vb = Σ p · m_v per value group;
+  // l_q their probabilities' sum. 16-bit rows, every head slot: acc16 (channels CL · lane + c)
+  // and l16.
+  float acc[S][4][4], acc16[NH][CL], vb[VG], l16[NH];
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[s][j][c] = 0.0f;
+#pragma unroll
+  for (int h = 0; h < NH; ++h) {
+    l16[h] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CL; ++c) acc16[h][c] = 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < VG; ++j) vb[j] = 0.0f;
+  float m_run = -INFINITY, l_q = 0.0f;  // of head slot hh
+  int Sv = 0;
+  bool sv_set = false;
+
+  if (split == 0 && cta.chunk == 0) store_appended_row(p, seq, kvh, lane, 32);
+
+  // The max over the lanes of the same head slot (lanes i, i + NH, ... and every g).
+  auto head_max = [](float x) {
+#pragma unroll
+    for (int o = NH; o < 32; o <<= 1) x = fmaxf(x, __shfl_xor_sync(kFull, x, o));
+    return x;
+  };
+  // Rescales the running state to the lane's head's max m_new (and the quantized values to
+  // 2^Sv' / 2^Sv); every head's 16-bit state takes that head's factor from lane h (slot h).
+  // Returns the subtrahend of the head's new probabilities' exponent.
+  auto rescale_to = [&](float m_new, float rescale) {
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    const float corr = ex2(m_run - base);  // 0 while m_run is -inf
+    m_run = m_new;
+    l_q *= corr;
+    const float cq = corr * rescale;
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[s][j][c] *= cq;
+#pragma unroll
+    for (int j = 0; j < VG; ++j) vb[j] *= corr;
+#pragma unroll
+    for (int h = 0; h < NH; ++h) {
+      const float ch = NH == 1 ? corr : __shfl_sync(kFull, corr, h);
+      l16[h] *= ch;
+#pragma unroll
+      for (int c = 0; c < CL; ++c) acc16[h][c] *= ch;
+    }
+    return base;
+  };
+
+  for (uint32_t s = 0; s < kWarpStages; ++s)
+    if (t_begin + s < t_end) {
+      const TileRef tr = tiles.tile(t_begin + s, a.tiles);
+      k4v2_warp_stage<D, NH>(a, tr, k4v2_block_of(a, tr, table), res_slot, kvh, regions,
+                             smem_s + s * L::kStageBytes, bar0 + 8 * s, lane);
+    }
+  const uint8_t *next_block =
+      t_begin + kWarpStages < t_end ? k4v2_block_of(a, tiles.tile(t_begin + kWarpStages, a.tiles), table) : nullptr;
+  uint32_t phases = 0, buf = 0;
+  for (uint32_t ti = t_begin; ti < t_end; ++ti) {
+    bulk::mbar_wait(bar0 + 8 * buf, (phases >> buf) & 1u);
+    phases ^= 1u << buf;
+    const uint8_t *stage = smem + buf * L::kStageBytes;
+    const TileRef tr = tiles.tile(ti, a.tiles);
+    const uint32_t count = tr.count;
+
+    if (tr.segment == kSegQuantized) {
+      const uint32_t groups = count / kK4V2Group;
+      // 1. The bias q · m_k of every (key group, head): A rows = the groups' minima, B
+      //    column n = q of head slot n % NH; C[g][n] lands in lane (g, n / 2).
+      float cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      {
+        const bool live = gq < groups;
+        const uint8_t *mrow = stage + L::kKMin + (live ? gq : 0) * D * 2;
+        const uint8_t *qb = reinterpret_cast<const uint8_t *>(qn + (gq % NH) * D);
+#pragma unroll
+        for (int k = 0; k < KS; ++k) {
+          const uint32_t c = 16 * k + 2 * qi;
+          const uint32_t av[4] = {live ? lds32(mrow + 2 * c) : 0u, 0u, live ? lds32(mrow + 2 * (c + 8)) : 0u, 0u};
+          mma_16816<T>(cb, av, lds32(qb + 2 * c), lds32(qb + 2 * (c + 8)));
+        }
+      }
+      // 2. Logits, one B operand per batch of kBatch key groups: lane (g, i) builds column g
+      //    = (key group g / (2 NH) of the batch, head slot (g / 2) mod NH, piece g mod 2) at
+      //    the k positions of quarter i's pairs, and keeps the logits of its head in the
+      //    columns 2i, 2i + 1: rows g and g + 8 of the batch's M-tiles of key group i / NH.
+      float lg[NH][2][2];
+#pragma unroll
+      for (int bt = 0; bt < NH; ++bt) {
+        lg[bt][0][0] = lg[bt][0][1] = lg[bt][1][0] = lg[bt][1][1] = -INFINITY;
+        const uint32_t kg0 = bt * kBatch;
+        if (kg0 >= groups) continue;
+        uint32_t bq[KS][2];
+        float us;
+        {
+          const uint32_t kg = kg0 + gq / (2 * NH), hc = (gq >> 1) % NH;
+          const bool kg_live = kg < groups;
+          uint32_t sw[D / 8];  // quarter i of the group's key scales (dtype pairs)
+          load_words(stage + L::kKScale + (kg_live ? kg : 0) * D * 2 + qi * (D / 4) * 2, sw);
+          // Lanes 4g .. 4g + 3 hold the group's four quarters.
+          const int ks = key_scale_exponent<T, 4>(sw);
+          us = pow2i(12 - ks);
+          uint32_t q2[QP], s2[QP];
+          load_words(q2s + hc * (D / 2) + qi * QP, q2);
+          scaled_key_scales<T, 4>(sw, ks, s2);
+          const bool lo_piece = gq & 1;
+#pragma unroll
+          for (int P = 0; P < QP; ++P) {
+            const uint32_t h = hmul2_bits(q2[P], s2[P]);
+            const uint32_t piece = lo_piece ? hfms2_bits(q2[P], s2[P], h) : h;
+            bq[P / 2][P & 1] = kg_live ? piece : 0u;
+          }
+        }
+        const uint32_t kg = kg0 + kgl;  // the key group of the lane's logits
+        us = __shfl_sync(kFull, us, 8 * NH * kgl);  // a lane that built that group's columns
+        // Its bias: C[kg][2 (hh / 2) + hh % 2] of step 1.
+        const float b0 = __shfl_sync(kFull, cb[0], 4 * (kg & 7) + (hh >> 1));
+        const float b1 = __shfl_sync(kFull, cb[1], 4 * (kg & 7) + (hh >> 1));
+        const float un = uq * us * p.scale_log2, bl2 = (hh & 1 ? b1 : b0) * p.scale_log2;
+#pragma unroll
+        for (int x = 0; x < 2 * kBatch; ++x) {
+          const uint32_t m = 2 * kg0 + x;  // M-tile: tokens 16m .. 16m + 15, key group m / 2
+          if (m >= 2 * groups) break;
+          uint32_t w0[D / 32], w1[D / 32];
+          load_key_quarter<D>(stage + L::kKCodes + (16 * m + gq) * (D / 2) + qi * (D / 8), w0);
+          load_key_quarter<D>(stage + L::kKCodes + (16 * m + gq + 8) * (D / 2) + qi * (D / 8), w1);
+          float d[2][4] = {};  // k-step parity: two independent chains
+#pragma unroll
+          for (int k = 0; k < KS; ++k) {
+            const uint32_t av[4] = {KP::code_pair(w0[(2 * k) / 4], 2 * k), KP::code_pair(w1[(2 * k) / 4], 2 * k),
+                                    KP::code_pair(w0[(2 * k + 1) / 4], 2 * k + 1),
+                                    KP::code_pair(w1[(2 * k + 1) / 4], 2 * k + 1)};
+            mma_16816<__half>(d[k & 1], av, bq[k][0], bq[k][1]);
+          }
+          if (uint32_t(x >> 1) == kgl) {  // columns 2i, 2i + 1: the lane's head, hi + lo
+            lg[bt][x & 1][0] = fmaf((d[0][0] + d[0][1]) + (d[1][0] + d[1][1]), un, bl2);
+            lg[bt][x & 1][1] = fmaf((d[0][2] + d[0][3]) + (d[1][2] + d[1][3]), un, bl2);
+          }
+        }
+      }
+
+      // 3. The tile's largest value scale (the lanes scan the region), Sv lowered where it
+      //    needs; the softmax of each head over its lanes.
+      uint32_t vmx_bits = 0;
+      for (uint32_t x = lane; x < count * VG / 2; x += 32)
+        vmx_bits = __vmaxu2(vmx_bits, lds32(stage + L::kVScale + 4 * x) & 0x7fff7fffu);
+      const float vt = warp_max(elem_to_float<T>(max(vmx_bits & 0xffffu, vmx_bits >> 16), 0));
+      float rescale = 1.0f;
+      if (vt > 0.0f) {
+        const int want = clamp_exp(14 - exponent_of(vt), 60);
+        const int sv_new = sv_set ? min(Sv, want) : want;
+        sv_set = true;
+        rescale = pow2i(sv_new - Sv);
+        Sv = sv_new;
+      }
+      float tmax = -INFINITY;
+#pragma unroll
+      for (int bt = 0; bt < NH; ++bt)
+        tmax = fmaxf(tmax, fmaxf(fmaxf(lg[bt][0][0], lg[bt][0][1]), fmaxf(lg[bt][1][0], lg[bt][1][1])));
+      const float base = rescale_to(fmaxf(m_run, head_max(tmax)), rescale);
+
+      // 4. P·V's B (k positions 2g, 2g + 1 of k-step m are tokens g, g + 8 of M-tile m), rows
+      //    (head slot, value group of the span), and Σ p · m_v, by the lanes that hold p.
+      const float unit = pow2i(Sv);
+#pragma unroll
+      for (int bt = 0; bt < NH; ++bt) {
+        const uint32_t kg = bt * kBatch + kgl;
+        if (kg >= groups) continue;
+#pragma unroll
+        for (int mm = 0; mm < 2; ++mm) {
+          const uint32_t t0 = 16 * (2 * kg + mm) + gq;
+          const float p0 = ex2(lg[bt][mm][0] - base), p1 = ex2(lg[bt][mm][1] - base);
+          l_q += p0 + p1;
+          uint32_t sv0[(VG + 1) / 2], mv0[(VG + 1) / 2], sv1[(VG + 1) / 2], mv1[(VG + 1) / 2];
+          load_value_scales<VG>(stage + L::kVScale + t0 * VG * 2, stage + L::kVMin + t0 * VG * 2, sv0, mv0);
+          load_value_scales<VG>(stage + L::kVScale + (t0 + 8) * VG * 2, stage + L::kVMin + (t0 + 8) * VG * 2, sv1, mv1);
+#pragma unroll
+          for (int j = 0; j < VG; ++j) {
+            const float s0 = elem_to_float<T>(sv0[j / 2], j & 1) * unit, s1 = elem_to_float<T>(sv1[j / 2], j & 1) * unit;
+            sts32(bpv + (j / 2) * L::kBpvSpan + (2 * hh + (j & 1)) * L::kBpvStride + 2 * (16 * (2 * kg + mm) + 2 * gq),
+                  pack_f16(p0 * s0, p1 * s1));
+            vb[j] = fmaf(p0, elem_to_float<T>(mv0[j / 2], j & 1), fmaf(p1, elem_to_float<T>(mv1[j / 2], j & 1), vb[j]));
+          }
+        }
+      }
+      __syncwarp();
+
+      // 5. P·V over the tile's k-steps: channel subsets j = 0 .. 3 of each span in turn.
+      {
+        const uint8_t *vc = stage + L::kVCodes;
+        // ldmatrix.trans row addresses: matrix mi = (K half, span), row = K position → token.
+        const uint32_t mi = lane >> 3, pp = (mi & 1) * 8 + (lane & 7);
+        const uint32_t tok = (pp & 1) ? pp / 2 + 8 : pp / 2;
+        const uint8_t *vaddr = vc + tok * (D / 4) + (S > 1 ? (mi >> 1) * 16 : 0);
+        // B row n = (head slot (n / 2) mod NH, value group n % 2 of the span): every lane's C
+        // columns 2i, 2i + 1 are its head's two value groups.
+        const uint32_t n = lane & 7;
+        const uint8_t *baddr = bpv + (2 * ((n >> 1) % NH) + (n & 1)) * L::kBpvStride + 8 * (lane >> 3) * 2;
+        for (uint32_t kk = 0; kk < count / 16; kk += 2) {
+          uint32_t b[S][4];
+#pragma unroll
+          for (int s = 0; s < S; ++s) ldmatrix_x4(b[s], baddr + s * L::kBpvSpan + 16 * kk * 2);
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {
+            uint32_t R[4];
+            ldmatrix_x4_trans(R, vaddr + (16 * (kk + h2)) * (D / 4));
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                const uint32_t lo = j >= 2 ? R[2 * s] >> 8 : R[2 * s], hi = j >= 2 ? R[2 * s + 1] >> 8 : R[2 * s + 1];
+                const uint32_t m0 = (3u << (4 * (j & 1))) * 0x00010001u, m1 = m0 << 2;
+                const uint32_t av[4] = {lo & m0, lo & m1, hi & m0, hi & m1};
+                mma_16816<__half>(acc[s][j], av, b[s][2 * h2], b[s][2 * h2 + 1]);
+              }
+            }
+          }
+        }
+      }
+    } else {
+      // 16-bit rows: lane = row for the logits of every head, fp32 products of q and K.
+      float lgt[NH];
+#pragma unroll
+      for (int h = 0; h < NH; ++h) lgt[h] = -INFINITY;
+      if (lane < count) {
+        const uint4 *krow = reinterpret_cast<const uint4 *>(stage + lane * L::kRowK);
+        float part[NH][2] = {};
+#pragma unroll
+        for (int v = 0; v < D / 8; ++v) {
+          float kf[8];
+          unpack8<T>(krow[v], kf);
+#pragma unroll
+          for (int h = 0; h < NH; ++h) {
+            const float4 qa = reinterpret_cast<const float4 *>(qf + h * D)[2 * v];
+            const float4 qb = reinterpret_cast<const float4 *>(qf + h * D)[2 * v + 1];
+            float &acc_h = part[h][v & 1];
+            acc_h = fmaf(qa.x, kf[0], acc_h);
+            acc_h = fmaf(qa.y, kf[1], acc_h);
+            acc_h = fmaf(qa.z, kf[2], acc_h);
+            acc_h = fmaf(qa.w, kf[3], acc_h);
+            acc_h = fmaf(qb.x, kf[4], acc_h);
+            acc_h = fmaf(qb.y, kf[5], acc_h);
+            acc_h = fmaf(qb.z, kf[6], acc_h);
+            acc_h = fmaf(qb.w, kf[7], acc_h);
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < NH; ++h) lgt[h] = (part[h][0] + part[h][1]) * p.scale_log2;
+      }
+      float mine = -INFINITY;  // the max of the lane's head over the tile
+#pragma unroll
+      for (int h = 0; h < NH; ++h) {
+        const float mh = warp_max(lgt[h]);
+        if (uint32_t(h) == hh) mine = mh;
+      }
+      const float base = rescale_to(fmaxf(m_run, mine), 1.0f);
+      float pt[NH];  // row `lane`'s probability for each head (0 past the tile)
+#pragma unroll
+      for (int h = 0; h < NH; ++h) {
+        pt[h] = ex2(lgt[h] - (NH == 1 ? base : __shfl_sync(kFull, base, h)));
+        l16[h] += pt[h];
+      }
+      const uint8_t *vcol = stage + L::kRowV + lane * CL * 2;
+      for (uint32_t t = 0; t < count; ++t) {
+        float vf[CL];
+        if constexpr (CL == 4) {
+          const uint2 u = *reinterpret_cast<const uint2 *>(vcol + t * D * 2);
+          const float2 a0 = word_to_float2(u.x, T{}), a1 = word_to_float2(u.y, T{});
+          vf[0] = a0.x; vf[1] = a0.y; vf[2] = a1.x; vf[3] = a1.y;
+        } else {
+          const float2 a0 = word_to_float2(lds32(vcol + t * D * 2), T{});
+          vf[0] = a0.x; vf[1] = a0.y;
+        }
+#pragma unroll
+        for (int h = 0; h < NH; ++h) {
+          const float pb = __shfl_sync(kFull, pt[h], t);
+#pragma unroll
+          for (int c = 0; c < CL; ++c) acc16[h][c] = fmaf(pb, vf[c], acc16[h][c]);
+        }
+      }
+    }
+
+    __syncwarp();  // every lane is done with the stage and with P·V's B
+    if (ti + kWarpStages < t_end) {
+      k4v2_warp_stage<D, NH>(a, tiles.tile(ti + kWarpStages, a.tiles), next_block, res_slot, kvh, regions,
+                             smem_s + buf * L::kStageBytes, bar0 + 8 * buf, lane);
+      next_block = ti + kWarpStages + 1 < t_end
+                       ? k4v2_block_of(a, tiles.tile(ti + kWarpStages + 1, a.tiles), table)
+                       : nullptr;
+    }
+    buf ^= 1u;
+  }
+
+  // The sums and Σ p · m_v of the lane's head over its lanes; the 16-bit rows' outputs
+  // through shared memory (q is no longer read), to the lanes that hold the quantized output
+  // of the same (head, channel).
+  float Lh;
+  {
+    float lq = l_q;
+#pragma unroll
+    for (int o = NH; o < 32; o <<= 1) lq += __shfl_xor_sync(kFull, lq, o);
+    Lh = lq;
+#pragma unroll
+    for (int h = 0; h < NH; ++h) {
+      const float t = warp_sum(l16[h]);
+      if (uint32_t(h) == hh) Lh += t;
+    }
+  }
+  float VB[VG];
+#pragma unroll
+  for (int j = 0; j < VG; ++j) {
+    VB[j] = vb[j];
+#pragma unroll
+    for (int o = NH; o < 32; o <<= 1) VB[j] += __shfl_xor_sync(kFull, VB[j], o);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int h = 0; h < NH; ++h)
+#pragma unroll
+    for (int c = 0; c < CL; ++c) qf[h * D + CL * lane + c] = acc16[h][c];
+  __syncwarp();
+  // Lane (g, i) writes head slot hh, channel subsets j with j mod kBatch = i / NH: channels
+  // 64s + 8g + 2j + r, value group 2s + g / 4 (column parity g / 4 of its C fragment).
+  if (hh >= nh) return;
+  const uint32_t col = gq >> 2;
+  const uint64_t head = uint64_t(seq) * p.num_heads + h0 + hh;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (uint32_t(j % kBatch) != kgl) continue;
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float q = col ? acc[s][j][2 * r + 1] : acc[s][j][2 * r];
+        const uint32_t ch = 64 * s + 8 * gq + 2 * j + r;
+        const int off = 4 * (j & 1) + 2 * r;  // the code's bit offset in its fp16 half
+        const float o = fmaf(q, pow2i(24 - off - Sv), (col ? VB[2 * s + 1] : VB[2 * s]) + qf[hh * D + ch]);
+        store_decode_result<T, D>(p, head, split, ch, m_run, o, Lh);
+      }
+  }
+#endif
+}
+
+// fn(kernel, its dynamic shared memory) of (dtype, head_dim, head slots).
+template <typename Fn> void dispatch_k4v2_warp(minikv_dtype dtype, uint32_t head_dim, uint32_t slots, Fn &&fn) {
+  dispatch_dtype_head_dim<K4V2DecodeHeadDims>(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
+    using T = decltype(tag);
+    constexpr int D = decltype(hd)::value;
+    if (slots == 1) fn(decode_k4v2_warp_kernel<T, D, 1>, K4V2WarpLayout<D, 1>::kTotal);
+    else if (slots == 2) fn(decode_k4v2_warp_kernel<T, D, 2>, K4V2WarpLayout<D, 2>::kTotal);
+    else fn(decode_k4v2_warp_kernel<T, D, 4>, K4V2WarpLayout<D, 4>::kTotal);
+  });
+}
+
+}  // namespace
+
+uint32_t decode_k4v2_warp_heads_per_cta(uint32_t n_rep) { return k4v2_warp_slots(n_rep); }
+
+uint32_t configure_decode_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t n_rep) {
+  uint32_t ctas = 0;
+  dispatch_k4v2_warp(dtype, bl.head_dim, k4v2_warp_slots(n_rep), [&](auto kernel, uint32_t smem) {
+    ctas = configure_sm90_kernel(kernel, 32, smem);
+  });
+  return ctas;
+}
+
+void launch_decode_k4v2_warp(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
+                             cudaStream_t stream) {
+  const uint32_t n_rep = p.num_heads / p.num_kv_heads;
+  const uint32_t chunks = (n_rep + p.heads_per_cta - 1) / p.heads_per_cta;
+  const K4V2Args args{p, plan.tiles, plan.block_tokens};
+  dispatch_k4v2_warp(dtype, p.st.block.head_dim, p.heads_per_cta, [&](auto kernel, uint32_t smem) {
+    kernel<<<dim3(p.splits, p.num_kv_heads * chunks, p.n), 32, smem, stream>>>(args);
+    check_launch_error("decode_k4v2_warp_kernel");
+  });
+  if (p.splits > 1) launch_decode_merge(dtype, p.st.block.head_dim, p, stream);
+}
+
+}  // namespace kernels
+}  // namespace minikv
