@@ -82,9 +82,11 @@ template <uint32_t D, uint32_t NH> constexpr bool k4v2_warp_aligned() {
          L::kVMin % 16 == 0 && L::kRowV % 16 == 0 && L::kStageBytes % 16 == 0 && L::kBpv % 16 == 0 &&
          L::kQ2 % 16 == 0 && L::kQn % 16 == 0 && L::kQf % 16 == 0 && L::kMbar % 8 == 0;
 }
-static_assert(k4v2_warp_aligned<64, 1>() && k4v2_warp_aligned<128, 1>() && k4v2_warp_aligned<64, 4>() &&
-                  k4v2_warp_aligned<128, 4>(),
+static_assert(k4v2_warp_aligned<64, 1>() && k4v2_warp_aligned<128, 1>() && k4v2_warp_aligned<64, 2>() &&
+                  k4v2_warp_aligned<128, 2>() && k4v2_warp_aligned<64, 4>() && k4v2_warp_aligned<128, 4>(),
               "decode_k4v2_warp's regions must stay 16-byte aligned");
+// Five CTAs per SM at the largest instance (the runtime reserves 1 KB per CTA).
+static_assert(K4V2WarpLayout<128, 4>::kTotal <= 228 * 1024 / 5 - 1024, "decode_k4v2_warp's shared memory grew");
 
 // The head slots of a CTA for a GQA group of n_rep.
 constexpr uint32_t k4v2_warp_slots(uint32_t n_rep) { return n_rep == 1 ? 1 : n_rep == 2 ? 2 : 4; }
