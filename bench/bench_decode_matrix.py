@@ -166,6 +166,8 @@ def main():
     ap.add_argument("--storage", default="", help="comma-separated indices into STORAGE")
     ap.add_argument("--shapes", default="", help="comma-separated indices into the shape list")
     ap.add_argument("--kernels", default="auto", help="auto, fast, k4v2, k4v2-warp, mma, generic (comma-separated)")
+    ap.add_argument("--shape", action="append", default=[],
+                    help="B,H,Hkv,D,L: a shape of its own (repeatable), instead of the list")
     ap.add_argument("--head-dims", default="",
                     help="comma-separated head_dim values (64, 80, 96, 128, 256): every shape "
                          "runs at each of them instead of its own")
@@ -185,6 +187,8 @@ def main():
         shapes += [(8, 32, 32, 128, 131072), (8, 32, 8, 128, 131072)]
     if args.shapes:
         shapes = [shapes[int(i)] for i in args.shapes.split(",")]
+    if args.shape:
+        shapes = [tuple(int(x) for x in sh.split(",")) for sh in args.shape]
     if args.head_dims:
         dims = [int(d) for d in args.head_dims.split(",")]
         shapes = list(dict.fromkeys((B, H, Hkv, D, L) for (B, H, Hkv, _, L) in shapes for D in dims))

@@ -140,7 +140,7 @@ class CudaBackend final : public Backend {
 
     // The decode plan, chosen once: the fast kernel for the paper's storage, the tensor-core
     // kernel for the other GQA groups, the generic kernel for the rest.
-    // MINIKV_DECODE_KERNEL=fast|mma|generic forces one (a debugging and benchmarking knob,
+    // MINIKV_DECODE_KERNEL=fast|k4v2|k4v2-warp|mma|generic forces one (a debugging and benchmarking knob,
     // docs/kernels.md#decode; a kernel that cannot take the configuration is an error).
     // Split-K partials: enough rows for every head of a full decode launch plus the extra
     // splits that fill the GPU when the batch is small (two rounds of the resident CTAs).
@@ -151,24 +151,27 @@ class CudaBackend final : public Backend {
     // MHA takes the tensor-core kernel where it measured faster than the generic one: values
     // of 2 or 16 bits (bench/results, the decode matrix); GQA always.
     const bool mma_first = n_rep >= 2 || spec.block.value_bits == 2 || spec.block.value_bits == 16;
-    // The default storage's kernel needs an sm_90 image that this device loads.
+    // The default storage's kernels need an sm_90 image that this device loads. Groups of up
+    // to four heads take the one-warp kernel (one chunk of head slots; B 8, L 32K on the H200:
+    // 1.8x the four-warp kernel's rate under MHA, 1.08x for groups of 4, bench/results);
+    // larger groups the four-warp one (groups of 7 and 8: 1.2x the one-warp kernel's rate,
+    // which reads each KV head once per chunk of four).
+    const bool k4v2_path = decode_k4v2_path(spec.block, n_rep);
     const uint32_t k4v2_heads = decode_mma_heads_per_cta(n_rep);
-    const uint32_t k4v2_ctas = decode_k4v2_path(spec.block, n_rep)
-                                   ? configure_decode_k4v2(cfg_.dtype, spec.block, k4v2_heads)
-                                   : 0;
-    const bool k4v2_ok = k4v2_ctas > 0;
-    uint32_t k4v2_warp_ctas = 0;  // its one-warp kernel: only where forced, until it is measured
-    decode_kernel_ = fast_ok                ? DecodeKernel::kFast
-                     : k4v2_ok             ? DecodeKernel::kK4V2
-                     : mma_ok && mma_first ? DecodeKernel::kMma
-                                           : DecodeKernel::kGeneric;
+    const uint32_t k4v2_ctas = k4v2_path ? configure_decode_k4v2(cfg_.dtype, spec.block, k4v2_heads) : 0;
+    const uint32_t k4v2_warp_ctas = k4v2_path ? configure_decode_k4v2_warp(cfg_.dtype, spec.block, n_rep) : 0;
+    const bool k4v2_ok = k4v2_ctas > 0, k4v2_warp_ok = k4v2_warp_ctas > 0;
+    const bool k4v2_warp_first = n_rep <= 4;
+    decode_kernel_ = fast_ok                                ? DecodeKernel::kFast
+                     : k4v2_warp_ok && k4v2_warp_first      ? DecodeKernel::kK4V2Warp
+                     : k4v2_ok                              ? DecodeKernel::kK4V2
+                     : mma_ok && mma_first                  ? DecodeKernel::kMma
+                                                            : DecodeKernel::kGeneric;
     if (const char *forced = std::getenv("MINIKV_DECODE_KERNEL")) {
       const std::string name(forced);
       if (name == "fast" && fast_ok) decode_kernel_ = DecodeKernel::kFast;
       else if (name == "k4v2" && k4v2_ok) decode_kernel_ = DecodeKernel::kK4V2;
-      else if (name == "k4v2-warp" && decode_k4v2_path(spec.block, n_rep) &&
-               (k4v2_warp_ctas = configure_decode_k4v2_warp(cfg_.dtype, spec.block, n_rep)) > 0)
-        decode_kernel_ = DecodeKernel::kK4V2Warp;
+      else if (name == "k4v2-warp" && k4v2_warp_ok) decode_kernel_ = DecodeKernel::kK4V2Warp;
       else if (name == "mma" && mma_ok) decode_kernel_ = DecodeKernel::kMma;
       else if (name == "generic") decode_kernel_ = DecodeKernel::kGeneric;
       else if (!name.empty())

@@ -169,17 +169,18 @@ TEST_CASE("append_decode equals append then decode bit for bit on CUDA") {
       {"fast bf16 hd128 gqa8", BF16, 128, 16, 2, 2, 2, 16, 16, 0, {90, 5}, 40},
       // the tensor-core kernel (the plan for other GQA storage): sinks, other bits, groups
       // over several CTAs
-      // the default storage's kernel (its plan on sm_90): short tiles, splits, 8 head slots
-      {"k4v2 f16 hd128 G32 4 sinks gqa4", F16, 128, 8, 2, 4, 2, 32, 32, 4, {2, 200, 700}, 70},
+      // the default storage's four-warp kernel (its plan on sm_90 for groups of more than
+      // four; forced for the others): short tiles, splits, 8 head slots
+      {"k4v2 f16 hd128 G32 4 sinks gqa4", F16, 128, 8, 2, 4, 2, 32, 32, 4, {2, 200, 700}, 70, "k4v2"},
       {"k4v2 bf16 hd128 G32 4 sinks gqa8 long split-K", BF16, 128, 16, 2, 4, 2, 32, 128, 4, {4000, 300}, 150},
-      {"k4v2 f16 hd64 G32 mha", F16, 64, 4, 4, 4, 2, 32, 64, 0, {1, 40, 300}, 80},
-      // its one-warp kernel (forced: not chosen by default yet): MHA, groups of 2 and 4, 8 (two
-      // chunks of four head slots)
+      {"k4v2 f16 hd64 G32 mha", F16, 64, 4, 4, 4, 2, 32, 64, 0, {1, 40, 300}, 80, "k4v2"},
+      // its one-warp kernel (the plan for groups of up to four): MHA, groups of 2 and 4, 8
+      // (forced: two chunks of four head slots)
       {"k4v2-warp f16 hd64 G32 mha", F16, 64, 4, 4, 4, 2, 32, 64, 0, {1, 40, 300}, 80, "k4v2-warp"},
       {"k4v2-warp bf16 hd128 G32 4 sinks mha long split-K", BF16, 128, 4, 4, 4, 2, 32, 128, 4, {4000, 300}, 150,
        "k4v2-warp"},
       {"k4v2-warp f16 hd128 G32 4 sinks gqa4", F16, 128, 8, 2, 4, 2, 32, 32, 4, {2, 200, 700}, 70, "k4v2-warp"},
-      {"k4v2-warp bf16 hd64 G32 gqa2", BF16, 64, 4, 2, 4, 2, 32, 64, 0, {17, 129}, 70, "k4v2-warp"},
+      {"k4v2-warp bf16 hd64 G32 gqa2", BF16, 64, 4, 2, 4, 2, 32, 32, 0, {17, 129}, 70, "k4v2-warp"},
       {"k4v2-warp f16 hd128 G32 gqa8 long split-K", F16, 128, 16, 2, 4, 2, 32, 128, 4, {4000, 300}, 150,
        "k4v2-warp"},
       {"mma f16 hd128 K4V2 G32 4 sinks gqa4", F16, 128, 8, 2, 4, 2, 32, 32, 4, {2, 200, 700}, 70, "mma"},
