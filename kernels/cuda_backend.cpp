@@ -138,10 +138,11 @@ class CudaBackend final : public Backend {
     }
     prefill_order_.reserve(cfg_.max_sequences);
 
-    // The decode plan, chosen once: the fast kernel for the paper's storage, the tensor-core
-    // kernel for the other GQA groups, the generic kernel for the rest.
-    // MINIKV_DECODE_KERNEL=fast|k4v2|k4v2-warp|mma|generic forces one (a debugging and benchmarking knob,
-    // docs/kernels.md#decode; a kernel that cannot take the configuration is an error).
+    // The decode plan, chosen once: the fast kernel for the paper's storage, the default
+    // storage's own kernels on sm_90, the tensor-core kernel for the other GQA groups, the
+    // generic kernel for the rest. MINIKV_DECODE_KERNEL=fast|k4v2|k4v2-warp|mma|generic
+    // forces one (a debugging and benchmarking knob, docs/kernels.md#decode; a kernel that
+    // cannot take the configuration is an error).
     // Split-K partials: enough rows for every head of a full decode launch plus the extra
     // splits that fill the GPU when the batch is small (two rounds of the resident CTAs).
     const uint32_t n_rep = H / Hkv;
@@ -162,11 +163,11 @@ class CudaBackend final : public Backend {
     const uint32_t k4v2_warp_ctas = k4v2_path ? configure_decode_k4v2_warp(cfg_.dtype, spec.block, n_rep) : 0;
     const bool k4v2_ok = k4v2_ctas > 0, k4v2_warp_ok = k4v2_warp_ctas > 0;
     const bool k4v2_warp_first = n_rep <= 4;
-    decode_kernel_ = fast_ok                                ? DecodeKernel::kFast
-                     : k4v2_warp_ok && k4v2_warp_first      ? DecodeKernel::kK4V2Warp
-                     : k4v2_ok                              ? DecodeKernel::kK4V2
-                     : mma_ok && mma_first                  ? DecodeKernel::kMma
-                                                            : DecodeKernel::kGeneric;
+    decode_kernel_ = fast_ok                           ? DecodeKernel::kFast
+                     : k4v2_warp_ok && k4v2_warp_first ? DecodeKernel::kK4V2Warp
+                     : k4v2_ok                         ? DecodeKernel::kK4V2
+                     : mma_ok && mma_first             ? DecodeKernel::kMma
+                                                       : DecodeKernel::kGeneric;
     if (const char *forced = std::getenv("MINIKV_DECODE_KERNEL")) {
       const std::string name(forced);
       if (name == "fast" && fast_ok) decode_kernel_ = DecodeKernel::kFast;

@@ -88,8 +88,8 @@ struct K4V2LaunchPlan;
 void launch_decode_k4v2(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
                         cudaStream_t stream);
 // decode_k4v2_warp.cu: the same storage, any GQA group, one-warp CTAs of 1, 2 or 4 query
-// heads over the same tiles and plan; not chosen by default yet (MINIKV_DECODE_KERNEL=
-// k4v2-warp). Its path is decode_k4v2_path's.
+// heads over the same tiles and plan; the plan for groups of up to four heads. Its path is
+// decode_k4v2_path's.
 uint32_t decode_k4v2_warp_heads_per_cta(uint32_t n_rep);
 // Raises the kernel's shared-memory limit; returns resident CTAs per SM, or 0 where this
 // device cannot run it (no sm_90 image loaded).
