@@ -84,7 +84,7 @@ template <uint32_t D, uint32_t NH> constexpr bool k4v2_warp_aligned() {
   using L = K4V2WarpLayout<D, NH>;
   return L::kVCodes % 16 == 0 && L::kKScale % 16 == 0 && L::kKMin % 16 == 0 && L::kVScale % 16 == 0 &&
          L::kVMin % 16 == 0 && L::kRowV % 16 == 0 && L::kStageBytes % 16 == 0 && L::kBpv % 16 == 0 &&
-         L::kQ2 % 16 == 0 && L::kQn % 16 == 0 && L::kQf % 16 == 0 && L::kMbar % 8 == 0;
+         L::kQ2 % 16 == 0 && L::kQn % 16 == 0 && L::kQf % 16 == 0 && L::kMbar % 8 == 0 && L::kTotal % 8 == 0;
 }
 static_assert(k4v2_warp_aligned<64, 1>() && k4v2_warp_aligned<128, 1>() && k4v2_warp_aligned<64, 2>() &&
                   k4v2_warp_aligned<128, 2>() && k4v2_warp_aligned<64, 4>() && k4v2_warp_aligned<128, 4>(),
