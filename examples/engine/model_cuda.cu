@@ -345,14 +345,9 @@ static bool gemv_launch_rows(cuda_backend *c, const gemv_params &p) {
   const int R = GEMV_ROWS_PER_WARP;
   const int tasks = kEpi == GEMV_SWIGLU ? p.ff / (R / 2) : (p.m + R - 1) / R;
   const int wanted = (tasks + GEMV_WARPS - 1) / GEMV_WARPS, resident = c->sm_count * c->gemv_ctas_per_sm[kEpi][log2_rows(NB)];
-  if (!c->gemv_pdl) {
-    gemv_kernel<T, NB, kEpi><<<wanted < resident ? wanted : resident, GEMV_THREADS, gemv_smem(kEpi, NB, p.k), c->stream>>>(p);
-    LAUNCH_TRY();
-    return true;
-  }
-  /* A programmatic dependent of the kernel before it (gemv.cuh: early_start). */
+  /* --pdl: a programmatic dependent of the kernel before it (gemv.cuh: early_start). */
   gemv_params q = p;
-  q.early_start = 1;
+  q.early_start = c->gemv_pdl;
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
@@ -362,7 +357,7 @@ static bool gemv_launch_rows(cuda_backend *c, const gemv_params &p) {
   cfg.dynamicSmemBytes = gemv_smem(kEpi, NB, p.k);
   cfg.stream = c->stream;
   cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = c->gemv_pdl ? 1 : 0;
   CUDA_TRY(cudaLaunchKernelEx(&cfg, gemv_kernel<T, NB, kEpi>, q));
   return true;
 }

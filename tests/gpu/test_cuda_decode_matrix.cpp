@@ -78,8 +78,9 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
                              (s.sinks ? " sinks " + std::to_string(s.sinks) : "") +
                              (s.residual ? " R " + std::to_string(s.residual) : "");
     // The default storage runs its own kernels where they compile (sm_90): the one-warp one
-    // for groups of up to four heads, the four-warp one for larger groups. The tensor-core kernel's instance for it and the
-    // kernel the plan does not pick stay checked by forcing them.
+    // for groups of up to four heads, the four-warp one for larger groups. The tensor-core
+    // kernel's instance for it and the kernel the plan does not pick stay checked by forcing
+    // them.
     const bool k4v2 = s.key_bits == 4 && s.value_bits == 2 && s.group == 32 &&
                       (s.head_dim == 64 || s.head_dim == 128);
     const char *unplanned = s.n_rep <= 4 ? "k4v2" : "k4v2-warp";
@@ -104,7 +105,7 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
 TEST_CASE("decode matches the CPU backend when each CTA walks many tiles") {
   GPU_OR_SKIP();
   // Enough (sequence, KV head) CTAs to fill an H200 without splitting the cache, and 32-token
-  // tiles (R = 32), so each CTA walks ~10 tiles through its pipeline stages: the short
+  // tiles (R = 32), so each CTA walks ~17 tiles through its pipeline stages: the short
   // caches above give most CTAs one to three tiles. A staging bug that only shows after the
   // stages wrap around (phases out of step) hangs or corrupts here.
   // R = 128: 128-token tiles, ~9 per (sequence, KV head) of ~1100 tokens.
