@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/test.sh — installs what is missing, builds libminikv with its tests and examples,
 # and runs the whole test suite that this machine can run:
+#   0. with nvcc, the library also with one head_dim (MINIKV_CUDA_HEAD_DIMS=128);
 #   1. ctest, labels cpu (CPU backend + contract tests) and install (install tree consumed
 #      through CMake's find_package and pkg-config); label gpu too when a GPU is visible;
 #      first scripts/check-test-registration.sh: every compiled doctest case is registered
@@ -62,6 +63,14 @@ configure "$BUILD" -DMINIKV_TESTS=ON -DMINIKV_EXAMPLES=ON "${CUDA_ARGS[@]}"
 
 step "build (-j$JOBS)"
 cmake --build "$BUILD" -j "$JOBS"
+
+# MINIKV_CUDA_HEAD_DIMS builds a subset of the kernels' head_dims (README): a subset must
+# compile too (-Werror: a layout used only by the head_dims left out warns as unused).
+if [ "$CUDA_STATE" = ON ]; then
+  step "CUDA library with one head_dim (MINIKV_CUDA_HEAD_DIMS=128)"
+  configure "$BUILD/cuda-hd128" "${CUDA_ARGS[@]}" -DMINIKV_CUDA_HEAD_DIMS=128
+  cmake --build "$BUILD/cuda-hd128" -j "$JOBS" --target minikv
+fi
 
 step "test registration: every compiled doctest case runs under a label"
 bash scripts/check-test-registration.sh "$BUILD"
