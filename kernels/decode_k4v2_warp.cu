@@ -44,7 +44,7 @@ namespace kernels {
 namespace {
 
 // One stage: a CTA waits for its tile's copies, and the other CTAs of the SM hide the wait.
-// That fits 8-12 CTAs per SM (smem and registers) instead of the 5-6 of two stages, and
+// That fits 8-11 CTAs per SM (shared memory) instead of the 5-6 of two stages, and
 // measured faster at every shape of the decode matrix (MHA 75% of cuDNN's bytes/s against
 // 63%, GQA 32/8 37% against 32%: B 8, L 32K, H200, bench/results).
 constexpr uint32_t kWarpStages = 1;
