@@ -28,6 +28,7 @@ for lib in "${libs[@]}"; do [ -f "$lib" ] || die "no library at $lib"; done
 rounds=${ROUNDS:-2}
 out=${OUT:-gpu-ab}
 mkdir -p "$out"
+rm -f "$out"/ab-*-r*.json  # the summary reads every round's file: none from an earlier run
 
 for ((r = 1; r <= rounds; r++)); do
   for i in "${!labels[@]}"; do
