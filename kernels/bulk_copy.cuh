@@ -47,6 +47,14 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 #endif
 }
+// Orders this thread's generic accesses to shared memory before later async-proxy ones: a
+// bulk copy into bytes the thread wrote with ordinary stores (after a barrier that hands
+// them to the copying thread).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from src to the shared address
 // dst; their arrival completes that many bytes of the barrier's transaction count.
 __device__ __forceinline__ void copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {

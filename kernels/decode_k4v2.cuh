@@ -34,8 +34,10 @@ static_assert(sizeof(K4V2Args) <= 4096, "kernel parameters exceed 4 KB");
   return a.p.st.pool + uint64_t(table[a.block_tokens.div(tr.first)]) * bl.bytes;
 }
 
-// Host: raises `kernel`'s dynamic shared-memory limit to `smem` and returns its resident
-// CTAs of `threads` per SM, or 0 where this device has not loaded an sm_90 image of it.
+// Host: raises `kernel`'s dynamic shared-memory limit to `smem`, asks for the largest shared
+// memory carveout (the CTAs per SM are counted in shared memory; these kernels stage through
+// it, not L1), and returns its resident CTAs of `threads` per SM, or 0 where this device has
+// not loaded an sm_90 image of it.
 template <typename Kernel> uint32_t configure_sm90_kernel(Kernel kernel, uint32_t threads, uint32_t smem) {
   cudaFuncAttributes attr{};
   if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess || attr.binaryVersion < 90) {
@@ -43,6 +45,8 @@ template <typename Kernel> uint32_t configure_sm90_kernel(Kernel kernel, uint32_
     return 0;
   }
   MINIKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  MINIKV_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   int blocks = 0;
   MINIKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, static_cast<int>(threads), smem));
   return static_cast<uint32_t>(blocks > 0 ? blocks : 1);

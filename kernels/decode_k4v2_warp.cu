@@ -50,7 +50,8 @@ namespace {
 constexpr uint32_t kWarpStages = 1;
 
 // Shared memory of one CTA (one warp) at head_dim D with NH head slots, 16-bit dtypes; byte
-// offsets.
+// offsets. Kept to the stage and the queries so that 12-13 CTAs fit an SM (11 at NH = 4): the
+// warp waits for each tile's copies, and other CTAs hide the wait (registers allow 12-13).
 template <uint32_t D, uint32_t NH> struct K4V2WarpLayout {
   static constexpr uint32_t kVG = D / kK4V2Group;
   // Quantized stage: the tile's rows as the block stores them (one bulk copy per region).
@@ -67,30 +68,37 @@ template <uint32_t D, uint32_t NH> struct K4V2WarpLayout {
   static constexpr uint32_t kRowV = kK4V2RowTile * kRowK;
   static constexpr uint32_t kRowBytes = kRowV + kK4V2RowTile * D * 2;
   static constexpr uint32_t kStageBytes = k4v2_align(kQuantBytes > kRowBytes ? kQuantBytes : kRowBytes, 128);
-  // P·V's B: [span][(head slot, value group of the span) rows][k position] fp16.
+  // P·V's B: [span][(head slot, value group of the span) rows][k position] fp16, over the key
+  // codes of the stage (the logits are done with them when it is written).
   static constexpr uint32_t kBpvStride = k4v2_odd_stride(kK4V2MaxTile * 2);
   static constexpr uint32_t kBpvSpan = 2 * NH * kBpvStride;
-  static constexpr uint32_t kBpv = kWarpStages * kStageBytes;
-  static constexpr uint32_t kQ2 = kBpv + D / 64 * kBpvSpan;  // [slot][quarter][D / 8] q' pairs (fp16x2)
-  static constexpr uint32_t kQn = kQ2 + NH * 4 * (D / 8) * 4;  // [slot][D] dtype: q
-  static constexpr uint32_t kQf = kQn + NH * D * 2;  // [slot][D] fp32: q, at the end the 16-bit rows' P·V
-  static constexpr uint32_t kMbar = k4v2_align(kQf + NH * D * 4, 8);
+  static constexpr uint32_t kBpv = kKCodes;
+  // At the end, the 16-bit rows' P·V ([slot][D] fp32), over the stage.
+  static constexpr uint32_t kOut16 = 0;
+  static constexpr uint32_t kQ2 = kWarpStages * kStageBytes;  // [slot][quarter][D / 8] q' pairs (fp16x2)
+  static constexpr uint32_t kQn = kQ2 + NH * 4 * (D / 8) * 4;   // [slot][D] dtype: q
+  static constexpr uint32_t kMbar = k4v2_align(kQn + NH * D * 2, 8);
   static constexpr uint32_t kTotal = kMbar + kWarpStages * 8;
 };
-static_assert(K4V2WarpLayout<128, 1>::kRowBytes <= K4V2WarpLayout<128, 1>::kQuantBytes &&
-                  K4V2WarpLayout<64, 1>::kRowBytes <= K4V2WarpLayout<64, 1>::kQuantBytes,
-              "a 16-bit tile must fit a quantized stage");
-template <uint32_t D, uint32_t NH> constexpr bool k4v2_warp_aligned() {
+// Every region 16-byte aligned (bulk copies, ldmatrix; the mbarrier 8), and what lies over the
+// stage fits it.
+template <uint32_t D, uint32_t NH> constexpr bool k4v2_warp_layout_ok() {
   using L = K4V2WarpLayout<D, NH>;
   return L::kVCodes % 16 == 0 && L::kKScale % 16 == 0 && L::kKMin % 16 == 0 && L::kVScale % 16 == 0 &&
          L::kVMin % 16 == 0 && L::kRowV % 16 == 0 && L::kStageBytes % 16 == 0 && L::kBpv % 16 == 0 &&
-         L::kQ2 % 16 == 0 && L::kQn % 16 == 0 && L::kQf % 16 == 0 && L::kMbar % 8 == 0 && L::kTotal % 8 == 0;
+         L::kQ2 % 16 == 0 && L::kQn % 16 == 0 && L::kMbar % 8 == 0 && L::kTotal % 8 == 0 &&
+         L::kRowBytes <= L::kQuantBytes && L::kBpv + D / 64 * L::kBpvSpan <= L::kVCodes &&
+         L::kOut16 + NH * D * 4 <= L::kStageBytes;
 }
-static_assert(k4v2_warp_aligned<64, 1>() && k4v2_warp_aligned<128, 1>() && k4v2_warp_aligned<64, 2>() &&
-                  k4v2_warp_aligned<128, 2>() && k4v2_warp_aligned<64, 4>() && k4v2_warp_aligned<128, 4>(),
-              "decode_k4v2_warp's regions must stay 16-byte aligned");
-// Eight CTAs per SM at the largest instance (the runtime reserves 1 KB per CTA).
-static_assert(K4V2WarpLayout<128, 4>::kTotal <= 228 * 1024 / 8 - 1024, "decode_k4v2_warp's shared memory grew");
+static_assert(k4v2_warp_layout_ok<64, 1>() && k4v2_warp_layout_ok<128, 1>() && k4v2_warp_layout_ok<64, 2>() &&
+                  k4v2_warp_layout_ok<128, 2>() && k4v2_warp_layout_ok<64, 4>() && k4v2_warp_layout_ok<128, 4>(),
+              "decode_k4v2_warp's shared-memory layout");
+// CTAs per SM at head_dim 128 (228 KB, less the 1 KB the runtime reserves per CTA).
+constexpr uint32_t k4v2_warp_smem_ctas(uint32_t bytes) { return 228 * 1024 / (bytes + 1024); }
+static_assert(k4v2_warp_smem_ctas(K4V2WarpLayout<128, 1>::kTotal) >= 13 &&
+                  k4v2_warp_smem_ctas(K4V2WarpLayout<128, 2>::kTotal) >= 12 &&
+                  k4v2_warp_smem_ctas(K4V2WarpLayout<128, 4>::kTotal) >= 11,
+              "decode_k4v2_warp's shared memory grew");
 
 // The head slots of a CTA for a GQA group of n_rep.
 constexpr uint32_t k4v2_warp_slots(uint32_t n_rep) { return n_rep == 1 ? 1 : n_rep == 2 ? 2 : 4; }
@@ -160,22 +168,20 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   const uint32_t split = cta.split, seq = cta.seq, kvh = cta.kvh, h0 = cta.h0, nh = cta.nh;
 
   T *qn = reinterpret_cast<T *>(smem + L::kQn);
-  float *qf = reinterpret_cast<float *>(smem + L::kQf);
   uint32_t *q2s = reinterpret_cast<uint32_t *>(smem + L::kQ2);
-  uint8_t *bpv = smem + L::kBpv;
   const uint32_t bar0 = smem_s + L::kMbar;
+  // q[h][c] of the CTA's slot h as fp32.
+  auto q_at = [&](uint32_t h, uint32_t c) {
+    return elem_to_float<T>(reinterpret_cast<const uint16_t *>(qn)[h * D + c], 0);
+  };
 
-  // The CTA's queries (zeros past its heads) as the dtype (the bias mma's B) and as fp32
-  // (the 16-bit rows); the stages' barriers.
+  // The CTA's queries (zeros past its heads) as the dtype: the bias mma's B, and the 16-bit
+  // rows' q after conversion; the stages' barriers.
   for (uint32_t x = lane; x < NH * D / 8; x += 32) {
     const uint32_t h = x / (D / 8), c8 = x % (D / 8);
     uint4 v = make_uint4(0, 0, 0, 0);
     if (h < nh) v = reinterpret_cast<const uint4 *>(static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0 + h) * D)[c8];
     reinterpret_cast<uint4 *>(qn)[x] = v;
-    float f[8];
-    unpack8<T>(v, f);
-    reinterpret_cast<float4 *>(qf)[2 * x] = make_float4(f[0], f[1], f[2], f[3]);
-    reinterpret_cast<float4 *>(qf)[2 * x + 1] = make_float4(f[4], f[5], f[6], f[7]);
   }
   if (lane == 0) {
     for (uint32_t s = 0; s < kWarpStages; ++s) bulk::mbar_init(bar0 + 8 * s, 1);
@@ -192,7 +198,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 #pragma unroll
     for (int c = 0; c < D / 32; ++c) {
       const uint32_t ch = lane + 32 * c;  // lane's parity is the channel's
-      mx = fmaxf(mx, fabsf(qf[h * D + ch]) * (ch & 1 ? 1.0f / 16 : 1.0f));
+      mx = fmaxf(mx, fabsf(q_at(h, ch)) * (ch & 1 ? 1.0f / 16 : 1.0f));
     }
     mx = warp_max(mx);
     const int kq = mx > 0.0f ? clamp_exp(6 - exponent_of(mx), 100) : 0;
@@ -202,7 +208,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       const uint32_t idx = lane + 32 * j, quarter = idx / QP, P = idx % QP;
       const uint32_t lo = quarter * (D / 4) + KP::lo(P), hi = quarter * (D / 4) + KP::hi(P);
       const float f = pow2i(kq - int(4 * (lo & 1)));
-      q2s[h * (D / 2) + idx] = pack_f16(qf[h * D + lo] * f, qf[h * D + hi] * f);
+      q2s[h * (D / 2) + idx] = pack_f16(q_at(h, lo) * f, q_at(h, hi) * f);
     }
   }
   __syncwarp();
@@ -386,7 +392,10 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       const float base = rescale_to(fmaxf(m_run, head_max(tmax)), rescale);
 
       // 4. P·V's B (k positions 2g, 2g + 1 of k-step m are tokens g, g + 8 of M-tile m), rows
-      //    (head slot, value group of the span), and Σ p · m_v, by the lanes that hold p.
+      //    (head slot, value group of the span), and Σ p · m_v, by the lanes that hold p. B
+      //    lies over the key codes: every lane is past its reads of them (step 2) first.
+      __syncwarp();
+      uint8_t *bpv = smem + buf * L::kStageBytes + L::kBpv;
       const float unit = pow2i(Sv);
 #pragma unroll
       for (int bt = 0; bt < NH; ++bt) {
@@ -443,6 +452,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
           }
         }
       }
+      bulk::fence_proxy_async_shared();  // the next tile's copy lands on B
     } else {
       // 16-bit rows: lane = row for the logits of every head, fp32 products of q and K.
       float lgt[NH];
@@ -457,17 +467,11 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
           unpack8<T>(krow[v], kf);
 #pragma unroll
           for (int h = 0; h < NH; ++h) {
-            const float4 qa = reinterpret_cast<const float4 *>(qf + h * D)[2 * v];
-            const float4 qb = reinterpret_cast<const float4 *>(qf + h * D)[2 * v + 1];
+            float qv[8];  // a broadcast load: every lane reads the same 8 channels
+            unpack8<T>(reinterpret_cast<const uint4 *>(qn + h * D)[v], qv);
             float &acc_h = part[h][v & 1];
-            acc_h = fmaf(qa.x, kf[0], acc_h);
-            acc_h = fmaf(qa.y, kf[1], acc_h);
-            acc_h = fmaf(qa.z, kf[2], acc_h);
-            acc_h = fmaf(qa.w, kf[3], acc_h);
-            acc_h = fmaf(qb.x, kf[4], acc_h);
-            acc_h = fmaf(qb.y, kf[5], acc_h);
-            acc_h = fmaf(qb.z, kf[6], acc_h);
-            acc_h = fmaf(qb.w, kf[7], acc_h);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc_h = fmaf(qv[e], kf[e], acc_h);
           }
         }
 #pragma unroll
@@ -518,8 +522,8 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   }
 
   // The sums and Σ p · m_v of the lane's head over its lanes; the 16-bit rows' outputs
-  // through shared memory (q is no longer read), to the lanes that hold the quantized output
-  // of the same (head, channel).
+  // through shared memory (over the stage: no copy is in flight and every lane is done with
+  // the last tile), to the lanes that hold the quantized output of the same (head, channel).
   float Lh;
   {
     float lq = l_q;
@@ -539,11 +543,12 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 #pragma unroll
     for (int o = NH; o < 32; o <<= 1) VB[j] += __shfl_xor_sync(kFull, VB[j], o);
   }
+  float *out16 = reinterpret_cast<float *>(smem + L::kOut16);
   __syncwarp();
 #pragma unroll
   for (int h = 0; h < NH; ++h)
 #pragma unroll
-    for (int c = 0; c < CL; ++c) qf[h * D + CL * lane + c] = acc16[h][c];
+    for (int c = 0; c < CL; ++c) out16[h * D + CL * lane + c] = acc16[h][c];
   __syncwarp();
   // Lane (g, i) writes head slot hh, channel subsets j with j mod kBatch = i / NH: channels
   // 64s + 8g + 2j + r, value group 2s + g / 4 (column parity g / 4 of its C fragment).
@@ -560,7 +565,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
         const float q = col ? acc[s][j][2 * r + 1] : acc[s][j][2 * r];
         const uint32_t ch = 64 * s + 8 * gq + 2 * j + r;
         const int off = 4 * (j & 1) + 2 * r;  // the code's bit offset in its fp16 half
-        const float o = fmaf(q, pow2i(24 - off - Sv), (col ? VB[2 * s + 1] : VB[2 * s]) + qf[hh * D + ch]);
+        const float o = fmaf(q, pow2i(24 - off - Sv), (col ? VB[2 * s + 1] : VB[2 * s]) + out16[hh * D + ch]);
         store_decode_result<T, D>(p, head, split, ch, m_run, o, Lh);
       }
   }
