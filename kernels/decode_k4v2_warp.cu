@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   for (uint32_t ti = t_begin; ti < t_end; ++ti) {
     bulk::mbar_wait(bar0 + 8 * buf, (phases >> buf) & 1u);
     phases ^= 1u << buf;
-    const uint8_t *stage = smem + buf * L::kStageBytes;
+    uint8_t *const stage = smem + buf * L::kStageBytes;
     const TileRef tr = tiles.tile(ti, a.tiles);
     const uint32_t count = tr.count;
 
@@ -312,6 +312,23 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
           mma_16816<T>(cb, av, lds32(qb + 2 * c), lds32(qb + 2 * (c + 8)));
         }
       }
+      // 2a. With more than one batch (NH > 1), each key group's scaled key scales s' and
+      //     2^(12 − ks) once per tile rather than once per batch: lane (g, i) prepares
+      //     quarter i of group g / 2 and the even g write s' over the scales they read.
+      [[maybe_unused]] float us_tile = 1.0f;  // 2^(12 − ks) of group g / 2
+      if constexpr (NH > 1) {
+        const uint32_t kg = gq >> 1;
+        const bool kg_live = kg < groups;
+        uint8_t *sp = stage + L::kKScale + (kg_live ? kg : 0) * D * 2 + qi * (D / 4) * 2;
+        uint32_t sw[D / 8], s2[QP];  // quarter i of the group's key scales (dtype pairs); s'
+        load_words(sp, sw);
+        const int ks = key_scale_exponent<T, 4>(sw);  // lanes 4g .. 4g + 3 hold the quarters
+        us_tile = pow2i(12 - ks);
+        scaled_key_scales<T, 4>(sw, ks, s2);
+        __syncwarp();  // the odd g have read the same words
+        if (kg_live && (gq & 1) == 0) store_words(sp, s2);
+        __syncwarp();
+      }
       // 2. Logits, one B operand per batch of kBatch key groups: lane (g, i) builds column g
       //    = (key group g / (2 NH) of the batch, head slot (g / 2) mod NH, piece g mod 2) at
       //    the k positions of quarter i's pairs, and keeps the logits of its head in the
@@ -327,14 +344,18 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
         {
           const uint32_t kg = kg0 + gq / (2 * NH), hc = (gq >> 1) % NH;
           const bool kg_live = kg < groups;
-          uint32_t sw[D / 8];  // quarter i of the group's key scales (dtype pairs)
-          load_words(stage + L::kKScale + (kg_live ? kg : 0) * D * 2 + qi * (D / 4) * 2, sw);
-          // Lanes 4g .. 4g + 3 hold the group's four quarters.
-          const int ks = key_scale_exponent<T, 4>(sw);
-          us = pow2i(12 - ks);
+          const uint8_t *sp = stage + L::kKScale + (kg_live ? kg : 0) * D * 2 + qi * (D / 4) * 2;
           uint32_t q2[QP], s2[QP];
           load_words(q2s + hc * (D / 2) + qi * QP, q2);
-          scaled_key_scales<T, 4>(sw, ks, s2);
+          if constexpr (NH > 1) {
+            load_words(sp, s2);  // step 2a's s'
+          } else {
+            uint32_t sw[D / 8];  // quarter i of the group's key scales (dtype pairs)
+            load_words(sp, sw);
+            const int ks = key_scale_exponent<T, 4>(sw);  // lanes 4g .. 4g + 3 hold the quarters
+            us = pow2i(12 - ks);
+            scaled_key_scales<T, 4>(sw, ks, s2);
+          }
           const bool lo_piece = gq & 1;
 #pragma unroll
           for (int P = 0; P < QP; ++P) {
@@ -344,7 +365,9 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
           }
         }
         const uint32_t kg = kg0 + kgl;  // the key group of the lane's logits
-        us = __shfl_sync(kFull, us, 8 * NH * kgl);  // a lane that built that group's columns
+        // A lane that prepared that group's s' (NH > 1) or built its columns.
+        if constexpr (NH > 1) us = __shfl_sync(kFull, us_tile, 8 * kg);
+        else us = __shfl_sync(kFull, us, 8 * NH * kgl);
         // Its bias: C[kg][2 (hh / 2) + hh % 2] of step 1.
         const float b0 = __shfl_sync(kFull, cb[0], 4 * (kg & 7) + (hh >> 1));
         const float b1 = __shfl_sync(kFull, cb[1], 4 * (kg & 7) + (hh >> 1));

@@ -96,6 +96,14 @@ template <int N> __device__ __forceinline__ void load_words(const void *p, uint3
   }
 }
 
+// The words w as n consecutive uint4s at p (16-byte aligned shared memory).
+template <int N> __device__ __forceinline__ void store_words(void *p, const uint32_t (&w)[N]) {
+  static_assert(N % 4 == 0, "whole uint4s");
+#pragma unroll
+  for (int v = 0; v < N / 4; ++v)
+    reinterpret_cast<uint4 *>(p)[v] = make_uint4(w[4 * v], w[4 * v + 1], w[4 * v + 2], w[4 * v + 3]);
+}
+
 // The exponent ks of a key group's scales, max s · 2^ks in [2^7, 2^8) (0 for an all-zero
 // group), from the lane's words of them (16-bit patterns of scales >= 0, which order as
 // integers) and the lanes at xor distances below kLanes that hold the group's other channels.
