@@ -88,12 +88,12 @@ EOF
 fi
 
 if [[ $steps == *" compare "* ]]; then
-  step "compare: fused GEMV decode (plain, --pdl) vs cuBLAS vs the CPU backend (log: $out/engine-compare.log)"
+  step "compare: fused GEMV decode vs cuBLAS vs the CPU backend (log: $out/engine-compare.log)"
   model=${MINIKV_GGUF:-$MINIKV_ROOT/.models/SmolLM2-135M-Instruct.Q4_1.gguf}
   if [ ! -f "$model" ]; then
     note "skipped: no $model (scripts/fetch-model.sh)"; status=1
   else
-    variants=(cuda "cuda --no-gemv" "cuda --pdl")
+    variants=(cuda "cuda --no-gemv")
     reference=()
     if [ -n "${MINIKV_CPU_REFERENCE:-}" ]; then reference=(--reference "$MINIKV_CPU_REFERENCE")
     elif "$engine" --random tiny --backend cpu --prompt x -n 1 --quiet >/dev/null 2>&1; then

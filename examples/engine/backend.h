@@ -41,8 +41,6 @@ typedef struct backend_options {
   bool no_graphs;              /* CUDA: launch each decode step's kernels directly */
   bool no_gemv;                /* CUDA: cuBLAS (and separate norm/RoPE/SwiGLU kernels) for
                                   decode batches too, not the fused GEMVs of gemv.cuh */
-  bool pdl;                    /* CUDA, sm_90+: the fused GEMVs launched as programmatic
-                                  dependents (gemv.cuh: early_start) */
 } backend_options;
 
 /* Called after each layer of a prefill (progress lines on long prompts). */

@@ -7,7 +7,6 @@ Cases: SmolLM2-135M (or any GGUF) with --kv full and --kv balanced, one prompt a
 Variants: the backend flags of each run, e.g.
   cuda            the fused GEMV decode step (gemv.cuh)
   cuda --no-gemv  cuBLAS and separate norm/RoPE/SwiGLU kernels
-  cuda --pdl      the fused GEMVs as programmatic dependent launches (sm_90)
   cpu             OpenBLAS + libminikv's CPU backend, float32 (the reference)
 Each run's token ids and logits are written under --out (runs/<variant>/<case>.ids|.<i>.npy);
 --reference DIR reads a variant's files from another machine instead of running it (the CPU

@@ -27,10 +27,6 @@
  *   GEMV_RESIDUAL    plain input; out_f32 [n, m] += W a (the residual stream);
  *   GEMV_LOGITS      norm input; out_f32 [n, m] = W a.
  * Requirements (gemv_shapes_supported): k a multiple of 8 (16-byte rows), m even.
- * early_start (--pdl, sm_90): launched as a programmatic dependent of the kernel before it,
- * a CTA prefetches its warps' first weights into L2, lets the next GEMV launch, and only
- * then waits for the kernel before (griddepcontrol): the boundary between two products
- * and the norm prologue no longer leave the memory idle.
  */
 #ifndef ENGINE_GEMV_CUH
 #define ENGINE_GEMV_CUH
@@ -60,9 +56,6 @@ struct gemv_params {
   int H, Hkv, D;            /* ROPE_SPLIT */
   void *hid;                /* SWIGLU: [n, ff] */
   int ff;                   /* SWIGLU: m = 2 ff */
-  /* Launched as a programmatic dependent (sm_90): prefetch the first weights into L2,
-     let the next GEMV launch, then wait for the kernel before this one. */
-  int early_start;
 };
 
 template <typename T> struct gemv_pair;
@@ -100,35 +93,6 @@ __device__ __forceinline__ uint32_t gemv_pack(float a, float b) {
   p.x = from_f32<T>(a);
   p.y = from_f32<T>(b);
   return *reinterpret_cast<const uint32_t *>(&p);
-}
-
-/* Programmatic dependent launch (sm_90; no-ops elsewhere). wait: returns once the grids
-   this one depends on have completed and their writes are visible (at once for a plain
-   launch). allow_next: the next grid, if launched as a dependent, may start (it waits in
-   turn before reading anything this one writes). */
-__device__ __forceinline__ void gemv_wait_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void gemv_allow_next_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-/* Weight rows of task t: R rows (SWIGLU: R/2 gate rows and the matching up rows), clamped
-   to the matrix for the reads (rows past m are read but not written). */
-template <int kEpi>
-__device__ __forceinline__ void gemv_task_rows(const gemv_params &p, int t, int (&row)[GEMV_ROWS_PER_WARP],
-                                               const uint4 *(&wrow)[GEMV_ROWS_PER_WARP]) {
-  constexpr int R = GEMV_ROWS_PER_WARP;
-  const int chunks = p.k / 8;
-#pragma unroll
-  for (int rr = 0; rr < R; ++rr) {
-    row[rr] = kEpi == GEMV_SWIGLU ? (rr < R / 2 ? t * (R / 2) + rr : p.ff + t * (R / 2) + rr - R / 2) : t * R + rr;
-    wrow[rr] = static_cast<const uint4 *>(p.w) + (size_t)(row[rr] < p.m ? row[rr] : p.m - 1) * chunks;
-  }
 }
 
 /* Rows x_rows[r] of x, RMS-normalized, times norm_w, in T into s [NB, k]. */
@@ -215,25 +179,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
   constexpr bool kNorm = kEpi != GEMV_RESIDUAL;
   static_assert(R * NB <= 32, "one lane per output of a task");
   extern __shared__ __align__(16) unsigned char gemv_rows_smem[];
-  const int lane = threadIdx.x & 31, chunks = p.k / 8;
-  const int tasks = kEpi == GEMV_SWIGLU ? p.ff / (R / 2) : (p.m + R - 1) / R;
-  if (p.early_start) {
-    /* The weights do not depend on the kernel before: the warp's first U chunks of each
-       row of its first task start towards L2 while that kernel finishes. */
-    const int t0 = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (t0 < tasks) {
-      int row[R];
-      const uint4 *wrow[R];
-      gemv_task_rows<kEpi>(p, t0, row, wrow);
-#pragma unroll
-      for (int rr = 0; rr < R; ++rr)
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (lane + 32 * u < chunks) asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow[rr] + lane + 32 * u));
-    }
-    gemv_allow_next_grid();
-    gemv_wait_prior_grid();
-  }
   const T *act;
   if constexpr (kNorm) {
     gemv_norm_rows<T, NB>(p, reinterpret_cast<T *>(gemv_rows_smem));
@@ -241,10 +186,16 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
   } else {
     act = static_cast<const T *>(p.a);
   }
+  const int lane = threadIdx.x & 31, chunks = p.k / 8;
+  const int tasks = kEpi == GEMV_SWIGLU ? p.ff / (R / 2) : (p.m + R - 1) / R;
   for (int t = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); t < tasks; t += gridDim.x * GEMV_WARPS) {
     int row[R];
     const uint4 *wrow[R];
-    gemv_task_rows<kEpi>(p, t, row, wrow);
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      row[rr] = kEpi == GEMV_SWIGLU ? (rr < R / 2 ? t * (R / 2) + rr : p.ff + t * (R / 2) + rr - R / 2) : t * R + rr;
+      wrow[rr] = static_cast<const uint4 *>(p.w) + (size_t)(row[rr] < p.m ? row[rr] : p.m - 1) * chunks;
+    }
     float acc[R][NB];
 #pragma unroll
     for (int rr = 0; rr < R; ++rr)

@@ -33,7 +33,7 @@ typedef struct options {
   uint32_t n_new[MAX_PROMPTS], n_new_count, batch, max_seq_len;
   float temperature, top_p;
   uint64_t seed;
-  bool ids, tokenize, quiet, raw, no_graphs, no_gemv, pdl;
+  bool ids, tokenize, quiet, raw, no_graphs, no_gemv;
 } options;
 
 static void usage(FILE *f) {
@@ -72,9 +72,7 @@ static void usage(FILE *f) {
     "  --no-graphs           CUDA: launch each decode step's kernels directly instead of\n"
     "                        replaying it as one CUDA graph\n"
     "  --no-gemv             CUDA: decode batches of up to 8 through cuBLAS and separate\n"
-    "                        norm/RoPE/SwiGLU kernels, not the fused GEMVs\n"
-    "  --pdl                 CUDA, sm_90: launch the fused GEMVs as programmatic dependents\n"
-    "                        (each prefetches its first weights while the kernel before ends)\n",
+    "                        norm/RoPE/SwiGLU kernels, not the fused GEMVs\n",
     model_preset_names(),
 #ifdef ENGINE_WITH_CUDA
     "cuda"
@@ -148,7 +146,6 @@ static bool parse_args(int argc, char **argv, options *o) {
       else if (strcmp(a, "--raw") == 0) o->raw = true;
       else if (strcmp(a, "--no-graphs") == 0) o->no_graphs = true;
       else if (strcmp(a, "--no-gemv") == 0) o->no_gemv = true;
-      else if (strcmp(a, "--pdl") == 0) o->pdl = true;
       else return fail("unknown flag %s (--help lists them)", a);
     }
     if (takes_value) {
@@ -331,7 +328,6 @@ static int generate(const options *o) {
   opt.quiet = o->quiet;
   opt.no_graphs = o->no_graphs;
   opt.no_gemv = o->no_gemv;
-  opt.pdl = o->pdl;
   const uint32_t max_seq_len = o->max_seq_len ? o->max_seq_len : (uint32_t)longest + most_new + 1;
   if (!o->quiet) {
     char desc[256];

@@ -264,7 +264,6 @@ struct cuda_backend {
   uint32_t gemv_max_rows;
   int gemv_ctas_per_sm[GEMV_EPILOGUES][4];
   int sm_count;
-  bool gemv_pdl; /* --pdl on sm_90+: GEMVs launched as programmatic dependents */
 };
 
 static cuda_backend *cb(backend *b) { return (cuda_backend *)b; }
@@ -336,7 +335,6 @@ static bool gemv_prepare(cuda_backend *c, const cudaDeviceProp *prop) {
     if (!all) break;
     c->gemv_max_rows = (uint32_t)nb;
   }
-  c->gemv_pdl = c->base.opt.pdl && prop->major >= 9;
   return true;
 }
 
@@ -345,20 +343,8 @@ static bool gemv_launch_rows(cuda_backend *c, const gemv_params &p) {
   const int R = GEMV_ROWS_PER_WARP;
   const int tasks = kEpi == GEMV_SWIGLU ? p.ff / (R / 2) : (p.m + R - 1) / R;
   const int wanted = (tasks + GEMV_WARPS - 1) / GEMV_WARPS, resident = c->sm_count * c->gemv_ctas_per_sm[kEpi][log2_rows(NB)];
-  /* --pdl: a programmatic dependent of the kernel before it (gemv.cuh: early_start). */
-  gemv_params q = p;
-  q.early_start = c->gemv_pdl;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(wanted < resident ? wanted : resident);
-  cfg.blockDim = dim3(GEMV_THREADS);
-  cfg.dynamicSmemBytes = gemv_smem(kEpi, NB, p.k);
-  cfg.stream = c->stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = c->gemv_pdl ? 1 : 0;
-  CUDA_TRY(cudaLaunchKernelEx(&cfg, gemv_kernel<T, NB, kEpi>, q));
+  gemv_kernel<T, NB, kEpi><<<wanted < resident ? wanted : resident, GEMV_THREADS, gemv_smem(kEpi, NB, p.k), c->stream>>>(p);
+  LAUNCH_TRY();
   return true;
 }
 
