@@ -7,8 +7,9 @@
 #   scripts/gpu-ab.sh LABEL=LIB [LABEL=LIB ...] [-- bench_decode_matrix.py args...]
 #   e.g. scripts/gpu-ab.sh main=build-a/libminikv.so next=build-b/libminikv.so -- --quick --storage 3
 #
-# Environment (optional): ROUNDS (2), OUT (results and logs: ab-<label>-r<round>.json,
-# ab.log, ab-summary.txt; default ./gpu-ab). Needs torch with CUDA, like the benchmark.
+# Environment (optional): ROUNDS (2), OUT (results and logs: ab-rounds.json, every round's
+# results by label; ab.log; ab-summary.txt; default ./gpu-ab). Needs torch with CUDA, like
+# the benchmark.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -28,7 +29,7 @@ for lib in "${libs[@]}"; do [ -f "$lib" ] || die "no library at $lib"; done
 rounds=${ROUNDS:-2}
 out=${OUT:-gpu-ab}
 mkdir -p "$out"
-rm -f "$out"/ab-*-r*.json  # the summary reads every round's file: none from an earlier run
+rm -f "$out"/ab-*-r*.json "$out/ab-rounds.json"  # the summary reads every round's file: none from an earlier run
 
 for ((r = 1; r <= rounds; r++)); do
   for i in "${!labels[@]}"; do
@@ -64,4 +65,8 @@ for cell, by in cells.items():
         rate = statistics.median(c for _, c in by[l])
         row += f"{ms:10.4f} {ms / base:6.3f} {100 * rate:7.0f}%"
     print(row)
+# One file for every round (a remote runner may bring back only a few files).
+rounds = {l: [json.load(open(p)) for p in sorted(glob.glob(os.path.join(out, f"ab-{l}-r*.json")))] for l in labels}
+json.dump(rounds, open(os.path.join(out, "ab-rounds.json"), "w"), indent=1)
 EOF
+rm -f "$out"/ab-*-r*.json
