@@ -142,6 +142,78 @@ __device__ __forceinline__ void k4v2_warp_stage(const K4V2Args &a, const TileRef
   }
 }
 
+// The split merge in the kernel: the CTA that writes the last partials of a (sequence, KV
+// head) merges its head slots, where one warp's reads stay small (splits × slots ≤ 64) and
+// the KV head's heads are one chunk (the split counters are per (sequence, KV head)). At
+// batch 1 under MHA (37 splits per head at 32K) this replaces decode_merge's launch.
+constexpr uint32_t kWarpFusedMergeMax = 64;
+__host__ __device__ constexpr bool k4v2_warp_fused_merge(uint32_t splits, uint32_t slots, uint32_t n_rep) {
+  return splits > 1 && splits * slots <= kWarpFusedMergeMax && n_rep <= slots;
+}
+static_assert(K4V2WarpLayout<64, 1>::kStageBytes >= kWarpFusedMergeMax * 4, "the fused merge's weights fit the stage");
+
+// decode_merge's combine for heads head0 .. head0 + nh − 1, run by the CTA that arrives last
+// at `counter` (which it resets to zero for the next launch or graph replay). The other
+// CTAs' partials are visible through the fence + counter and read from L2; the sums run over
+// the splits in order, so the result does not depend on which CTA merges. w_s: 64 floats of
+// shared memory.
+template <typename T, int D>
+__device__ __forceinline__ void k4v2_warp_merge_if_last(const DecodeParams &p, uint32_t *counter, uint64_t head0,
+                                                        uint32_t nh, uint32_t lane, float *w_s) {
+  __threadfence();  // this CTA's partials before its arrival
+  __syncwarp();
+  uint32_t arrived = 0;
+  if (lane == 0) arrived = atomicAdd(counter, 1u);
+  arrived = __shfl_sync(kFull, arrived, 0);
+  if (arrived + 1 != p.splits) return;
+  __threadfence();  // the other CTAs' partials after their arrivals
+  if (lane == 0) *counter = 0;
+  const uint32_t S = p.splits;  // ≤ kWarpFusedMergeMax: splits lane and lane + 32
+  constexpr int kCh = D / 32;   // channels per lane
+  for (uint32_t r = 0; r < nh; ++r) {
+    const uint64_t part0 = (head0 + r) * S;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    if (lane < S) {
+      m0 = __ldcg(p.part_ml + (part0 + lane) * 2);
+      l0 = __ldcg(p.part_ml + (part0 + lane) * 2 + 1);
+    }
+    if (lane + 32 < S) {
+      m1 = __ldcg(p.part_ml + (part0 + lane + 32) * 2);
+      l1 = __ldcg(p.part_ml + (part0 + lane + 32) * 2 + 1);
+    }
+    const float m = warp_max(fmaxf(m0, m1));
+    const float w0 = m0 == -INFINITY ? 0.0f : exp2f(m0 - m);  // empty split (or none): 0
+    const float w1 = m1 == -INFINITY ? 0.0f : exp2f(m1 - m);
+    if (lane < S) w_s[lane] = w0;
+    if (lane + 32 < S) w_s[lane + 32] = w1;
+    const float l = warp_sum(w0 * l0 + w1 * l1);
+    __syncwarp();
+    float o[kCh];
+#pragma unroll
+    for (int c = 0; c < kCh; ++c) o[c] = 0.0f;
+#pragma unroll 8
+    for (uint32_t s = 0; s < S; ++s) {
+      const float ws = w_s[s];
+      const float *po = p.part_o + (part0 + s) * D + lane * kCh;
+      if constexpr (kCh == 4) {
+        const float4 v = __ldcg(reinterpret_cast<const float4 *>(po));
+        o[0] = fmaf(ws, v.x, o[0]);
+        o[1] = fmaf(ws, v.y, o[1]);
+        o[2] = fmaf(ws, v.z, o[2]);
+        o[3] = fmaf(ws, v.w, o[3]);
+      } else {
+        const float2 v = __ldcg(reinterpret_cast<const float2 *>(po));
+        o[0] = fmaf(ws, v.x, o[0]);
+        o[1] = fmaf(ws, v.y, o[1]);
+      }
+    }
+    __syncwarp();  // w_s is rewritten for the next head
+    T *out = static_cast<T *>(p.out) + (head0 + r) * D + lane * kCh;
+#pragma unroll
+    for (int c = 0; c < kCh; ++c) out[c] = output_value<T>(o[c] / l);
+  }
+}
+
 /// \tparam T  dtype of q/out, scales and 16-bit rows (__half or __nv_bfloat16)
 /// \tparam D  head_dim (64 or 128)
 /// \tparam NH query-head slots of the CTA (1, 2 or 4): lane (g, i) owns slot i % NH
@@ -576,23 +648,28 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   __syncwarp();
   // Lane (g, i) writes head slot hh, channel subsets j with j mod kBatch = i / NH: channels
   // 64s + 8g + 2j + r, value group 2s + g / 4 (column parity g / 4 of its C fragment).
-  if (hh >= nh) return;
-  const uint32_t col = gq >> 2;
-  const uint64_t head = uint64_t(seq) * p.num_heads + h0 + hh;
+  if (hh < nh) {
+    const uint32_t col = gq >> 2;
+    const uint64_t head = uint64_t(seq) * p.num_heads + h0 + hh;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (uint32_t(j % kBatch) != kgl) continue;
+    for (int j = 0; j < 4; ++j) {
+      if (uint32_t(j % kBatch) != kgl) continue;
 #pragma unroll
-    for (int s = 0; s < S; ++s)
+      for (int s = 0; s < S; ++s)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float q = col ? acc[s][j][2 * r + 1] : acc[s][j][2 * r];
-        const uint32_t ch = 64 * s + 8 * gq + 2 * j + r;
-        const int off = 4 * (j & 1) + 2 * r;  // the code's bit offset in its fp16 half
-        const float o = fmaf(q, pow2i(24 - off - Sv), (col ? VB[2 * s + 1] : VB[2 * s]) + out16[hh * D + ch]);
-        store_decode_result<T, D>(p, head, split, ch, m_run, o, Lh);
-      }
+        for (int r = 0; r < 2; ++r) {
+          const float q = col ? acc[s][j][2 * r + 1] : acc[s][j][2 * r];
+          const uint32_t ch = 64 * s + 8 * gq + 2 * j + r;
+          const int off = 4 * (j & 1) + 2 * r;  // the code's bit offset in its fp16 half
+          const float o = fmaf(q, pow2i(24 - off - Sv), (col ? VB[2 * s + 1] : VB[2 * s]) + out16[hh * D + ch]);
+          store_decode_result<T, D>(p, head, split, ch, m_run, o, Lh);
+        }
+    }
   }
+  // The merge's weights go over out16, whose reads above its first __syncwarp orders.
+  if (k4v2_warp_fused_merge(p.splits, NH, p.num_heads / p.num_kv_heads))
+    k4v2_warp_merge_if_last<T, D>(p, p.counters + uint64_t(seq) * p.num_kv_heads + kvh,
+                                  uint64_t(seq) * p.num_heads + h0, nh, lane, out16);
 #endif
 }
 
@@ -628,7 +705,8 @@ void launch_decode_k4v2_warp(minikv_dtype dtype, const DecodeParams &p, const K4
     kernel<<<dim3(p.splits, p.num_kv_heads * chunks, p.n), 32, smem, stream>>>(args);
     check_launch_error("decode_k4v2_warp_kernel");
   });
-  if (p.splits > 1) launch_decode_merge(dtype, p.st.block.head_dim, p, stream);
+  if (p.splits > 1 && !k4v2_warp_fused_merge(p.splits, p.heads_per_cta, n_rep))
+    launch_decode_merge(dtype, p.st.block.head_dim, p, stream);
 }
 
 }  // namespace kernels
