@@ -137,6 +137,56 @@ __device__ __forceinline__ void store_decode_result(const DecodeParams &p, uint6
   }
 }
 
+// The split merge inside a decode kernel (decode_merge.cu's combine, run by one warp): the
+// CTA whose arrival at `counter` completes the launch's splits merges them, and resets the
+// counter to zero for the next launch or graph replay. The fences order every CTA's partials
+// before its arrival and the last CTA's reads (from L2, __ldcg) after it.
+__device__ __forceinline__ bool arrive_last_split(uint32_t *counter, uint32_t splits, uint32_t lane) {
+  __threadfence();  // this CTA's partials before its arrival
+  __syncwarp();
+  uint32_t arrived = 0;
+  if (lane == 0) arrived = atomicAdd(counter, 1u);
+  arrived = __shfl_sync(0xffffffffu, arrived, 0);
+  if (arrived + 1 != splits) return false;
+  __threadfence();  // the other CTAs' partials after their arrivals
+  if (lane == 0) *counter = 0;
+  return true;
+}
+
+// Output of query head `head` from its splits' partials: Σ_s w_s[s] · o_s / l, the sum over
+// the splits in order (the result does not depend on which CTA merges); lane = D / 32
+// channels. w_s (shared) may be rewritten once this returns.
+template <typename T, int D>
+__device__ __forceinline__ void store_merged_head(const DecodeParams &p, uint64_t head, const float *w_s, float l,
+                                                  uint32_t lane) {
+  constexpr int kCh = D / 32;
+  const uint32_t S = p.splits;
+  const uint64_t part0 = head * S;
+  float o[kCh];
+#pragma unroll
+  for (int c = 0; c < kCh; ++c) o[c] = 0.0f;
+#pragma unroll 8
+  for (uint32_t s = 0; s < S; ++s) {
+    const float ws = w_s[s];
+    const float *po = p.part_o + (part0 + s) * D + lane * kCh;
+    if constexpr (kCh == 4) {
+      const float4 v = __ldcg(reinterpret_cast<const float4 *>(po));
+      o[0] = fmaf(ws, v.x, o[0]);
+      o[1] = fmaf(ws, v.y, o[1]);
+      o[2] = fmaf(ws, v.z, o[2]);
+      o[3] = fmaf(ws, v.w, o[3]);
+    } else {
+      const float2 v = __ldcg(reinterpret_cast<const float2 *>(po));
+      o[0] = fmaf(ws, v.x, o[0]);
+      o[1] = fmaf(ws, v.y, o[1]);
+    }
+  }
+  __syncwarp();  // every lane is done with w_s
+  T *out = static_cast<T *>(p.out) + head * D + lane * kCh;
+#pragma unroll
+  for (int c = 0; c < kCh; ++c) out[c] = output_value<T>(o[c] / l);
+}
+
 // Where a 16-bit tile (sinks or residual, decode_tiles.cuh) of KV head kvh reads its rows:
 // the slot's K and V rows from the tile's first, and the tile row (kNoAppendedRow: none) that
 // comes from the caller's k/v instead, the appended token.

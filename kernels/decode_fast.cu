@@ -203,21 +203,13 @@ template <typename T, int D, int NREP>
 __device__ __forceinline__ void merge_if_last(const DecodeParams &p, uint32_t seq, uint32_t kvh,
                                               uint32_t lane, float *w_s) {
   uint32_t *counter = p.counters + uint64_t(seq) * p.num_kv_heads + kvh;
-  __threadfence();  // this CTA's partials before its arrival
-  __syncwarp();
-  uint32_t arrived = 0;
-  if (lane == 0) arrived = atomicAdd(counter, 1u);
-  arrived = __shfl_sync(kFullMask, arrived, 0);
-  if (arrived + 1 != p.splits) return;
-  __threadfence();  // the other CTAs' partials after their arrivals
-  if (lane == 0) *counter = 0;
+  if (!arrive_last_split(counter, p.splits, lane)) return;
   // Weights exp2(m_s − m) of every (head, split) into w_s (splits · NREP ≤ 32: one per lane).
   const uint32_t S = p.splits, r_l = lane / S, s_l = lane % S;
   const uint64_t head0 = uint64_t(seq) * p.num_heads + kvh * NREP;
   const bool live = r_l < uint32_t(NREP);
   const float ms = live ? __ldcg(p.part_ml + ((head0 + r_l) * S + s_l) * 2) : -INFINITY;
   const float ls = live ? __ldcg(p.part_ml + ((head0 + r_l) * S + s_l) * 2 + 1) : 0.0f;
-  constexpr int kCh = D / 32;  // channels per lane
 #pragma unroll 1
   for (int r = 0; r < NREP; ++r) {
     float mr = -INFINITY;
@@ -227,30 +219,7 @@ __device__ __forceinline__ void merge_if_last(const DecodeParams &p, uint32_t se
     float l = 0.0f;
     for (uint32_t s = 0; s < S; ++s) l += __shfl_sync(kFullMask, w * ls, r * S + s);
     __syncwarp();
-    const uint64_t part0 = (head0 + r) * S;
-    float o[kCh];
-#pragma unroll
-    for (int c = 0; c < kCh; ++c) o[c] = 0.0f;
-#pragma unroll 8
-    for (uint32_t s = 0; s < S; ++s) {
-      const float ws = w_s[s];
-      const float *po = p.part_o + (part0 + s) * D + lane * kCh;
-      if constexpr (kCh == 4) {
-        const float4 v = __ldcg(reinterpret_cast<const float4 *>(po));
-        o[0] = fmaf(ws, v.x, o[0]);
-        o[1] = fmaf(ws, v.y, o[1]);
-        o[2] = fmaf(ws, v.z, o[2]);
-        o[3] = fmaf(ws, v.w, o[3]);
-      } else {
-        const float2 v = __ldcg(reinterpret_cast<const float2 *>(po));
-        o[0] = fmaf(ws, v.x, o[0]);
-        o[1] = fmaf(ws, v.y, o[1]);
-      }
-    }
-    __syncwarp();  // w_s is rewritten for the next head
-    T *out = static_cast<T *>(p.out) + (head0 + r) * D + lane * kCh;
-#pragma unroll
-    for (int c = 0; c < kCh; ++c) out[c] = output_value<T>(o[c] / l);
+    store_merged_head<T, D>(p, head0 + r, w_s, l, lane);
   }
 }
 

@@ -153,23 +153,12 @@ __host__ __device__ constexpr bool k4v2_warp_fused_merge(uint32_t splits, uint32
 static_assert(K4V2WarpLayout<64, 1>::kStageBytes >= kWarpFusedMergeMax * 4, "the fused merge's weights fit the stage");
 
 // decode_merge's combine for heads head0 .. head0 + nh − 1, run by the CTA that arrives last
-// at `counter` (which it resets to zero for the next launch or graph replay). The other
-// CTAs' partials are visible through the fence + counter and read from L2; the sums run over
-// the splits in order, so the result does not depend on which CTA merges. w_s: 64 floats of
-// shared memory.
+// at `counter` (arrive_last_split); w_s: 64 floats of shared memory.
 template <typename T, int D>
 __device__ __forceinline__ void k4v2_warp_merge_if_last(const DecodeParams &p, uint32_t *counter, uint64_t head0,
                                                         uint32_t nh, uint32_t lane, float *w_s) {
-  __threadfence();  // this CTA's partials before its arrival
-  __syncwarp();
-  uint32_t arrived = 0;
-  if (lane == 0) arrived = atomicAdd(counter, 1u);
-  arrived = __shfl_sync(kFull, arrived, 0);
-  if (arrived + 1 != p.splits) return;
-  __threadfence();  // the other CTAs' partials after their arrivals
-  if (lane == 0) *counter = 0;
+  if (!arrive_last_split(counter, p.splits, lane)) return;
   const uint32_t S = p.splits;  // ≤ kWarpFusedMergeMax: splits lane and lane + 32
-  constexpr int kCh = D / 32;   // channels per lane
   for (uint32_t r = 0; r < nh; ++r) {
     const uint64_t part0 = (head0 + r) * S;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
@@ -188,29 +177,7 @@ __device__ __forceinline__ void k4v2_warp_merge_if_last(const DecodeParams &p, u
     if (lane + 32 < S) w_s[lane + 32] = w1;
     const float l = warp_sum(w0 * l0 + w1 * l1);
     __syncwarp();
-    float o[kCh];
-#pragma unroll
-    for (int c = 0; c < kCh; ++c) o[c] = 0.0f;
-#pragma unroll 8
-    for (uint32_t s = 0; s < S; ++s) {
-      const float ws = w_s[s];
-      const float *po = p.part_o + (part0 + s) * D + lane * kCh;
-      if constexpr (kCh == 4) {
-        const float4 v = __ldcg(reinterpret_cast<const float4 *>(po));
-        o[0] = fmaf(ws, v.x, o[0]);
-        o[1] = fmaf(ws, v.y, o[1]);
-        o[2] = fmaf(ws, v.z, o[2]);
-        o[3] = fmaf(ws, v.w, o[3]);
-      } else {
-        const float2 v = __ldcg(reinterpret_cast<const float2 *>(po));
-        o[0] = fmaf(ws, v.x, o[0]);
-        o[1] = fmaf(ws, v.y, o[1]);
-      }
-    }
-    __syncwarp();  // w_s is rewritten for the next head
-    T *out = static_cast<T *>(p.out) + (head0 + r) * D + lane * kCh;
-#pragma unroll
-    for (int c = 0; c < kCh; ++c) out[c] = output_value<T>(o[c] / l);
+    store_merged_head<T, D>(p, head0 + r, w_s, l, lane);
   }
 }
 
