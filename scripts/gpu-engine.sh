@@ -10,8 +10,11 @@
 #          long prompt through the default MiniKV cache. Needs python3 with torch +
 #          transformers and the `gguf` package (installed, or .models/python from
 #          scripts/fetch-model.sh);
-#   compare  examples/engine/compare_runs.py on SmolLM2-135M's GGUF (needs it; python3 with
-#          numpy): greedy tokens and logits of the fused-GEMV decode step vs cuBLAS
+#   compare  examples/engine/compare_runs.py on SmolLM2-135M's GGUF, or on MINIKV_GGUF (python3
+#          with numpy; a GPU machine that cannot take SmolLM2's 98 MB can take the 19 MB
+#          synthetic model of `check_transformers.py --write-synthetic F`, written where the
+#          gguf package is, with MINIKV_CPU_REFERENCE made there on the same F): greedy
+#          tokens and logits of the fused-GEMV decode step vs cuBLAS
 #          (--no-gemv), full and default-MiniKV caches, batch 1 and 3; against the CPU
 #          backend's run too: here where this build has the CPU backend, else from
 #          MINIKV_CPU_REFERENCE (a runs/cpu directory of compare_runs.py --variants cpu

@@ -419,7 +419,7 @@ def check_batching(args, tokenizer, tolerances) -> bool:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", required=True, help="the minikv-engine binary")
+    p.add_argument("--engine", help="the minikv-engine binary (required but with --write-synthetic)")
     p.add_argument("--model", default=default_model_path(), help="SmolLM2 GGUF (fetch-model.sh)")
     p.add_argument("--backend", default="cpu", help="the engine's --backend (cpu)")
     p.add_argument("--prompt-tokens", type=int, default=512)
@@ -433,7 +433,16 @@ def main() -> int:
     p.add_argument("--synthetic", action="store_true",
                    help="check on a small random LLaMA written here (F16 GGUF, a BPE tokenizer "
                         "learned from the text) instead of --model")
+    p.add_argument("--write-synthetic", metavar="PATH",
+                   help="only write that synthetic model to PATH (for compare_runs.py where the "
+                        "real model cannot travel) and exit")
     args = p.parse_args()
+    if args.write_synthetic:
+        synthetic_gguf(args.write_synthetic, texts()[0][1])
+        print(f"wrote {args.write_synthetic} ({os.path.getsize(args.write_synthetic) / 1e6:.1f} MB)")
+        return 0
+    if not args.engine:
+        p.error("the following arguments are required: --engine")
     if args.synthetic:
         tmp = tempfile.mkdtemp(prefix="minikv-engine-check-")
         args.model = os.path.join(tmp, "synthetic-llama.gguf")

@@ -62,8 +62,9 @@ def run(engine, model, variant, kv, batch, steps, where):
         os.remove(dump)
 
 
-def load(where, kv, batch, n_vocab):
-    """Per prompt: (token ids, logits [steps, n_vocab])."""
+def load(where, kv, batch, n_vocab=None):
+    """Per prompt: (token ids, logits [steps, n_vocab]); n_vocab None: the logits' length
+    over the token count (one row of logits per generated token)."""
     name = case_name(kv, batch)
     seqs, cur = [], None
     for line in open(os.path.join(where, name + ".ids")):
@@ -76,8 +77,14 @@ def load(where, kv, batch, n_vocab):
                 cur = []
                 seqs.append(cur)
             cur.append(int(line))
-    return [(ids, np.load(os.path.join(where, f"{name}.{i}.npy")).astype(np.float32).reshape(-1, n_vocab))
-            for i, ids in enumerate(seqs)]
+    out = []
+    for i, ids in enumerate(seqs):
+        logits = np.load(os.path.join(where, f"{name}.{i}.npy")).astype(np.float32)
+        width = n_vocab or (logits.size // len(ids) if ids else 0)
+        if not width or logits.size % width:
+            sys.exit(f"{where}/{name}: {logits.size} logits do not split into rows of {width}")
+        out.append((ids, logits.reshape(-1, width)))
+    return out
 
 
 def main():
@@ -88,7 +95,8 @@ def main():
     p.add_argument("--variants", nargs="+", required=True, help="backend + flags of each run")
     p.add_argument("--reference", help="a variant's files computed elsewhere, compared first")
     p.add_argument("--steps", type=int, default=32)
-    p.add_argument("--n-vocab", type=int, default=49152, help="SmolLM2's (49152)")
+    p.add_argument("--n-vocab", type=int, default=None,
+                   help="logits per row (default: the dump's length over the generated tokens)")
     p.add_argument("--tol", type=float, default=0.25, help="max |logit difference| (0.25: f16 weights on the GPU)")
     p.add_argument("--tie", type=float, default=0.5, help="a near-tie: best two logits within this")
     a = p.parse_args()
