@@ -45,6 +45,25 @@ no_arguments() {
 }
 
 # Stops when a setting is given under its former name $1 (now $2).
+# The A/B scripts' LABEL=PATH arguments, up to a "--", into the arrays ab_labels and
+# ab_paths; ab_shift = how many arguments that was (the "--" included). $1 names PATH in
+# messages.
+parse_ab_args() {
+  local what=$1
+  shift
+  ab_labels=() ab_paths=() ab_shift=0
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    case $1 in
+      *=*) ab_labels+=("${1%%=*}") ab_paths+=("${1#*=}") ;;
+      *) die "expected LABEL=$what, got '$1' (see --help)" ;;
+    esac
+    shift
+    ab_shift=$((ab_shift + 1))
+  done
+  [ $# -gt 0 ] && ab_shift=$((ab_shift + 1))
+  [ ${#ab_labels[@]} -ge 2 ] || die "name at least two (LABEL=$what)"
+}
+
 renamed_setting() {
   [ -z "${!1:-}" ] || die "$1 is now $2 (the same name in every script): set $2=${!1}"
 }

@@ -15,16 +15,9 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 help_if_asked "$@"
 
-labels=() libs=()
-while [ $# -gt 0 ] && [ "$1" != "--" ]; do
-  case $1 in
-    *=*) labels+=("${1%%=*}") libs+=("${1#*=}") ;;
-    *) die "expected LABEL=LIB, got '$1' (see --help)" ;;
-  esac
-  shift
-done
-[ $# -gt 0 ] && shift  # the --
-[ ${#labels[@]} -ge 2 ] || die "name at least two libraries (LABEL=LIB)"
+parse_ab_args LIB "$@"
+shift "$ab_shift"
+labels=("${ab_labels[@]}") libs=("${ab_paths[@]}")
 for lib in "${libs[@]}"; do [ -f "$lib" ] || die "no library at $lib"; done
 rounds=${ROUNDS:-2}
 out=${OUT:-gpu-ab}
