@@ -44,7 +44,6 @@ no_arguments() {
   [ $# -eq 0 ] || die "$(basename "${BASH_SOURCE[1]}") takes no arguments, got '$*' (settings are environment variables: see --help)"
 }
 
-# Stops when a setting is given under its former name $1 (now $2).
 # The A/B scripts' LABEL=PATH arguments, up to a "--", into the arrays ab_labels and
 # ab_paths; ab_shift = how many arguments that was (the "--" included). $1 names PATH in
 # messages.
@@ -64,6 +63,7 @@ parse_ab_args() {
   [ ${#ab_labels[@]} -ge 2 ] || die "name at least two (LABEL=$what)"
 }
 
+# Stops when a setting is given under its former name $1 (now $2).
 renamed_setting() {
   [ -z "${!1:-}" ] || die "$1 is now $2 (the same name in every script): set $2=${!1}"
 }
