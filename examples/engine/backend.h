@@ -59,6 +59,9 @@ struct backend {
   uint64_t buffer_bytes;  /* activations, logits and library-independent scratch */
   uint64_t graph_updates, graph_instantiations; /* decode steps replayed by updating an
                                                    executable graph / by a new one (CUDA) */
+  double step_host_seconds; /* CUDA: host time spent recording, capturing, updating and
+                               launching decode steps, summed (the GPU idles when a step's
+                               exceeds the GPU time of the step before) */
   progress_fn progress;
   void *progress_ctx;
 

@@ -59,7 +59,7 @@ typedef struct bench_options {
 typedef struct latency_row {
   const char *model, *setting;
   uint32_t context;
-  double prefill_s, ms_per_token, ms_min, expected_ms;
+  double prefill_s, ms_per_token, ms_min, expected_ms, host_ms;
   double dense_ms; /* the same step without its attention (dense_step_seconds) */
   uint64_t weight_bytes, cache_bytes, tokens_cached, tokens_seen;
 } latency_row;
@@ -247,7 +247,9 @@ static bool latency_context(bench_state *st, backend *b, const char *model, cons
     prefill_s = now_seconds() - t0;
   }
   const int32_t first = ok ? argmax_f32(logits, V) : 0, pos = (int32_t)ctx;
+  const double host_before = b->step_host_seconds;
   ok = ok && cache_stats(b, &before) && b->greedy(b, 1, &seq, &first, &pos, steps, out, secs) && cache_stats(b, &after);
+  const double host_ms = 1e3 * (b->step_host_seconds - host_before) / steps;
   if (ok) {
     latency_row *r = &st->lat[st->n_lat++];
     r->model = model;
@@ -263,11 +265,12 @@ static bool latency_context(bench_state *st, backend *b, const char *model, cons
     r->tokens_seen = after.tokens_seen;
     r->expected_ms = 1e3 * (double)(r->weight_bytes + r->cache_bytes) / (st->copy_gbs * 1e9);
     r->dense_ms = dense_ms;
+    r->host_ms = host_ms;
     const double bw = st->copy_gbs * 1e6; /* bytes per ms */
-    printf("  %-10s %-22s %7u %8.2f %9.3f %9.3f %6.2f  %7.3f %7.3f  %7.3f %7.3f  %5.1f%%\n", model, setting, ctx,
+    printf("  %-10s %-22s %7u %8.2f %9.3f %9.3f %6.2f  %7.3f %7.3f  %7.3f %7.3f  %5.1f%%  %6.3f\n", model, setting, ctx,
            prefill_s, r->ms_per_token, r->expected_ms, r->ms_per_token / r->expected_ms, dense_ms,
            (double)r->weight_bytes / bw, r->ms_per_token - dense_ms, (double)r->cache_bytes / bw,
-           100.0 * (double)after.tokens_cached / (double)(after.tokens_seen ? after.tokens_seen : 1));
+           100.0 * (double)after.tokens_cached / (double)(after.tokens_seen ? after.tokens_seen : 1), host_ms);
     fflush(stdout);
   }
   ok = ok && b->release(b, seq);
@@ -442,9 +445,10 @@ static bool run_setting(bench_state *st, const char *model, const char *setting)
     printf("\nlatency, batch 1: ms per generated token (mean of %u steps after %u warm-up) vs the expectation\n"
            "(weight bytes + cache bytes read per step) / copy bandwidth. The step splits into its dense part\n"
            "(the same step without attention, timed alone) next to weights / bandwidth, and the rest (attention:\n"
-           "libminikv's append + decode) next to cache bytes / bandwidth; kept = cached / seen positions\n"
+           "libminikv's append + decode) next to cache bytes / bandwidth; kept = cached / seen positions; host:\n"
+           "ms per step the host takes to record, capture, update and launch it (CUDA graphs; 0 on the CPU)\n"
            "  model      cache                  context prefill  ms/token  expected  ratio    dense weights     attn"
-           "   cache   kept\n", o->gen, o->warmup);
+           "   cache   kept    host\n", o->gen, o->warmup);
   }
   bool ok = st->copy_gbs > 0;
   const double dense_ms = ok && o->latency ? 1e3 * b->dense_step_seconds(b, 1, 2 * o->gen) : 0.0;
@@ -495,10 +499,11 @@ static bool write_json(const bench_state *st, const char *path, const char *date
     fprintf(f, "%s\n    {\"model\": \"%s\", \"cache\": ", i ? "," : "", r->model);
     json_string(f, r->setting);
     fprintf(f, ", \"context\": %u, \"prefill_s\": %.4f, \"ms_per_token\": %.4f, \"ms_min\": %.4f, "
-               "\"expected_ms\": %.4f, \"dense_ms\": %.4f, \"weight_bytes\": %llu, \"cache_bytes\": %llu, \"tokens_cached\": %llu, "
-               "\"tokens_seen\": %llu}",
-            r->context, r->prefill_s, r->ms_per_token, r->ms_min, r->expected_ms, r->dense_ms, (unsigned long long)r->weight_bytes,
-            (unsigned long long)r->cache_bytes, (unsigned long long)r->tokens_cached, (unsigned long long)r->tokens_seen);
+               "\"expected_ms\": %.4f, \"dense_ms\": %.4f, \"host_ms\": %.4f, \"weight_bytes\": %llu, \"cache_bytes\": %llu, "
+               "\"tokens_cached\": %llu, \"tokens_seen\": %llu}",
+            r->context, r->prefill_s, r->ms_per_token, r->ms_min, r->expected_ms, r->dense_ms, r->host_ms,
+            (unsigned long long)r->weight_bytes, (unsigned long long)r->cache_bytes, (unsigned long long)r->tokens_cached,
+            (unsigned long long)r->tokens_seen);
   }
   fprintf(f, "\n  ],\n  \"throughput\": [");
   for (size_t i = 0; i < st->n_tp; ++i) {
