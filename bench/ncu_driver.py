@@ -4,8 +4,9 @@
   decode:  prefill B sequences of L tokens, then `reps` decode steps of one layer
   prefill: `reps` prefills of one sequence of L tokens (CUMULATIVE or WINDOW)
 Random inputs as in bench_gpu.py; fp16 or bf16; head_dim 128. --trace prints, instead, the
-per-kernel GPU time of the reps (torch.profiler / CUPTI; the first rep is a warm-up) and the
-host wall time per rep: where a prefill's time goes besides the two attention kernels.
+per-kernel GPU time of the reps (torch.profiler / CUPTI; the first rep is a warm-up), the
+host wall time per rep and when each rep's calls returned to the host: where a prefill's
+time goes besides the two attention kernels.
 """
 import time
 import argparse
@@ -56,14 +57,16 @@ def main():
         torch.cuda.synchronize()
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            walls = []
+            walls, returns = [], []
             for _ in range(reps):
                 t0 = time.perf_counter()
                 prefill()
+                returns.append((time.perf_counter() - t0) * 1e3)
                 torch.cuda.synchronize()
                 walls.append((time.perf_counter() - t0) * 1e3)
         print(f"prefill L={a.L} H={a.H} Hkv={a.Hkv} {a.dtype} {a.mode}: wall ms per rep",
-              " ".join(f"{w:.2f}" for w in walls))
+              " ".join(f"{w:.2f}" for w in walls), "; the calls returned after",
+              " ".join(f"{w:.2f}" for w in returns))
         try:
             table = prof.key_averages().table(sort_by="device_time_total", row_limit=15,
                                               max_name_column_width=60)
