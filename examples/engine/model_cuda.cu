@@ -577,15 +577,7 @@ static bool record_step(cuda_backend *c, uint32_t n, const uint32_t *seq_ids, in
 /* Captures one step into a graph, makes executable graph `slot` run it (updated in place
    when the shape allows, else instantiated), and launches it. The caller made sure the
    previous launch of that slot has finished. */
-static bool launch_step_timed(cuda_backend *c, int slot, uint32_t n, const uint32_t *seq_ids, int32_t *history);
-static bool launch_step(cuda_backend *c, int slot, uint32_t n, const uint32_t *seq_ids, int32_t *history) {
-  const double t0 = now_seconds();
-  const bool ok = launch_step_timed(c, slot, n, seq_ids, history);
-  c->base.step_host_seconds += now_seconds() - t0;
-  return ok;
-}
-
-static bool launch_step_timed(cuda_backend *c, int slot, uint32_t n, const uint32_t *seq_ids, int32_t *history) {
+static bool capture_and_launch_step(cuda_backend *c, int slot, uint32_t n, const uint32_t *seq_ids, int32_t *history) {
   if (c->base.opt.no_graphs) { /* the same kernels, launched one by one */
     if (!record_step(c, n, seq_ids, history)) return false;
     CUDA_TRY(cudaEventRecord(c->exec_done[slot], c->stream));
@@ -622,6 +614,14 @@ static bool launch_step_timed(cuda_backend *c, int slot, uint32_t n, const uint3
   CUDA_TRY(cudaEventRecord(c->exec_done[slot], c->stream));
   c->exec_launched[slot] = true;
   return true;
+}
+
+/* capture_and_launch_step, its host time added to step_host_seconds. */
+static bool launch_step(cuda_backend *c, int slot, uint32_t n, const uint32_t *seq_ids, int32_t *history) {
+  const double t0 = now_seconds();
+  const bool ok = capture_and_launch_step(c, slot, n, seq_ids, history);
+  c->base.step_host_seconds += now_seconds() - t0;
+  return ok;
 }
 
 static bool wait_slot(cuda_backend *c, int slot) {
