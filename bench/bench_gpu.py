@@ -39,14 +39,22 @@ from results import git_commit, write_json  # noqa: E402
 DEV = torch.device("cuda")
 
 
+# --queued: each sample starts behind a GPU sleep of this many cycles (~5 ms), so the host
+# queues the timed calls while the GPU is busy, as in an engine, and their host time overlaps.
+QUEUED_SLEEP_CYCLES = 0
+
+
 def median_ms(fn, calls_per_sample=10, samples=15, warmup=3):
-    """Median per-call time in ms: events around `calls_per_sample` calls, `samples` times."""
+    """Median per-call time in ms: events around `calls_per_sample` calls, `samples` times
+    (behind a GPU sleep when QUEUED_SLEEP_CYCLES is set)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(samples):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if QUEUED_SLEEP_CYCLES:
+            torch.cuda._sleep(QUEUED_SLEEP_CYCLES)
         start.record()
         for _ in range(calls_per_sample):
             fn()
@@ -252,13 +260,20 @@ def main():
                          "(minikv_prefill_chunk) against one call")
     ap.add_argument("--head-dims", default="128",
                     help="comma-separated head_dim values (64, 80, 96, 128, 256)")
+    ap.add_argument("--queued", action="store_true",
+                    help="start each timed sample behind ~5 ms of GPU work, so that the host's "
+                         "part of every call (libminikv's and the baselines') overlaps it as "
+                         "in an engine; without it a sample starts on an idle GPU")
     args = ap.parse_args()
+    global QUEUED_SLEEP_CYCLES
+    if args.queued:
+        QUEUED_SLEEP_CYCLES = 10_000_000  # ~5 ms at the H200's ~2 GHz
     head_dims = [int(d) for d in args.head_dims.split(",")]
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [4096, 32768] if args.quick else [4096, 32768, 131072])
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name(), commit=git_commit() or "?",
-                torch=torch.__version__, library=minikv.library_version())
+                torch=torch.__version__, library=minikv.library_version(), queued=args.queued)
     copy_gbs = copy_bandwidth()
     meta["copy_GBps"] = copy_gbs
     print(f"{meta['device']}  commit {meta['commit']}  copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
