@@ -419,7 +419,7 @@ def check_batching(args, tokenizer, tolerances) -> bool:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", help="the minikv-engine binary (required but with --write-synthetic)")
+    p.add_argument("--engine", help="the minikv-engine binary (required unless --write-synthetic)")
     p.add_argument("--model", default=default_model_path(), help="SmolLM2 GGUF (fetch-model.sh)")
     p.add_argument("--backend", default="cpu", help="the engine's --backend (cpu)")
     p.add_argument("--prompt-tokens", type=int, default=512)
