@@ -655,16 +655,21 @@ class Harness {
 
     std::vector<bool> touched(pairs_.size(), false);
     std::vector<uint32_t> finished;
+    // First chunks take their staging runs while the rows of prompts this call finishes are
+    // still held: the library frees those only after the call's work is done.
+    for (uint32_t i = 0; i < n; ++i) {
+      Pair &p = pair(ids[i], layer);
+      const uint32_t whole = prompt_lens[i];
+      if (p.pending_len > 0 || uint32_t(lens[i]) == whole) continue;  // not a first chunk
+      p.pending_len = whole;
+      p.staging_begin = staging_find(layer, whole);
+      staging_mark(layer, p.staging_begin, whole, true);
+      p.reserved = (quantized_of(plans[i]) + R_ - 1) / R_;
+    }
     for (uint32_t i = 0; i < n; ++i) {
       Pair &p = pair(ids[i], layer);
       const uint32_t len = static_cast<uint32_t>(lens[i]), whole = prompt_lens[i];
       touched[pair_index(ids[i], layer)] = true;
-      if (p.pending_len == 0 && len < whole) {  // the first of several chunks
-        p.pending_len = whole;
-        p.staging_begin = staging_find(layer, whole);
-        staging_mark(layer, p.staging_begin, whole, true);
-        p.reserved = (quantized_of(plans[i]) + R_ - 1) / R_;
-      }
       p.received += len;
       if (p.received < whole) continue;
       drop_pending(ids[i], layer);
