@@ -16,7 +16,7 @@ Bytes per decode = the layer's compressed cache (used_bytes / layers) + q + out.
 cell: times, GB/s, the fraction of copy bandwidth, and `of_cudnn_rate` = libminikv's bytes/s
 over cuDNN's bytes/s on its full cache (the issue's target is >= 0.85).
 
-  python3 bench/bench_decode_matrix.py --out bench/results/x.json [--quick] [--dtype f16]
+  python3 bench/bench_decode_matrix.py --out bench/results/x.json [--quick] [--queued] [--dtype f16]
       [--storage 0,2] [--shapes 1,2] [--kernels auto,generic] [--head-dims 64,128,256]
 
 --kernels measures each cell once per decode kernel: `auto` is the plan the library picks,
@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "bindings", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
 sys.path.insert(0, HERE)
 import minikv  # noqa: E402
+import bench_gpu  # noqa: E402
 from bench_gpu import copy_bandwidth, median_ms, sdpa  # noqa: E402
 from results import git_commit, write_json  # noqa: E402
 
@@ -171,10 +172,18 @@ def main():
     ap.add_argument("--head-dims", default="",
                     help="comma-separated head_dim values (64, 80, 96, 128, 256): every shape "
                          "runs at each of them instead of its own")
+    ap.add_argument("--queued", action="store_true",
+                    help="start each timed sample behind ~5 ms of GPU work, so that the host's "
+                         "part of every call (libminikv's and the baselines') overlaps it as in "
+                         "an engine; without it a sample starts on an idle GPU, and a call whose "
+                         "host part outlasts its GPU work (B = 1) is timed at the host's pace")
     args = ap.parse_args()
+    if args.queued:
+        bench_gpu.QUEUED_SLEEP_CYCLES = 10_000_000  # ~5 ms at the H200's ~2 GHz
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name(), commit=git_commit() or "?",
-                torch=torch.__version__, library=minikv.library_version(), layers=LAYERS)
+                torch=torch.__version__, library=minikv.library_version(), layers=LAYERS,
+                queued=args.queued)
     copy_gbs = copy_bandwidth()
     meta["copy_GBps"] = copy_gbs
     print(f"{meta['device']}  commit {meta['commit']}  copy {copy_gbs:.0f} GB/s", flush=True)

@@ -3,10 +3,12 @@
 
   decode:  prefill B sequences of L tokens, then `reps` decode steps of one layer
   prefill: `reps` prefills of one sequence of L tokens (CUMULATIVE or WINDOW)
-Random inputs as in bench_gpu.py; fp16 or bf16; head_dim 128. --trace prints, instead, the
-per-kernel GPU time of the reps (torch.profiler / CUPTI; the first rep is a warm-up), the
-host wall time per rep and when each rep's calls returned to the host: where a prefill's
-time goes besides the two attention kernels.
+Random inputs as in bench_gpu.py; fp16 or bf16; head_dim 128; the storage of --preset
+(the paper's by default), or of --key-bits/--value-bits/--group where given. --trace prints,
+instead, the per-kernel GPU time of the reps (torch.profiler / CUPTI; one rep before is a
+warm-up), the host wall time per rep and when each rep's calls returned to the host: where
+a prefill's time goes besides the two attention kernels, or a decode's between its decode
+kernel and the split merge.
 """
 import time
 import argparse
@@ -30,43 +32,52 @@ def main():
     ap.add_argument("--mode", default="cumulative")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--trace", action="store_true")
-    ap.add_argument("--key-bits", type=int, default=2)
-    ap.add_argument("--value-bits", type=int, default=2)
-    ap.add_argument("--group", type=int, default=16)
+    ap.add_argument("--preset", default="paper", help="minikv preset: paper, balanced, ...")
+    ap.add_argument("--key-bits", type=int)
+    ap.add_argument("--value-bits", type=int)
+    ap.add_argument("--group", type=int)
     a = ap.parse_args()
+    storage = {name: value for name, value in (("key_bits", a.key_bits),
+                                               ("value_bits", a.value_bits),
+                                               ("group_size", a.group)) if value is not None}
     tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     B = 1 if a.what == "prefill" else a.B
     D, dev = 128, torch.device("cuda")
     cache = minikv.Cache(minikv.Config.from_preset(
-        "paper", backend="cuda", dtype=a.dtype, num_layers=1, num_heads=a.H, num_kv_heads=a.Hkv,
-        head_dim=D, max_sequences=B, max_seq_len=a.L + 16, score_mode=a.mode,
-        key_bits=a.key_bits, value_bits=a.value_bits, group_size=a.group))
+        a.preset, backend="cuda", dtype=a.dtype, num_layers=1, num_heads=a.H, num_kv_heads=a.Hkv,
+        head_dim=D, max_sequences=B, max_seq_len=a.L + 16, score_mode=a.mode, **storage))
     ids, cu = list(range(B)), [i * a.L for i in range(B + 1)]
     q = torch.randn((B * a.L, a.H, D), device=dev, dtype=tdtype)
     k = torch.randn((B * a.L, a.Hkv, D), device=dev, dtype=tdtype)
     v = torch.randn((B * a.L, a.Hkv, D), device=dev, dtype=tdtype)
-    reps = a.reps if a.what == "prefill" else 1
 
     def prefill():
         cache.prefill(0, ids, cu, q, k, v)
         if a.what == "prefill":
             for i in ids:
                 cache.release(i)
-    if a.trace and a.what == "prefill":
-        prefill()  # warm-up
+    if a.what == "decode":
+        prefill()
+        cache.append(0, ids, torch.randn((B, a.Hkv, D), device=dev, dtype=tdtype),
+                     torch.randn((B, a.Hkv, D), device=dev, dtype=tdtype))
+        qd = torch.randn((B, a.H, D), device=dev, dtype=tdtype)
+    step = prefill if a.what == "prefill" else lambda: cache.decode(0, ids, qd)
+    if a.trace:
+        step()  # warm-up
         torch.cuda.synchronize()
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             walls, returns = [], []
-            for _ in range(reps):
+            for _ in range(a.reps):
                 t0 = time.perf_counter()
-                prefill()
+                step()
                 returns.append((time.perf_counter() - t0) * 1e3)
                 torch.cuda.synchronize()
                 walls.append((time.perf_counter() - t0) * 1e3)
-        print(f"prefill L={a.L} H={a.H} Hkv={a.Hkv} {a.dtype} {a.mode}: wall ms per rep",
-              " ".join(f"{w:.2f}" for w in walls), "; the calls returned after",
-              " ".join(f"{w:.2f}" for w in returns))
+        what = a.mode if a.what == "prefill" else f"B={B} {a.preset} {storage or ''}"
+        print(f"{a.what} L={a.L} H={a.H} Hkv={a.Hkv} {a.dtype} {what}: wall ms per rep",
+              " ".join(f"{w:.3f}" for w in walls), "; the calls returned after",
+              " ".join(f"{w:.3f}" for w in returns))
         try:
             table = prof.key_averages().table(sort_by="device_time_total", row_limit=15,
                                               max_name_column_width=60)
@@ -76,14 +87,8 @@ def main():
         print(table)
         cache.close()
         return
-    for _ in range(reps):
-        prefill()
-    if a.what == "decode":
-        cache.append(0, ids, torch.randn((B, a.Hkv, D), device=dev, dtype=tdtype),
-                     torch.randn((B, a.Hkv, D), device=dev, dtype=tdtype))
-        qd = torch.randn((B, a.H, D), device=dev, dtype=tdtype)
-        for _ in range(a.reps):
-            cache.decode(0, ids, qd)
+    for _ in range(a.reps):
+        step()
     torch.cuda.synchronize()
     cache.close()
 

@@ -1,6 +1,6 @@
 // The combine of split-K decode partials: each split wrote (max, sum) in log2 units and its
 // unnormalized output per query head; out = Σ_s 2^(m_s - m) o_s / Σ_s 2^(m_s - m) l_s.
-// Used by both decode strategies (decode_fast.cu, decode_generic.cu).
+// Launched after every decode kernel whose split partials are not merged inside it.
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
@@ -9,23 +9,30 @@ namespace minikv {
 namespace kernels {
 namespace {
 
-// Threads of a merge CTA: one per channel, in whole warps (head_dim 80: 96 threads).
-template <int D> constexpr int kMergeThreads = (D + 31) / 32 * 32;
+// A merge CTA: four channels per thread (one float4 of a partial) times kMergeGroups<D>
+// groups of splits, so a thread keeps ~splits / groups independent loads in flight instead
+// of walking every split (B = 1 under GQA merges 128 splits per head).
+template <int D> constexpr int kMergeQuads = D / 4;
+template <int D> constexpr int kMergeGroups = D > 128 ? 4 : 8;
+template <int D> constexpr int kMergeThreads = kMergeQuads<D> * kMergeGroups<D>;
 
 /// \tparam T dtype of out
-/// \tparam D head_dim
-/// Weights of all splits first (in parallel, into shared memory), then one thread per
-/// channel sums the splits with independent loads in flight.
+/// \tparam D head_dim (a multiple of 4)
+/// The splits' weights first (in parallel, into shared memory), then thread (quad, group)
+/// sums the splits s ≡ group (mod groups) of its four channels, and the groups' sums are
+/// added in group order: deterministic, independent of timing.
 template <typename T, int D>
 __global__ void __launch_bounds__(kMergeThreads<D>)
     decode_merge_kernel(const __grid_constant__ DecodeParams p) {
-  constexpr int kThreads = kMergeThreads<D>, kWarps = kThreads / 32;
+  constexpr int kThreads = kMergeThreads<D>, kWarps = (kThreads + 31) / 32;
+  constexpr int kQuads = kMergeQuads<D>, kGroups = kMergeGroups<D>;
   __shared__ float w_s[kDecodeMaxSplits];
   __shared__ float red_s[2][kWarps];
-  const uint32_t seq = blockIdx.x, h = blockIdx.y, c = threadIdx.x, warp = c / 32, lane = c % 32;
+  __shared__ float4 sum_s[kGroups][kQuads];
+  const uint32_t seq = blockIdx.x, h = blockIdx.y, t = threadIdx.x, warp = t / 32, lane = t % 32;
   const uint64_t part0 = (uint64_t(seq) * p.num_heads + h) * p.splits;
   float m = -INFINITY;
-  for (uint32_t s = c; s < p.splits; s += kThreads) m = fmaxf(m, p.part_ml[(part0 + s) * 2]);
+  for (uint32_t s = t; s < p.splits; s += kThreads) m = fmaxf(m, p.part_ml[(part0 + s) * 2]);
   m = warp_max(m);
   if (lane == 0) red_s[0][warp] = m;
   __syncthreads();
@@ -33,7 +40,7 @@ __global__ void __launch_bounds__(kMergeThreads<D>)
 #pragma unroll
   for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red_s[0][w]);
   float l = 0.0f;
-  for (uint32_t s = c; s < p.splits; s += kThreads) {
+  for (uint32_t s = t; s < p.splits; s += kThreads) {
     const float ms = p.part_ml[(part0 + s) * 2];
     const float w = ms == -INFINITY ? 0.0f : exp2f(ms - m);  // empty split: weight 0
     w_s[s] = w;
@@ -42,14 +49,28 @@ __global__ void __launch_bounds__(kMergeThreads<D>)
   l = warp_sum(l);
   if (lane == 0) red_s[1][warp] = l;
   __syncthreads();
+  const uint32_t quad = t % kQuads, group = t / kQuads;
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+  for (uint32_t s = group; s < p.splits; s += kGroups) {
+    const float w = w_s[s];
+    const float4 v = reinterpret_cast<const float4 *>(p.part_o + (part0 + s) * D)[quad];
+    o.x = fmaf(w, v.x, o.x);
+    o.y = fmaf(w, v.y, o.y);
+    o.z = fmaf(w, v.z, o.z);
+    o.w = fmaf(w, v.w, o.w);
+  }
+  sum_s[group][quad] = o;
+  __syncthreads();
+  if (t >= uint32_t(D)) return;
   l = 0.0f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) l += red_s[1][w];
-  if (c >= uint32_t(D)) return;  // the last warp's spare lanes (D not a multiple of 32)
-  float o = 0.0f;
-#pragma unroll 8
-  for (uint32_t s = 0; s < p.splits; ++s) o = fmaf(w_s[s], p.part_o[(part0 + s) * D + c], o);
-  static_cast<T *>(p.out)[(uint64_t(seq) * p.num_heads + h) * D + c] = output_value<T>(o / l);
+  const float *sums = reinterpret_cast<const float *>(&sum_s[0][0]);
+  float out = 0.0f;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) out += sums[g * D + t];
+  static_cast<T *>(p.out)[(uint64_t(seq) * p.num_heads + h) * D + t] = output_value<T>(out / l);
 }
 
 }  // namespace
