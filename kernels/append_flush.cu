@@ -18,7 +18,7 @@ constexpr int kMaxHeadDim = 256;
 /// \tparam T dtype of k/v and of the residual (__half or __nv_bfloat16)
 template <typename T>
 __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_constant__ AppendParams p) {
-  __shared__ float s_scale[kMaxHeadDim], s_min[kMaxHeadDim];
+  __shared__ __align__(16) float s_scale[kMaxHeadDim], s_min[kMaxHeadDim];
   const uint32_t i = blockIdx.x, head = blockIdx.y;
   const AppendItemParams &it = p.items[i];
   const BlockLayout &bl = p.st.block;

@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
 /// \tparam T dtype of k/v and of 16-bit storage (__half or __nv_bfloat16)
 template <typename T>
 __global__ void __launch_bounds__(kStoreThreads) store_kept_kernel(const __grid_constant__ StoreParams p) {
-  __shared__ float s_scale[kMaxHeadDim], s_min[kMaxHeadDim];
+  __shared__ __align__(16) float s_scale[kMaxHeadDim], s_min[kMaxHeadDim];
   const uint32_t task = blockIdx.x, head = blockIdx.y, seq = blockIdx.z;
   const BlockLayout &bl = p.st.block;
   const uint32_t G = bl.group, D = bl.head_dim, R = bl.tokens, Hkv = bl.kv_heads;
