@@ -440,9 +440,10 @@ MINIKV_API minikv_status minikv_prefill(minikv_cache *cache, uint32_t layer, uin
  *  by cfg.prefill_staging_tokens, from its first chunk to its last. The first chunk reserves
  *  prompt_lens[s] contiguous staging rows of the layer and every pool block the finished
  *  prompt will keep, so later chunks of the prompt cannot run out of either. The last chunk
- *  (or minikv_sequence_release) frees the staging rows. A staging area split by prompts
- *  still in flight may refuse a prompt that fits its free total (no contiguous run): size
- *  it with room to spare.
+ *  (or minikv_sequence_release) frees the staging rows when the call's work is done, so a
+ *  prompt whose first chunk is in the same call cannot take them. A staging area split by
+ *  prompts still in flight may refuse a prompt that fits its free total (no contiguous
+ *  run): size it with room to spare.
  *
  *  States. Between its first and last chunk a (sequence, layer) is mid-prompt:
  *  minikv_append, minikv_decode and minikv_kept_positions on it fail with
