@@ -32,11 +32,14 @@ def main():
     ap.add_argument("--mode", default="cumulative")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--trace", action="store_true")
+    ap.add_argument("--json", help="with --trace: write the per-kernel times here")
     ap.add_argument("--preset", default="paper", help="minikv preset: paper, balanced, ...")
     ap.add_argument("--key-bits", type=int)
     ap.add_argument("--value-bits", type=int)
     ap.add_argument("--group", type=int)
     a = ap.parse_args()
+    if a.json and not a.trace:
+        ap.error("--json needs --trace")
     storage = {name: value for name, value in (("key_bits", a.key_bits),
                                                ("value_bits", a.value_bits),
                                                ("group_size", a.group)) if value is not None}
@@ -85,6 +88,20 @@ def main():
             table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15,
                                               max_name_column_width=60)
         print(table)
+        if a.json:
+            kernels = {}
+            for e in prof.key_averages():
+                if e.device_type != torch.autograd.DeviceType.CUDA:
+                    continue
+                total = getattr(e, "device_time_total", None)
+                if total is None:  # older torch
+                    total = e.cuda_time_total
+                kernels[e.key] = {"launches_per_rep": e.count / a.reps, "us_per_rep": total / a.reps}
+            record = {"what": a.what, "L": a.L, "H": a.H, "Hkv": a.Hkv, "B": B, "dtype": a.dtype,
+                      "mode": a.mode, "preset": a.preset, "storage": storage, "reps": a.reps,
+                      "wall_ms": walls, "returned_ms": returns, "kernels": kernels}
+            with open(a.json, "w") as f:
+                json.dump(record, f, indent=1)
         cache.close()
         return
     for _ in range(a.reps):
