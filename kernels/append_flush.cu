@@ -13,12 +13,10 @@ namespace kernels {
 namespace {
 
 constexpr int kAppendThreads = 128;
-constexpr int kMaxHeadDim = 256;
 
 /// \tparam T dtype of k/v and of the residual (__half or __nv_bfloat16)
 template <typename T>
 __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_constant__ AppendParams p) {
-  __shared__ __align__(16) float s_scale[kMaxHeadDim], s_min[kMaxHeadDim];
   const uint32_t i = blockIdx.x, head = blockIdx.y;
   const AppendItemParams &it = p.items[i];
   const BlockLayout &bl = p.st.block;
@@ -53,7 +51,7 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
     store_group<T>(
         bl, block, head, t0 % R, [&](uint32_t t) -> const T * { return k_res + uint64_t(g0 + t) * D; },
         [&](uint32_t t) -> const T * { return v_res + uint64_t(g0 + t) * D; },
-        [&](uint32_t t) { return pos[g0 + t]; }, s_scale, s_min);
+        [&](uint32_t t) { return pos[g0 + t]; });
   }
 }
 

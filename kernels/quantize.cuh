@@ -157,15 +157,15 @@ __device__ __forceinline__ void value_codes(const BlockLayout &bl, uint8_t *bloc
 // CTA-cooperative (every thread of the block must call it; it ends with __syncthreads()).
 // Rows come from functors: krow(t), vrow(t) give a 16-byte aligned `const T *` to head_dim
 // elements of token t of the group, pos(t) its position; each is called once per token (the
-// row addresses wait in shared memory). s_scale / s_min: shared scratch [head_dim], 16-byte
-// aligned. Codes as pack_word makes them: the same as quantize_code's, mostly without a
-// division.
+// row addresses wait in shared memory). Codes as pack_word makes them: the same as
+// quantize_code's, mostly without a division.
 template <typename T, typename KRow, typename VRow, typename Pos>
 __device__ void store_group(const BlockLayout &bl, uint8_t *block, uint32_t head, uint32_t row0,
-                            KRow krow, VRow vrow, Pos pos, float *s_scale, float *s_min) {
+                            KRow krow, VRow vrow, Pos pos) {
   using Tr = DType<T>;
   __shared__ const T *k_rows[kStoreMaxGroup], *v_rows[kStoreMaxGroup];
-  __shared__ __align__(16) float s_recip[kStoreMaxHeadDim];
+  // Each channel's key scale, minimum and scale reciprocal (16-byte loads in key_codes).
+  __shared__ __align__(16) float s_scale[kStoreMaxHeadDim], s_min[kStoreMaxHeadDim], s_recip[kStoreMaxHeadDim];
   const uint32_t G = bl.group, D = bl.head_dim, kb = bl.key_bits, vb = bl.value_bits;
   const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
 

@@ -25,7 +25,6 @@ namespace {
 
 constexpr int kSelectThreads = 512;
 constexpr int kStoreThreads = 128;
-constexpr int kMaxHeadDim = 256;
 
 // Larger key = better: order-preserving map of the float, NaN as -inf, -0 as +0.
 __device__ __forceinline__ uint32_t order_key(float s) {
@@ -164,7 +163,6 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
 /// \tparam T dtype of k/v and of 16-bit storage (__half or __nv_bfloat16)
 template <typename T>
 __global__ void __launch_bounds__(kStoreThreads) store_kept_kernel(const __grid_constant__ StoreParams p) {
-  __shared__ __align__(16) float s_scale[kMaxHeadDim], s_min[kMaxHeadDim];
   const uint32_t task = blockIdx.x, head = blockIdx.y, seq = blockIdx.z;
   const BlockLayout &bl = p.st.block;
   const uint32_t G = bl.group, D = bl.head_dim, R = bl.tokens, Hkv = bl.kv_heads;
@@ -182,8 +180,7 @@ __global__ void __launch_bounds__(kStoreThreads) store_kept_kernel(const __grid_
     const int32_t *group = kept + sinks + t0;
     store_group<T>(
         bl, block, head, t0 % R, [&](uint32_t t) { return src_row(k, sinks + t0 + t); },
-        [&](uint32_t t) { return src_row(v, sinks + t0 + t); }, [&](uint32_t t) { return group[t]; },
-        s_scale, s_min);
+        [&](uint32_t t) { return src_row(v, sinks + t0 + t); }, [&](uint32_t t) { return group[t]; });
   } else if (task == quantized / G && n_keep > quantized) {
     const ResidualLayout &rl = p.st.res;
     uint8_t *slot = p.st.residual + uint64_t(p.slot[seq]) * rl.bytes;
