@@ -120,6 +120,9 @@ void run(const Shape &s, cudaStream_t stream) {
       DevBuf v = device_tensor(cfg.dtype, b * kv_row, rng, 1.0f);
       DevBuf out_fused(b * q_row * 2), out_split(b * q_row * 2);
       CUDA_OK(cudaMemset(out_fused.get(), 0xff, b * q_row * 2));  // NaN poison
+      // The uploads and the poison ran on the legacy stream, which a non-blocking `stream`
+      // does not wait for (cudaMemset and pageable uploads return before they land).
+      CUDA_OK(cudaDeviceSynchronize());
       MKV_OK(minikv_append_decode(fused.get(), layer, b, batch.data(), q.get(), k.get(), v.get(),
                                   out_fused.get(), stream));
       MKV_OK(minikv_append(split.get(), layer, b, batch.data(), k.get(), v.get(), stream));
@@ -235,6 +238,7 @@ TEST_CASE("CUDA graph capture of append_decode replays the uncaptured calls") {
     DevBuf v = device_tensor(cfg.dtype, 2 * kv_row, rng, 1.0f);
     DevBuf og(2 * q_row * 2), op(2 * q_row * 2), os(2 * q_row * 2);
     CUDA_OK(cudaMemset(og.get(), 0xff, 2 * q_row * 2));
+    CUDA_OK(cudaDeviceSynchronize());  // inputs and poison in place before the non-blocking stream
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));

@@ -212,6 +212,7 @@ TEST_CASE("CUDA graph capture of append + decode replays the uncaptured step") {
     kd.upload(kt.bits);
     vd.upload(vt.bits);
     qd.upload(qt.bits);
+    CUDA_OK(cudaDeviceSynchronize());  // the uploads (legacy stream) landed before `stream` reads them
     uint64_t cached1 = 0;
     MKV_OK(minikv_sequence_length(a, 1, 0, nullptr, &cached1));
     const bool flushes = (cached1 - 32) % 32 == 31;  // the residual reaches R with this token
@@ -220,6 +221,7 @@ TEST_CASE("CUDA graph capture of append + decode replays the uncaptured step") {
     MKV_OK(minikv_decode(b, 0, 2, ids.data(), qd.get(), ob.get(), stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     CUDA_OK(cudaMemset(oa.get(), 0xff, 2 * H * D * 2));
+    CUDA_OK(cudaDeviceSynchronize());  // the poison lands before the non-blocking stream writes
     if (step % 3 == 0 || flushes) {
       // a: the same step captured into a graph, then launched.
       cudaGraph_t graph;
