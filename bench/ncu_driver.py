@@ -12,6 +12,7 @@ kernel and the split merge.
 """
 import time
 import argparse
+import json
 import os
 import sys
 
