@@ -206,26 +206,43 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   const uint32_t kgl = qi / NH;  // the key group of a B operand whose logits the lane keeps
   const DecodeCta cta(p);
   const uint32_t split = cta.split, seq = cta.seq, kvh = cta.kvh, h0 = cta.h0, nh = cta.nh;
+  const uint32_t bar0 = smem_s + L::kMbar;
+
+  // The first tiles' copies go out before the query work below, so that their memory
+  // latency overlaps it (at batch 1 a CTA often walks a single tile).
+  if (lane == 0) {
+    for (uint32_t s = 0; s < kWarpStages; ++s) bulk::mbar_init(bar0 + 8 * s, 1);
+    bulk::fence_mbar_init();
+  }
+  __syncwarp();
+  const SequenceTiles<K4V2Tiles> tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], a.tiles);
+  const SplitTiles range(tiles.total, p.splits, split);
+  const uint32_t t_begin = range.begin, t_end = range.end;
+  const SequenceSlot sslot(p, seq);
+  const int32_t *table = sslot.table;
+  const uint8_t *res_slot = sslot.residual;
+  const HeadRegions regions(p.st.block, kvh);
+  for (uint32_t s = 0; s < kWarpStages; ++s)
+    if (t_begin + s < t_end) {
+      const TileRef tr = tiles.tile(t_begin + s, a.tiles);
+      k4v2_warp_stage<D, NH>(a, tr, k4v2_block_of(a, tr, table), res_slot, kvh, regions,
+                             smem_s + s * L::kStageBytes, bar0 + 8 * s, lane);
+    }
 
   T *qn = reinterpret_cast<T *>(smem + L::kQn);
   uint32_t *q2s = reinterpret_cast<uint32_t *>(smem + L::kQ2);
-  const uint32_t bar0 = smem_s + L::kMbar;
   // q[h][c] of the CTA's slot h as fp32.
   auto q_at = [&](uint32_t h, uint32_t c) {
     return elem_to_float<T>(reinterpret_cast<const uint16_t *>(qn)[h * D + c], 0);
   };
 
   // The CTA's queries (zeros past its heads) as the dtype: the bias mma's B, and the 16-bit
-  // rows' q after conversion; the stages' barriers.
+  // rows' q after conversion.
   for (uint32_t x = lane; x < NH * D / 8; x += 32) {
     const uint32_t h = x / (D / 8), c8 = x % (D / 8);
     uint4 v = make_uint4(0, 0, 0, 0);
     if (h < nh) v = reinterpret_cast<const uint4 *>(static_cast<const T *>(p.q) + (uint64_t(seq) * p.num_heads + h0 + h) * D)[c8];
     reinterpret_cast<uint4 *>(qn)[x] = v;
-  }
-  if (lane == 0) {
-    for (uint32_t s = 0; s < kWarpStages; ++s) bulk::mbar_init(bar0 + 8 * s, 1);
-    bulk::fence_mbar_init();
   }
   __syncwarp();
   // q' = q · 2^(kq − offset) per head in key-pair order, fp16 pairs: the offset is the pair's
@@ -253,13 +270,6 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   }
   __syncwarp();
 
-  const SequenceTiles<K4V2Tiles> tiles(p.sinks[seq], p.quantized[seq], p.residual[seq], a.tiles);
-  const SplitTiles range(tiles.total, p.splits, split);
-  const uint32_t t_begin = range.begin, t_end = range.end;
-  const SequenceSlot sslot(p, seq);
-  const int32_t *table = sslot.table;
-  const uint8_t *res_slot = sslot.residual;
-  const HeadRegions regions(p.st.block, kvh);
 
   // Quantized values, head slot hh: acc[span][j] is the C fragment of channels 64s + 8g + 2j
   // (row g) and + 1 (row g + 8), columns = the span's value groups, units 2^(off − 24 − Sv)
@@ -320,12 +330,6 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
     return base;
   };
 
-  for (uint32_t s = 0; s < kWarpStages; ++s)
-    if (t_begin + s < t_end) {
-      const TileRef tr = tiles.tile(t_begin + s, a.tiles);
-      k4v2_warp_stage<D, NH>(a, tr, k4v2_block_of(a, tr, table), res_slot, kvh, regions,
-                             smem_s + s * L::kStageBytes, bar0 + 8 * s, lane);
-    }
   const uint8_t *next_block =
       t_begin + kWarpStages < t_end ? k4v2_block_of(a, tiles.tile(t_begin + kWarpStages, a.tiles), table) : nullptr;
   uint32_t phases = 0, buf = 0;
