@@ -31,6 +31,7 @@ __global__ void __launch_bounds__(kMergeThreads<D>)
   __shared__ float4 sum_s[kGroups][kQuads];
   const uint32_t seq = blockIdx.x, h = blockIdx.y, t = threadIdx.x, warp = t / 32, lane = t % 32;
   const uint64_t part0 = (uint64_t(seq) * p.num_heads + h) * p.splits;
+  pdl_wait();  // launched early behind an sm_90 decode kernel: its partials are complete from here
   float m = -INFINITY;
   for (uint32_t s = t; s < p.splits; s += kThreads) m = fmaxf(m, p.part_ml[(part0 + s) * 2]);
   m = warp_max(m);
@@ -76,14 +77,22 @@ __global__ void __launch_bounds__(kMergeThreads<D>)
 }  // namespace
 
 void launch_decode_merge(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, bool programmatic) {
   if (p.splits > kDecodeMaxSplits)
     fail(MINIKV_ERR_INTERNAL, "minikv_decode: %u splits (at most %u)", p.splits, kDecodeMaxSplits);
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    decode_merge_kernel<T, D><<<dim3(p.n, p.num_heads), kMergeThreads<D>, 0, stream>>>(p);
-    check_launch_error("decode_merge_kernel");
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(p.n, p.num_heads);
+    config.blockDim = dim3(kMergeThreads<D>);
+    config.stream = stream;
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = programmatic ? 1 : 0;
+    MINIKV_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_merge_kernel<T, D>, p));
   });
 }
 

@@ -97,8 +97,12 @@ uint32_t configure_decode_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, u
 void launch_decode_k4v2_warp(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
                              cudaStream_t stream);
 // decode_merge.cu: out = the combine of p.splits partials per (sequence, query head).
+// programmatic: launched as a programmatic dependent of the decode kernel just launched on
+// `stream`, which must call pdl_launch_dependents (common.cuh) after its last tile and be an
+// sm_90 kernel: the merge's CTAs start behind the decode's last ones instead of after the
+// launch gap, and wait (pdl_wait) for its partials.
 void launch_decode_merge(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
-                         cudaStream_t stream);
+                         cudaStream_t stream, bool programmatic = false);
 
 // Tile sizes the host needs for grids and workspaces.
 constexpr uint32_t kPrefillQueryTile = 128;  // query rows per prefill attention CTA
