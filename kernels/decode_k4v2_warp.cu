@@ -674,7 +674,7 @@ void launch_decode_k4v2_warp(minikv_dtype dtype, const DecodeParams &p, const K4
     check_launch_error("decode_k4v2_warp_kernel");
   });
   if (p.splits > 1 && !k4v2_warp_fused_merge(p.splits, p.heads_per_cta, n_rep))
-    launch_decode_merge(dtype, p.st.block.head_dim, p, stream, /*programmatic=*/true);
+    launch_decode_merge(dtype, p.st.block.head_dim, p, stream, plan.programmatic_merge);
 }
 
 }  // namespace kernels
