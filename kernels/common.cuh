@@ -140,6 +140,22 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// ---- programmatic dependent launch (sm_90) ---------------------------------------------
+// A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start while
+// the kernel before it in the stream still runs, once every CTA of that kernel has called
+// pdl_launch_dependents (or exited); pdl_wait blocks until that kernel has completed and its
+// writes are visible. Without the attribute (or before sm_90) both do nothing.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // ---- small reductions -----------------------------------------------------------------
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll

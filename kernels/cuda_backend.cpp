@@ -188,7 +188,9 @@ class CudaBackend final : public Backend {
       case DecodeKernel::kK4V2Warp: {
         const bool four_warps = decode_kernel_ == DecodeKernel::kK4V2;
         heads_per_cta_ = four_warps ? k4v2_heads : decode_k4v2_warp_heads_per_cta(n_rep);
-        k4v2_plan_ = make_k4v2_launch_plan(spec.block);
+        int driver = 0;
+        MINIKV_CUDA_CHECK(cudaDriverGetVersion(&driver));
+        k4v2_plan_ = make_k4v2_launch_plan(spec.block, driver);
         decode_tile_ = k4v2_plan_.tiles.qtile;
         decode_slots_ = num_sms_ * (four_warps ? k4v2_ctas : k4v2_warp_ctas);
         break;

@@ -88,9 +88,13 @@ constexpr uint32_t k4v2_head_slots(uint32_t heads_per_cta) { return heads_per_ct
 struct K4V2LaunchPlan {
   K4V2Tiles tiles;
   FastDivU32 block_tokens;  // R
+  // The split merge after the one-warp kernel starts as its programmatic dependent: where the
+  // driver can also capture that edge into a CUDA graph (12.3 and later).
+  bool programmatic_merge;
 };
-inline K4V2LaunchPlan make_k4v2_launch_plan(const BlockLayout &bl) {
-  return {{generic_pow2_divisor(bl.tokens, kK4V2MaxTile), kK4V2RowTile}, FastDivU32::make(bl.tokens)};
+inline K4V2LaunchPlan make_k4v2_launch_plan(const BlockLayout &bl, int driver_version) {
+  return {{generic_pow2_divisor(bl.tokens, kK4V2MaxTile), kK4V2RowTile}, FastDivU32::make(bl.tokens),
+          driver_version >= 12030};
 }
 
 }  // namespace kernels

@@ -587,6 +587,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
     }
     buf = buf + 1 == kWarpStages ? 0 : buf + 1;
   }
+  pdl_launch_dependents();  // the merge may start once every CTA is past its tiles
 
   // The sums and Σ p · m_v of the lane's head over its lanes; the 16-bit rows' outputs
   // through shared memory (over the stage: no copy is in flight and every lane is done with
@@ -677,7 +678,7 @@ void launch_decode_k4v2_warp(minikv_dtype dtype, const DecodeParams &p, const K4
     check_launch_error("decode_k4v2_warp_kernel");
   });
   if (p.splits > 1 && !k4v2_warp_fused_merge(p.splits, p.heads_per_cta, n_rep))
-    launch_decode_merge(dtype, p.st.block.head_dim, p, stream);
+    launch_decode_merge(dtype, p.st.block.head_dim, p, stream, plan.programmatic_merge);
 }
 
 }  // namespace kernels

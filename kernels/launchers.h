@@ -83,7 +83,7 @@ bool decode_k4v2_path(const BlockLayout &bl, uint32_t n_rep);
 // Raises the kernel's shared-memory limit; returns resident CTAs per SM, or 0 where this
 // device cannot run it (no sm_90 image loaded).
 uint32_t configure_decode_k4v2(minikv_dtype dtype, const BlockLayout &bl, uint32_t heads_per_cta);
-// plan: make_k4v2_launch_plan(p.st.block), made once at create.
+// plan: make_k4v2_launch_plan(p.st.block, driver version), made once at create.
 struct K4V2LaunchPlan;
 void launch_decode_k4v2(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
                         cudaStream_t stream);
@@ -97,8 +97,13 @@ uint32_t configure_decode_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, u
 void launch_decode_k4v2_warp(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
                              cudaStream_t stream);
 // decode_merge.cu: out = the combine of p.splits partials per (sequence, query head).
+// programmatic: launched as a programmatic dependent of the decode kernel just launched on
+// `stream`, which must call pdl_launch_dependents (common.cuh) after its last tile and be an
+// sm_90 kernel: the merge's CTAs start behind the decode's last ones instead of after the
+// launch gap, and wait (pdl_wait) for its partials. Only where the driver (12.3+) can also
+// capture the edge into a graph (K4V2LaunchPlan::programmatic_merge).
 void launch_decode_merge(minikv_dtype dtype, uint32_t head_dim, const DecodeParams &p,
-                         cudaStream_t stream);
+                         cudaStream_t stream, bool programmatic = false);
 
 // Tile sizes the host needs for grids and workspaces.
 constexpr uint32_t kPrefillQueryTile = 128;  // query rows per prefill attention CTA
