@@ -110,6 +110,8 @@ class CudaBackend final : public Backend {
     configure_prefill_kernels(cfg_.dtype, cfg_.head_dim);
     prefill_wgmma_ = prefill_wgmma_usable(cfg_.dtype, cfg_.head_dim);
     prefill_scores_wgmma_ = prefill_scores_wgmma_usable(cfg_.dtype, cfg_.head_dim);
+    window_scores_ = cfg_.score_mode == MINIKV_SCORE_WINDOW &&
+                     prefill_window_scores_fit(cfg_.head_dim, cfg_.num_heads / cfg_.num_kv_heads, cfg_.window_size);
 
     const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
     pool_ = DeviceBuffer(spec.pool_bytes, "block pool");
@@ -598,7 +600,8 @@ class CudaBackend final : public Backend {
     if (prefill_wgmma_) launch_prefill_wgmma(cfg_.dtype, D, attn, s);
     else launch_prefill_attention(cfg_.dtype, D, attn, s);
     if (sc.seqs.n > 0) {
-      if (prefill_scores_wgmma_) launch_prefill_scores_wgmma(cfg_.dtype, D, sc, s);
+      if (window_scores_) launch_prefill_window_scores(cfg_.dtype, D, sc, num_sms_, s);
+      else if (prefill_scores_wgmma_) launch_prefill_scores_wgmma(cfg_.dtype, D, sc, s);
       else launch_prefill_scores(cfg_.dtype, D, sc, s);
     }
     if (sel.seqs.n == 0) return;
@@ -618,6 +621,7 @@ class CudaBackend final : public Backend {
   K4V2LaunchPlan k4v2_plan_{};  // the default storage kernels' (kK4V2, kK4V2Warp)
   bool prefill_wgmma_ = false;  // prefill_wgmma_usable(): the sm_90a forward on this device
   bool prefill_scores_wgmma_ = false;  // prefill_scores_wgmma_usable(): the sm_90a score pass
+  bool window_scores_ = false;  // WINDOW mode's own score pass (prefill_window_scores_fit)
   uint64_t decode_slots_ = 1;   // resident decode CTAs on the device
   uint32_t decode_tile_ = kDecodeFastTile;  // tokens per decode tile (generic: quantized tiles)
   uint64_t part_rows_ = 0;

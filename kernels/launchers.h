@@ -21,6 +21,13 @@ void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const Prefi
                               cudaStream_t stream);
 void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
                            cudaStream_t stream);
+// WINDOW mode's score pass (prefill_attention.cu prefill_window_scores_kernel, sm_80+): the
+// same sums as launch_prefill_scores where every row of p is a window row after every
+// scored key (row_begin >= col_end), streaming each KV head's keys once past its window rows
+// held in shared memory. For configurations where prefill_window_scores_fit.
+bool prefill_window_scores_fit(uint32_t head_dim, uint32_t n_rep, uint32_t window_size);
+void launch_prefill_window_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
+                                  uint32_t num_sms, cudaStream_t stream);
 // prefill_wgmma.cu: the same forward as launch_prefill_attention on Hopper warpgroup MMA.
 // Usable for head_dim 64 and 128 (WgmmaHeadDims) when the library carries an sm_90a image
 // and the current device loads it (and MINIKV_PREFILL_KERNEL is not "mma"); raises the

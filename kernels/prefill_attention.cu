@@ -13,12 +13,15 @@
 //   (tiles above it are never visited) and every query head of the GQA group; it adds
 //   exp2(s - LSE) — the exact normalized probabilities — into per-key sums held in
 //   registers. Each column is owned by one thread and summed in a fixed order:
-//   deterministic, no atomics, no L×L buffer. WINDOW mode is the same pass restricted to
-//   the last window_size query rows.
+//   deterministic, no atomics, no L×L buffer.
+// WINDOW mode's pass (prefill_window_scores_kernel): the window's rows against every scored
+//   key, a dense product with the rows held in shared memory and the keys streamed (below).
 // Chunked prefill (params.h PrefillKeys): a launch's rows of a sequence may be a chunk of
 //   its prompt, at prompt positions [q_pos, q_pos + len), over keys [0, q_pos + len) read
 //   from the prompt's staging rows; pass 2 then adds the chunk's part of each column to the
 //   sums of the earlier chunks (one owner thread per column: still no atomics).
+#include <algorithm>
+
 #include "dispatch.cuh"
 #include "prefill_common.cuh"
 #include "launchers.h"
@@ -495,6 +498,157 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
     }
 }
 
+// ---- WINDOW scores ---------------------------------------------------------------------
+// The window's rows (prompt positions >= row_begin) come after every scored key (col_end <=
+// row_begin), so no causal mask applies and every key column sums the same rows: a dense
+// (keys × window rows) product. One CTA = tiles_per_cta consecutive kWinKeys-key tiles of
+// one KV head: the window rows of all n_rep query heads ((head, row) pairs, at most rows_cap
+// of them per batch) wait in shared memory, loaded once per batch, while the key tiles stream
+// through two cp.async stages; warp w's 16 keys of a tile are the mma's M rows and the pairs
+// its N columns. A key's sum is added by one thread in a fixed order (batch, row chunk,
+// n-tile, query): deterministic, no atomics, no L×L buffer. The general score pass instead
+// gives each CTA one 128-key tile and streams the window's query tiles through it, so at 32K
+// it spends more on per-CTA setup than on its 4 MB of keys per head.
+constexpr int kWinKeys = 64;     // keys per streamed tile, 16 per warp
+constexpr int kWinThreads = 128;
+constexpr int kWinChunk = 64;    // pairs per row chunk: 8 n-tiles of accumulators
+template <int D> constexpr int win_rows_max() { return D > 128 ? 128 : 256; }  // pairs per batch
+// 128 registers (4 CTAs per SM where shared memory allows; ~20 B of spills of loop-invariant
+// addresses at head_dim 128) instead of 142 (3 CTAs).
+
+struct WindowScoreArgs {
+  PrefillScoreParams p;
+  uint32_t tiles_per_cta;  // kWinKeys-key tiles per CTA
+  uint32_t rows_cap;       // pairs per batch: a multiple of kWinChunk, <= win_rows_max<D>()
+};
+
+template <typename T, int D> __host__ __device__ constexpr size_t window_scores_smem(uint32_t rows_cap) {
+  return (size_t(rows_cap) + 2 * kWinKeys) * smem_stride<D>() * sizeof(T) + size_t(rows_cap) * sizeof(float);
+}
+
+/// \tparam T dtype of q/k (__half or __nv_bfloat16)
+/// \tparam D head_dim (64, 80, 96, 128, 256)
+template <typename T, int D>
+__global__ void __launch_bounds__(kWinThreads, 4) prefill_window_scores_kernel(const __grid_constant__ WindowScoreArgs a) {
+  const PrefillScoreParams &p = a.p;
+  constexpr int S = smem_stride<D>();
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  T *q_s = reinterpret_cast<T *>(smem_raw);  // [rows_cap][S]: the batch's (head, row) pairs
+  T *k_s = q_s + a.rows_cap * S;             // [2][kWinKeys][S]
+  float *lse_s = reinterpret_cast<float *>(k_s + 2 * kWinKeys * S);  // [rows_cap]
+
+  // The CTA's sequence and its tiles: each sequence has ceil(tiles / tiles_per_cta) CTAs.
+  uint32_t cta = blockIdx.x, seq = 0;
+  for (; seq + 1 < p.seqs.n; ++seq) {
+    const uint32_t tiles = (p.col_end[seq] + kWinKeys - 1) / kWinKeys;
+    const uint32_t ctas = (tiles + a.tiles_per_cta - 1) / a.tiles_per_cta;
+    if (cta < ctas) break;
+    cta -= ctas;
+  }
+  const int kvh = static_cast<int>(blockIdx.y);
+  const int n = static_cast<int>(p.seqs.len[seq]), qp = static_cast<int>(p.keys.q_pos[seq]);
+  const int col_end = static_cast<int>(p.col_end[seq]), col_done = static_cast<int>(p.col_done[seq]);
+  const int tiles = (col_end + kWinKeys - 1) / kWinKeys;
+  const int t_begin = static_cast<int>(cta * a.tiles_per_cta);
+  const int t_end = min(t_begin + static_cast<int>(a.tiles_per_cta), tiles);
+  if (t_begin >= t_end) return;
+  const int n_rep = static_cast<int>(p.num_heads / p.num_kv_heads);
+  const int row_first = max(static_cast<int>(p.row_begin[seq]) - qp, 0);  // the chunk's first window row
+  const int wrows = n - row_first;                                         // > 0 (chunk_scores)
+  const int pairs = n_rep * wrows;
+  const int64_t tb = p.seqs.token_begin[seq];
+  const uint32_t ws_off = p.seqs.ws_offset[seq];
+  const int64_t q_stride = int64_t(p.num_heads) * D, kv_stride = int64_t(p.num_kv_heads) * D;
+  const T *q = static_cast<const T *>(p.q);
+  const T *k = static_cast<const T *>(p.k) + p.keys.kv_begin[seq] * kv_stride + int64_t(kvh) * D;
+  float *scores = p.scores + int64_t(kvh) * p.scores_stride + p.score_offset[seq];
+  const float scale = p.scale_log2;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+
+  auto issue_keys = [&](int t, int stage) {
+    const int k0 = t * kWinKeys;
+    load_tile<T, D, kWinKeys, kWinThreads>(k_s + stage * kWinKeys * S, k + int64_t(k0) * kv_stride, kv_stride,
+                                           min(kWinKeys, col_end - k0));
+  };
+
+  for (int batch0 = 0; batch0 < pairs; batch0 += static_cast<int>(a.rows_cap)) {
+    const int rows = min(static_cast<int>(a.rows_cap), pairs - batch0);
+    // Pair i of the batch: query head kvh · n_rep + (batch0 + i) / wrows, chunk row
+    // row_first + (batch0 + i) % wrows; pairs beyond `rows` are zero-filled and masked.
+    for (int c = threadIdx.x; c < static_cast<int>(a.rows_cap) * kChunks; c += kWinThreads) {
+      const int i = c / kChunks, ch = (c % kChunks) * 8, pair = batch0 + i;
+      const bool ok = i < rows;
+      const int h = kvh * n_rep + pair / wrows, r = row_first + pair % wrows;
+      cp_async_16(q_s + i * S + ch, ok ? q + (tb + r) * q_stride + int64_t(h) * D + ch : q, ok);
+    }
+    for (int i = threadIdx.x; i < static_cast<int>(a.rows_cap); i += kWinThreads) {
+      const int pair = batch0 + i, h = kvh * n_rep + pair / wrows, r = row_first + pair % wrows;
+      lse_s[i] = i < rows ? p.lse[int64_t(h) * p.ws_tokens + ws_off + r] : 0.0f;
+    }
+    issue_keys(t_begin, 0);
+    cp_async_commit();
+
+    for (int t = t_begin; t < t_end; ++t) {
+      const int stage = (t - t_begin) & 1;
+      if (t + 1 < t_end) {  // stage ^ 1 was released by the barrier ending tile t - 1
+        issue_keys(t + 1, stage ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      const T *ks = k_s + stage * kWinKeys * S;
+      float cs[2] = {0.0f, 0.0f};  // keys g and g + 8 of the warp's 16, this thread's pairs
+      for (int rc = 0; rc < rows; rc += kWinChunk) {
+        float s[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          uint32_t af[4];
+          load_a_frag<T, D>(af, ks, warp * 16, kk, lane);
+#pragma unroll
+          for (int np = 0; np < 4; ++np) {
+            if (rc + np * 16 < rows) {  // warp-uniform: the chunk's pairs end at `rows`
+              uint32_t b[4];
+              load_b_frags<T, D>(b, q_s + rc * S, np, kk, lane);
+              mma_16816<T>(s[2 * np], af, b[0], b[1]);
+              mma_16816<T>(s[2 * np + 1], af, b[2], b[3]);
+            }
+          }
+        }
+        // s[nt][e]: key warp·16 + g + 8 (e / 2), pair rc + 8 nt + 2 tq + (e & 1).
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          if (rc + nt * 8 < rows) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int i = rc + nt * 8 + 2 * tq + (e & 1);
+              const float y = ex2(fmaf(s[nt][e], scale, -lse_s[i]));  // lse_s is 0 beyond `rows`
+              cs[e / 2] += i < rows ? y : 0.0f;
+            }
+          }
+        }
+      }
+      // Key totals: the 4 lanes of a quad hold the same keys. A column an earlier chunk of
+      // the prompt (below col_done) or an earlier batch summed gets this part added.
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float x = cs[r];
+        x += __shfl_xor_sync(0xffffffffu, x, 1);
+        x += __shfl_xor_sync(0xffffffffu, x, 2);
+        const int key = t * kWinKeys + warp * 16 + g + 8 * r;
+        if (tq == 0 && key < col_end) scores[key] = batch0 > 0 || key < col_done ? scores[key] + x : x;
+      }
+      __syncthreads();  // the stage is refilled by tile t + 1's issue of t + 2
+    }
+  }
+}
+
 template <typename T, int D> constexpr size_t attention_smem() {
   return size_t(kBM + 4 * PrefillTiling<D>::kBN) * smem_stride<D>() * sizeof(T);
 }
@@ -514,7 +668,14 @@ void configure_prefill_kernels(minikv_dtype dtype, uint32_t head_dim) {
     MINIKV_CUDA_CHECK(cudaFuncSetAttribute(prefill_scores_kernel<T, D>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(scores_smem<T, D>())));
+    MINIKV_CUDA_CHECK(cudaFuncSetAttribute(prefill_window_scores_kernel<T, D>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(window_scores_smem<T, D>(win_rows_max<D>()))));
   });
+}
+
+bool prefill_window_scores_fit(uint32_t head_dim, uint32_t n_rep, uint32_t window_size) {
+  return uint64_t(n_rep) * window_size <= 4u * (head_dim > 128 ? 128u : 256u);
 }
 
 void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
@@ -526,6 +687,42 @@ void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const Prefi
     prefill_attention_kernel<T, D>
         <<<grid, PrefillTiling<D>::kThreads, attention_smem<T, D>(), stream>>>(p);
     check_launch_error("prefill_attention_kernel");
+  });
+}
+
+void launch_prefill_window_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
+                                  uint32_t num_sms, cudaStream_t stream) {
+  dispatch_dtype_head_dim(dtype, head_dim, "minikv_prefill", [&](auto tag, auto hd) {
+    using T = decltype(tag);
+    constexpr int D = decltype(hd)::value;
+    static_assert(win_rows_max<D>() % kWinChunk == 0, "whole row chunks per batch");
+    const uint32_t n_rep = p.num_heads / p.num_kv_heads;
+    uint32_t most_rows = 0;  // window rows of the launch's largest window part
+    uint64_t tiles = 0;
+    for (uint32_t s = 0; s < p.seqs.n; ++s) {
+      const uint32_t first = p.row_begin[s] > p.keys.q_pos[s] ? p.row_begin[s] - p.keys.q_pos[s] : 0;
+      most_rows = std::max(most_rows, p.seqs.len[s] - first);
+      tiles += (p.col_end[s] + kWinKeys - 1) / kWinKeys;
+    }
+    const uint32_t rows_cap = std::min<uint32_t>(
+        win_rows_max<D>(), (n_rep * most_rows + kWinChunk - 1) / kWinChunk * kWinChunk);
+    // One round of resident CTAs (up to 4 per SM: registers; shared memory by rows_cap):
+    // enough key tiles in flight for the copy bandwidth, each CTA's window rows loaded once
+    // for many tiles, and no partial last round.
+    const size_t smem = window_scores_smem<T, D>(rows_cap);
+    int per_sm = 0;
+    MINIKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prefill_window_scores_kernel<T, D>,
+                                                                    kWinThreads, smem));
+    const uint64_t want = std::max<uint64_t>(uint64_t(num_sms) * std::max(per_sm, 1), 1);
+    const uint32_t per_cta = static_cast<uint32_t>(std::max<uint64_t>((tiles * p.num_kv_heads + want - 1) / want, 1));
+    uint32_t grid = 0;
+    for (uint32_t s = 0; s < p.seqs.n; ++s)
+      grid += ((p.col_end[s] + kWinKeys - 1) / kWinKeys + per_cta - 1) / per_cta;
+    if (grid == 0) return;
+    const WindowScoreArgs args{p, per_cta, rows_cap};
+    prefill_window_scores_kernel<T, D>
+        <<<dim3(grid, p.num_kv_heads), kWinThreads, smem, stream>>>(args);
+    check_launch_error("prefill_window_scores_kernel");
   });
 }
 

@@ -170,8 +170,9 @@ TEST_CASE("CUDA importance scores match a float64 reference") {
   GPU_OR_SKIP();
   // Two sequences in one launch (the second's scores start at workspace row 777): partial
   // key and query tiles, tiles crossing the diagonal and interior tiles, more query tiles
-  // than the score pass's pipeline stages; GQA groups 1, 4 and 8 (heads / kv_heads).
-  const uint32_t groups[][2] = {{8, 2}, {4, 4}, {8, 1}};
+  // than the score pass's pipeline stages; GQA groups 1, 4, 8 and 16 (heads / kv_heads;
+  // WINDOW with 16 x 32 window rows holds them in two batches, 4 at head_dim 256).
+  const uint32_t groups[][2] = {{8, 2}, {4, 4}, {8, 1}, {16, 1}};
   for (minikv_score_mode mode : {MINIKV_SCORE_CUMULATIVE, MINIKV_SCORE_WINDOW}) {
     for (uint32_t D : {64u, 80u, 96u, 128u, 256u}) {
       if (!minikv::kernels::head_dim_compiled(D)) continue;
