@@ -653,6 +653,59 @@ std::vector<float> cuda_debug_scores(const Backend &backend, uint32_t kv_head, u
   return out;
 }
 
+std::vector<std::vector<int32_t>> cuda_debug_select(const std::vector<SelectionPlan> &plans,
+                                                    const std::vector<std::vector<float>> &scores,
+                                                    uint32_t kv_heads, uint32_t pool_kernel) {
+  const uint32_t n = static_cast<uint32_t>(plans.size());
+  MINIKV_REQUIRE(n >= 1 && n <= kernels::kMaxPrefillSeqs && kv_heads >= 1 && scores.size() == size_t(n) * kv_heads,
+                 "cuda_debug_select: %u sequences, %u KV heads, %zu score rows", n, kv_heads, scores.size());
+  kernels::SelectParams sel{};
+  sel.pool_kernel = pool_kernel;
+  // Each sequence's workspace rows start 3 rows after the previous one's end: offsets that
+  // are not a multiple of a vector width.
+  uint32_t ws = 0;
+  for (uint32_t s = 0; s < n; ++s) {
+    const SelectionPlan &plan = plans[s];
+    const uint32_t L = plan.prompt_len;
+    for (uint32_t h = 0; h < kv_heads; ++h)
+      MINIKV_REQUIRE(scores[size_t(s) * kv_heads + h].size() >= L, "cuda_debug_select: scores of sequence %u too short", s);
+    const bool scored = plan_needs_scores(plan);
+    sel.seqs.n = s + 1;
+    sel.seqs.len[s] = L;
+    sel.seqs.ws_offset[s] = ws;
+    sel.mode[s] = plan.keep_all ? 0 : scored ? 2 : 1;
+    sel.candidates[s] = plan.keep_all ? L : plan.candidates;
+    sel.n_sink[s] = plan.n_sink;
+    sel.n_heavy[s] = plan.keep_all ? 0 : plan.n_heavy;
+    sel.n_keep[s] = plan.n_keep;
+    sel.scored_prefix[s] = scored && pool_kernel > 1 ? plan.scored_prefix : 0;
+    ws += L + 3;
+  }
+  sel.ws_tokens = ws;
+  std::vector<float> host_scores(size_t(kv_heads) * ws, 0.0f);
+  for (uint32_t s = 0; s < n; ++s)
+    for (uint32_t h = 0; h < kv_heads; ++h)
+      std::copy_n(scores[size_t(s) * kv_heads + h].begin(), plans[s].prompt_len,
+                  host_scores.begin() + size_t(h) * ws + sel.seqs.ws_offset[s]);
+  DeviceBuffer d_scores(host_scores.size() * sizeof(float), "debug scores");
+  DeviceBuffer d_kept(host_scores.size() * sizeof(int32_t), "debug kept positions");
+  MINIKV_CUDA_CHECK(cudaMemcpy(d_scores.as<void>(), host_scores.data(), host_scores.size() * sizeof(float),
+                               cudaMemcpyHostToDevice));
+  sel.scores = d_scores.as<float>();
+  sel.kept = d_kept.as<int32_t>();
+  kernels::launch_select(sel, kv_heads, nullptr);
+  MINIKV_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int32_t> all(host_scores.size());
+  MINIKV_CUDA_CHECK(cudaMemcpy(all.data(), d_kept.as<void>(), all.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  std::vector<std::vector<int32_t>> kept;
+  for (uint32_t s = 0; s < n; ++s)
+    for (uint32_t h = 0; h < kv_heads; ++h) {
+      const auto at = all.begin() + size_t(h) * ws + sel.seqs.ws_offset[s];
+      kept.emplace_back(at, at + plans[s].n_keep);
+    }
+  return kept;
+}
+
 bool cuda_backend_available(int device_id) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {

@@ -8,7 +8,9 @@
 //   list for the others; one warp finds each digit), which yields the exact key of the
 //   n_heavy-th best and how many of the candidates equal to it are still needed; a
 //   compaction in position order then writes them ascending, followed by the protected
-//   suffix. The order is the one of src/policy.cpp select_kept: higher score first, ties
+//   suffix. Every sweep over the candidates gives each thread 8 keys whose loads go out
+//   together (a sweep waits for memory about once), histogram adds are aggregated per warp,
+//   and the compaction places a sweep's 8,192 keys with two CTA-wide prefix sums. The order is the one of src/policy.cpp select_kept: higher score first, ties
 //   to the lower position, NaN lowest (as -inf), -0 equal to +0.
 // store_kept_kernel: one CTA per (sequence, KV head, group of G kept tokens after the
 //   sinks): gathers the rows from the caller's k/v, quantizes and packs them into their
@@ -23,8 +25,15 @@ namespace minikv {
 namespace kernels {
 namespace {
 
-constexpr int kSelectThreads = 512;
+constexpr int kSelectThreads = 1024;
+constexpr int kSelectWarps = kSelectThreads / 32;
+// Keys a thread takes per sweep of the candidates: their loads are issued together, so a
+// sweep of 8,192 keys waits for memory about once.
+constexpr int kSelectKeys = 8;
+constexpr uint32_t kSelectSweep = kSelectThreads * kSelectKeys;
+constexpr uint32_t kNoBin = 256;  // a key outside the histogram
 constexpr int kStoreThreads = 128;
+static_assert(kSelectWarps == 32, "block_exclusive_sum scans the warp totals with one warp's lanes");
 
 // Larger key = better: order-preserving map of the float, NaN as -inf, -0 as +0.
 __device__ __forceinline__ uint32_t order_key(float s) {
@@ -34,47 +43,74 @@ __device__ __forceinline__ uint32_t order_key(float s) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Score of candidate j; with pooling, the max over [j - k/2, j + k/2] ∩ [0, prefix) scanned
-// left to right like std::max (policy.cpp max_pool_1d).
-__device__ __forceinline__ float candidate_score(const float *sc, uint32_t j, uint32_t pool,
-                                                 uint32_t prefix) {
-  if (pool <= 1) return sc[j];
+// Keys of candidates j[i]: with pooling (pool > 1), the max of the scores over
+// [j - pool/2, j + pool/2] ∩ [0, prefix) scanned left to right like std::max
+// (policy.cpp max_pool_1d). Each window is walked as `pool` loads from its first index,
+// clamped to its last: a repeat of the last score leaves the scan's result as it was
+// (m < x is false once m is x, NaN included), and every step issues all K loads at once.
+template <int K>
+__device__ __forceinline__ void candidate_keys(const float *sc, const uint32_t (&j)[K], uint32_t pool,
+                                               uint32_t prefix, uint32_t (&key)[K]) {
+  if (pool <= 1) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) key[i] = order_key(sc[j[i]]);
+    return;
+  }
   const uint32_t half = pool / 2;
-  const uint32_t lo = j >= half ? j - half : 0;
-  const uint32_t hi = min(j + half, prefix - 1);
-  float m = sc[lo];
-  for (uint32_t i = lo + 1; i <= hi; ++i) m = m < sc[i] ? sc[i] : m;
-  return m;
+  uint32_t lo[K], hi[K];
+  float m[K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    lo[i] = j[i] >= half ? j[i] - half : 0;
+    hi[i] = min(j[i] + half, prefix - 1);
+    m[i] = sc[lo[i]];
+  }
+  for (uint32_t d = 1; d < pool; ++d)
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      const float x = sc[min(lo[i] + d, hi[i])];
+      m[i] = m[i] < x ? x : m[i];
+    }
+#pragma unroll
+  for (int i = 0; i < K; ++i) key[i] = order_key(m[i]);
 }
 
-// Exclusive prefix count of `flag` over the CTA (in thread order) and the CTA total.
-// scratch: shared [kSelectThreads / 32]. Contains __syncthreads().
-__device__ __forceinline__ void block_count(bool flag, uint32_t &before, uint32_t &total,
-                                            uint32_t *scratch) {
+// Exclusive prefix sum of x over the CTA in thread order; *total gets the CTA's sum.
+// scratch: shared [kSelectWarps], written here and read after this call's barrier by every
+// warp, so consecutive calls must alternate between two scratch arrays (the barrier of the
+// call in between orders one call's reads before the next one's writes).
+__device__ __forceinline__ uint32_t block_exclusive_sum(uint32_t x, uint32_t *total, uint32_t *scratch) {
   const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const uint32_t ballot = __ballot_sync(0xffffffffu, flag);
-  if (lane == 0) scratch[warp] = __popc(ballot);
-  __syncthreads();
-  uint32_t off = 0, sum = 0;
-  for (uint32_t w = 0; w < kSelectThreads / 32; ++w) {
-    off += w < warp ? scratch[w] : 0;
-    sum += scratch[w];
+  uint32_t inc = x;
+#pragma unroll
+  for (uint32_t d = 1; d < 32; d <<= 1) {
+    const uint32_t up = __shfl_up_sync(0xffffffffu, inc, d);
+    if (lane >= d) inc += up;
   }
-  before = off + __popc(ballot & ((1u << lane) - 1u));
-  total = sum;
+  if (lane == 31) scratch[warp] = inc;
   __syncthreads();
+  // Every warp scans the warp totals itself: lane w holds the totals of warps <= w.
+  const uint32_t w_total = scratch[lane];
+  uint32_t w_inc = w_total;
+#pragma unroll
+  for (uint32_t d = 1; d < 32; d <<= 1) {
+    const uint32_t up = __shfl_up_sync(0xffffffffu, w_inc, d);
+    if (lane >= d) w_inc += up;
+  }
+  *total = __shfl_sync(0xffffffffu, w_inc, 31);
+  return __shfl_sync(0xffffffffu, w_inc - w_total, warp) + inc - x;
 }
 
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_constant__ SelectParams p) {
   __shared__ uint32_t hist[256];
-  __shared__ uint32_t scan_a[kSelectThreads / 32], scan_b[kSelectThreads / 32];
+  __shared__ uint32_t scan_a[kSelectWarps], scan_b[kSelectWarps];
   __shared__ uint32_t s_prefix, s_need;
 
   const uint32_t seq = blockIdx.x, kvh = blockIdx.y;
   const uint32_t L = p.seqs.len[seq], off = p.seqs.ws_offset[seq];
   const uint32_t n = p.candidates[seq], k = p.n_heavy[seq], first = p.n_sink[seq];
   int32_t *kept = p.kept + uint64_t(kvh) * p.ws_tokens + off;
-  const uint32_t tid = threadIdx.x;
+  const uint32_t tid = threadIdx.x, lane = tid % 32;
 
   if (p.mode[seq] == 0) {  // keep everything (the sinks are its first positions)
     for (uint32_t t = tid; t < L; t += kSelectThreads) kept[t] = static_cast<int32_t>(t);
@@ -87,23 +123,42 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
     const uint32_t pool = p.pool_kernel, prefix = p.scored_prefix[seq];
     // A pooled key costs `pool` loads. The first pass parks each candidate's key in its own
     // slot of `kept` (as bits), which later passes and the compaction read instead; the
-    // compaction overwrites slot j only after every key up to j has been read (it writes
-    // positions < the end of the 512 candidates it has read).
+    // compaction of a sweep writes positions below the sweep's end only after every key of
+    // the sweep has been read (its first barrier), and later sweeps read beyond that end.
     uint32_t *parked = reinterpret_cast<uint32_t *>(kept);
     const bool park = pool > 1;
-    auto key_of = [&](uint32_t j, bool parked_yet) {
-      return park && parked_yet ? parked[j] : order_key(candidate_score(sc, j, pool, prefix));
+    // The keys of candidates j[i] (clamped into [first, n): callers mask the rest).
+    auto load_keys = [&](const uint32_t (&j)[kSelectKeys], bool parked_yet, uint32_t (&key)[kSelectKeys]) {
+      uint32_t jc[kSelectKeys];
+#pragma unroll
+      for (int i = 0; i < kSelectKeys; ++i) jc[i] = min(j[i], n - 1);
+      if (park && parked_yet) {
+#pragma unroll
+        for (int i = 0; i < kSelectKeys; ++i) key[i] = parked[jc[i]];
+      } else {
+        candidate_keys<kSelectKeys>(sc, jc, pool, prefix, key);
+      }
     };
-    // Radix select of the k-th largest key.
+    // Radix select of the k-th largest key: each pass counts the keys that match the digits
+    // found so far by their next digit (lanes of a warp with the same digit add once).
     uint32_t prefix_key = 0, mask = 0, need = k;
     for (int pass = 0; pass < 4; ++pass) {
       const int shift = 24 - 8 * pass;
       for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[b] = 0;
       __syncthreads();
-      for (uint32_t j = first + tid; j < n; j += kSelectThreads) {
-        const uint32_t key = key_of(j, pass > 0);
-        if (park && pass == 0) parked[j] = key;
-        if ((key & mask) == prefix_key) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+      for (uint32_t base = first; base < n; base += kSelectSweep) {
+        uint32_t j[kSelectKeys], key[kSelectKeys];
+#pragma unroll
+        for (int i = 0; i < kSelectKeys; ++i) j[i] = base + i * kSelectThreads + tid;
+        load_keys(j, pass > 0, key);
+#pragma unroll
+        for (int i = 0; i < kSelectKeys; ++i) {
+          const bool in = j[i] < n;
+          if (park && pass == 0 && in) parked[j[i]] = key[i];
+          const uint32_t bin = in && (key[i] & mask) == prefix_key ? (key[i] >> shift) & 255u : kNoBin;
+          const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+          if (bin != kNoBin && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+        }
       }
       __syncthreads();
       // The digit: the highest bin b with (keys in bins > b) < need <= (keys in bins >= b),
@@ -133,24 +188,38 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
           }
         }
       }
+      // The next pass clears hist only after this barrier (warp 0 has read it), and s_prefix
+      // is written again only two barriers later.
       __syncthreads();
       prefix_key = s_prefix;
       need = s_need;
       mask |= 255u << shift;
-      __syncthreads();
     }
-    // Keys > threshold are kept; of the keys == threshold, the `need` lowest positions.
+    // Keys > threshold are kept; of the keys == threshold, the `need` lowest positions. A
+    // thread takes kSelectKeys consecutive candidates of each sweep, so thread order is
+    // position order and two CTA-wide prefix sums place every kept position.
     uint32_t out = first, eq_seen = 0;
-    for (uint32_t base = first; base < n; base += kSelectThreads) {
-      const uint32_t j = base + tid;
-      const uint32_t key = j < n ? key_of(j, true) : 0u;
-      const bool gt = j < n && key > prefix_key, eq = j < n && key == prefix_key;
-      uint32_t eq_before, eq_total;
-      block_count(eq, eq_before, eq_total, scan_a);
-      const bool keep = gt || (eq && eq_seen + eq_before < need);
-      uint32_t keep_before, keep_total;
-      block_count(keep, keep_before, keep_total, scan_b);
-      if (keep) kept[out + keep_before] = static_cast<int32_t>(j);
+    for (uint32_t base = first; base < n; base += kSelectSweep) {
+      uint32_t j[kSelectKeys], key[kSelectKeys];
+#pragma unroll
+      for (int i = 0; i < kSelectKeys; ++i) j[i] = base + tid * kSelectKeys + i;
+      load_keys(j, true, key);
+      uint32_t gt = 0, eq = 0;  // bit i: candidate j[i]
+#pragma unroll
+      for (int i = 0; i < kSelectKeys; ++i) {
+        gt |= uint32_t(j[i] < n && key[i] > prefix_key) << i;
+        eq |= uint32_t(j[i] < n && key[i] == prefix_key) << i;
+      }
+      uint32_t eq_total, keep_total;
+      uint32_t rank = eq_seen + block_exclusive_sum(__popc(eq), &eq_total, scan_a);
+      uint32_t keep = gt;
+#pragma unroll
+      for (int i = 0; i < kSelectKeys; ++i)
+        if (eq >> i & 1u) keep |= uint32_t(rank++ < need) << i;
+      uint32_t at = out + block_exclusive_sum(__popc(keep), &keep_total, scan_b);
+#pragma unroll
+      for (int i = 0; i < kSelectKeys; ++i)
+        if (keep >> i & 1u) kept[at++] = static_cast<int32_t>(j[i]);
       out += keep_total;
       eq_seen += eq_total;
     }
