@@ -98,6 +98,18 @@ class DeviceBuffer {
 
 uint32_t ceil_div(uint64_t a, uint64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
 
+// Sequence b's selection from its plan (its seqs entry is the caller's); pooled: WINDOW
+// scores max-pooled over the scored prefix (pool_kernel > 1).
+void set_selection(SelectParams &sel, uint32_t b, const SelectionPlan &plan, bool pooled) {
+  const bool scored = plan_needs_scores(plan);
+  sel.mode[b] = plan.keep_all ? 0 : scored ? 2 : 1;
+  sel.candidates[b] = plan.keep_all ? plan.prompt_len : plan.candidates;
+  sel.n_sink[b] = plan.n_sink;
+  sel.n_heavy[b] = plan.keep_all ? 0 : plan.n_heavy;
+  sel.n_keep[b] = plan.n_keep;
+  sel.scored_prefix[b] = scored && pooled ? plan.scored_prefix : 0;
+}
+
 
 class CudaBackend final : public Backend {
  public:
@@ -581,14 +593,8 @@ class CudaBackend final : public Backend {
       ws_off += staged ? it.rows : L;
       if (!it.last) continue;
 
-      const bool scored = plan_needs_scores(plan);
       const uint32_t b = add_seq(sel.seqs, 0, L, prompt_at, 0);
-      sel.mode[b] = plan.keep_all ? 0 : scored ? 2 : 1;
-      sel.candidates[b] = plan.keep_all ? L : plan.candidates;
-      sel.n_sink[b] = plan.n_sink;
-      sel.n_heavy[b] = plan.keep_all ? 0 : plan.n_heavy;
-      sel.n_keep[b] = plan.n_keep;
-      sel.scored_prefix[b] = scored && pooled ? plan.scored_prefix : 0;
+      set_selection(sel, b, plan, pooled);
 
       add_seq(store.seqs, kv_begin, L, prompt_at, 0);
       store.sinks[b] = it.dst.sinks;
@@ -669,16 +675,10 @@ std::vector<std::vector<int32_t>> cuda_debug_select(const std::vector<SelectionP
     const uint32_t L = plan.prompt_len;
     for (uint32_t h = 0; h < kv_heads; ++h)
       MINIKV_REQUIRE(scores[size_t(s) * kv_heads + h].size() >= L, "cuda_debug_select: scores of sequence %u too short", s);
-    const bool scored = plan_needs_scores(plan);
     sel.seqs.n = s + 1;
     sel.seqs.len[s] = L;
     sel.seqs.ws_offset[s] = ws;
-    sel.mode[s] = plan.keep_all ? 0 : scored ? 2 : 1;
-    sel.candidates[s] = plan.keep_all ? L : plan.candidates;
-    sel.n_sink[s] = plan.n_sink;
-    sel.n_heavy[s] = plan.keep_all ? 0 : plan.n_heavy;
-    sel.n_keep[s] = plan.n_keep;
-    sel.scored_prefix[s] = scored && pool_kernel > 1 ? plan.scored_prefix : 0;
+    set_selection(sel, s, plan, pool_kernel > 1);
     ws += L + 3;
   }
   sel.ws_tokens = ws;

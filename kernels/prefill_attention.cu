@@ -512,14 +512,17 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
 constexpr int kWinKeys = 64;     // keys per streamed tile, 16 per warp
 constexpr int kWinThreads = 128;
 constexpr int kWinChunk = 64;    // pairs per row chunk: 8 n-tiles of accumulators
-template <int D> constexpr int win_rows_max() { return D > 128 ? 128 : 256; }  // pairs per batch
+// (head, row) pairs per batch of window rows in shared memory.
+__host__ __device__ constexpr uint32_t win_rows_max(uint32_t head_dim) { return head_dim > 128 ? 128 : 256; }
+// Batches a launch may take: each batch streams every key again.
+constexpr uint32_t kWinMaxBatches = 4;
 // 128 registers (4 CTAs per SM where shared memory allows; ~20 B of spills of loop-invariant
 // addresses at head_dim 128) instead of 142 (3 CTAs).
 
 struct WindowScoreArgs {
   PrefillScoreParams p;
   uint32_t tiles_per_cta;  // kWinKeys-key tiles per CTA
-  uint32_t rows_cap;       // pairs per batch: a multiple of kWinChunk, <= win_rows_max<D>()
+  uint32_t rows_cap;       // pairs per batch: a multiple of kWinChunk, <= win_rows_max(D)
 };
 
 template <typename T, int D> __host__ __device__ constexpr size_t window_scores_smem(uint32_t rows_cap) {
@@ -670,12 +673,12 @@ void configure_prefill_kernels(minikv_dtype dtype, uint32_t head_dim) {
                                            static_cast<int>(scores_smem<T, D>())));
     MINIKV_CUDA_CHECK(cudaFuncSetAttribute(prefill_window_scores_kernel<T, D>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(window_scores_smem<T, D>(win_rows_max<D>()))));
+                                           static_cast<int>(window_scores_smem<T, D>(win_rows_max(D)))));
   });
 }
 
 bool prefill_window_scores_fit(uint32_t head_dim, uint32_t n_rep, uint32_t window_size) {
-  return uint64_t(n_rep) * window_size <= 4u * (head_dim > 128 ? 128u : 256u);
+  return uint64_t(n_rep) * window_size <= uint64_t(kWinMaxBatches) * win_rows_max(head_dim);
 }
 
 void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
@@ -695,7 +698,7 @@ void launch_prefill_window_scores(minikv_dtype dtype, uint32_t head_dim, const P
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_prefill", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    static_assert(win_rows_max<D>() % kWinChunk == 0, "whole row chunks per batch");
+    static_assert(win_rows_max(D) % kWinChunk == 0, "whole row chunks per batch");
     const uint32_t n_rep = p.num_heads / p.num_kv_heads;
     uint32_t most_rows = 0;  // window rows of the launch's largest window part
     uint64_t tiles = 0;
@@ -705,7 +708,7 @@ void launch_prefill_window_scores(minikv_dtype dtype, uint32_t head_dim, const P
       tiles += (p.col_end[s] + kWinKeys - 1) / kWinKeys;
     }
     const uint32_t rows_cap = std::min<uint32_t>(
-        win_rows_max<D>(), (n_rep * most_rows + kWinChunk - 1) / kWinChunk * kWinChunk);
+        win_rows_max(D), (n_rep * most_rows + kWinChunk - 1) / kWinChunk * kWinChunk);
     // One round of resident CTAs (up to 4 per SM: registers; shared memory by rows_cap):
     // enough key tiles in flight for the copy bandwidth, each CTA's window rows loaded once
     // for many tiles, and no partial last round.

@@ -10,8 +10,9 @@
 //   compaction in position order then writes them ascending, followed by the protected
 //   suffix. Every sweep over the candidates gives each thread 8 keys whose loads go out
 //   together (a sweep waits for memory about once), histogram adds are aggregated per warp,
-//   and the compaction places a sweep's 8,192 keys with two CTA-wide prefix sums. The order is the one of src/policy.cpp select_kept: higher score first, ties
-//   to the lower position, NaN lowest (as -inf), -0 equal to +0.
+//   and the compaction places a sweep's 8,192 keys with two CTA-wide prefix sums. The order
+//   is the one of src/policy.cpp select_kept: higher score first, ties to the lower
+//   position, NaN lowest (as -inf), -0 equal to +0.
 // store_kept_kernel: one CTA per (sequence, KV head, group of G kept tokens after the
 //   sinks): gathers the rows from the caller's k/v, quantizes and packs them into their
 //   pool block (quantize.cuh); the task after the last group copies the sinks into the
