@@ -139,16 +139,16 @@ __device__ __forceinline__ void store_decode_result(const DecodeParams &p, uint6
 
 // What store_decode_result stores for every channel of heads head0 .. head0 + nh − 1, from
 // shared memory (their outputs o_s[h · D + c], fp32, 16-byte aligned; their max and sum
-// ml_s[2h], ml_s[2h + 1]), by one warp with 16-byte stores. A rolled loop: the kernels that
-// call it are large already.
+// ml_s[2h], ml_s[2h + 1]), by threads tid = 0 .. nthreads − 1 with 16-byte stores. Rolled
+// loops: the kernels that call it are large already.
 template <typename T, int D>
 __device__ __forceinline__ void store_decode_rows(const DecodeParams &p, uint64_t head0, uint32_t nh,
                                                   uint32_t split, const float *o_s, const float *ml_s,
-                                                  uint32_t lane) {
+                                                  uint32_t tid, uint32_t nthreads) {
   const float4 *o4 = reinterpret_cast<const float4 *>(o_s);
   if (p.splits == 1) {
 #pragma unroll 1
-    for (uint32_t x = lane; x < nh * (D / 8); x += 32) {  // 8 outputs of the dtype a store
+    for (uint32_t x = tid; x < nh * (D / 8); x += nthreads) {  // 8 outputs of the dtype a store
       const uint32_t h = x / (D / 8), c8 = x % (D / 8);
       const float l = ml_s[2 * h + 1];
       const float4 a = o4[2 * x], b = o4[2 * x + 1];
@@ -160,14 +160,14 @@ __device__ __forceinline__ void store_decode_rows(const DecodeParams &p, uint64_
     }
   } else {
 #pragma unroll 1
-    for (uint32_t x = lane; x < nh * (D / 4); x += 32) {
+    for (uint32_t x = tid; x < nh * (D / 4); x += nthreads) {
       const uint32_t h = x / (D / 4), c4 = x % (D / 4);
       reinterpret_cast<float4 *>(p.part_o + ((head0 + h) * p.splits + split) * D)[c4] = o4[x];
     }
-    if (lane < nh) {
-      const uint64_t part = (head0 + lane) * p.splits + split;
-      p.part_ml[part * 2] = ml_s[2 * lane];
-      p.part_ml[part * 2 + 1] = ml_s[2 * lane + 1];
+    if (tid < nh) {
+      const uint64_t part = (head0 + tid) * p.splits + split;
+      p.part_ml[part * 2] = ml_s[2 * tid];
+      p.part_ml[part * 2 + 1] = ml_s[2 * tid + 1];
     }
   }
 }
