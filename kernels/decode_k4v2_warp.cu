@@ -652,7 +652,6 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   __syncwarp();
   store_decode_rows<T, D>(p, uint64_t(seq) * p.num_heads + h0, nh, split, out16, ml_s, lane, 32);
   __syncwarp();  // every lane's reads of out16 before the fused merge writes its weights there
-  // The merge's weights go over out16, whose reads the __syncwarp above orders.
   if (k4v2_warp_fused_merge(p.splits, NH, p.num_heads / p.num_kv_heads))
     k4v2_warp_merge_if_last<T, D>(p, p.counters + uint64_t(seq) * p.num_kv_heads + kvh,
                                   uint64_t(seq) * p.num_heads + h0, nh, lane, out16);
