@@ -137,6 +137,41 @@ __device__ __forceinline__ void store_decode_result(const DecodeParams &p, uint6
   }
 }
 
+// What store_decode_result stores for every channel of heads head0 .. head0 + nh − 1, from
+// shared memory (their outputs o_s[h · D + c], fp32, 16-byte aligned; their max and sum
+// ml_s[2h], ml_s[2h + 1]), by threads tid = 0 .. nthreads − 1 with 16-byte stores. Rolled
+// loops: the kernels that call it are large already.
+template <typename T, int D>
+__device__ __forceinline__ void store_decode_rows(const DecodeParams &p, uint64_t head0, uint32_t nh,
+                                                  uint32_t split, const float *o_s, const float *ml_s,
+                                                  uint32_t tid, uint32_t nthreads) {
+  const float4 *o4 = reinterpret_cast<const float4 *>(o_s);
+  if (p.splits == 1) {
+#pragma unroll 1
+    for (uint32_t x = tid; x < nh * (D / 8); x += nthreads) {  // 8 outputs of the dtype a store
+      const uint32_t h = x / (D / 8), c8 = x % (D / 8);
+      const float l = ml_s[2 * h + 1];
+      const float4 a = o4[2 * x], b = o4[2 * x + 1];
+      const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      alignas(16) T v[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = output_value<T>(f[e] / l);
+      reinterpret_cast<uint4 *>(static_cast<T *>(p.out) + (head0 + h) * D)[c8] = *reinterpret_cast<const uint4 *>(v);
+    }
+  } else {
+#pragma unroll 1
+    for (uint32_t x = tid; x < nh * (D / 4); x += nthreads) {
+      const uint32_t h = x / (D / 4), c4 = x % (D / 4);
+      reinterpret_cast<float4 *>(p.part_o + ((head0 + h) * p.splits + split) * D)[c4] = o4[x];
+    }
+    if (tid < nh) {
+      const uint64_t part = (head0 + tid) * p.splits + split;
+      p.part_ml[part * 2] = ml_s[2 * tid];
+      p.part_ml[part * 2 + 1] = ml_s[2 * tid + 1];
+    }
+  }
+}
+
 // The split merge inside a decode kernel (decode_merge.cu's combine, run by one warp): the
 // CTA whose arrival at `counter` completes the launch's splits merges them, and resets the
 // counter to zero for the next launch or graph replay. The fences order every CTA's partials

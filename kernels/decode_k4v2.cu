@@ -589,7 +589,12 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
   __syncthreads();
 
   // Each (head, channel) of the output lives in one lane: channel 64s + 8g + 2w + r, its
-  // value group's column 2i + (g / 4) of head block η.
+  // value group's column 2i + (g / 4) of head block η. The outputs and each head's (max,
+  // sum) go to shared memory over stage 0 (no copy is in flight after the last tile, and the
+  // barrier above ends its reads), then out as whole rows with 16-byte stores: the owners'
+  // channels lie 8 apart, so stored from the fragments every 4 bytes took a sector.
+  float *out_s = reinterpret_cast<float *>(smem);  // [kH][D]
+  float *ml_s = out_s + kH * D;                    // [kH][2]
   const uint32_t col = gq >> 2;
 #pragma unroll
   for (int eta = 0; eta < NE; ++eta) {
@@ -609,11 +614,16 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
         const int off = int(4 * (w & 1) + 2 * r);  // the code's bit offset in its fp16 half
         const float q = col ? acc[s][eta][2 * r + 1] : acc[s][eta][2 * r];
         const float q16 = col ? acc16[s][eta][2 * r + 1] : acc16[s][eta][2 * r];
-        const float o = fmaf(q, pow2i(24 - off - Sv), fmaf(q16, 1.0f / Prob::kScale, VB));
-        store_decode_result<T, D>(p, uint64_t(seq) * p.num_heads + h0 + h, split, ch, m_run[eta], o, L);
+        out_s[h * D + ch] = fmaf(q, pow2i(24 - off - Sv), fmaf(q16, 1.0f / Prob::kScale, VB));
       }
     }
+    if (w == 0 && gq == 0) {
+      ml_s[2 * h] = m_run[eta];
+      ml_s[2 * h + 1] = L;
+    }
   }
+  __syncthreads();
+  store_decode_rows<T, D>(p, uint64_t(seq) * p.num_heads + h0, nh, split, out_s, ml_s, tid, kK4V2Threads);
 #endif
 }
 

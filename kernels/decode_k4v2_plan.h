@@ -66,6 +66,9 @@ static_assert(K4V2Layout<2, 128, 4>::kTotal <= kK4V2SmemPerCta && K4V2Layout<2, 
               "decode_k4v2's shared memory no longer fits three CTAs per SM");
 static_assert(K4V2Layout<2, 128, 4>::kRowBytes <= K4V2Layout<2, 128, 4>::kStageBytes,
               "a 16-bit tile must fit a stage");
+// The epilogue's outputs and (max, sum) of 8 head slots, over stage 0.
+static_assert(8 * (128 + 2) * 4 <= K4V2Layout<2, 128, 8>::kStageBytes && 8 * (64 + 2) * 4 <= K4V2Layout<2, 64, 8>::kStageBytes,
+              "decode_k4v2's epilogue rows must fit a stage");
 // Bulk copies and ldmatrix need 16-byte aligned shared addresses; mbarriers 8.
 template <uint32_t D> constexpr bool k4v2_aligned() {
   using L = K4V2Layout<2, D, 8>;

@@ -73,7 +73,8 @@ template <uint32_t D, uint32_t NH> struct K4V2WarpLayout {
   static constexpr uint32_t kBpvStride = k4v2_odd_stride(kK4V2MaxTile * 2);
   static constexpr uint32_t kBpvSpan = 2 * NH * kBpvStride;
   static constexpr uint32_t kBpv = kKCodes;
-  // At the end, the 16-bit rows' P·V ([slot][D] fp32), over the stage.
+  // At the end, the 16-bit rows' P·V ([slot][D] fp32) and then each slot's (max, sum), over
+  // the stage.
   static constexpr uint32_t kOut16 = 0;
   static constexpr uint32_t kQ2 = kWarpStages * kStageBytes;  // [slot][quarter][D / 8] q' pairs (fp16x2)
   static constexpr uint32_t kQn = kQ2 + NH * 4 * (D / 8) * 4;   // [slot][D] dtype: q
@@ -88,7 +89,7 @@ template <uint32_t D, uint32_t NH> constexpr bool k4v2_warp_layout_ok() {
          L::kVMin % 16 == 0 && L::kRowV % 16 == 0 && L::kStageBytes % 16 == 0 && L::kBpv % 16 == 0 &&
          L::kQ2 % 16 == 0 && L::kQn % 16 == 0 && L::kMbar % 8 == 0 && L::kTotal % 8 == 0 &&
          L::kRowBytes <= L::kQuantBytes && L::kBpv + D / 64 * L::kBpvSpan <= L::kVCodes &&
-         L::kOut16 + NH * D * 4 <= L::kStageBytes;
+         L::kOut16 + NH * (D + 2) * 4 <= L::kStageBytes;
 }
 static_assert(k4v2_warp_layout_ok<64, 1>() && k4v2_warp_layout_ok<128, 1>() && k4v2_warp_layout_ok<64, 2>() &&
                   k4v2_warp_layout_ok<128, 2>() && k4v2_warp_layout_ok<64, 4>() && k4v2_warp_layout_ok<128, 4>(),
@@ -528,7 +529,9 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       if (lane < count) {
         const uint4 *krow = reinterpret_cast<const uint4 *>(stage + lane * L::kRowK);
         float part[NH][2] = {};
-#pragma unroll
+        // Two of the D / 8 steps per iteration (so part's index is static): unrolled whole,
+        // this tile kind alone took ~900 SASS instructions of the kernel at NH 4.
+#pragma unroll 2
         for (int v = 0; v < D / 8; ++v) {
           float kf[8];
           unpack8<T>(krow[v], kf);
@@ -618,11 +621,14 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 #pragma unroll
     for (int c = 0; c < CL; ++c) out16[h * D + CL * lane + c] = acc16[h][c];
   __syncwarp();
-  // Lane (g, i) writes head slot hh, channel subsets j with j mod kBatch = i / NH: channels
-  // 64s + 8g + 2j + r, value group 2s + g / 4 (column parity g / 4 of its C fragment).
+  // Lane (g, i) completes head slot hh's channel subsets j with j mod kBatch = i / NH:
+  // channels 64s + 8g + 2j + r, value group 2s + g / 4 (column parity g / 4 of its C
+  // fragment), in out16 (each element read and written by the lane that owns it); lane
+  // h < NH (slot h) adds its head's max and sum. Then whole rows go out with 16-byte stores:
+  // the owners' channels lie 8 apart, so stored from the fragments every 4 bytes took a
+  // 32-byte sector of its own.
   if (hh < nh) {
     const uint32_t col = gq >> 2;
-    const uint64_t head = uint64_t(seq) * p.num_heads + h0 + hh;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (uint32_t(j % kBatch) != kgl) continue;
@@ -633,12 +639,19 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
           const float q = col ? acc[s][j][2 * r + 1] : acc[s][j][2 * r];
           const uint32_t ch = 64 * s + 8 * gq + 2 * j + r;
           const int off = 4 * (j & 1) + 2 * r;  // the code's bit offset in its fp16 half
-          const float o = fmaf(q, pow2i(24 - off - Sv), (col ? VB[2 * s + 1] : VB[2 * s]) + out16[hh * D + ch]);
-          store_decode_result<T, D>(p, head, split, ch, m_run, o, Lh);
+          float &o = out16[hh * D + ch];
+          o = fmaf(q, pow2i(24 - off - Sv), (col ? VB[2 * s + 1] : VB[2 * s]) + o);
         }
     }
   }
-  // The merge's weights go over out16, whose reads above its first __syncwarp orders.
+  float *ml_s = out16 + NH * D;
+  if (lane < uint32_t(NH)) {
+    ml_s[2 * lane] = m_run;
+    ml_s[2 * lane + 1] = Lh;
+  }
+  __syncwarp();
+  store_decode_rows<T, D>(p, uint64_t(seq) * p.num_heads + h0, nh, split, out16, ml_s, lane, 32);
+  __syncwarp();  // every lane's reads of out16 before the fused merge writes its weights there
   if (k4v2_warp_fused_merge(p.splits, NH, p.num_heads / p.num_kv_heads))
     k4v2_warp_merge_if_last<T, D>(p, p.counters + uint64_t(seq) * p.num_kv_heads + kvh,
                                   uint64_t(seq) * p.num_heads + h0, nh, lane, out16);
