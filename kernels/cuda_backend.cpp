@@ -98,6 +98,71 @@ class DeviceBuffer {
 
 uint32_t ceil_div(uint64_t a, uint64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
 
+// Streams that run a batch's decode launches side by side (a batch of more sequences than
+// one launch takes), forked from and joined back into the caller's stream by events, which
+// CUDA graph capture records as a fork and a join. Created once, at minikv_cache_create.
+class DecodeLanes {
+ public:
+  DecodeLanes() = default;
+  explicit DecodeLanes(uint32_t n) : streams_(n, nullptr), joins_(n, nullptr) {
+    try {
+      check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+      for (uint32_t i = 0; i < n; ++i) {
+        check(cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking));
+        check(cudaEventCreateWithFlags(&joins_[i], cudaEventDisableTiming));
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~DecodeLanes() { release(); }
+  DecodeLanes(const DecodeLanes &) = delete;
+  DecodeLanes &operator=(DecodeLanes &&o) noexcept {
+    std::swap(streams_, o.streams_);
+    std::swap(joins_, o.joins_);
+    std::swap(fork_, o.fork_);
+    return *this;
+  }
+  uint32_t size() const { return static_cast<uint32_t>(streams_.size()); }
+  cudaStream_t stream(uint32_t i) const { return streams_[i]; }
+  // Lanes [0, n) start after the work queued on `caller` so far.
+  void fork(cudaStream_t caller, uint32_t n) const {
+    MINIKV_CUDA_CHECK(cudaEventRecord(fork_, caller));
+    for (uint32_t i = 0; i < n; ++i) MINIKV_CUDA_CHECK(cudaStreamWaitEvent(streams_[i], fork_, 0));
+  }
+  // `caller`'s later work waits for lanes [0, n).
+  void join(cudaStream_t caller, uint32_t n) const {
+    for (uint32_t i = 0; i < n; ++i) {
+      MINIKV_CUDA_CHECK(cudaEventRecord(joins_[i], streams_[i]));
+      MINIKV_CUDA_CHECK(cudaStreamWaitEvent(caller, joins_[i], 0));
+    }
+  }
+  // The same on a failed call's way out (a capture must not end unjoined); errors are the
+  // failure already being reported.
+  void join_after_failure(cudaStream_t caller, uint32_t n) const noexcept {
+    for (uint32_t i = 0; i < n; ++i)
+      if (cudaEventRecord(joins_[i], streams_[i]) == cudaSuccess) (void)cudaStreamWaitEvent(caller, joins_[i], 0);
+  }
+
+ private:
+  void release() noexcept {
+    for (cudaStream_t s : streams_)
+      if (s) (void)cudaStreamDestroy(s);
+    for (cudaEvent_t e : joins_)
+      if (e) (void)cudaEventDestroy(e);
+    if (fork_) (void)cudaEventDestroy(fork_);
+  }
+  static void check(cudaError_t err) {
+    if (err == cudaSuccess) return;
+    (void)cudaGetLastError();
+    fail(MINIKV_ERR_DEVICE, "minikv_cache_create: creating the decode streams: %s", cudaGetErrorString(err));
+  }
+  std::vector<cudaStream_t> streams_;
+  std::vector<cudaEvent_t> joins_;
+  cudaEvent_t fork_ = nullptr;
+};
+
 // Sequence b's selection from its plan (its seqs entry is the caller's); pooled: WINDOW
 // scores max-pooled over the scored prefix (pool_kernel > 1).
 void set_selection(SelectParams &sel, uint32_t b, const SelectionPlan &plan, bool pooled) {
@@ -197,6 +262,15 @@ class CudaBackend final : public Backend {
              "mma: G >= 16 with head_dim / G <= 8; generic: any)",
              forced);
     }
+    if (const char *forced = std::getenv("MINIKV_DECODE_SPLITS")) {
+      char *end = nullptr;
+      const unsigned long s = std::strtoul(forced, &end, 10);
+      if (*forced != '\0' && (*end != '\0' || s == 0 || s > kDecodeMaxSplits))
+        fail(MINIKV_ERR_INVALID_ARGUMENT,
+             "minikv_cache_create: MINIKV_DECODE_SPLITS=%s must be a split count from 1 to %u",
+             forced, kDecodeMaxSplits);
+      forced_splits_ = static_cast<uint32_t>(s);
+    }
     switch (decode_kernel_) {
       case DecodeKernel::kK4V2:
       case DecodeKernel::kK4V2Warp: {
@@ -226,10 +300,16 @@ class CudaBackend final : public Backend {
         break;
     }
     part_rows_ = rows + 2ull * decode_slots_ * heads_per_cta_;
-    part_o_ = DeviceBuffer(part_rows_ * D * 4, "decode workspace");
-    part_ml_ = DeviceBuffer(part_rows_ * 2 * 4, "decode workspace");
-    // Split counters of the fast path's fused merge; the merging CTA leaves them at zero.
-    split_counters_ = DeviceBuffer(uint64_t(kMaxDecodeSeqs) * Hkv * 4, "decode workspace");
+    // A batch of more than kMaxDecodeSeqs sequences is decoded by several launches that run
+    // side by side, each with its own partials and split counters (one launch of 128
+    // sequences under GQA 32/8 fills ~0.7 of the H200's resident CTAs).
+    const uint32_t lanes = std::min(ceil_div(cfg_.max_sequences, kMaxDecodeSeqs), kDecodeMaxLanes);
+    if (lanes > 1) lanes_ = DecodeLanes(lanes);
+    const uint32_t ws_lanes = std::max(lanes, 1u);
+    part_o_ = DeviceBuffer(ws_lanes * part_rows_ * D * 4, "decode workspace");
+    part_ml_ = DeviceBuffer(ws_lanes * part_rows_ * 2 * 4, "decode workspace");
+    // Split counters of the fused merges; the merging CTA leaves them at zero.
+    split_counters_ = DeviceBuffer(uint64_t(ws_lanes) * kMaxDecodeSeqs * Hkv * 4, "decode workspace");
     MINIKV_CUDA_CHECK(cudaMemset(split_counters_.as<void>(), 0, split_counters_.bytes()));
     MINIKV_CUDA_CHECK(cudaDeviceSynchronize());  // memsets done before any stream uses them
 
@@ -390,63 +470,81 @@ class CudaBackend final : public Backend {
 
   // Decode launches over `views`. With `appended` (the items of minikv_append_decode, k, v)
   // the launches also append each item's token that no flush stored (decode_common.cuh).
+  // A batch of more than kMaxDecodeSeqs sequences goes in equal launches on the decode lanes,
+  // side by side, and the caller's stream waits for all of them.
   void launch_decodes(const std::vector<CacheView> &views, const void *q, void *out,
                       const std::vector<AppendItem> *appended, const void *k, const void *v,
                       cudaStream_t stream) {
     const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
     const uint64_t elem = dtype_bytes(cfg_.dtype);
     const uint64_t row = uint64_t(H) * D * elem, kv_row = uint64_t(Hkv) * D * elem;
-    for (size_t i = 0; i < views.size(); i += kMaxDecodeSeqs) {
-      DecodeParams p{};
-      p.q = static_cast<const uint8_t *>(q) + i * row;
-      p.out = static_cast<uint8_t *>(out) + i * row;
-      p.part_o = part_o_.as<float>();
-      p.part_ml = part_ml_.as<float>();
-      p.counters = split_counters_.as<uint32_t>();
-      p.st = st_;
-      p.num_heads = H;
-      p.num_kv_heads = Hkv;
-      p.heads_per_cta = heads_per_cta_;
-      p.scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
-      p.n = static_cast<uint32_t>(std::min<size_t>(kMaxDecodeSeqs, views.size() - i));
-      if (appended) {
-        p.new_k = static_cast<const uint8_t *>(k) + i * kv_row;
-        p.new_v = static_cast<const uint8_t *>(v) + i * kv_row;
+    const uint32_t launches = ceil_div(views.size(), kMaxDecodeSeqs);
+    const uint32_t per_launch = launches == 0 ? 0 : ceil_div(views.size(), launches);
+    const uint32_t lanes = std::min(launches, lanes_.size());
+    // CTAs that run at once: every launch on its own lane shares the device.
+    const uint32_t concurrent = lanes > 1 ? lanes : 1;
+    if (lanes > 1) lanes_.fork(stream, lanes);
+    try {
+      for (uint32_t l = 0; l < launches; ++l) {
+        const size_t i = size_t(l) * per_launch;
+        const uint32_t lane = lanes > 1 ? l % lanes : 0;
+        const cudaStream_t s = lanes > 1 ? lanes_.stream(lane) : stream;
+        DecodeParams p{};
+        p.q = static_cast<const uint8_t *>(q) + i * row;
+        p.out = static_cast<uint8_t *>(out) + i * row;
+        p.part_o = part_o_.as<float>() + lane * part_rows_ * D;
+        p.part_ml = part_ml_.as<float>() + lane * part_rows_ * 2;
+        p.counters = split_counters_.as<uint32_t>() + uint64_t(lane) * kMaxDecodeSeqs * Hkv;
+        p.st = st_;
+        p.num_heads = H;
+        p.num_kv_heads = Hkv;
+        p.heads_per_cta = heads_per_cta_;
+        p.scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
+        p.n = static_cast<uint32_t>(std::min<size_t>(per_launch, views.size() - i));
+        if (appended) {
+          p.new_k = static_cast<const uint8_t *>(k) + i * kv_row;
+          p.new_v = static_cast<const uint8_t *>(v) + i * kv_row;
+        }
+        uint32_t longest = 1, longest_quantized = 0;
+        for (uint32_t b = 0; b < p.n; ++b) {
+          const CacheView &view = views[i + b];
+          p.slot[b] = view.residual_slot;
+          p.sinks[b] = view.sinks;
+          p.quantized[b] = view.quantized;
+          p.residual[b] = view.residual;
+          p.new_position[b] = appended && !(*appended)[i + b].flush ? (*appended)[i + b].position : -1;
+          longest = std::max(longest, view.sinks + view.quantized + view.residual);
+          longest_quantized = std::max(longest_quantized, view.quantized);
+        }
+        // Splits depend on sizes only (deterministic, graph-capture friendly) and stay within
+        // the workspace.
+        const uint64_t max_splits = std::min<uint64_t>(
+            std::max<uint64_t>(part_rows_ / (uint64_t(p.n) * H), 1), kDecodeMaxSplits);
+        const uint64_t ctas = uint64_t(p.n) * concurrent * Hkv * ceil_div(H / Hkv, heads_per_cta_);
+        // Generic: the sink and residual segments add up to two tiles (residual ≤ R rows).
+        const bool fast = decode_kernel_ == DecodeKernel::kFast;
+        // k4v2: 16-bit rows (sinks, residual) in tiles of kK4V2RowTile, the rest by decode_tile_.
+        const uint64_t tiles = fast ? ceil_div(longest_quantized, kDecodeFastTile)
+                               : decode_kernel_ == DecodeKernel::kK4V2 || decode_kernel_ == DecodeKernel::kK4V2Warp
+                                   ? ceil_div(longest_quantized, decode_tile_) +
+                                         ceil_div(longest - longest_quantized, kK4V2RowTile) + 1
+                                   : ceil_div(longest, decode_tile_) + 2;
+        const uint64_t splits = forced_splits_ ? std::min<uint64_t>({forced_splits_, max_splits, tiles})
+                                               : best_splits(ctas, tiles, max_splits);
+        p.splits = static_cast<uint32_t>(std::max<uint64_t>(splits, 1));
+        switch (decode_kernel_) {
+          case DecodeKernel::kFast: launch_decode_fast(cfg_.dtype, D, p, s); break;
+          case DecodeKernel::kK4V2: launch_decode_k4v2(cfg_.dtype, p, k4v2_plan_, s); break;
+          case DecodeKernel::kK4V2Warp: launch_decode_k4v2_warp(cfg_.dtype, p, k4v2_plan_, s); break;
+          case DecodeKernel::kMma: launch_decode_mma(cfg_.dtype, p, mma_plan_, s); break;
+          case DecodeKernel::kGeneric: launch_decode_generic(cfg_.dtype, p, s); break;
+        }
       }
-      uint32_t longest = 1, longest_quantized = 0;
-      for (uint32_t b = 0; b < p.n; ++b) {
-        const CacheView &view = views[i + b];
-        p.slot[b] = view.residual_slot;
-        p.sinks[b] = view.sinks;
-        p.quantized[b] = view.quantized;
-        p.residual[b] = view.residual;
-        p.new_position[b] = appended && !(*appended)[i + b].flush ? (*appended)[i + b].position : -1;
-        longest = std::max(longest, view.sinks + view.quantized + view.residual);
-        longest_quantized = std::max(longest_quantized, view.quantized);
-      }
-      // Splits depend on sizes only (deterministic, graph-capture friendly) and stay within
-      // the workspace.
-      const uint64_t max_splits = std::min<uint64_t>(
-          std::max<uint64_t>(part_rows_ / (uint64_t(p.n) * H), 1), kDecodeMaxSplits);
-      const uint64_t ctas = uint64_t(p.n) * Hkv * ceil_div(H / Hkv, heads_per_cta_);
-      // Generic: the sink and residual segments add up to two tiles (residual ≤ R rows).
-      const bool fast = decode_kernel_ == DecodeKernel::kFast;
-      // k4v2: 16-bit rows (sinks, residual) in tiles of kK4V2RowTile, the rest by decode_tile_.
-      const uint64_t tiles = fast ? ceil_div(longest_quantized, kDecodeFastTile)
-                             : decode_kernel_ == DecodeKernel::kK4V2 || decode_kernel_ == DecodeKernel::kK4V2Warp
-                                 ? ceil_div(longest_quantized, decode_tile_) +
-                                       ceil_div(longest - longest_quantized, kK4V2RowTile) + 1
-                                 : ceil_div(longest, decode_tile_) + 2;
-      const uint64_t splits = best_splits(ctas, tiles, max_splits);
-      p.splits = static_cast<uint32_t>(std::max<uint64_t>(splits, 1));
-      switch (decode_kernel_) {
-        case DecodeKernel::kFast: launch_decode_fast(cfg_.dtype, D, p, stream); break;
-        case DecodeKernel::kK4V2: launch_decode_k4v2(cfg_.dtype, p, k4v2_plan_, stream); break;
-        case DecodeKernel::kK4V2Warp: launch_decode_k4v2_warp(cfg_.dtype, p, k4v2_plan_, stream); break;
-        case DecodeKernel::kMma: launch_decode_mma(cfg_.dtype, p, mma_plan_, stream); break;
-        case DecodeKernel::kGeneric: launch_decode_generic(cfg_.dtype, p, stream); break;
-      }
+    } catch (...) {
+      if (lanes > 1) lanes_.join_after_failure(stream, lanes);
+      throw;
     }
+    if (lanes > 1) lanes_.join(stream, lanes);
   }
 
   // The split count s (≤ max_splits, ≤ tiles) that minimizes rounds(s) × (tiles per CTA + 1),
@@ -629,6 +727,7 @@ class CudaBackend final : public Backend {
   bool prefill_scores_wgmma_ = false;  // prefill_scores_wgmma_usable(): the sm_90a score pass
   bool window_scores_ = false;  // WINDOW mode's own score pass (prefill_window_scores_fit)
   uint64_t decode_slots_ = 1;   // resident decode CTAs on the device
+  uint32_t forced_splits_ = 0;  // MINIKV_DECODE_SPLITS (0: best_splits decides)
   uint32_t decode_tile_ = kDecodeFastTile;  // tokens per decode tile (generic: quantized tiles)
   uint64_t part_rows_ = 0;
   struct SplitsQuery {
@@ -638,7 +737,8 @@ class CudaBackend final : public Backend {
   DeviceBuffer lse_, scores_, kept_;
   DeviceBuffer staging_, staged_scores_, staged_kept_;  // chunked prefill (empty when off)
   std::vector<uint32_t> prefill_order_;  // per call: whole prompts, then staged chunks
-  DeviceBuffer part_o_, part_ml_, split_counters_;
+  DeviceBuffer part_o_, part_ml_, split_counters_;  // per lane (at least one)
+  DecodeLanes lanes_;  // empty unless max_sequences > kMaxDecodeSeqs
   DeviceStorage st_{};
 
   friend std::vector<float> minikv::cuda_debug_scores(const Backend &, uint32_t, uint32_t);

@@ -117,6 +117,7 @@ constexpr uint32_t kPrefillQueryTile = 128;  // query rows per prefill attention
 constexpr uint32_t kPrefillKeyTile = 128;    // key columns per prefill score CTA
 constexpr uint32_t kDecodeFastTile = 128;  // quantized tokens per fast-path tile (8 key groups)
 constexpr uint32_t kDecodeMaxSplits = 128; // splits per decode launch (merge kernel bound)
+constexpr uint32_t kDecodeMaxLanes = 4;    // decode launches of one call that run side by side
 
 }  // namespace kernels
 }  // namespace minikv

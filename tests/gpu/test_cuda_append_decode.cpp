@@ -199,6 +199,8 @@ TEST_CASE("append_decode equals append then decode bit for bit on CUDA") {
       {"fast f16 hd64 gqa2 batch of 150", F16, 64, 4, 2, 2, 2, 16, 16, 0, many(150), 32},
       {"mma f16 hd64 K4V2 gqa2 batch of 150", F16, 64, 4, 2, 4, 2, 16, 16, 4, many(150), 32},
       {"generic f16 hd64 K4V2 gqa2 batch of 150", F16, 64, 4, 2, 4, 2, 16, 16, 4, many(150), 32, "generic"},
+      {"k4v2-warp f16 hd128 G32 4 sinks gqa4 batch of 150", F16, 128, 8, 2, 4, 2, 32, 32, 4, many(150), 40},
+      {"k4v2 f16 hd128 G32 4 sinks gqa8 batch of 300", F16, 128, 16, 2, 4, 2, 32, 32, 4, many(300), 40},
   };
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -216,7 +218,10 @@ int run_graph_case(const Shape &s) {
   cfg.num_layers = 1;
   CachePtr graph_cache = make(cfg), plain = make(cfg), split = make(cfg);
   std::mt19937 rng(77);
-  const std::vector<uint32_t> ids = {1, 0};
+  const uint32_t n = static_cast<uint32_t>(s.lens.size());
+  std::vector<uint32_t> ids(n);
+  std::iota(ids.begin(), ids.end(), 0u);
+  std::reverse(ids.begin(), ids.end());  // slots not in batch order
   prefill_both(graph_cache.get(), plain.get(), cfg, ids, s.lens, rng);
   std::mt19937 rng2(77);
   CachePtr unused = make(cfg);
@@ -227,8 +232,8 @@ int run_graph_case(const Shape &s) {
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Residual tokens per sequence: the prefill quantizes the largest multiple of G of the
   // kept tokens after the sinks; a step that brings the residual to R flushes it.
-  uint64_t residual[2];
-  for (uint32_t b = 0; b < 2; ++b) {
+  std::vector<uint64_t> residual(n);
+  for (uint32_t b = 0; b < n; ++b) {
     uint64_t cached = 0;
     MKV_OK(minikv_sequence_length(plain.get(), b, 0, nullptr, &cached));
     residual[b] = (cached - s.sinks) % s.group;
@@ -236,30 +241,30 @@ int run_graph_case(const Shape &s) {
   int flushing = 0;
   for (uint32_t step = 0; step < s.steps; ++step) {
     CAPTURE(step);
-    DevBuf q = device_tensor(cfg.dtype, 2 * q_row, rng, 1.0f);
-    DevBuf k = device_tensor(cfg.dtype, 2 * kv_row, rng, 1.5f);
-    DevBuf v = device_tensor(cfg.dtype, 2 * kv_row, rng, 1.0f);
-    DevBuf og(2 * q_row * 2), op(2 * q_row * 2), os(2 * q_row * 2);
-    CUDA_OK(cudaMemset(og.get(), 0xff, 2 * q_row * 2));
+    DevBuf q = device_tensor(cfg.dtype, n * q_row, rng, 1.0f);
+    DevBuf k = device_tensor(cfg.dtype, n * kv_row, rng, 1.5f);
+    DevBuf v = device_tensor(cfg.dtype, n * kv_row, rng, 1.0f);
+    DevBuf og(n * q_row * 2), op(n * q_row * 2), os(n * q_row * 2);
+    CUDA_OK(cudaMemset(og.get(), 0xff, n * q_row * 2));
     CUDA_OK(cudaDeviceSynchronize());  // inputs and poison in place before the non-blocking stream
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    const minikv_status st = minikv_append_decode(graph_cache.get(), 0, 2, ids.data(), q.get(),
+    const minikv_status st = minikv_append_decode(graph_cache.get(), 0, n, ids.data(), q.get(),
                                                   k.get(), v.get(), og.get(), stream);
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
     REQUIRE_MESSAGE(st == MINIKV_OK, minikv_last_error_message());
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_OK(cudaGraphLaunch(exec, stream));
-    MKV_OK(minikv_append_decode(plain.get(), 0, 2, ids.data(), q.get(), k.get(), v.get(), op.get(), stream));
-    MKV_OK(minikv_append(split.get(), 0, 2, ids.data(), k.get(), v.get(), stream));
-    MKV_OK(minikv_decode(split.get(), 0, 2, ids.data(), q.get(), os.get(), stream));
+    MKV_OK(minikv_append_decode(plain.get(), 0, n, ids.data(), q.get(), k.get(), v.get(), op.get(), stream));
+    MKV_OK(minikv_append(split.get(), 0, n, ids.data(), k.get(), v.get(), stream));
+    MKV_OK(minikv_decode(split.get(), 0, n, ids.data(), q.get(), os.get(), stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     CUDA_OK(cudaGraphExecDestroy(exec));
     CUDA_OK(cudaGraphDestroy(graph));
-    const std::vector<uint16_t> g = og.download<uint16_t>(2 * q_row);
-    CHECK(g == op.download<uint16_t>(2 * q_row));
-    CHECK(g == os.download<uint16_t>(2 * q_row));
+    const std::vector<uint16_t> g = og.download<uint16_t>(n * q_row);
+    CHECK(g == op.download<uint16_t>(n * q_row));
+    CHECK(g == os.download<uint16_t>(n * q_row));
     bool flushed = false;
     for (uint64_t &r : residual)
       if (++r == s.residual) {
@@ -286,6 +291,11 @@ TEST_CASE("CUDA graph capture of append_decode replays the uncaptured calls") {
     // in-kernel merge takes (splits x 4 slots > 64): decode_merge runs, launched as a
     // programmatic dependent, and its graph edge is captured.
     run_graph_case({"graph default", F16, 128, 8, 2, 4, 2, 32, 128, 4, {8000, 3000}, 6});
+  }
+  SUBCASE("default storage over side-by-side decode launches") {
+    // 300 sequences: three decode launches of 100 on their own streams, forked from the
+    // captured stream and joined back into it (each with its own partials and counters).
+    CHECK(run_graph_case({"graph default batch of 300", F16, 128, 8, 2, 4, 2, 32, 64, 4, many(300), 40}) >= 2);
   }
 }
 

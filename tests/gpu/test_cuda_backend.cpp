@@ -74,6 +74,9 @@ TEST_CASE("CUDA matches CPU on prefill + selection + decode across flushes") {
       // a batch larger than one launch holds (64 prefill/append, 128 decode sequences)
       {"f16 hd64 gqa2 batch of 150", F16, 64, 4, 2, CUM, 2, 2, 16, 32, UNI, 0.25f, 0.25f,
        batch_lens(150), 35},
+      // the default storage over three decode launches side by side (the one-warp kernel)
+      {"f16 hd128 gqa4 4/2 G32 4 sinks batch of 300", F16, 128, 8, 2, CUM, 4, 2, 32, 64, UNI, 0.25f, 0.25f,
+       batch_lens(300), 70, 1.0f, 4},
   };
   for (const Case &c : cases) {
     SUBCASE(c.name) { run_case(c); }
