@@ -59,7 +59,10 @@
  * with respect to the host: they return once the work is queued, and borrowed device
  * buffers must stay valid until that work has run. A handle's workspaces are shared by its
  * calls, so calls on one handle that use different streams must be ordered by the caller
- * (events, or one stream per handle). CPU calls are synchronous.
+ * (events, or one stream per handle). A CUDA cache with max_sequences above 128 owns a
+ * few streams of its own: a decode of more than 128 sequences runs its launches on them
+ * side by side, after the work already queued on `stream` and before any work queued there
+ * later (event fork and join, which CUDA graph capture records). CPU calls are synchronous.
  *
  * Errors. Every fallible call returns a minikv_status. A call that fails leaves the cache
  * exactly as it was: no partial prefill or append, no lost tokens, no leaked memory. The
