@@ -19,8 +19,8 @@
  * ceil((kept + generated) / residual_length) blocks (engine.h). libminikv's memory for
  * S slots and a pool of T tokens is measured on small caches (pool + workspace = a + b*S +
  * c*T, three probes), the engine's buffers come from the backend's own sizing, and the
- * batch is the largest whose total fits the limit; the pool is then created exactly that
- * large. The peak device memory (whole GPU, CUDA context included) is reported as measured.
+ * batch is the largest whose total fits the limit, checked by a fourth probe with that many
+ * slots; the pool is then created exactly that large. The peak device memory (whole GPU, CUDA context included) is reported as measured.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -343,6 +343,16 @@ static bool throughput(bench_state *st, const model_config *m, const model_sourc
                          per_slot * B + per_token * (double)(B * blocks_per_seq * R);
     if (total > o->memory_limit) break;
     batch = B;
+  }
+  /* The model is linear in the slots only piecewise (a CUDA cache of more than 128 sequences
+     adds decode workspace): probe the planned slot count itself and step down until it fits. */
+  for (; batch > 0; --batch) {
+    double at_batch;
+    if (!probe_cache(&base, batch, t1, &at_batch)) return false;
+    opt.max_batch = batch;
+    const double total = (double)weight_bytes + (double)backend_buffer_bytes(o->backend, m, &opt) + at_batch +
+                         per_token * ((double)batch * blocks_per_seq * R - (double)t1);
+    if (total <= o->memory_limit) break;
   }
   throughput_row *r = &st->tp[st->n_tp++];
   memset(r, 0, sizeof *r);
