@@ -106,10 +106,10 @@ class DecodeLanes {
   DecodeLanes() = default;
   explicit DecodeLanes(uint32_t n) : streams_(n, nullptr), joins_(n, nullptr) {
     try {
-      check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+      MINIKV_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
       for (uint32_t i = 0; i < n; ++i) {
-        check(cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking));
-        check(cudaEventCreateWithFlags(&joins_[i], cudaEventDisableTiming));
+        MINIKV_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking));
+        MINIKV_CUDA_CHECK(cudaEventCreateWithFlags(&joins_[i], cudaEventDisableTiming));
       }
     } catch (...) {
       release();
@@ -152,11 +152,6 @@ class DecodeLanes {
     for (cudaEvent_t e : joins_)
       if (e) (void)cudaEventDestroy(e);
     if (fork_) (void)cudaEventDestroy(fork_);
-  }
-  static void check(cudaError_t err) {
-    if (err == cudaSuccess) return;
-    (void)cudaGetLastError();
-    fail(MINIKV_ERR_DEVICE, "minikv_cache_create: creating the decode streams: %s", cudaGetErrorString(err));
   }
   std::vector<cudaStream_t> streams_;
   std::vector<cudaEvent_t> joins_;
@@ -482,7 +477,7 @@ class CudaBackend final : public Backend {
     const uint32_t per_launch = launches == 0 ? 0 : ceil_div(views.size(), launches);
     const uint32_t lanes = std::min(launches, lanes_.size());
     // CTAs that run at once: every launch on its own lane shares the device.
-    const uint32_t concurrent = lanes > 1 ? lanes : 1;
+    const uint32_t concurrent = std::max(lanes, 1u);
     if (lanes > 1) lanes_.fork(stream, lanes);
     try {
       for (uint32_t l = 0; l < launches; ++l) {
