@@ -114,6 +114,28 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// d += a · b for the even columns only (C[g][2i] in c0, C[g + 8][2i] in c2), where the odd
+// columns repeat them: the odd outputs are dropped, so their accumulators take no registers
+// between calls.
+template <typename T>
+__device__ __forceinline__ void mma_16816_even(float &c0, float &c2, const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  constexpr bool kF16 = std::is_same<T, __half>::value;
+  float odd0, odd1;
+  if constexpr (kF16)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%11,%12,%13};\n"
+        : "=f"(c0), "=f"(odd0), "=f"(c2), "=f"(odd1)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c0), "f"(0.0f), "f"(c2), "f"(0.0f));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%11,%12,%13};\n"
+        : "=f"(c0), "=f"(odd0), "=f"(c2), "=f"(odd1)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c0), "f"(0.0f), "f"(c2), "f"(0.0f));
+}
+
 // Two 16-bit values of a 32-bit word (element 0 in the low half) as floats. Unpacking the
 // words of a loaded uint4 keeps the load a single 16-byte one.
 __device__ __forceinline__ float2 word_to_float2(uint32_t w, __half) {

@@ -23,12 +23,15 @@
 //   span, j < 4) taken by this warp in turn; B = fp16(p · s_v · 2^Sv) (the one rounding
 //   MINIKV.md allows), written by the lanes that hold p; Σ p · m_v on the CUDA cores. Every
 //   lane's C columns 2i, 2i + 1 are its head slot's two value groups.
-// 16-bit rows (sinks, residual; tiles of kK4V2RowTile rows): on the CUDA cores in fp32, lane =
-//   row for the logits of every head, lane = D / 32 channels of every head for P·V (no
-//   rounding of p).
+// 16-bit rows (sinks, residual; tiles of kK4V2RowTile ≤ 32 rows) on the tensor cores too: QK
+//   an mma<T> of the K rows (M = rows) against q (column n = head slot (n / 2) mod NH), exact
+//   products, so each lane's logits are the quantized tiles' (head slot hh, rows g and g + 8);
+//   P·V an mma<T> of the V rows (M = channels, ldmatrix.trans) against p (ProbOperand: fp16 ·
+//   2^12, or bf16 in two pieces), accumulated apart from the quantized values.
 // Tiles are staged by bulk copies (cp.async.bulk + an mbarrier) issued by the warp itself,
 // one stage (kWarpStages). Error against the CPU backend's fp32 decode: decode_mma.cuh's bounds
-// (the same operands and roundings for quantized rows; 16-bit rows are exact fp32 products).
+// (the same operands and roundings: p · s_v for quantized rows, p for 16-bit rows, each
+// rounded once).
 #include <type_traits>
 
 #include "bulk_copy.cuh"
@@ -62,12 +65,16 @@ template <uint32_t D, uint32_t NH> struct K4V2WarpLayout {
   static constexpr uint32_t kVScale = kKMin + kK4V2MaxTile / kK4V2Group * D * 2;
   static constexpr uint32_t kVMin = kVScale + kK4V2MaxTile * kVG * 2;
   static constexpr uint32_t kQuantBytes = kVMin + kK4V2MaxTile * kVG * 2;
-  // 16-bit stage: K rows kRowK apart (an odd number of 16-byte units: lane = row reads
-  // without conflicts), then V rows packed (lane = channels reads whole rows).
+  // 16-bit stage: K rows, then V rows, kRowK apart (an odd number of 16-byte units:
+  // ldmatrix of eight rows reads without conflicts).
   static constexpr uint32_t kRowK = k4v2_odd_stride(D * 2);
   static constexpr uint32_t kRowV = kK4V2RowTile * kRowK;
-  static constexpr uint32_t kRowBytes = kRowV + kK4V2RowTile * D * 2;
+  static constexpr uint32_t kRowBytes = 2 * kRowV;
   static constexpr uint32_t kStageBytes = k4v2_align(kQuantBytes > kRowBytes ? kQuantBytes : kRowBytes, 128);
+  // The 16-bit rows' P·V B: [piece (hi, and lo for bf16)][head slot][32 k positions] fp16 or
+  // bf16, over the K rows (the logits are done with them when it is written).
+  static constexpr uint32_t kRowPStride = k4v2_odd_stride(32 * 2);
+  static constexpr uint32_t kRowP = 0;
   // P·V's B: [span][(head slot, value group of the span) rows][k position] fp16, over the key
   // codes of the stage (the logits are done with them when it is written).
   static constexpr uint32_t kBpvStride = k4v2_odd_stride(kK4V2MaxTile * 2);
@@ -88,9 +95,10 @@ template <uint32_t D, uint32_t NH> constexpr bool k4v2_warp_layout_ok() {
   return L::kVCodes % 16 == 0 && L::kKScale % 16 == 0 && L::kKMin % 16 == 0 && L::kVScale % 16 == 0 &&
          L::kVMin % 16 == 0 && L::kRowV % 16 == 0 && L::kStageBytes % 16 == 0 && L::kBpv % 16 == 0 &&
          L::kQ2 % 16 == 0 && L::kQn % 16 == 0 && L::kMbar % 8 == 0 && L::kTotal % 8 == 0 &&
-         L::kRowBytes <= L::kQuantBytes && L::kBpv + D / 64 * L::kBpvSpan <= L::kVCodes &&
+         L::kRowP + 2 * NH * L::kRowPStride <= L::kRowV && L::kBpv + D / 64 * L::kBpvSpan <= L::kVCodes &&
          L::kOut16 + NH * (D + 2) * 4 <= L::kStageBytes;
 }
+static_assert(kK4V2RowTile <= 32, "a 16-bit tile is at most two 16-row M-tiles");
 static_assert(k4v2_warp_layout_ok<64, 1>() && k4v2_warp_layout_ok<128, 1>() && k4v2_warp_layout_ok<64, 2>() &&
                   k4v2_warp_layout_ok<128, 2>() && k4v2_warp_layout_ok<64, 4>() && k4v2_warp_layout_ok<128, 4>(),
               "decode_k4v2_warp's shared-memory layout");
@@ -138,7 +146,7 @@ __device__ __forceinline__ void k4v2_warp_stage(const K4V2Args &a, const TileRef
     if (r < tr.count) {
       const bool sub = r == src.sub;
       bulk::copy(dst + r * L::kRowK, sub ? src.sub_k : src.k + r * kRow, kRow, bar);
-      bulk::copy(dst + L::kRowV + r * kRow, sub ? src.sub_v : src.v + r * kRow, kRow, bar);
+      bulk::copy(dst + L::kRowV + r * L::kRowK, sub ? src.sub_v : src.v + r * kRow, kRow, bar);
     }
   }
 }
@@ -194,7 +202,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   constexpr int S = D / 64;           // 64-channel spans of a value row
   constexpr int VG = D / kK4V2Group;  // value groups of a token
   constexpr int QP = D / 8;           // key pairs in a quarter of a key row
-  constexpr int CL = D / 32;          // channels per lane in the 16-bit rows' P·V
+  constexpr int MR = D / 16;          // 16-channel M-tiles of the 16-bit rows' P·V
   constexpr int kBatch = 4 / NH;      // key groups per QK B operand (NH operands per tile)
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(NH == 1 || NH == 2 || NH == 4, "1, 2 or 4 head slots");
@@ -275,9 +283,10 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   // Quantized values, head slot hh: acc[span][j] is the C fragment of channels 64s + 8g + 2j
   // (row g) and + 1 (row g + 8), columns = the span's value groups, units 2^(off − 24 − Sv)
   // (off: the code's bit offset, 4 (j mod 2) + 2 · row half); vb = Σ p · m_v per value group;
-  // l_q their probabilities' sum. 16-bit rows, every head slot: acc16 (channels CL · lane + c)
-  // and l16.
-  float acc[S][4][4], acc16[NH][CL], vb[VG], l16[NH];
+  // l_q the sum of head slot hh's probabilities (quantized and 16-bit rows) over the lane's
+  // tokens. 16-bit rows' values, head slot hh: acc16[m][r] = channel 16m + g + 8r in units of
+  // 1 / ProbOperand<T>::kScale.
+  float acc[S][4][4], acc16[MR][2], vb[VG];
 #pragma unroll
   for (int s = 0; s < S; ++s)
 #pragma unroll
@@ -285,11 +294,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[s][j][c] = 0.0f;
 #pragma unroll
-  for (int h = 0; h < NH; ++h) {
-    l16[h] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < CL; ++c) acc16[h][c] = 0.0f;
-  }
+  for (int m = 0; m < MR; ++m) acc16[m][0] = acc16[m][1] = 0.0f;
 #pragma unroll
   for (int j = 0; j < VG; ++j) vb[j] = 0.0f;
   float m_run = -INFINITY, l_q = 0.0f;  // of head slot hh
@@ -305,8 +310,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
     return x;
   };
   // Rescales the running state to the lane's head's max m_new (and the quantized values to
-  // 2^Sv' / 2^Sv); every head's 16-bit state takes that head's factor from lane h (slot h).
-  // Returns the subtrahend of the head's new probabilities' exponent.
+  // 2^Sv' / 2^Sv). Returns the subtrahend of the head's new probabilities' exponent.
   auto rescale_to = [&](float m_new, float rescale) {
     const float base = m_new == -INFINITY ? 0.0f : m_new;
     const float corr = ex2(m_run - base);  // 0 while m_run is -inf
@@ -322,11 +326,9 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 #pragma unroll
     for (int j = 0; j < VG; ++j) vb[j] *= corr;
 #pragma unroll
-    for (int h = 0; h < NH; ++h) {
-      const float ch = NH == 1 ? corr : __shfl_sync(kFull, corr, h);
-      l16[h] *= ch;
-#pragma unroll
-      for (int c = 0; c < CL; ++c) acc16[h][c] *= ch;
+    for (int m = 0; m < MR; ++m) {
+      acc16[m][0] *= corr;
+      acc16[m][1] *= corr;
     }
     return base;
   };
@@ -522,62 +524,85 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       }
       bulk::fence_proxy_async_shared();  // the next tile's copy lands on B
     } else {
-      // 16-bit rows: lane = row for the logits of every head, fp32 products of q and K.
-      float lgt[NH];
+      // 16-bit rows (count ≤ kK4V2RowTile: one or two 16-row M-tiles). QK: M = rows, N = 8
+      // columns, column n = q of head slot (n / 2) mod NH, K = channels, exact products: lane
+      // (g, i) gets head slot hh's logits of rows g and g + 8 (columns 2i and 2i + 1 repeat
+      // each other) and keeps those of M-tile mt where mt mod (4 / NH) = i / NH, so that
+      // each (head, row) is kept by one lane. Rows past the tile read row count − 1 (finite
+      // bytes; their logits are masked, their probabilities 0).
+      const bool two = count > 16;
+      const uint32_t arow = (lane & 7) + 8 * ((lane >> 3) & 1);
+      const uint8_t *ka0 = stage + min(arow, count - 1) * L::kRowK + 16 * (lane >> 4);
+      const uint8_t *ka1 = stage + min(16 + arow, count - 1) * L::kRowK + 16 * (lane >> 4);
+      const uint8_t *qb = reinterpret_cast<const uint8_t *>(qn + ((gq >> 1) % NH) * D) + 4 * qi;
+      float d0[2] = {0.0f, 0.0f}, d1[2] = {0.0f, 0.0f};  // rows g, g + 8 of M-tiles 0 and 1
 #pragma unroll
-      for (int h = 0; h < NH; ++h) lgt[h] = -INFINITY;
-      if (lane < count) {
-        const uint4 *krow = reinterpret_cast<const uint4 *>(stage + lane * L::kRowK);
-        float part[NH][2] = {};
-        // Two of the D / 8 steps per iteration (so part's index is static): unrolled whole,
-        // this tile kind alone took ~900 SASS instructions of the kernel at NH 4.
-#pragma unroll 2
-        for (int v = 0; v < D / 8; ++v) {
-          float kf[8];
-          unpack8<T>(krow[v], kf);
+      for (int k = 0; k < KS; ++k) {
+        const uint32_t b0 = lds32(qb + 32 * k), b1 = lds32(qb + 32 * k + 16);
+        uint32_t av[4];
+        ldmatrix_x4(av, ka0 + 32 * k);
+        mma_16816_even<T>(d0[0], d0[1], av, b0, b1);
+        if (two) {
+          ldmatrix_x4(av, ka1 + 32 * k);
+          mma_16816_even<T>(d1[0], d1[1], av, b0, b1);
+        }
+      }
+      float lg16[2][2], tmax = -INFINITY;
 #pragma unroll
-          for (int h = 0; h < NH; ++h) {
-            float qv[8];  // a broadcast load: every lane reads the same 8 channels
-            unpack8<T>(reinterpret_cast<const uint4 *>(qn + h * D)[v], qv);
-            float &acc_h = part[h][v & 1];
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc_h = fmaf(qv[e], kf[e], acc_h);
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t t = 16 * mt + gq + 8 * r;
+          const bool mine = uint32_t(mt % (4 / NH)) == kgl && t < count;
+          lg16[mt][r] = mine ? (mt ? d1[r] : d0[r]) * p.scale_log2 : -INFINITY;
+          tmax = fmaxf(tmax, lg16[mt][r]);
+        }
+      const float base = rescale_to(fmaxf(m_run, head_max(tmax)), 1.0f);
+      // P·V: M = channels, N = the QK columns' heads, K = rows; k positions 2g, 2g + 1 of
+      // k-step mt are rows 16 mt + g, 16 mt + g + 8, so a lane's two probabilities are one
+      // word of B (p rounded once, ProbOperand). B lies over the K rows: every lane is past
+      // its ldmatrix of them first.
+      __syncwarp();
+      uint8_t *prow = stage + L::kRowP;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const float p0 = ex2(lg16[mt][0] - base), p1 = ex2(lg16[mt][1] - base);
+        l_q += p0 + p1;
+        if (uint32_t(mt % (4 / NH)) == kgl && (mt == 0 || two)) {
+          const ProbOperand<T> pb(p0, p1, 0.0f, 0.0f);
+          uint8_t *dst = prow + hh * L::kRowPStride + 4 * (8 * mt + gq);
+          sts32(dst, pb.hi[0]);
+          if constexpr (!std::is_same<T, __half>::value) sts32(dst + NH * L::kRowPStride, pb.lo[0]);
+        }
+      }
+      __syncwarp();
+      {
+        // ldmatrix.trans row addresses: matrix mi = (k half, channel half), k position →
+        // row (2m → m, 2m + 1 → m + 8).
+        const uint32_t mi = lane >> 3, kp = 8 * (mi >> 1) + (lane & 7);
+        const uint32_t row = (kp & 1) ? kp / 2 + 8 : kp / 2;
+        const uint8_t *va0 = stage + L::kRowV + min(row, count - 1) * L::kRowK + 16 * (mi & 1);
+        const uint8_t *va1 = stage + L::kRowV + min(16 + row, count - 1) * L::kRowK + 16 * (mi & 1);
+        const uint8_t *pb = prow + ((gq >> 1) % NH) * L::kRowPStride + 4 * qi;
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          if (kk == 1 && !two) break;
+          const uint32_t bh0 = lds32(pb + 32 * kk), bh1 = lds32(pb + 32 * kk + 16);
+          uint32_t bl0 = 0, bl1 = 0;
+          if constexpr (!std::is_same<T, __half>::value) {
+            bl0 = lds32(pb + NH * L::kRowPStride + 32 * kk);
+            bl1 = lds32(pb + NH * L::kRowPStride + 32 * kk + 16);
+          }
+#pragma unroll
+          for (int m = 0; m < MR; ++m) {
+            uint32_t av[4];
+            ldmatrix_x4_trans(av, (kk ? va1 : va0) + 32 * m);
+            mma_16816_even<T>(acc16[m][0], acc16[m][1], av, bh0, bh1);
+            if constexpr (!std::is_same<T, __half>::value) mma_16816_even<T>(acc16[m][0], acc16[m][1], av, bl0, bl1);
           }
         }
-#pragma unroll
-        for (int h = 0; h < NH; ++h) lgt[h] = (part[h][0] + part[h][1]) * p.scale_log2;
       }
-      float mine = -INFINITY;  // the max of the lane's head over the tile
-#pragma unroll
-      for (int h = 0; h < NH; ++h) {
-        const float mh = warp_max(lgt[h]);
-        if (uint32_t(h) == hh) mine = mh;
-      }
-      const float base = rescale_to(fmaxf(m_run, mine), 1.0f);
-      float pt[NH];  // row `lane`'s probability for each head (0 past the tile)
-#pragma unroll
-      for (int h = 0; h < NH; ++h) {
-        pt[h] = ex2(lgt[h] - (NH == 1 ? base : __shfl_sync(kFull, base, h)));
-        l16[h] += pt[h];
-      }
-      const uint8_t *vcol = stage + L::kRowV + lane * CL * 2;
-      for (uint32_t t = 0; t < count; ++t) {
-        float vf[CL];
-        if constexpr (CL == 4) {
-          const uint2 u = *reinterpret_cast<const uint2 *>(vcol + t * D * 2);
-          const float2 a0 = word_to_float2(u.x, T{}), a1 = word_to_float2(u.y, T{});
-          vf[0] = a0.x; vf[1] = a0.y; vf[2] = a1.x; vf[3] = a1.y;
-        } else {
-          const float2 a0 = word_to_float2(lds32(vcol + t * D * 2), T{});
-          vf[0] = a0.x; vf[1] = a0.y;
-        }
-#pragma unroll
-        for (int h = 0; h < NH; ++h) {
-          const float pb = __shfl_sync(kFull, pt[h], t);
-#pragma unroll
-          for (int c = 0; c < CL; ++c) acc16[h][c] = fmaf(pb, vf[c], acc16[h][c]);
-        }
-      }
+      bulk::fence_proxy_async_shared();  // the next tile's copy lands on B
     }
 
     __syncwarp();  // every lane is done with the stage and with P·V's B
@@ -595,18 +620,9 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   // The sums and Σ p · m_v of the lane's head over its lanes; the 16-bit rows' outputs
   // through shared memory (over the stage: no copy is in flight and every lane is done with
   // the last tile), to the lanes that hold the quantized output of the same (head, channel).
-  float Lh;
-  {
-    float lq = l_q;
+  float Lh = l_q;
 #pragma unroll
-    for (int o = NH; o < 32; o <<= 1) lq += __shfl_xor_sync(kFull, lq, o);
-    Lh = lq;
-#pragma unroll
-    for (int h = 0; h < NH; ++h) {
-      const float t = warp_sum(l16[h]);
-      if (uint32_t(h) == hh) Lh += t;
-    }
-  }
+  for (int o = NH; o < 32; o <<= 1) Lh += __shfl_xor_sync(kFull, Lh, o);
   float VB[VG];
 #pragma unroll
   for (int j = 0; j < VG; ++j) {
@@ -616,10 +632,12 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   }
   float *out16 = reinterpret_cast<float *>(smem + L::kOut16);
   __syncwarp();
+  if (kgl == 0) {  // lanes i and i + NH hold the same values
 #pragma unroll
-  for (int h = 0; h < NH; ++h)
+    for (int m = 0; m < MR; ++m)
 #pragma unroll
-    for (int c = 0; c < CL; ++c) out16[h * D + CL * lane + c] = acc16[h][c];
+      for (int r = 0; r < 2; ++r) out16[hh * D + 16 * m + gq + 8 * r] = acc16[m][r] * (1.0f / ProbOperand<T>::kScale);
+  }
   __syncwarp();
   // Lane (g, i) completes head slot hh's channel subsets j with j mod kBatch = i / NH:
   // channels 64s + 8g + 2j + r, value group 2s + g / 4 (column parity g / 4 of its C
