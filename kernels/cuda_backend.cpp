@@ -27,6 +27,7 @@
 #include "decode_generic_plan.h"
 #include "decode_k4v2_plan.h"
 #include "decode_mma_plan.h"
+#include "decode_splits.h"
 #include "launchers.h"
 
 namespace minikv {
@@ -542,41 +543,16 @@ class CudaBackend final : public Backend {
     if (lanes > 1) lanes_.join(stream, lanes);
   }
 
-  // The split count s (≤ max_splits, ≤ tiles) that minimizes the estimated time
-  //   rounds(s) × (⌈tiles / s⌉ + 1) + (s > 1 ? merge : 0)
-  // in units of one tile's time (the + 1 for a CTA's pipeline fill), rounds(s) counting the
-  // waves of ctas · s CTAs over the resident slots (1 up to one wave, the CTAs side by side).
-  // Past one wave, a last partial wave counts as a whole round, except for the one-warp
-  // kernel with four head slots (GQA groups of four and more), whose CTAs are bound by
-  // instruction issue: there a partial wave counts its share (at least 0.4: its CTAs still
-  // pay their own latency), and the split merge, four heads in the last CTA, about three
-  // tiles. H200 (bench/results): MHA, one-warp kernel, B = 8 at 32K took 1.31× longer with 7
-  // splits (1.13 waves) than with 6 (0.97), and B = 73 at 2K 1.07× with one split (1.47
-  // waves) than with two; GQA 32/8, the Llama-3-8B engine step was 4% faster with one split
-  // (1.45 waves) than with two (2.9), and B = 128 at 2K (0.71 waves at one split) 1.4×.
-  // Ties go to fewer splits. The search costs a division per candidate (~1 us of host time
-  // at 128 tiles), and a decode loop asks the same question for every layer of a step (the
-  // tiles change every 128 tokens): the last answer is kept.
+  // choose_decode_splits (decode_splits.h) for this cache's kernel and resident slots. It
+  // costs a division per candidate (~1 us of host time at 128 tiles), and a decode loop asks
+  // the same question for every layer of a step (the tiles change every 128 tokens): the
+  // last answer is kept.
   uint64_t best_splits(uint64_t ctas, uint64_t tiles, uint64_t max_splits) {
-    const bool issue_bound = decode_kernel_ == DecodeKernel::kK4V2Warp && heads_per_cta_ == 4;
-    const double tail_round = issue_bound ? 0.4 : 1.0, merge_tiles = issue_bound ? 3.0 : 0.0;
     SplitsQuery &m = last_splits_;
     if (m.ctas == ctas && m.tiles == tiles && m.max_splits == max_splits) return m.splits;
-    uint64_t best = 1;
-    double best_cost = 0.0;
-    const uint64_t top = std::min<uint64_t>(max_splits, std::max<uint64_t>(tiles, 1));
-    for (uint64_t s = 1; s <= top; ++s) {
-      const double waves = double(ctas * s) / double(decode_slots_);
-      const double whole = std::floor(waves), part = waves - whole;
-      const double rounds = waves <= 1.0 ? 1.0 : whole + (part > 0.0 ? std::max(part, tail_round) : 0.0);
-      const double cost = rounds * double((tiles + s - 1) / s + 1) + (s > 1 ? merge_tiles : 0.0);
-      if (s == 1 || cost < best_cost) {
-        best = s;
-        best_cost = cost;
-      }
-    }
-    m = SplitsQuery{ctas, tiles, max_splits, best};
-    return best;
+    const bool issue_bound = decode_kernel_ == DecodeKernel::kK4V2Warp && heads_per_cta_ == 4;
+    m = SplitsQuery{ctas, tiles, max_splits, choose_decode_splits(ctas, tiles, max_splits, decode_slots_, issue_bound)};
+    return m.splits;
   }
 
   // block_table[slot][first + i] = blocks[i], by table-update launches.

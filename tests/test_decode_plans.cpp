@@ -2,14 +2,17 @@
 // GPU: the divisor it gets for R, and the shared-memory plan of every storage configuration
 // the kernel takes (key and value bits 2/4/8/16, G 16..128 with D / G <= 8, head_dim 64 and
 // 128, R from G to 4096): tiles hold whole k-steps and divide R, every staged region of a
-// tile fits its stage without overlap, and the whole plan fits one CTA of an H100/H200.
+// tile fits its stage without overlap, and the whole plan fits one CTA of an H100/H200. And
+// the decode split count (kernels/decode_splits.h) at the shapes its rules were measured on.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "../kernels/decode_mma_plan.h"
+#include "../kernels/decode_splits.h"
 
 namespace {
 
@@ -142,3 +145,39 @@ TEST_CASE("the tensor-core decode plan fits every storage configuration it takes
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("the decode split count makes the choices measured on the H200") {
+  using minikv::kernels::choose_decode_splits;
+  // Resident one-warp CTAs on an H200's 132 SMs: 12 per SM with one head slot, 11 with four.
+  const uint64_t mha = 12 * 132, gqa = 11 * 132;
+  // MHA, whole rounds: B = 8 at 32K (256 CTAs a split, 131 tiles) fills one wave with 6
+  // splits; 7 (1.13 waves) measured 1.31x slower.
+  CHECK(choose_decode_splits(256, 131, 13, mha, false) == 6);
+  // B = 73 at 2K (2,336 CTAs, 11 tiles): 2 splits measured 1.07x faster than 1.
+  CHECK(choose_decode_splits(2336, 11, 128, mha, false) == 2);
+  // GQA groups of four, partial waves by their share: the Llama-3-8B engine step (2,112 CTAs,
+  // 14-22 tiles over its run) measured 4.5% faster with 1 split than with the 2 that whole
+  // rounds choose.
+  for (uint64_t tiles : {14, 18, 22}) {
+    CAPTURE(tiles);
+    CHECK(choose_decode_splits(2112, tiles, 128, gqa, true) == 1);
+    CHECK(choose_decode_splits(2112, tiles, 128, gqa, false) == 2);
+  }
+  // B = 128 at 2K (1,024 CTAs, 0.71 waves): 1 split, 1.4x faster than 2.
+  CHECK(choose_decode_splits(1024, 11, 128, gqa, true) == 1);
+  // Few CTAs, long caches: both rules fill one wave the same way (B = 8 and B = 1 at 32K).
+  for (bool share : {false, true}) {
+    CHECK(choose_decode_splits(64, 131, 46, gqa, share) == 22);
+    CHECK(choose_decode_splits(8, 131, 128, gqa, share) == 66);
+  }
+  CHECK(choose_decode_splits(32, 131, 128, mha, false) == 44);
+  // Always within [1, min(max_splits, tiles)], tiles of 0 included.
+  for (uint64_t ctas : {1, 7, 100, 1000, 5000})
+    for (uint64_t tiles : {0, 1, 2, 9, 130, 1000})
+      for (uint64_t max_splits : {1, 5, 128})
+        for (bool share : {false, true}) {
+          const uint64_t s = choose_decode_splits(ctas, tiles, max_splits, gqa, share);
+          CHECK(s >= 1);
+          CHECK(s <= std::max<uint64_t>(std::min<uint64_t>(max_splits, tiles), 1));
+        }
+}
