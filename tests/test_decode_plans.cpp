@@ -144,8 +144,6 @@ TEST_CASE("the tensor-core decode plan fits every storage configuration it takes
   CHECK(plans > 300);
 }
 
-}  // TEST_SUITE
-
 TEST_CASE("the decode split count makes the choices measured on the H200") {
   using minikv::kernels::choose_decode_splits;
   // Resident one-warp CTAs on an H200's 132 SMs: 12 per SM with one head slot, 11 with four.
@@ -181,3 +179,5 @@ TEST_CASE("the decode split count makes the choices measured on the H200") {
           CHECK(s <= std::max<uint64_t>(std::min<uint64_t>(max_splits, tiles), 1));
         }
 }
+
+}  // TEST_SUITE
