@@ -245,8 +245,8 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
     return elem_to_float<T>(reinterpret_cast<const uint16_t *>(qn)[h * D + c], 0);
   };
 
-  // The CTA's queries (zeros past its heads) as the dtype: the bias mma's B, and the 16-bit
-  // rows' q after conversion.
+  // The CTA's queries (zeros past its heads) as the dtype: the B operand of the bias mma and of
+  // the 16-bit rows' QK.
   for (uint32_t x = lane; x < NH * D / 8; x += 32) {
     const uint32_t h = x / (D / 8), c8 = x % (D / 8);
     uint4 v = make_uint4(0, 0, 0, 0);
