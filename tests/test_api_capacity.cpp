@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../examples/engine/pool_blocks.h"
 #include "cache_model.hpp"
 #include "support.hpp"
 
@@ -205,6 +206,67 @@ TEST_CASE("capacity: continuous batching keeps the pool consistent") {
   // The whole pool is free again: 6 blocks = one prompt of 192 keeping 96 tokens.
   MKV_REQUIRE_OK(p.prefill(0, 192));
   (void)refused;
+}
+
+// The engine reserves engine_blocks_at_end's count for a sequence's whole life; too few and a
+// flush would fail halfway through a decode step. A pool of exactly that many blocks must
+// hold the prefill and every append, and one block fewer must not.
+TEST_CASE("capacity: the engine's count of a sequence's blocks at its end is exact") {
+  struct Setting {
+    uint32_t group, residual, sinks;
+    minikv_budget_policy policy;
+  };
+  const Setting settings[] = {{16, 16, 0, MINIKV_BUDGET_PYRAMID}, {16, 32, 4, MINIKV_BUDGET_PYRAMID},
+                              {32, 64, 3, MINIKV_BUDGET_UNIFORM}, {16, 48, 9, MINIKV_BUDGET_UNIFORM}};
+  constexpr uint32_t kLayers = 3, kMaxPrompt = 150, kMaxAppends = 70;
+  test::Rng rng{11};
+  test::Buf q(kDt, kMaxPrompt * kH * kD), k(kDt, kMaxPrompt * kHkv * kD), v(kDt, kMaxPrompt * kHkv * kD),
+      out(kDt, kMaxPrompt * kH * kD), k1(kDt, kHkv * kD), v1(kDt, kHkv * kD);
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  k1.fill_normal(rng);
+  v1.fill_normal(rng);
+  const uint32_t seq = 0;
+  for (const Setting &st : settings)
+    for (uint32_t prompt : {5u, 37u, 150u})
+      for (uint32_t appends : {0u, 1u, 29u, 70u}) {
+        CAPTURE(st.group);
+        CAPTURE(st.residual);
+        CAPTURE(st.sinks);
+        CAPTURE(prompt);
+        CAPTURE(appends);
+        minikv_config c = test::cpu_config(kLayers, kH, kHkv, kD, kDt);
+        c.max_seq_len = kMaxPrompt + kMaxAppends;
+        c.group_size = st.group;
+        c.residual_length = st.residual;
+        c.sink_tokens = st.sinks;
+        c.budget_policy = st.policy;
+        const int32_t cu[2] = {0, static_cast<int32_t>(prompt)};
+        // Prefills, then `appends` tokens in every layer; the first failure's status.
+        auto run = [&](uint64_t blocks, uint64_t *need) {
+          c.max_tokens = blocks * st.residual;  // 0: room for everything
+          test::CachePtr cache = test::make_cache(c);
+          for (uint32_t l = 0; l < kLayers; ++l) {
+            const minikv_status s =
+                minikv_prefill(cache.get(), l, 1, &seq, cu, q.data(), k.data(), v.data(), out.data(), nullptr);
+            if (s != MINIKV_OK) return s;
+            uint64_t cached = 0;
+            REQUIRE(minikv_sequence_length(cache.get(), seq, l, nullptr, &cached) == MINIKV_OK);
+            if (need) *need += engine_blocks_at_end(&c, prompt, cached, appends);
+          }
+          for (uint32_t i = 0; i < appends; ++i)
+            for (uint32_t l = 0; l < kLayers; ++l) {
+              const minikv_status s = minikv_append(cache.get(), l, 1, &seq, k1.data(), v1.data(), nullptr);
+              if (s != MINIKV_OK) return s;
+            }
+          return MINIKV_OK;
+        };
+        uint64_t need = 0;
+        REQUIRE(run(0, &need) == MINIKV_OK);
+        CHECK(run(need, nullptr) == MINIKV_OK);
+        if (need > 1) CHECK(run(need - 1, nullptr) == MINIKV_ERR_CAPACITY_EXCEEDED);
+      }
 }
 
 }  // TEST_SUITE

@@ -15,8 +15,8 @@
  * Prints tables and writes JSON (--json) with the date, device, commit and every number.
  *
  * How the batch is sized. One prompt is prefilled first (batch 1) to learn how many tokens
- * each layer keeps; a sequence then needs at most sum over layers of
- * ceil((kept + generated) / residual_length) blocks (engine.h). libminikv's memory for
+ * each layer keeps; a sequence then needs the sum over layers of engine_blocks_at_end's
+ * blocks (engine.h) for its generated tokens. libminikv's memory for
  * S slots and a pool of T tokens is measured on small caches (pool + workspace = a + b*S +
  * c*T, three probes), the engine's buffers come from the backend's own sizing, and the
  * batch is the largest whose total fits the limit, checked by a fourth probe with that many
@@ -285,7 +285,7 @@ static bool latency_context(bench_state *st, backend *b, const char *model, cons
    kept count, add the tokens it will generate. */
 static bool blocks_per_sequence(bench_state *st, backend *b, uint64_t *blocks) {
   const bench_options *o = st->o;
-  const uint32_t V = b->model.n_vocab, R = b->kv.residual_length, seq = 0;
+  const uint32_t V = b->model.n_vocab, seq = 0;
   int32_t *prompt = alloc_zeroed(o->tp_prompt, sizeof *prompt, "prompt");
   float *logits = alloc_zeroed(V, sizeof *logits, "logits");
   bool ok = prompt && logits;
@@ -297,7 +297,7 @@ static bool blocks_per_sequence(bench_state *st, backend *b, uint64_t *blocks) {
     uint64_t cached = 0;
     ok = minikv_sequence_length(b->cache, seq, l, NULL, &cached) == MINIKV_OK ||
          fail("minikv_sequence_length: %s", minikv_last_error_message());
-    *blocks += (cached + o->tp_gen + R - 1) / R;
+    *blocks += engine_blocks_at_end(&b->kv, o->tp_prompt, cached, o->tp_gen);
   }
   ok = ok && b->release(b, seq);
   free(prompt);

@@ -272,7 +272,7 @@ static int admit(run_state *st, uint32_t r) {
       fail("minikv_sequence_length: %s", minikv_last_error_message());
       return -1;
     }
-    q->reserved_blocks += (cached + appends + b->kv.residual_length - 1) / b->kv.residual_length;
+    q->reserved_blocks += engine_blocks_at_end(&b->kv, q->prompt_len, cached, appends);
   }
   if (!room_for(st, q)) {
     if (!b->release(b, slot)) return -1;

@@ -12,9 +12,9 @@
  * token and others not).
  *
  * The room a sequence needs: libminikv stores each (sequence, layer)'s tokens in blocks of
- * residual_length; one that holds c tokens after its prefill and appends up to n more
- * needs at most ceil((c + n) / residual_length) blocks per layer (minikv.h: max_tokens
- * counts whole blocks).
+ * residual_length (minikv.h: max_tokens counts whole blocks), but its sinks and the tokens
+ * in its 16-bit residual lie outside them; engine_blocks_at_end counts what a sequence
+ * holds at its end.
  */
 #ifndef ENGINE_ENGINE_H
 #define ENGINE_ENGINE_H
@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "pool_blocks.h"
 #include "sampler.h"
 
 #ifdef __cplusplus

@@ -1,0 +1,28 @@
+/*
+ * pool_blocks.h — how many of libminikv's pool blocks a sequence holds at its end, which is
+ * what the engine reserves for it (engine.h) and what --bench sizes its pool by (bench.c).
+ * Header-only and free of the engine's other parts: the library's tests check it against
+ * the pool (tests/test_api_capacity.cpp).
+ */
+#ifndef ENGINE_POOL_BLOCKS_H
+#define ENGINE_POOL_BLOCKS_H
+
+#include <stdint.h>
+
+#include "minikv.h"
+
+/* Pool blocks one (sequence, layer) holds after `appends` more tokens, when its prefill of
+   `prompt_len` tokens left it `cached` (minikv_sequence_length). As minikv.h describes the
+   storage: min(sink_tokens, prompt_len) sinks sit apart from the blocks, the other kept
+   tokens are stored in whole groups of group_size with the tail in the 16-bit residual, and
+   the residual goes into the blocks residual_length tokens at a time, filling them in order. */
+static inline uint64_t engine_blocks_at_end(const minikv_config *kv, uint32_t prompt_len, uint64_t cached,
+                                            uint64_t appends) {
+  const uint64_t G = kv->group_size, R = kv->residual_length;
+  const uint64_t sinks = kv->sink_tokens < prompt_len ? kv->sink_tokens : prompt_len;
+  const uint64_t rest = cached > sinks ? cached - sinks : 0, tail = rest % G;
+  const uint64_t in_blocks = rest - tail + R * ((tail + appends) / R);
+  return (in_blocks + R - 1) / R;
+}
+
+#endif
