@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One call of one libminikv kernel path, for `ncu` (bench/ncu.sh) to profile.
 
-  decode:  prefill B sequences of L tokens, then `reps` decode steps of one layer
+  decode:  prefill B sequences of L tokens, append --appends more (1), then `reps` decode steps
+           of one layer
   prefill: `reps` prefills of one sequence of L tokens (CUMULATIVE or WINDOW)
 Random inputs as in bench_gpu.py; fp16 or bf16; head_dim 128; the storage of --preset
 (the paper's by default), or of --key-bits/--value-bits/--group where given. --trace prints,
@@ -38,6 +39,8 @@ def main():
     ap.add_argument("--key-bits", type=int)
     ap.add_argument("--value-bits", type=int)
     ap.add_argument("--group", type=int)
+    ap.add_argument("--appends", type=int, default=1,
+                    help="decode: tokens appended after the prefill (they fill the 16-bit residual)")
     a = ap.parse_args()
     if a.json and not a.trace:
         ap.error("--json needs --trace")
@@ -49,7 +52,7 @@ def main():
     D, dev = 128, torch.device("cuda")
     cache = minikv.Cache(minikv.Config.from_preset(
         a.preset, backend="cuda", dtype=a.dtype, num_layers=1, num_heads=a.H, num_kv_heads=a.Hkv,
-        head_dim=D, max_sequences=B, max_seq_len=a.L + 16, score_mode=a.mode, **storage))
+        head_dim=D, max_sequences=B, max_seq_len=a.L + max(a.appends, 16), score_mode=a.mode, **storage))
     ids, cu = list(range(B)), [i * a.L for i in range(B + 1)]
     q = torch.randn((B * a.L, a.H, D), device=dev, dtype=tdtype)
     k = torch.randn((B * a.L, a.Hkv, D), device=dev, dtype=tdtype)
@@ -62,8 +65,9 @@ def main():
                 cache.release(i)
     if a.what == "decode":
         prefill()
-        cache.append(0, ids, torch.randn((B, a.Hkv, D), device=dev, dtype=tdtype),
-                     torch.randn((B, a.Hkv, D), device=dev, dtype=tdtype))
+        for _ in range(a.appends):
+            cache.append(0, ids, torch.randn((B, a.Hkv, D), device=dev, dtype=tdtype),
+                         torch.randn((B, a.Hkv, D), device=dev, dtype=tdtype))
         qd = torch.randn((B, a.H, D), device=dev, dtype=tdtype)
     step = prefill if a.what == "prefill" else lambda: cache.decode(0, ids, qd)
     if a.trace:
@@ -78,7 +82,7 @@ def main():
                 returns.append((time.perf_counter() - t0) * 1e3)
                 torch.cuda.synchronize()
                 walls.append((time.perf_counter() - t0) * 1e3)
-        what = a.mode if a.what == "prefill" else f"B={B} {a.preset} {storage or ''}"
+        what = a.mode if a.what == "prefill" else f"B={B} {a.preset} {storage or ''} appends {a.appends}"
         print(f"{a.what} L={a.L} H={a.H} Hkv={a.Hkv} {a.dtype} {what}: wall ms per rep",
               " ".join(f"{w:.3f}" for w in walls), "; the calls returned after",
               " ".join(f"{w:.3f}" for w in returns))
@@ -98,7 +102,7 @@ def main():
                 if total is None:  # older torch
                     total = e.cuda_time_total
                 kernels[e.key] = {"launches_per_rep": e.count / a.reps, "us_per_rep": total / a.reps}
-            record = {"what": a.what, "L": a.L, "H": a.H, "Hkv": a.Hkv, "B": B, "dtype": a.dtype,
+            record = {"what": a.what, "L": a.L, "H": a.H, "Hkv": a.Hkv, "B": B, "dtype": a.dtype, "appends": a.appends,
                       "mode": a.mode, "preset": a.preset, "storage": storage, "reps": a.reps,
                       "wall_ms": walls, "returned_ms": returns, "kernels": kernels}
             with open(a.json, "w") as f:
