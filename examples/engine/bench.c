@@ -16,7 +16,7 @@
  *
  * How the batch is sized. One prompt is prefilled first (batch 1) to learn how many tokens
  * each layer keeps; a sequence then needs the sum over layers of engine_blocks_at_end's
- * blocks (engine.h) for its generated tokens. libminikv's memory for
+ * blocks (pool_blocks.h) for its generated tokens. libminikv's memory for
  * S slots and a pool of T tokens is measured on small caches (pool + workspace = a + b*S +
  * c*T, three probes), the engine's buffers come from the backend's own sizing, and the
  * batch is the largest whose total fits the limit, checked by a fourth probe with that many
