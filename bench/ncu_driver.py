@@ -52,7 +52,8 @@ def main():
     D, dev = 128, torch.device("cuda")
     cache = minikv.Cache(minikv.Config.from_preset(
         a.preset, backend="cuda", dtype=a.dtype, num_layers=1, num_heads=a.H, num_kv_heads=a.Hkv,
-        head_dim=D, max_sequences=B, max_seq_len=a.L + max(a.appends, 16), score_mode=a.mode, **storage))
+        head_dim=D, max_sequences=B, max_seq_len=a.L + max(a.appends, 16), score_mode=a.mode,
+        **storage))
     ids, cu = list(range(B)), [i * a.L for i in range(B + 1)]
     q = torch.randn((B * a.L, a.H, D), device=dev, dtype=tdtype)
     k = torch.randn((B * a.L, a.Hkv, D), device=dev, dtype=tdtype)
@@ -82,7 +83,8 @@ def main():
                 returns.append((time.perf_counter() - t0) * 1e3)
                 torch.cuda.synchronize()
                 walls.append((time.perf_counter() - t0) * 1e3)
-        what = a.mode if a.what == "prefill" else f"B={B} {a.preset} {storage or ''} appends {a.appends}"
+        what = (a.mode if a.what == "prefill"
+                else f"B={B} {a.preset} {storage or ''} appends {a.appends}")
         print(f"{a.what} L={a.L} H={a.H} Hkv={a.Hkv} {a.dtype} {what}: wall ms per rep",
               " ".join(f"{w:.3f}" for w in walls), "; the calls returned after",
               " ".join(f"{w:.3f}" for w in returns))
@@ -102,8 +104,8 @@ def main():
                 if total is None:  # older torch
                     total = e.cuda_time_total
                 kernels[e.key] = {"launches_per_rep": e.count / a.reps, "us_per_rep": total / a.reps}
-            record = {"what": a.what, "L": a.L, "H": a.H, "Hkv": a.Hkv, "B": B, "dtype": a.dtype, "appends": a.appends,
-                      "mode": a.mode, "preset": a.preset, "storage": storage, "reps": a.reps,
+            record = {"what": a.what, "L": a.L, "H": a.H, "Hkv": a.Hkv, "B": B, "dtype": a.dtype,
+                      "appends": a.appends, "mode": a.mode, "preset": a.preset, "storage": storage, "reps": a.reps,
                       "wall_ms": walls, "returned_ms": returns, "kernels": kernels}
             with open(a.json, "w") as f:
                 json.dump(record, f, indent=1)
