@@ -79,13 +79,23 @@ __global__ void __launch_bounds__(kScThreads, 2)
   const int total = n_rep * (qt_end - qt0);
 
   // Item `it` = query tile qt of head h, into stage it % kScStages; (h, qt) advance by
-  // counters in issue order.
+  // counters in issue order. This thread's 16-byte chunks of a tile: chunk lchunk of rows
+  // lrow + j · kPassRows (j < kPasses); kPassRows is a multiple of the swizzle's 8 rows, so
+  // their shared offsets differ by whole 8-row groups.
+  constexpr int kChunks = D / 8, kPassRows = kScThreads / kChunks, kPasses = kScQueries / kPassRows;
+  static_assert(kPassRows % 8 == 0 && kScQueries % kPassRows == 0, "whole swizzle groups per pass");
+  const int lrow = threadIdx.x / kChunks, lchunk = threadIdx.x % kChunks;
+  const uint32_t chunk_smem = q_addr + wg::swizzled_offset<kScQueries>(lrow, lchunk);
+  const T *const q_chunk = static_cast<const T *>(p.q) + (tb + lrow) * q_stride + lchunk * 8;
+  const int64_t pass_stride = int64_t(kPassRows) * q_stride;
   auto issue = [&](int it, int h, int qt) {
+    const uint32_t dst = chunk_smem + (it & (kScStages - 1)) * Sm::kQTile;
+    const T *src = q_chunk + (int64_t(qt) * kScQueries * q_stride + int64_t(h) * D);
+    const int valid = n - qt * kScQueries - lrow;  // this thread's rows below it are real
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j)  // rows past n: zero-filled, their address not read
+      cp_async_16(dst + j * kPassRows * 128, src + j * pass_stride, j * kPassRows < valid);
     const int st = it & (kScStages - 1);
-    const T *src = static_cast<const T *>(p.q) + (tb + int64_t(qt) * kScQueries) * q_stride +
-                   int64_t(h) * D;
-    wg::load_swizzled<T, D, kScQueries, kScThreads>(smem + st * Sm::kQTile, src, q_stride,
-                                                    n - qt * kScQueries);
     if (threadIdx.x < kScQueries) {
       const int row = qt * kScQueries + threadIdx.x;
       const float *lse = p.lse + int64_t(h) * p.ws_tokens + ws_off;
@@ -125,37 +135,43 @@ __global__ void __launch_bounds__(kScThreads, 2)
   }
 
   // Sᵀ = K·Q_stageᵀ for the warpgroup's 64 keys and the stage's 64 queries (issued, not
-  // waited).
+  // waited). A descriptor's address field is bits 0-13 (address >> 4): the stages' and
+  // k-steps' descriptors are the first one plus their offset >> 4.
+  const uint64_t desc0 = wg::kmajor_desc<kScQueries>(q_addr, 0);
+  const uint32_t desc0_lo = uint32_t(desc0);
   auto issue_qk = [&](float(&s)[32], int st) {
-    const uint32_t stage = q_addr + st * Sm::kQTile;
+    const uint32_t stage_lo = desc0_lo + uint32_t(st * Sm::kQTile >> 4);
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wg::rs_m64n64k16<T>(s, ka[kk], wg::kmajor_desc<kScQueries>(stage, kk), kk > 0);
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t lo = stage_lo + uint32_t((kk / 4) * (kScQueries * 128) + (kk % 4) * 32 >> 4);
+      wg::rs_m64n64k16<T>(s, ka[kk], (desc0 >> 32 << 32) | lo, kk > 0);
+    }
     wg::commit();
   };
 
   float cs[2] = {0.0f, 0.0f};  // keys wkey + g, wkey + g + 8: this thread's queries
-  float s[32], s_next[32];
+  // Sᵀ of two items in turn (the loop runs two items an iteration, so no copy between them).
+  float sa[32], sb[32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) s[i] = s_next[i] = 0.0f;
+  for (int i = 0; i < 32; ++i) sa[i] = sb[i] = 0.0f;
   if (total > 0) {
     cp_async_wait<1>();  // item 0
     wg::fence_proxy_async();
     __syncthreads();
-    issue_qk(s, 0);
+    issue_qk(sa, 0);
     wg::wait<0>();
-    wg::fence_regs(s);
+    wg::fence_regs(sa);
   }
 
   int cur_qt = qt0;  // query tile of item it
-  for (int it = 0; it < total; ++it) {
+  // Item it, whose Sᵀ is in s; issues item it + 1's product into s_next and item it + 2's loads.
+  auto step = [&](float(&s)[32], float(&s_next)[32], int it) {
     // Item it + 2 into the stage of item it − 2: every thread finished it − 2 (its GEMM and
     // its LSE reads) before the barrier of iteration it − 1.
     if (it + 2 < total) issue_next(it + 2);
     cp_async_commit();
-    const bool next = it + 1 < total;
-    if (next) {
+    if (it + 1 < total) {
       cp_async_wait<1>();  // item it + 1 (it + 2 may be in flight)
       wg::fence_proxy_async();
       __syncthreads();
@@ -197,10 +213,10 @@ __global__ void __launch_bounds__(kScThreads, 2)
 
     wg::wait<0>();  // Sᵀ of item it + 1
     wg::fence_regs(s_next);
-    if (next) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) s[i] = s_next[i];
-    }
+  };
+  for (int it = 0; it < total; it += 2) {
+    step(sa, sb, it);
+    if (it + 1 < total) step(sb, sa, it + 1);
   }
 
   // Key totals: the 4 lanes of a quad hold the same keys (different queries). A column an

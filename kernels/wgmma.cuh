@@ -1,8 +1,8 @@
 // Hopper warpgroup-MMA building blocks (sm_90a): the 128-byte-swizzled shared-memory layout
-// that wgmma reads through matrix descriptors, its cp.async fill, the descriptors, the
-// fences and the async-group bookkeeping. Only the sm_90a device pass (and the host pass,
-// which parses them) sees these; an sm_80 image compiles the kernels that use them as empty
-// bodies that are never launched.
+// that wgmma reads through matrix descriptors, the descriptors, the fences and the
+// async-group bookkeeping. Only the sm_90a device pass (and the host pass, which parses
+// them) sees these; an sm_80 image compiles the kernels that use them as empty bodies that
+// are never launched.
 #pragma once
 
 #include <type_traits>
@@ -19,23 +19,6 @@ namespace wg {
 // repeats every 8 rows × 128 B, so every tile starts on a 1024-byte boundary.
 template <int ROWS> __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk16) {
   return uint32_t((chunk16 >> 3) * (ROWS * 128) + row * 128 + (((chunk16 & 7) ^ (row & 7)) << 4));
-}
-
-// cp.async of rows [0, ROWS) of a tile (row r at base + r * row_stride elements) into its
-// swizzled shared block by the CTA's NT threads; rows >= valid_rows are zero-filled without
-// reading memory.
-template <typename T, int D, int ROWS, int NT>
-__device__ __forceinline__ void load_swizzled(uint8_t *smem, const T *base, int64_t row_stride,
-                                              int valid_rows) {
-  constexpr int kChunks = D / 8;
-  static_assert(ROWS * kChunks % NT == 0, "whole chunks per thread");
-#pragma unroll
-  for (int it = 0; it < ROWS * kChunks / NT; ++it) {
-    const int i = it * NT + threadIdx.x;
-    const int r = i / kChunks, c = i % kChunks;
-    const bool ok = r < valid_rows;
-    cp_async_16(smem + swizzled_offset<ROWS>(r, c), ok ? base + r * row_stride + c * 8 : base, ok);
-  }
 }
 
 // Matrix descriptor of a 128-byte-swizzled operand (PTX ISA, "Matrix Descriptor Format"):
