@@ -89,13 +89,13 @@ __global__ void __launch_bounds__(kScThreads, 2)
   const T *const q_chunk = static_cast<const T *>(p.q) + (tb + lrow) * q_stride + lchunk * 8;
   const int64_t pass_stride = int64_t(kPassRows) * q_stride;
   auto issue = [&](int it, int h, int qt) {
-    const uint32_t dst = chunk_smem + (it & (kScStages - 1)) * Sm::kQTile;
+    const int st = it & (kScStages - 1);
+    const uint32_t dst = chunk_smem + st * Sm::kQTile;
     const T *src = q_chunk + (int64_t(qt) * kScQueries * q_stride + int64_t(h) * D);
     const int valid = n - qt * kScQueries - lrow;  // this thread's rows below it are real
 #pragma unroll
     for (int j = 0; j < kPasses; ++j)  // rows past n: zero-filled, their address not read
       cp_async_16(dst + j * kPassRows * 128, src + j * pass_stride, j * kPassRows < valid);
-    const int st = it & (kScStages - 1);
     if (threadIdx.x < kScQueries) {
       const int row = qt * kScQueries + threadIdx.x;
       const float *lse = p.lse + int64_t(h) * p.ws_tokens + ws_off;

@@ -282,7 +282,8 @@ static bool latency_context(bench_state *st, backend *b, const char *model, cons
 }
 
 /* Blocks one sequence of the throughput run needs: prefill one prompt, read each layer's
-   kept count, add the tokens it will generate. */
+   kept count, count what the layer holds once the generated tokens are appended too
+   (engine_blocks_at_end). */
 static bool blocks_per_sequence(bench_state *st, backend *b, uint64_t *blocks) {
   const bench_options *o = st->o;
   const uint32_t V = b->model.n_vocab, seq = 0;
