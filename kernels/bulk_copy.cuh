@@ -1,7 +1,8 @@
 // mbarriers and the bulk global → shared copies completed on them (PTX ISA 8.0, sm_90): one
-// thread moves a whole contiguous region, and the waiting threads spin on the barrier's phase
-// instead of issuing and committing per-thread cp.async groups (decode_k4v2.cu; the TMA
-// pipeline of prefill_wgmma.cu uses the barriers). The bodies exist in sm_90+ device passes
+// thread moves a whole contiguous region, or a box of a tensor map (TMA, tensor_maps.h), and
+// the waiting threads spin on the barrier's phase instead of issuing and committing
+// per-thread cp.async groups (decode_k4v2.cu, the TMA pipelines of prefill_wgmma.cu and
+// prefill_scores_wgmma.cu). The bodies exist in sm_90+ device passes
 // only; kernels that call them are launched on such devices only.
 #pragma once
 
@@ -63,6 +64,24 @@ __device__ __forceinline__ void copy(uint32_t dst, const void *src, uint32_t byt
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
+#endif
+}
+
+// One box of the tensor map at `map` (a CUtensorMap in kernel parameters, constant or global
+// memory) at coordinates (c0, c1, c2) into the shared address dst (aligned as the map's
+// swizzle requires: 1024 bytes for 128-byte swizzle, else 128); its bytes complete on bar.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1, int c2) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_tensor_map(const void *map) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 #endif
 }
 

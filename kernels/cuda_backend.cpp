@@ -197,8 +197,11 @@ class CudaBackend final : public Backend {
 
     // Prefill workspaces: one batch of prompts up to ws_tokens_ rows in total (a longer
     // batch runs in several launches).
-    ws_tokens_ = std::max<uint32_t>(cfg_.max_seq_len, 1);
-    lse_ = DeviceBuffer(uint64_t(H) * ws_tokens_ * 4, "prefill LSE workspace");
+    // Counted in whole groups of four rows (ws_rows), so that every sequence's rows start
+    // 16-byte aligned in each head's LSE row: the score pass bulk-copies them 64 at a time,
+    // the last head's last copy up to a query tile past the rows (the buffer's slack).
+    ws_tokens_ = ws_rows(std::max<uint32_t>(cfg_.max_seq_len, 1));
+    lse_ = DeviceBuffer((uint64_t(H) * ws_tokens_ + kPrefillQueryTile) * 4, "prefill LSE workspace");
     scores_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill score workspace");
     kept_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill selection workspace");
     // Chunked prefill: the staged K/V of every layer, the running score sums of the staged
@@ -363,8 +366,8 @@ class CudaBackend final : public Backend {
       size_t j = i;
       uint64_t rows = 0;
       while (j < order.size() && j - i < kMaxPrefillSeqs && items[order[j]].staged == staged &&
-             rows + items[order[j]].rows <= ws_tokens_) {
-        rows += items[order[j]].rows;
+             rows + ws_rows(items[order[j]].rows) <= ws_tokens_) {
+        rows += ws_rows(items[order[j]].rows);
         ++j;
       }
       prefill_launch(layer, items, order, i, j, q, k, v, out, s);
@@ -674,7 +677,7 @@ class CudaBackend final : public Backend {
         sc.col_done[n] = it.scored_keys;
         sc.score_offset[n] = prompt_at;
       }
-      ws_off += staged ? it.rows : L;
+      ws_off += ws_rows(staged ? it.rows : L);
       if (!it.last) continue;
 
       const uint32_t b = add_seq(sel.seqs, 0, L, prompt_at, 0);
@@ -704,6 +707,8 @@ class CudaBackend final : public Backend {
   int device_;
   uint32_t num_sms_ = 0;
   uint32_t ws_tokens_ = 0;
+  // Workspace rows a sequence of `rows` rows takes: whole groups of four (16 bytes of LSE).
+  static uint32_t ws_rows(uint32_t rows) { return (rows + 3) / 4 * 4; }
   uint32_t heads_per_cta_ = 1;  // query heads of one decode CTA
   enum class DecodeKernel { kFast, kK4V2, kK4V2Warp, kMma, kGeneric };
   DecodeKernel decode_kernel_ = DecodeKernel::kGeneric;  // the decode plan

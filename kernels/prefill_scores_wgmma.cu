@@ -5,7 +5,9 @@
 // Each warpgroup keeps its keys in registers for the CTA's lifetime, as the A operand of
 // wgmma (mma.sync A-fragment layout, loaded once from global memory), and the CTA streams
 // 64-query tiles with their LSE through a ring of four shared-memory stages (128-byte
-// swizzled, filled by cp.async two items ahead). Per item:
+// swizzled), loaded by thread 0 two items ahead (the query tile by TMA with a tensor map
+// made per launch, its LSE values by a bulk copy) on a `full` mbarrier per stage; a CTA
+// barrier per item hands a stage back once every warp is done with it. Per item:
 //   Sᵀ_{t+1} = K·Q_{t+1}ᵀ is issued (async, m64n64k16 per 16 channels) before the exp2 of
 //   S_t, so the tensor cores work under the MUFU; then the warpgroup waits for it.
 // Each thread adds exp2(s·scale − LSE) of its two keys over its queries into two fp32 sums,
@@ -14,9 +16,11 @@
 // below the diagonal and at or after row_begin), heads outer; masks, WINDOW rows, ragged
 // batches and chunks of a prompt (col_done, params.h PrefillKeys) are the mma.sync kernel's.
 
+#include "bulk_copy.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
 #include "prefill_common.cuh"
+#include "tensor_maps.h"
 #include "wgmma.cuh"
 
 namespace minikv {
@@ -31,26 +35,41 @@ constexpr int kScStages = 4;                  // item it + 2 loads while it + 1 
 static_assert(kScKeys == int(kPrefillKeyTile), "one CTA per host key tile");
 static_assert((kScStages & (kScStages - 1)) == 0, "stage index by mask");
 
-// Shared memory, bytes: the query stages (each 1024-byte aligned for the swizzle), then the
-// LSE stages.
+// The launch's tensor map of the query rows ([tokens][num_heads][D], boxes of 64 rows).
+struct ScMaps {
+  CUtensorMap q;
+};
+
+// Shared memory, bytes: the query stages (each 1024-byte aligned for the swizzle, D / 64
+// column blocks of [64 rows][64 elements]), the LSE stages, the full mbarriers.
 template <typename T, int D> struct ScSmem {
+  static constexpr int kColBlock = kScQueries * 128;
   static constexpr int kQTile = kScQueries * D * int(sizeof(T));
   static constexpr int kLse = kScStages * kQTile;  // [kScStages][kScQueries] float
-  static constexpr int kBytes = kLse + kScStages * kScQueries * 4;
+  static constexpr int kFull = kLse + kScStages * kScQueries * 4;
+  static constexpr int kBytes = kFull + kScStages * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;  // + the alignment slack
+  static constexpr uint32_t kStageBytes = kQTile + kScQueries * 4;  // one item's copied bytes
 };
 
 /// \tparam T dtype of q/k (__half or __nv_bfloat16)
 /// \tparam D head_dim (64 or 128)
 template <typename T, int D>
 __global__ void __launch_bounds__(kScThreads, 2)
-    prefill_scores_wgmma_kernel(const __grid_constant__ PrefillScoreParams p) {
+    prefill_scores_wgmma_kernel(const __grid_constant__ PrefillScoreParams p, const __grid_constant__ ScMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Sm = ScSmem<T, D>;
   extern __shared__ uint8_t smem_dyn[];
   uint8_t *const smem = smem_dyn + ((1024u - (smem_addr(smem_dyn) & 1023u)) & 1023u);
   float *const lse_s = reinterpret_cast<float *>(smem + Sm::kLse);
   const uint32_t q_addr = smem_addr(smem);
+  auto full = [&](int st) { return q_addr + Sm::kFull + 8 * st; };
+  if (threadIdx.x == 0) {
+    bulk::prefetch_tensor_map(&maps.q);
+    for (int st = 0; st < kScStages; ++st) bulk::mbar_init(full(st), 1);
+    bulk::fence_mbar_init();
+  }
+  __syncthreads();
 
   const CtaTileHead th = cta_tile_head(blockIdx.x, p.seqs.tile_begin[p.seqs.n], 1);  // a KV head's tiles adjacent
   const uint32_t tile = th.tile;
@@ -64,7 +83,7 @@ __global__ void __launch_bounds__(kScThreads, 2)
   const int row_begin = static_cast<int>(p.row_begin[seq]);  // a prompt position
   const int64_t tb = p.seqs.token_begin[seq];
   const uint32_t ws_off = p.seqs.ws_offset[seq];
-  const int64_t q_stride = int64_t(p.num_heads) * D, kv_stride = int64_t(p.num_kv_heads) * D;
+  const int64_t kv_stride = int64_t(p.num_kv_heads) * D;
   const float scale = p.scale_log2;
 
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;  // warp of the warpgroup
@@ -78,29 +97,21 @@ __global__ void __launch_bounds__(kScThreads, 2)
   const int qt_end = (n + kScQueries - 1) / kScQueries;
   const int total = n_rep * (qt_end - qt0);
 
-  // Item `it` = query tile qt of head h, into stage it % kScStages; (h, qt) advance by
-  // counters in issue order. This thread's 16-byte chunks of a tile: chunk lchunk of rows
-  // lrow + j · kPassRows (j < kPasses); kPassRows is a multiple of the swizzle's 8 rows, so
-  // their shared offsets differ by whole 8-row groups.
-  constexpr int kChunks = D / 8, kPassRows = kScThreads / kChunks, kPasses = kScQueries / kPassRows;
-  static_assert(kPassRows % 8 == 0 && kScQueries % kPassRows == 0, "whole swizzle groups per pass");
-  const int lrow = threadIdx.x / kChunks, lchunk = threadIdx.x % kChunks;
-  const uint32_t chunk_smem = q_addr + wg::swizzled_offset<kScQueries>(lrow, lchunk);
-  const T *const q_chunk = static_cast<const T *>(p.q) + (tb + lrow) * q_stride + lchunk * 8;
-  const int64_t pass_stride = int64_t(kPassRows) * q_stride;
+  // Item `it` = query tile qt of head h, into stage it % kScStages, by thread 0 (every warp
+  // is done with the stage's previous item, it − 4: step it − 2's barrier): the query rows
+  // by TMA (rows past the tensor load as zeros) and their 64 LSE values by a bulk copy (each
+  // sequence's workspace rows start 16-byte aligned; the LSE buffer has a tile of slack past
+  // its last row). Rows past the sequence's (the next sequence's, or the padding's) are
+  // masked below.
   auto issue = [&](int it, int h, int qt) {
     const int st = it & (kScStages - 1);
-    const uint32_t dst = chunk_smem + st * Sm::kQTile;
-    const T *src = q_chunk + (int64_t(qt) * kScQueries * q_stride + int64_t(h) * D);
-    const int valid = n - qt * kScQueries - lrow;  // this thread's rows below it are real
+    bulk::mbar_arrive_expect_tx(full(st), Sm::kStageBytes);
+    const int row = static_cast<int>(tb) + qt * kScQueries;
 #pragma unroll
-    for (int j = 0; j < kPasses; ++j)  // rows past n: zero-filled, their address not read
-      cp_async_16(dst + j * kPassRows * 128, src + j * pass_stride, j * kPassRows < valid);
-    if (threadIdx.x < kScQueries) {
-      const int row = qt * kScQueries + threadIdx.x;
-      const float *lse = p.lse + int64_t(h) * p.ws_tokens + ws_off;
-      cp_async_4(lse_s + st * kScQueries + threadIdx.x, row < n ? lse + row : lse, row < n);
-    }
+    for (int cb = 0; cb < D / 64; ++cb)
+      bulk::tma_load_3d(q_addr + st * Sm::kQTile + cb * Sm::kColBlock, &maps.q, full(st), 64 * cb, h, row);
+    bulk::copy(smem_addr(lse_s + st * kScQueries), p.lse + int64_t(h) * p.ws_tokens + ws_off + qt * kScQueries,
+               kScQueries * 4, full(st));
   };
   int nh = kvh * n_rep, nqt = qt0;  // the next item to issue
   auto issue_next = [&](int it) {
@@ -110,10 +121,10 @@ __global__ void __launch_bounds__(kScThreads, 2)
       ++nh;
     }
   };
-  if (total > 0) issue_next(0);
-  cp_async_commit();
-  if (total > 1) issue_next(1);
-  cp_async_commit();
+  if (threadIdx.x == 0) {
+    if (total > 0) issue_next(0);
+    if (total > 1) issue_next(1);
+  }
 
   // This warp's 16 keys as the wgmma A operand, straight from global memory (once per CTA):
   // a[kk] = rows g / g + 8, channels 16 kk + 2 tq (+1) and + 8; keys at or past L are zeros.
@@ -156,9 +167,8 @@ __global__ void __launch_bounds__(kScThreads, 2)
 #pragma unroll
   for (int i = 0; i < 32; ++i) sa[i] = sb[i] = 0.0f;
   if (total > 0) {
-    cp_async_wait<1>();  // item 0
-    wg::fence_proxy_async();
-    __syncthreads();
+    bulk::mbar_wait(full(0), 0);
+    __syncwarp();  // converged for the warpgroup's wgmma
     issue_qk(sa, 0);
     wg::wait<0>();
     wg::fence_regs(sa);
@@ -167,14 +177,12 @@ __global__ void __launch_bounds__(kScThreads, 2)
   int cur_qt = qt0;  // query tile of item it
   // Item it, whose Sᵀ is in s; issues item it + 1's product into s_next and item it + 2's loads.
   auto step = [&](float(&s)[32], float(&s_next)[32], int it) {
-    // Item it + 2 into the stage of item it − 2: every thread finished it − 2 (its GEMM and
-    // its LSE reads) before the barrier of iteration it − 1.
-    if (it + 2 < total) issue_next(it + 2);
-    cp_async_commit();
+    // Every warp finished step it − 1, so item it − 2's stage (item it + 2's) is free.
+    __syncthreads();
+    if (threadIdx.x == 0 && it + 2 < total) issue_next(it + 2);
     if (it + 1 < total) {
-      cp_async_wait<1>();  // item it + 1 (it + 2 may be in flight)
-      wg::fence_proxy_async();
-      __syncthreads();
+      bulk::mbar_wait(full((it + 1) & (kScStages - 1)), ((it + 1) / kScStages) & 1);
+      __syncwarp();
       issue_qk(s_next, (it + 1) & (kScStages - 1));
       wg::fence_regs(s_next);
     }
@@ -239,6 +247,7 @@ __global__ void __launch_bounds__(kScThreads, 2)
 
 bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 #if defined(MINIKV_BUILD_SM90A)
+  if (!tensor_maps_available()) return false;
   return sm90a_prefill_usable(dtype, head_dim, [](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
@@ -257,9 +266,15 @@ void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim,
                                          [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
+    // The query map spans the launch's packed rows.
+    uint64_t q_rows = 1;
+    for (uint32_t i = 0; i < p.seqs.n; ++i)
+      q_rows = std::max<uint64_t>(q_rows, uint64_t(p.seqs.token_begin[i]) + p.seqs.len[i]);
+    ScMaps maps;
+    maps.q = rows_tensor_map(dtype, p.q, p.num_heads, D, q_rows, kScQueries);
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_kv_heads;
     prefill_scores_wgmma_kernel<T, D>
-        <<<grid, kScThreads, ScSmem<T, D>::kLaunchBytes, stream>>>(p);
+        <<<grid, kScThreads, ScSmem<T, D>::kLaunchBytes, stream>>>(p, maps);
     check_launch_error("prefill_scores_wgmma_kernel");
   });
 }

@@ -34,6 +34,7 @@
 #include "dispatch.cuh"
 #include "prefill_common.cuh"
 #include "launchers.h"
+#include "tensor_maps.h"
 
 namespace minikv {
 namespace kernels {
@@ -80,18 +81,8 @@ using bulk::mbar_arrive;
 using bulk::mbar_arrive_expect_tx;
 using bulk::mbar_init;
 using bulk::mbar_wait;
-// Box {64 elements, 1 head, 128 rows} at (c0, c1, c2) into a 1024-byte-aligned column block.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
-                                            int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap *map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
+using bulk::prefetch_tensor_map;
+using bulk::tma_load_3d;
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -435,7 +426,10 @@ __global__ void __launch_bounds__(kFaThreads, 1)
 #endif
 }
 
+}  // namespace
+
 // ---- host side -------------------------------------------------------------------------
+namespace {
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda); nullptr when
 // the driver lacks it.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -452,15 +446,16 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   }();
   return fn;
 }
+}  // namespace
 
-// [rows][heads][D] 16-bit elements at `base`, read in boxes of {64 elements, 1 head, 128
-// rows} with the 128-byte swizzle; rows past `rows` read as zeros.
-CUtensorMap tensor_map(minikv_dtype dtype, const void *base, uint32_t heads, uint32_t D,
-                       uint64_t rows) {
+bool tensor_maps_available() { return tensor_map_encoder() != nullptr; }
+
+CUtensorMap rows_tensor_map(minikv_dtype dtype, const void *base, uint32_t heads, uint32_t D, uint64_t rows,
+                            uint32_t box_rows) {
   CUtensorMap map;
   const cuuint64_t dims[3] = {D, heads, rows};
   const cuuint64_t strides[2] = {uint64_t(D) * 2, uint64_t(heads) * D * 2};  // bytes, dims 1, 2
-  const cuuint32_t box[3] = {64, 1, uint32_t(kFaRows)};
+  const cuuint32_t box[3] = {64, 1, box_rows};
   const cuuint32_t unit[3] = {1, 1, 1};
   const CUresult r = tensor_map_encoder()(
       &map, dtype == MINIKV_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -474,11 +469,9 @@ CUtensorMap tensor_map(minikv_dtype dtype, const void *base, uint32_t heads, uin
   return map;
 }
 
-}  // namespace
-
 bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 #if defined(MINIKV_BUILD_SM90A)
-  if (tensor_map_encoder() == nullptr) return false;
+  if (!tensor_maps_available()) return false;
   return sm90a_prefill_usable(dtype, head_dim, [](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
@@ -505,9 +498,9 @@ void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAt
                                                 p.seqs.len[i]);
     }
     FaMaps maps;
-    maps.q = tensor_map(dtype, p.q, p.num_heads, D, q_rows);
-    maps.k = tensor_map(dtype, p.k, p.num_kv_heads, D, kv_rows);
-    maps.v = tensor_map(dtype, p.v, p.num_kv_heads, D, kv_rows);
+    maps.q = rows_tensor_map(dtype, p.q, p.num_heads, D, q_rows, kFaRows);
+    maps.k = rows_tensor_map(dtype, p.k, p.num_kv_heads, D, kv_rows, kFaKeys);
+    maps.v = rows_tensor_map(dtype, p.v, p.num_kv_heads, D, kv_rows, kFaKeys);
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads;
     prefill_wgmma_kernel<T, D><<<grid, kFaThreads, FaSmem<D>::kLaunchBytes, stream>>>(p, maps);
     check_launch_error("prefill_wgmma_kernel");
