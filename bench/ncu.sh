@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # bench/ncu.sh — Nsight Compute profiles of the hot kernels, on the GPU machine: decode fast
 # path at B=8 L=32K (GQA-4 and MHA), the generic decode kernel (4-bit keys, 2-bit values,
-# G=32; MHA and GQA-8) and the prefill forward + score kernels at L=32K MHA, fp16. Builds the
-# library unless MINIKV_LIBRARY names one; writes <name>.txt (the details page, then the
-# warp-stall breakdown per issued instruction) to $OUT/ncu, and <name>.ncu-rep when
-# NCU_KEEP_REPORTS=1.
+# G=32; MHA and GQA-8) and the prefill forward + score kernels (mma.sync, or wgmma on sm_90a)
+# at L=32K MHA, fp16. Builds the library unless MINIKV_LIBRARY names one; writes <name>.txt
+# (the details page, then the warp-stall breakdown per issued instruction) to $OUT/ncu, and
+# <name>.ncu-rep when NCU_KEEP_REPORTS=1.
 #
 #   bench/ncu.sh [name...]   names: decode-gqa4 decode-mha generic-mha generic-gqa8
 #                            mma-gqa4 mma-gqa8 k4v2-gqa4 k4v2-gqa7 prefill-mha (default: all)
@@ -63,4 +63,4 @@ MINIKV_DECODE_KERNEL=mma profile mma-gqa4 decode_mma_kernel 1 1 decode --B 8 --H
 MINIKV_DECODE_KERNEL=mma profile mma-gqa8 decode_mma_kernel 1 1 decode --B 8 --H 64 --Hkv 8 --mode window --key-bits 4 --group 32
 profile k4v2-gqa4 decode_k4v2_kernel 1 1 decode --B 8 --H 32 --Hkv 8 --mode window --key-bits 4 --group 32
 profile k4v2-gqa7 decode_k4v2_kernel 1 1 decode --B 8 --H 28 --Hkv 4 --mode window --key-bits 4 --group 32
-profile prefill-mha 'prefill_(attention|scores)_kernel' 2 2 prefill --H 32 --Hkv 32 --reps 2
+profile prefill-mha 'prefill_(attention|scores|wgmma|scores_wgmma)_kernel' 2 2 prefill --H 32 --Hkv 32 --reps 2
