@@ -43,13 +43,11 @@ struct ScMaps {
 // Shared memory, bytes: the query stages (each 1024-byte aligned for the swizzle, D / 64
 // column blocks of [64 rows][64 elements]), the LSE stages, the full mbarriers.
 template <typename T, int D> struct ScSmem {
-  static constexpr int kColBlock = kScQueries * 128;
   static constexpr int kQTile = kScQueries * D * int(sizeof(T));
   static constexpr int kLse = kScStages * kQTile;  // [kScStages][kScQueries] float
   static constexpr int kFull = kLse + kScStages * kScQueries * 4;
   static constexpr int kBytes = kFull + kScStages * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;  // + the alignment slack
-  static constexpr uint32_t kStageBytes = kQTile + kScQueries * 4;  // one item's copied bytes
 };
 
 /// \tparam T dtype of q/k (__half or __nv_bfloat16)
@@ -104,12 +102,14 @@ __global__ void __launch_bounds__(kScThreads, 2)
   // its last row). Rows past the sequence's (the next sequence's, or the padding's) are
   // masked below.
   auto issue = [&](int it, int h, int qt) {
+    constexpr int kColBlock = kScQueries * 128;                       // [64 rows][64 elements]
+    constexpr uint32_t kStageBytes = Sm::kQTile + kScQueries * 4;  // the tile and its LSE
     const int st = it & (kScStages - 1);
-    bulk::mbar_arrive_expect_tx(full(st), Sm::kStageBytes);
+    bulk::mbar_arrive_expect_tx(full(st), kStageBytes);
     const int row = static_cast<int>(tb) + qt * kScQueries;
 #pragma unroll
     for (int cb = 0; cb < D / 64; ++cb)
-      bulk::tma_load_3d(q_addr + st * Sm::kQTile + cb * Sm::kColBlock, &maps.q, full(st), 64 * cb, h, row);
+      bulk::tma_load_3d(q_addr + st * Sm::kQTile + cb * kColBlock, &maps.q, full(st), 64 * cb, h, row);
     bulk::copy(smem_addr(lse_s + st * kScQueries), p.lse + int64_t(h) * p.ws_tokens + ws_off + qt * kScQueries,
                kScQueries * 4, full(st));
   };
