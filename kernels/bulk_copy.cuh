@@ -2,8 +2,8 @@
 // thread moves a whole contiguous region, or a box of a tensor map (TMA, tensor_maps.h), and
 // the waiting threads spin on the barrier's phase instead of issuing and committing
 // per-thread cp.async groups (decode_k4v2.cu, the TMA pipelines of prefill_wgmma.cu and
-// prefill_scores_wgmma.cu). The bodies exist in sm_90+ device passes
-// only; kernels that call them are launched on such devices only.
+// prefill_scores_wgmma.cu). The bodies exist in sm_90+ device passes only; kernels that call
+// them are launched on such devices only.
 #pragma once
 
 #include <cstdint>
