@@ -247,7 +247,6 @@ __global__ void __launch_bounds__(kScThreads, 2)
 
 bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 #if defined(MINIKV_BUILD_SM90A)
-  if (!tensor_maps_available()) return false;
   return sm90a_prefill_usable(dtype, head_dim, [](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
@@ -266,12 +265,8 @@ void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim,
                                          [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    // The query map spans the launch's packed rows.
-    uint64_t q_rows = 1;
-    for (uint32_t i = 0; i < p.seqs.n; ++i)
-      q_rows = std::max<uint64_t>(q_rows, uint64_t(p.seqs.token_begin[i]) + p.seqs.len[i]);
     ScMaps maps;
-    maps.q = rows_tensor_map(dtype, p.q, p.num_heads, D, q_rows, kScQueries);
+    maps.q = rows_tensor_map(dtype, p.q, p.num_heads, D, launch_query_rows(p.seqs), kScQueries);
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_kv_heads;
     prefill_scores_wgmma_kernel<T, D>
         <<<grid, kScThreads, ScSmem<T, D>::kLaunchBytes, stream>>>(p, maps);

@@ -81,6 +81,7 @@ using bulk::mbar_arrive;
 using bulk::mbar_arrive_expect_tx;
 using bulk::mbar_init;
 using bulk::mbar_wait;
+using bulk::fence_proxy_async_shared;
 using bulk::prefetch_tensor_map;
 using bulk::tma_load_3d;
 __device__ __forceinline__ void named_sync(int id, int threads) {
@@ -94,10 +95,6 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
 }
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-// Generic-proxy writes to shared memory made visible to the async proxy (TMA, wgmma).
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // ---- warpgroup MMA --------------------------------------------------------------------
@@ -308,7 +305,7 @@ __global__ void __launch_bounds__(kFaThreads, 1)
           *reinterpret_cast<uint4 *>(vt + cb * kFaColBlock + (first + rest / 8) * 128 +
                                      (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
         }
-        fence_proxy_async();
+        fence_proxy_async_shared();
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_v_full(st));
       }
@@ -471,7 +468,6 @@ CUtensorMap rows_tensor_map(minikv_dtype dtype, const void *base, uint32_t heads
 
 bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 #if defined(MINIKV_BUILD_SM90A)
-  if (!tensor_maps_available()) return false;
   return sm90a_prefill_usable(dtype, head_dim, [](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
@@ -491,14 +487,11 @@ void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAt
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
     // The maps span the rows this launch reads: every sequence's query rows and keys.
-    uint64_t q_rows = 1, kv_rows = 1;
-    for (uint32_t i = 0; i < p.seqs.n; ++i) {
-      q_rows = std::max<uint64_t>(q_rows, uint64_t(p.seqs.token_begin[i]) + p.seqs.len[i]);
-      kv_rows = std::max<uint64_t>(kv_rows, uint64_t(p.keys.kv_begin[i]) + p.keys.q_pos[i] +
-                                                p.seqs.len[i]);
-    }
+    uint64_t kv_rows = 1;
+    for (uint32_t i = 0; i < p.seqs.n; ++i)
+      kv_rows = std::max<uint64_t>(kv_rows, uint64_t(p.keys.kv_begin[i]) + p.keys.q_pos[i] + p.seqs.len[i]);
     FaMaps maps;
-    maps.q = rows_tensor_map(dtype, p.q, p.num_heads, D, q_rows, kFaRows);
+    maps.q = rows_tensor_map(dtype, p.q, p.num_heads, D, launch_query_rows(p.seqs), kFaRows);
     maps.k = rows_tensor_map(dtype, p.k, p.num_kv_heads, D, kv_rows, kFaKeys);
     maps.v = rows_tensor_map(dtype, p.v, p.num_kv_heads, D, kv_rows, kFaKeys);
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads;

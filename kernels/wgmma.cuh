@@ -15,11 +15,9 @@ namespace kernels {
 namespace wg {
 
 // A [rows][D] tile of 16-bit elements is stored as D / 64 column blocks of [rows][64]
-// elements (128 B per row); 16-byte chunk c of row r sits at chunk c ^ (r mod 8). The swizzle
-// repeats every 8 rows × 128 B, so every tile starts on a 1024-byte boundary.
-template <int ROWS> __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk16) {
-  return uint32_t((chunk16 >> 3) * (ROWS * 128) + row * 128 + (((chunk16 & 7) ^ (row & 7)) << 4));
-}
+// elements (128 B per row); 16-byte chunk c of row r sits at chunk c ^ (r mod 8), as TMA's
+// 128-byte swizzle writes it. The swizzle repeats every 8 rows × 128 B, so every tile starts
+// on a 1024-byte boundary.
 
 // Matrix descriptor of a 128-byte-swizzled operand (PTX ISA, "Matrix Descriptor Format"):
 // start address, leading and stride byte offsets (all >> 4), swizzle mode 1 (128 B).
@@ -39,10 +37,6 @@ __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// cp.async writes through the generic proxy; wgmma reads through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // Pins accumulator registers around the async wgmma (as CUTLASS's warpgroup_fence_operand):
 // the compiler may not move their reads or writes across these points.
