@@ -35,6 +35,7 @@
 #include "prefill_common.cuh"
 #include "launchers.h"
 #include "tensor_maps.h"
+#include "wgmma.cuh"
 
 namespace minikv {
 namespace kernels {
@@ -97,90 +98,18 @@ template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// ---- warpgroup MMA --------------------------------------------------------------------
-// Matrix descriptor of a 128-byte-swizzled operand (PTX ISA, "Matrix Descriptor Format"):
-// start address, leading and stride byte offsets (all >> 4), swizzle mode 1 (128 B).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_address, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((smem_address & 0x3FFFF) >> 4) | uint64_t((lbo & 0x3FFFF) >> 4) << 16 |
-         uint64_t((sbo & 0x3FFFF) >> 4) << 32 | uint64_t(1) << 62;
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// Operand lists of the wgmma asm statements: 32 accumulators from d[b].
-#define MINIKV_ACC32(b)                                                                          \
-  "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), \
-      "+f"(d[b + 6]), "+f"(d[b + 7]), "+f"(d[b + 8]), "+f"(d[b + 9]), "+f"(d[b + 10]),             \
-      "+f"(d[b + 11]), "+f"(d[b + 12]), "+f"(d[b + 13]), "+f"(d[b + 14]), "+f"(d[b + 15]),         \
-      "+f"(d[b + 16]), "+f"(d[b + 17]), "+f"(d[b + 18]), "+f"(d[b + 19]), "+f"(d[b + 20]),         \
-      "+f"(d[b + 21]), "+f"(d[b + 22]), "+f"(d[b + 23]), "+f"(d[b + 24]), "+f"(d[b + 25]),         \
-      "+f"(d[b + 26]), "+f"(d[b + 27]), "+f"(d[b + 28]), "+f"(d[b + 29]), "+f"(d[b + 30]),         \
-      "+f"(d[b + 31])
-#define MINIKV_REGS32 \
-  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-#define MINIKV_REGS64                                                                               \
-  MINIKV_REGS32                                                                                     \
-  ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55," \
-  "%56,%57,%58,%59,%60,%61,%62,%63"
-
-// d (+)= A · Bᵀ, A = 64×16 and B = 128×16, both K-major in shared memory (descriptors);
-// accumulate = 0 overwrites d. TN is the PTX name of the element type.
-#define MINIKV_WGMMA_SS_M64N128K16(TN)                                                   \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                              \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TN "." TN " {" MINIKV_REGS64 \
-               "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                        \
-               : MINIKV_ACC32(0), MINIKV_ACC32(32)                                       \
-               : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-template <typename T>
-__device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t desc_a,
-                                                    uint64_t desc_b, int accumulate) {
-  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_SS_M64N128K16("f16");
-  else MINIKV_WGMMA_SS_M64N128K16("bf16");
-}
-
-// d += A · B, A = 64×16 in registers (the mma.sync A-fragment layout per warp), B = 16×N
-// MN-major in shared memory (descriptor, transposed).
-#define MINIKV_WGMMA_RS_M64N64K16(TN)                                                   \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                             \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TN "." TN " {" MINIKV_REGS32 \
-               "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"                            \
-               : MINIKV_ACC32(0)                                                        \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
-template <typename T>
-__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t *a,
-                                                   uint64_t desc_b) {
-  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N64K16("f16");
-  else MINIKV_WGMMA_RS_M64N64K16("bf16");
-}
-#define MINIKV_WGMMA_RS_M64N128K16(TN)                                                   \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                              \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TN "." TN " {" MINIKV_REGS64 \
-               "}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"                             \
-               : MINIKV_ACC32(0), MINIKV_ACC32(32)                                       \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
-template <typename T>
-__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t *a,
-                                                    uint64_t desc_b) {
-  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N128K16("f16");
-  else MINIKV_WGMMA_RS_M64N128K16("bf16");
-}
-
 // S = Q·K_tileᵀ for a warpgroup's 64 rows: D / 16 k-steps of m64n128k16 (issued and
 // committed, not waited). q_addr: the warpgroup's first row in Q's column block 0.
 template <typename T, int D>
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
-  wgmma_fence();
+  wg::fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t off = uint32_t((kk / 4) * kFaColBlock + (kk % 4) * 32);  // column block, +32 B
-    wgmma_ss_m64n128k16<T>(s, sw128_desc(q_addr + off, 16, 1024),
-                           sw128_desc(k_addr + off, 16, 1024), kk > 0);
+    wg::ss_m64n128k16<T>(s, wg::sw128_desc(q_addr + off, 16, 1024),
+                           wg::sw128_desc(k_addr + off, 16, 1024), kk > 0);
   }
-  wgmma_commit();
+  wg::commit();
 }
 
 // O += P·V_tile: 8 k-steps of 16 keys; V is [128 keys][D] swizzled = MN-major B with the
@@ -188,26 +117,16 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32
 // packed as the A fragments: p[4kc + i] is k-step kc's register i.
 template <typename T, int D>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[32], uint32_t v_addr) {
-  wgmma_fence();
+  wg::fence();
 #pragma unroll
   for (int kc = 0; kc < kFaKeys / 16; ++kc) {
-    const uint64_t desc = sw128_desc(v_addr + kc * 2048, kFaColBlock, 1024);
-    if constexpr (D == 128) wgmma_rs_m64n128k16<T>(o, p + 4 * kc, desc);
-    else wgmma_rs_m64n64k16<T>(o, p + 4 * kc, desc);
+    const uint64_t desc = wg::sw128_desc(v_addr + kc * 2048, kFaColBlock, 1024);
+    if constexpr (D == 128) wg::rs_m64n128k16_mn<T>(o, p + 4 * kc, desc);
+    else wg::rs_m64n64k16_mn<T>(o, p + 4 * kc, desc);
   }
-  wgmma_commit();
+  wg::commit();
 }
 
-// Pins registers around the async wgmma (as CUTLASS's warpgroup_fence_operand): the compiler
-// may not move their reads or writes across these points.
-template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
 #endif  // sm_90a helpers
 
 /// \tparam T dtype of q/k/v/out (__half or __nv_bfloat16)
@@ -346,8 +265,8 @@ __global__ void __launch_bounds__(kFaThreads, 1)
   mbar_wait(bar_q, 0);
   mbar_wait(bar_k_full(0), 0);
   issue_qk<T, D>(s, q_wg, k_addr0);
-  wgmma_wait<0>();
-  fence_regs(s);
+  wg::wait<0>();
+  wg::fence_regs(s);
   release(bar_k_empty(0));
   mask(s, 0);
   softmax_mtile(s, m, l, scale, corr);  // o is still 0: nothing to rescale
@@ -358,19 +277,19 @@ __global__ void __launch_bounds__(kFaThreads, 1)
     mbar_wait(bar_k_full(st), (j / S) & 1);
     mbar_wait(bar_v_full(sp), ((j - 1) / S) & 1);
     named_sync(kBarTurn + cw, 256);
-    fence_regs(s);
+    wg::fence_regs(s);
     issue_qk<T, D>(s, q_wg, k_addr0 + st * Sm::kTile);
-    fence_regs(o);
+    wg::fence_regs(o);
     issue_pv<T, D>(o, pk, v_addr0 + sp * Sm::kTile);
     if (cw == 0 || j + 1 < n_kv) named_arrive(kBarTurn + 1 - cw, 256);
-    wgmma_wait<1>();  // S_j (P_{j-1}·V_{j-1} may still run)
-    fence_regs(s);
+    wg::wait<1>();  // S_j (P_{j-1}·V_{j-1} may still run)
+    wg::fence_regs(s);
     release(bar_k_empty(st));
     mask(s, j * kFaKeys);
     const bool moved = softmax_mtile(s, m, l, scale, corr);
-    wgmma_wait<0>();
-    fence_regs(o);
-    fence_regs(pk);
+    wg::wait<0>();
+    wg::fence_regs(o);
+    wg::fence_regs(pk);
     release(bar_v_empty(sp));
     if (moved) rescale_o_mtile<D>(o, corr);
     pack(pk, s);
@@ -378,11 +297,11 @@ __global__ void __launch_bounds__(kFaThreads, 1)
   {
     const int sp = (n_kv - 1) % S;
     mbar_wait(bar_v_full(sp), ((n_kv - 1) / S) & 1);
-    fence_regs(o);
+    wg::fence_regs(o);
     issue_pv<T, D>(o, pk, v_addr0 + sp * Sm::kTile);
-    wgmma_wait<0>();
-    fence_regs(o);
-    fence_regs(pk);
+    wg::wait<0>();
+    wg::fence_regs(o);
+    wg::fence_regs(pk);
   }
 
   // Epilogue: normalize, stage the warpgroup's 64 rows in its own (now unread) rows of Q in

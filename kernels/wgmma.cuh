@@ -1,8 +1,9 @@
 // Hopper warpgroup-MMA building blocks (sm_90a): the 128-byte-swizzled shared-memory layout
-// that wgmma reads through matrix descriptors, the descriptors, the fences and the
-// async-group bookkeeping. Only the sm_90a device pass (and the host pass, which parses
-// them) sees these; an sm_80 image compiles the kernels that use them as empty bodies that
-// are never launched.
+// that wgmma reads through matrix descriptors, the descriptors, the fences, the async-group
+// bookkeeping and the products that the forward (prefill_wgmma.cu) and the score pass
+// (prefill_scores_wgmma.cu) issue. Only the sm_90a device pass (and the host pass, which
+// parses them) sees these; an sm_80 image compiles the kernels that use them as empty bodies
+// that are never launched.
 #pragma once
 
 #include <type_traits>
@@ -38,34 +39,97 @@ __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync
 template <int N> __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// Pins accumulator registers around the async wgmma (as CUTLASS's warpgroup_fence_operand):
-// the compiler may not move their reads or writes across these points.
+// Pins registers around the async wgmma (as CUTLASS's warpgroup_fence_operand): the
+// compiler may not move their reads or writes across these points.
 template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
 
-// d (+)= A · B for one warpgroup: A = 64×16 in registers (per warp, rows 16·warp..+15 in the
-// mma.sync m16n8k16 A-fragment layout), B = 16×64 K-major in shared memory (descriptor);
-// accumulate = 0 overwrites d. d[4i + 2r + c] is row 16·warp + lane / 4 + 8r, column
-// 8i + 2 (lane % 4) + c.
-#define MINIKV_WGMMA_RS_M64N64K16_KMAJOR(TN) \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TN "." TN " " \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n" \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+// Operand lists of the wgmma asm statements: 32 accumulators from d[b], and the register
+// numbers of 32 or 64 of them.
+#define MINIKV_ACC32(b)                                                                          \
+  "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), \
+      "+f"(d[b + 6]), "+f"(d[b + 7]), "+f"(d[b + 8]), "+f"(d[b + 9]), "+f"(d[b + 10]),             \
+      "+f"(d[b + 11]), "+f"(d[b + 12]), "+f"(d[b + 13]), "+f"(d[b + 14]), "+f"(d[b + 15]),         \
+      "+f"(d[b + 16]), "+f"(d[b + 17]), "+f"(d[b + 18]), "+f"(d[b + 19]), "+f"(d[b + 20]),         \
+      "+f"(d[b + 21]), "+f"(d[b + 22]), "+f"(d[b + 23]), "+f"(d[b + 24]), "+f"(d[b + 25]),         \
+      "+f"(d[b + 26]), "+f"(d[b + 27]), "+f"(d[b + 28]), "+f"(d[b + 29]), "+f"(d[b + 30]),         \
+      "+f"(d[b + 31])
+#define MINIKV_REGS32 \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define MINIKV_REGS64                                                                               \
+  MINIKV_REGS32                                                                                     \
+  ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55," \
+  "%56,%57,%58,%59,%60,%61,%62,%63"
+
+// The products below, for one warpgroup, fp32 accumulators; TN is the PTX name of the
+// element type. A in registers is 64×16 per warpgroup (per warp, rows 16·warp..+15 in the
+// mma.sync m16n8k16 A-fragment layout); d[4i + 2r + c] is row 16·warp + lane / 4 + 8r,
+// column 8i + 2 (lane % 4) + c. accumulate = 0 overwrites d.
+
+// d (+)= A · B, A in registers, B = 16×64 K-major in shared memory (descriptor).
+#define MINIKV_WGMMA_RS_M64N64K16_KMAJOR(TN)                                             \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                             \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TN "." TN " {" MINIKV_REGS32 \
+               "}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                            \
+               : MINIKV_ACC32(0)                                                        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 template <typename T>
 __device__ __forceinline__ void rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
                                              int accumulate) {
   if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N64K16_KMAJOR("f16");
   else MINIKV_WGMMA_RS_M64N64K16_KMAJOR("bf16");
 }
+
+// d (+)= A · Bᵀ, A = 64×16 and B = 128×16, both K-major in shared memory (descriptors).
+#define MINIKV_WGMMA_SS_M64N128K16(TN)                                                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                              \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TN "." TN " {" MINIKV_REGS64 \
+               "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                        \
+               : MINIKV_ACC32(0), MINIKV_ACC32(32)                                       \
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+template <typename T>
+__device__ __forceinline__ void ss_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_SS_M64N128K16("f16");
+  else MINIKV_WGMMA_SS_M64N128K16("bf16");
+}
+
+// d += A · B, A in registers, B = 16×64 or 16×128 MN-major in shared memory (descriptor,
+// transposed).
+#define MINIKV_WGMMA_RS_M64N64K16_MNMAJOR(TN)                                           \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                             \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TN "." TN " {" MINIKV_REGS32 \
+               "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"                            \
+               : MINIKV_ACC32(0)                                                        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+template <typename T>
+__device__ __forceinline__ void rs_m64n64k16_mn(float (&d)[32], const uint32_t *a, uint64_t desc_b) {
+  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N64K16_MNMAJOR("f16");
+  else MINIKV_WGMMA_RS_M64N64K16_MNMAJOR("bf16");
+}
+#define MINIKV_WGMMA_RS_M64N128K16_MNMAJOR(TN)                                           \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                              \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TN "." TN " {" MINIKV_REGS64 \
+               "}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"                             \
+               : MINIKV_ACC32(0), MINIKV_ACC32(32)                                       \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+template <typename T>
+__device__ __forceinline__ void rs_m64n128k16_mn(float (&d)[64], const uint32_t *a, uint64_t desc_b) {
+  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N128K16_MNMAJOR("f16");
+  else MINIKV_WGMMA_RS_M64N128K16_MNMAJOR("bf16");
+}
 #undef MINIKV_WGMMA_RS_M64N64K16_KMAJOR
+#undef MINIKV_WGMMA_SS_M64N128K16
+#undef MINIKV_WGMMA_RS_M64N64K16_MNMAJOR
+#undef MINIKV_WGMMA_RS_M64N128K16_MNMAJOR
+#undef MINIKV_ACC32
+#undef MINIKV_REGS32
+#undef MINIKV_REGS64
 
 }  // namespace wg
 }  // namespace kernels
