@@ -154,6 +154,20 @@ template <typename T> __device__ __forceinline__ void unpack8(const uint4 v, flo
   }
 }
 
+// acc + q[0]·f[0] + ... + q[N−1]·f[N−1], one fused multiply-add at a time in that order (N a
+// multiple of 4; q 16-byte aligned, read as float4).
+template <int N> __device__ __forceinline__ float fma_dot(const float *q, const float (&f)[N], float acc) {
+#pragma unroll
+  for (int k = 0; k < N; k += 4) {
+    const float4 a = *reinterpret_cast<const float4 *>(q + k);
+    acc = fmaf(a.x, f[k], acc);
+    acc = fmaf(a.y, f[k + 1], acc);
+    acc = fmaf(a.z, f[k + 2], acc);
+    acc = fmaf(a.w, f[k + 3], acc);
+  }
+  return acc;
+}
+
 // 2^x on the MUFU unit (what exp2f compiles to, minus its denormal-result path: terms
 // below 2^-126 are flushed to 0, far under fp32 rounding of any sum they join).
 __device__ __forceinline__ float ex2(float x) {

@@ -561,18 +561,7 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
           float kf[8];
           unpack8<T>(*reinterpret_cast<const uint4 *>(krow + (v ^ (row % kRowChunks)) * 16), kf);
 #pragma unroll
-          for (int r = 0; r < NREP; ++r) {
-            const float4 qa = *reinterpret_cast<const float4 *>(q_f + r * D + v * 8);
-            const float4 qb = *reinterpret_cast<const float4 *>(q_f + r * D + v * 8 + 4);
-            lg[r] = fmaf(qa.x, kf[0], lg[r]);
-            lg[r] = fmaf(qa.y, kf[1], lg[r]);
-            lg[r] = fmaf(qa.z, kf[2], lg[r]);
-            lg[r] = fmaf(qa.w, kf[3], lg[r]);
-            lg[r] = fmaf(qb.x, kf[4], lg[r]);
-            lg[r] = fmaf(qb.y, kf[5], lg[r]);
-            lg[r] = fmaf(qb.z, kf[6], lg[r]);
-            lg[r] = fmaf(qb.w, kf[7], lg[r]);
-          }
+          for (int r = 0; r < NREP; ++r) lg[r] = fma_dot(q_f + r * D + v * 8, kf, lg[r]);
         }
 #pragma unroll
         for (int r = 0; r < NREP; ++r) lg[r] += __shfl_xor_sync(kFullMask, lg[r], kChunk);

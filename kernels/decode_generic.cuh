@@ -146,18 +146,7 @@ __device__ __forceinline__ void key_dots(const uint8_t *row, const float *qv, ui
       float f[8];
       unpack8<T>(*reinterpret_cast<const uint4 *>(row + u * 16), f);
 #pragma unroll
-      for (int h = 0; h < NR; ++h) {
-        const float4 a = *reinterpret_cast<const float4 *>(qv + h * D + u * 8);
-        const float4 b = *reinterpret_cast<const float4 *>(qv + h * D + u * 8 + 4);
-        lg[h] = fmaf(a.x, f[0], lg[h]);
-        lg[h] = fmaf(a.y, f[1], lg[h]);
-        lg[h] = fmaf(a.z, f[2], lg[h]);
-        lg[h] = fmaf(a.w, f[3], lg[h]);
-        lg[h] = fmaf(b.x, f[4], lg[h]);
-        lg[h] = fmaf(b.y, f[5], lg[h]);
-        lg[h] = fmaf(b.z, f[6], lg[h]);
-        lg[h] = fmaf(b.w, f[7], lg[h]);
-      }
+      for (int h = 0; h < NR; ++h) lg[h] = fma_dot(qv + h * D + u * 8, f, lg[h]);
     }
   } else {
     constexpr uint32_t kPerWord = 32 / B;
@@ -177,13 +166,7 @@ __device__ __forceinline__ void key_dots(const uint8_t *row, const float *qv, ui
 #pragma unroll
           for (int k = 0; k < 4; ++k) f[k] = code_denormal<B>(word, c + k);
 #pragma unroll
-          for (int h = 0; h < NR; ++h) {
-            const float4 a = *reinterpret_cast<const float4 *>(qv + h * D + d);
-            lg[h] = fmaf(a.x, f[0], lg[h]);
-            lg[h] = fmaf(a.y, f[1], lg[h]);
-            lg[h] = fmaf(a.z, f[2], lg[h]);
-            lg[h] = fmaf(a.w, f[3], lg[h]);
-          }
+          for (int h = 0; h < NR; ++h) lg[h] = fma_dot(qv + h * D + d, f, lg[h]);
         }
       }
     }
