@@ -16,11 +16,21 @@ A rotation multiplies each head's keys (or values) by the orthonormal Hadamard m
 before quantizing and by Hᵀ after, which the library would fold into q (keys: q·Hᵀ k = (q H)·k
 for H orthonormal) and into the output (values).
 
+The tensor-core roundings (rows marked "p·s_v" and "q ⊙ s_k"): the decode attention computed
+from the codes, as the CUDA kernels do, instead of SDPA over the dequantized cache. "p·s_v":
+each probability times its value group's scale, and each 16-bit row's probability, rounded to
+fp16 once (the A / B operand of P·V; MINIKV.md allows it, the kernels do it). "q ⊙ s_k": also
+each query channel times its key group's scale rounded to fp16 once (the QK operand; the
+kernels carry it exactly in two fp16 pieces, hi + lo, which MINIKV.md requires today). Both
+round to fp16's 11-bit significand; the kernels' power-of-two prescaling keeps the operands
+in fp16's normal range.
+
     python3 bench/simulate_kv_quant.py --out bench/results/<date>_cpu_simulated-quant.json \
-        [--contexts 2048] [--windows 16] [--threads 2] [--check]
+        [--contexts 2048] [--windows 16] [--threads 2] [--settings default,fp16] [--check]
 
 --check (the CI smoke) also runs each batch as one causal forward without the cache and
-requires the chunked exact path to give the same losses (|Δnll| < 1e-4), and every
+requires the chunked exact path to give the same losses (|Δnll| < 1e-4), the attention from
+the codes without roundings to give the fake-quantized cache's (|Δnll| < 1e-4), and every
 setting's loss to be finite: it fails if the attention hook or the cache split breaks.
 
 Needs torch, transformers and the GGUF (scripts/fetch-model.sh), like eval_accuracy.py.
@@ -61,6 +71,9 @@ SETTINGS = [
     ("K3V3 G32 +4 sinks rot V", 3, 3, 32, 4, False, True),
     ("K3V3 G32 +4 sinks rot K+V", 3, 3, 32, 4, True, True),
     ("K3V2 G32 +4 sinks rot V", 3, 2, 32, 4, False, True),
+    ("K4V2 G32 +4 sinks, from the codes", 4, 2, 32, 4, False, False, ""),
+    ("K4V2 G32 +4 sinks, p·s_v fp16", 4, 2, 32, 4, False, False, "pv"),
+    ("K4V2 G32 +4 sinks, p·s_v + q ⊙ s_k fp16", 4, 2, 32, 4, False, False, "pv+qk"),
 ]
 
 
@@ -77,18 +90,65 @@ def fp16_round(x):
     return x.to(torch.float16).to(x.dtype)
 
 
-def quantize(x, bits, dim):
+def significand11(x):
+    """x rounded to fp16's 11-bit significand, exponent unbounded (round half to even)."""
+    m, e = torch.frexp(x)
+    return torch.ldexp(torch.round(m * 2048) / 2048, e)
+
+
+def quantize_codes(x, bits, dim):
     """Asymmetric min/max quantization of x along `dim` (the group), scale and minimum
-    rounded to fp16; returns the dequantized tensor."""
-    if bits >= 16:
-        return x
+    rounded to fp16: (codes, scale, minimum), the last two with `dim` kept as size 1."""
     levels = (1 << bits) - 1
     mn = fp16_round(x.amin(dim, keepdim=True))
     mx = x.amax(dim, keepdim=True)
     scale = fp16_round((mx - mn) / levels)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    code = torch.clamp(torch.round((x - mn) / safe), 0, levels)
+    return torch.clamp(torch.round((x - mn) / safe), 0, levels), scale, mn
+
+
+def quantize(x, bits, dim):
+    """quantize_codes, dequantized."""
+    if bits >= 16:
+        return x
+    code, scale, mn = quantize_codes(x, bits, dim)
     return code * scale + mn
+
+
+def attend_from_codes(query, key, value, P, setting, scaling):
+    """The decode chunk's attention (queries [B, H, Tq, D] at positions P..P+Tq-1; key and
+    value [B, Hkv, P + Tq, D]) over the prefill's cache as the CUDA kernels compute it: logits
+    of quantized keys as Σ (q ⊙ s_k) · code + q · m_k, values as Σ (p · s_v) · code + Σ p · m_v,
+    16-bit rows (sinks, the residual tail, the chunk's own keys) exact, with the operand
+    roundings `setting` names. No rotations."""
+    _, kb, vb, G, sinks, _, _, rounding = setting
+    B, H, Tq, D = query.shape
+    n_rep = H // key.shape[1]
+    q_end = sinks + (P - sinks) // G * G
+    n, ng = q_end - sinks, (q_end - sinks) // G
+    rep = lambda t: t.repeat_interleave(n_rep, 1)  # noqa: E731
+    kq, vq = key[:, :, sinks:q_end], value[:, :, sinks:q_end]
+    ck, sk, mk = (rep(t) for t in quantize_codes(kq.reshape(B, -1, ng, G, D), kb, 3))  # [B,H,ng,G|1,D]
+    cv, sv, mv = (rep(t) for t in quantize_codes(vq.reshape(B, -1, n, D // G, G), vb, 4))  # [B,H,n,D/G,G|1]
+    qs = query[:, :, :, None, :] * sk[:, :, None, :, 0, :]  # [B,H,Tq,ng,D]
+    if "qk" in rounding:
+        qs = significand11(qs)
+    lq = torch.einsum("bhigc,bhgtc->bhigt", qs, ck).reshape(B, H, Tq, n)
+    lq = lq + torch.einsum("bhic,bhgc->bhig", query, mk[:, :, :, 0, :]).repeat_interleave(G, 3)
+    rows = torch.cat([torch.arange(sinks), torch.arange(q_end, P + Tq)])  # 16-bit rows
+    kr, vr = rep(key[:, :, rows]), rep(value[:, :, rows])
+    lr = query @ kr.transpose(2, 3)
+    causal = torch.ones(Tq, Tq, dtype=torch.bool).tril()
+    lr[..., -Tq:] = lr[..., -Tq:].masked_fill(~causal, float("-inf"))
+    logits = torch.cat([lq, lr], 3) * scaling
+    p = torch.softmax(logits, 3)
+    pq, pr = p[..., :n], p[..., n:]
+    ps = pq[..., None] * sv[:, :, None, :, :, 0]  # [B,H,Tq,n,D/G]
+    if "pv" in rounding:
+        ps, pr = significand11(ps), significand11(pr)
+    out = torch.einsum("bhitj,bhtjc->bhijc", ps, cv).reshape(B, H, Tq, D)
+    out = out + torch.einsum("bhit,bhtj->bhij", pq, mv[..., 0]).repeat_interleave(G, 3)
+    return out + pr @ vr
 
 
 def fake_cache(k, v, kb, vb, G, sinks, rot_k, rot_v, H):
@@ -127,8 +187,11 @@ class Sim:
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
         n_rep = query.shape[1] // key.shape[1]
+        if self.setting is not None and len(self.setting) > 7 and key.shape[2] > query.shape[2]:
+            out = attend_from_codes(query, key, value, self.prefill_len, self.setting, scaling)
+            return out.transpose(1, 2).contiguous(), None
         if self.setting is not None and key.shape[2] > query.shape[2]:
-            _, kb, vb, G, sinks, rot_k, rot_v = self.setting
+            _, kb, vb, G, sinks, rot_k, rot_v = self.setting[:7]
             P = self.prefill_len
             if self.H is None or self.H.shape[0] != key.shape[-1]:
                 self.H = hadamard(key.shape[-1], key.dtype)
@@ -155,10 +218,15 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--settings", default="",
+                    help="comma-separated substrings: only the settings whose names contain one")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 unless the chunked exact path equals one causal forward")
     args = ap.parse_args()
+    if args.check and args.settings:
+        ap.error("--check compares settings: it runs every one (no --settings)")
     torch.set_grad_enabled(False)
+    settings = [s for s in SETTINGS if not args.settings or any(w in s[0] for w in args.settings.split(","))]
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_gguf_llama(args.model, dtype=torch.float32, device=torch.device("cpu"))
@@ -192,7 +260,7 @@ def main():
                 logits = model(input_ids=x[:, :P + n], use_cache=False, logits_to_keep=n).logits.float()
                 l = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
                 nll.setdefault("one forward", []).extend(l.mean(1).tolist())
-            for s in [None] + SETTINGS:
+            for s in [None] + settings:
                 sim.setting = s
                 c = copy.deepcopy(cache)
                 logits = model(input_ids=forced, use_cache=True, **{cache_kw: c}).logits.float()
@@ -200,24 +268,29 @@ def main():
                 nll.setdefault(s[0] if s else "full", []).extend(l.mean(1).tolist())
             print(f"ctx {ctx}: {len(nll['full'])}/{len(windows)} windows, {time.time() - t0:.0f} s", flush=True)
         ref = float(np.mean(nll["full"]))
-        for s in [None] + SETTINGS:
+        for s in [None] + settings:
             name = s[0] if s else "full"
             m = float(np.mean(nll[name]))
             row = dict(setting=name, ctx=ctx, nll=m, ppl=math.exp(m), delta_ppl=math.exp(m - ref) - 1)
             if s:
-                _, kb, vb, G, sinks, rk, rv = s
+                _, kb, vb, G, sinks, rk, rv = s[:7]
                 row.update(key_bits=kb, value_bits=vb, group=G, sinks=sinks, rotate_keys=rk,
-                           rotate_values=rv, bits_per_element=(kb + vb) / 2 + 32 / G)
+                           rotate_values=rv, bits_per_element=(kb + vb) / 2 + 32 / G,
+                           operand_roundings=s[7] if len(s) > 7 else "")
             rows.append(row)
-            print(f"  {name:30s} ppl {row['ppl']:8.3f}  delta {100 * row['delta_ppl']:+6.2f}%"
+            print(f"  {name:40s} ppl {row['ppl']:8.3f}  delta {100 * row['delta_ppl']:+6.2f}%"
                   + (f"  {row['bits_per_element']:.2f} bits/elt" if s else ""), flush=True)
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, results=rows), f, indent=1)
         if args.check:
             gap = max(abs(a - b) for a, b in zip(nll["one forward"], nll["full"]))
+            # the attention from the codes without roundings is the fake-quantized cache's
+            codes_gap = max(abs(a - b) for a, b in zip(nll["K4V2 G32 +4 sinks (default)"],
+                                                       nll["K4V2 G32 +4 sinks, from the codes"]))
             finite = all(math.isfinite(v) for vs in nll.values() for v in vs)
-            print(f"check ctx {ctx}: chunked vs one forward max |dnll| {gap:.2e}, losses finite: {finite}")
-            if gap > 1e-4 or not finite:
+            print(f"check ctx {ctx}: chunked vs one forward max |dnll| {gap:.2e}, from the codes vs "
+                  f"dequantized {codes_gap:.2e}, losses finite: {finite}")
+            if gap > 1e-4 or codes_gap > 1e-4 or not finite:
                 return 1
     return 0
 
