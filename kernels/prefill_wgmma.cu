@@ -122,7 +122,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[
   for (int kc = 0; kc < kFaKeys / 16; ++kc) {
     const uint64_t desc = wg::sw128_desc(v_addr + kc * 2048, kFaColBlock, 1024);
     if constexpr (D == 128) wg::rs_m64n128k16_mn<T>(o, p + 4 * kc, desc);
-    else wg::rs_m64n64k16_mn<T>(o, p + 4 * kc, desc);
+    else wg::rs_m64n64k16<T, 1>(o, p + 4 * kc, desc, 1);
   }
   wg::commit();
 }

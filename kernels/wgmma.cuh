@@ -72,18 +72,18 @@ template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
 // mma.sync m16n8k16 A-fragment layout); d[4i + 2r + c] is row 16·warp + lane / 4 + 8r,
 // column 8i + 2 (lane % 4) + c. accumulate = 0 overwrites d.
 
-// d (+)= A · B, A in registers, B = 16×64 K-major in shared memory (descriptor).
-#define MINIKV_WGMMA_RS_M64N64K16_KMAJOR(TN)                                             \
+// d (+)= A · B, A in registers, B = 16×64 in shared memory (descriptor): K-major, or
+// MN-major (transposed) with TRANS_B = 1.
+#define MINIKV_WGMMA_RS_M64N64K16(TN)                                                   \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                             \
                "wgmma.mma_async.sync.aligned.m64n64k16.f32." TN "." TN " {" MINIKV_REGS32 \
-               "}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                            \
+               "}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"                          \
                : MINIKV_ACC32(0)                                                        \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
-template <typename T>
-__device__ __forceinline__ void rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
-                                             int accumulate) {
-  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N64K16_KMAJOR("f16");
-  else MINIKV_WGMMA_RS_M64N64K16_KMAJOR("bf16");
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+template <typename T, int TRANS_B = 0>
+__device__ __forceinline__ void rs_m64n64k16(float (&d)[32], const uint32_t *a, uint64_t desc_b, int accumulate) {
+  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N64K16("f16");
+  else MINIKV_WGMMA_RS_M64N64K16("bf16");
 }
 
 // d (+)= A · Bᵀ, A = 64×16 and B = 128×16, both K-major in shared memory (descriptors).
@@ -99,19 +99,7 @@ __device__ __forceinline__ void ss_m64n128k16(float (&d)[64], uint64_t desc_a, u
   else MINIKV_WGMMA_SS_M64N128K16("bf16");
 }
 
-// d += A · B, A in registers, B = 16×64 or 16×128 MN-major in shared memory (descriptor,
-// transposed).
-#define MINIKV_WGMMA_RS_M64N64K16_MNMAJOR(TN)                                           \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                             \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TN "." TN " {" MINIKV_REGS32 \
-               "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"                            \
-               : MINIKV_ACC32(0)                                                        \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
-template <typename T>
-__device__ __forceinline__ void rs_m64n64k16_mn(float (&d)[32], const uint32_t *a, uint64_t desc_b) {
-  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N64K16_MNMAJOR("f16");
-  else MINIKV_WGMMA_RS_M64N64K16_MNMAJOR("bf16");
-}
+// d += A · B, A in registers, B = 16×128 MN-major in shared memory (descriptor, transposed).
 #define MINIKV_WGMMA_RS_M64N128K16_MNMAJOR(TN)                                           \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                              \
                "wgmma.mma_async.sync.aligned.m64n128k16.f32." TN "." TN " {" MINIKV_REGS64 \
@@ -123,9 +111,8 @@ __device__ __forceinline__ void rs_m64n128k16_mn(float (&d)[64], const uint32_t 
   if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N128K16_MNMAJOR("f16");
   else MINIKV_WGMMA_RS_M64N128K16_MNMAJOR("bf16");
 }
-#undef MINIKV_WGMMA_RS_M64N64K16_KMAJOR
+#undef MINIKV_WGMMA_RS_M64N64K16
 #undef MINIKV_WGMMA_SS_M64N128K16
-#undef MINIKV_WGMMA_RS_M64N64K16_MNMAJOR
 #undef MINIKV_WGMMA_RS_M64N128K16_MNMAJOR
 #undef MINIKV_ACC32
 #undef MINIKV_REGS32
