@@ -15,6 +15,8 @@ namespace bulk {
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 #if __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#elif defined(MINIKV_WARP_EMULATION)
+  emulation::mbar_init(bar, count);
 #endif
 }
 // Makes initialized barriers visible to the async proxy (the copies' completions).
@@ -28,12 +30,16 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 #if __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                : "memory");
+#elif defined(MINIKV_WARP_EMULATION)
+  emulation::mbar_arrive_expect_tx(bar, bytes);
 #endif
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 #if __CUDA_ARCH__ >= 900
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
                : "memory");
+#elif defined(MINIKV_WARP_EMULATION)
+  emulation::mbar_arrive(bar);
 #endif
 }
 // Waits until the phase of parity `parity` has completed (a fresh barrier: parity 1 passes).
@@ -46,6 +52,8 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "@!done bra WAIT;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
+#elif defined(MINIKV_WARP_EMULATION)
+  emulation::mbar_wait(bar, parity);
 #endif
 }
 // Orders this thread's generic accesses to shared memory before later async-proxy ones: a
@@ -64,6 +72,8 @@ __device__ __forceinline__ void copy(uint32_t dst, const void *src, uint32_t byt
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
+#elif defined(MINIKV_WARP_EMULATION)
+  emulation::bulk_copy(dst, src, bytes, bar);
 #endif
 }
 

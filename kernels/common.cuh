@@ -81,14 +81,22 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *smem) {
+#ifdef MINIKV_WARP_EMULATION
+  emulation::ldmatrix_x4(r, smem, false);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(smem)));
+#endif
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *smem) {
+#ifdef MINIKV_WARP_EMULATION
+  emulation::ldmatrix_x4(r, smem, true);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(smem)));
+#endif
 }
 
 // d += a · b, A 16×16 row-major, B 16×8 column-major, fp32 accumulators.
@@ -98,20 +106,28 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 template <>
 __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4],
                                                   uint32_t b0, uint32_t b1) {
+#ifdef MINIKV_WARP_EMULATION
+  emulation::mma_16816(d, a, b0, b1, false);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 template <>
 __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
                                                          uint32_t b0, uint32_t b1) {
+#ifdef MINIKV_WARP_EMULATION
+  emulation::mma_16816(d, a, b0, b1, true);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // d += a · b for the even columns only (C[g][2i] in c0, C[g + 8][2i] in c2), where the odd
@@ -120,6 +136,12 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
 template <typename T>
 __device__ __forceinline__ void mma_16816_even(float &c0, float &c2, const uint32_t (&a)[4], uint32_t b0,
                                                uint32_t b1) {
+#ifdef MINIKV_WARP_EMULATION
+  float d[4] = {c0, 0.0f, c2, 0.0f};
+  emulation::mma_16816(d, a, b0, b1, !std::is_same<T, __half>::value);
+  c0 = d[0];
+  c2 = d[2];
+#else
   constexpr bool kF16 = std::is_same<T, __half>::value;
   float odd0, odd1;
   if constexpr (kF16)
@@ -134,6 +156,7 @@ __device__ __forceinline__ void mma_16816_even(float &c0, float &c2, const uint3
         "{%8,%9}, {%10,%11,%12,%13};\n"
         : "=f"(c0), "=f"(odd0), "=f"(c2), "=f"(odd1)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c0), "f"(0.0f), "f"(c2), "f"(0.0f));
+#endif
 }
 
 // Two 16-bit values of a 32-bit word (element 0 in the low half) as floats. Unpacking the
@@ -172,7 +195,11 @@ template <int N> __device__ __forceinline__ float fma_dot(const float *q, const 
 // below 2^-126 are flushed to 0, far under fp32 rounding of any sum they join).
 __device__ __forceinline__ float ex2(float x) {
   float y;
+#ifdef MINIKV_WARP_EMULATION
+  y = emulation::ex2_approx_ftz(x);
+#else
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+#endif
   return y;
 }
 

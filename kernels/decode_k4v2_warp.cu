@@ -195,7 +195,7 @@ __device__ __forceinline__ void k4v2_warp_merge_if_last(const DecodeParams &p, u
 /// \tparam NH query-head slots of the CTA (1, 2 or 4): lane (g, i) owns slot i % NH
 template <typename T, int D, int NH>
 __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_constant__ K4V2Args a) {
-#if __CUDA_ARCH__ >= 900
+#if __CUDA_ARCH__ >= 900 || defined(MINIKV_WARP_EMULATION)
   using KP = KeyPairs<4>;
   using L = K4V2WarpLayout<D, NH>;
   constexpr int KS = D / 16;          // 16-channel k-steps of a key row
@@ -676,6 +676,8 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 #endif
 }
 
+// The launchers; a CPU emulation (tests/emulation) runs the kernel itself.
+#ifndef MINIKV_WARP_EMULATION
 // fn(kernel, its dynamic shared memory) of (dtype, head_dim, head slots).
 template <typename Fn> void dispatch_k4v2_warp(minikv_dtype dtype, uint32_t head_dim, uint32_t slots, Fn &&fn) {
   dispatch_dtype_head_dim<K4V2DecodeHeadDims>(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
@@ -686,9 +688,11 @@ template <typename Fn> void dispatch_k4v2_warp(minikv_dtype dtype, uint32_t head
     else fn(decode_k4v2_warp_kernel<T, D, 4>, K4V2WarpLayout<D, 4>::kTotal);
   });
 }
+#endif  // MINIKV_WARP_EMULATION
 
 }  // namespace
 
+#ifndef MINIKV_WARP_EMULATION
 uint32_t decode_k4v2_warp_heads_per_cta(uint32_t n_rep) { return k4v2_warp_slots(n_rep); }
 
 uint32_t configure_decode_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t n_rep) {
@@ -712,5 +716,6 @@ void launch_decode_k4v2_warp(minikv_dtype dtype, const DecodeParams &p, const K4
     launch_decode_merge(dtype, p.st.block.head_dim, p, stream, plan.programmatic_merge);
 }
 
+#endif  // MINIKV_WARP_EMULATION
 }  // namespace kernels
 }  // namespace minikv

@@ -15,7 +15,11 @@ constexpr float kP16Scale = 4096.0f;  // fp16 probabilities ride as p · 2^12 (k
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r;
+#ifdef MINIKV_WARP_EMULATION
+  r = emulation::prmt(a, b, sel);
+#else
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+#endif
   return r;
 }
 // 2^e for e in [-126, 127].
@@ -27,14 +31,22 @@ __device__ __forceinline__ int exponent_of(float x) {
 __device__ __forceinline__ int clamp_exp(int e, int lim) { return e < -lim ? -lim : e > lim ? lim : e; }
 __device__ __forceinline__ uint32_t pack_f16(float a, float b) { return DType<__half>::pack2(a, b); }
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+#ifdef MINIKV_WARP_EMULATION
+  return emulation::hmul2(a, b);
+#else
   const __half2 r = __hmul2(*reinterpret_cast<const __half2 *>(&a), *reinterpret_cast<const __half2 *>(&b));
   return *reinterpret_cast<const uint32_t *>(&r);
+#endif
 }
 // a · b − c, rounded once.
 __device__ __forceinline__ uint32_t hfms2_bits(uint32_t a, uint32_t b, uint32_t c) {
+#ifdef MINIKV_WARP_EMULATION
+  return emulation::hfms2(a, b, c);
+#else
   const __half2 r = __hfma2(*reinterpret_cast<const __half2 *>(&a), *reinterpret_cast<const __half2 *>(&b),
                             __hneg2(*reinterpret_cast<const __half2 *>(&c)));
   return *reinterpret_cast<const uint32_t *>(&r);
+#endif
 }
 __device__ __forceinline__ uint32_t word_of(const uint4 &v, int k) {
   return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;

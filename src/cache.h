@@ -27,6 +27,8 @@ class Cache {
   const minikv_config &config() const { return cfg_; }
   // White-box tests (tests/gpu): the backend, e.g. to read its storage.
   const Backend &backend() const { return *backend_; }
+  // Where (seq, layer) keeps its tokens, as the backend is handed it (and white-box tests).
+  CacheView view(uint32_t seq, uint32_t layer) const;
 
   // minikv_prefill (prompt_lens NULL: each sequence's rows are its whole prompt) and
   // minikv_prefill_chunk; `call` names the function in messages.
@@ -77,7 +79,6 @@ class Cache {
   LayerState &state(uint32_t seq, uint32_t layer) { return states_[size_t(seq) * cfg_.num_layers + layer]; }
   const LayerState &state(uint32_t seq, uint32_t layer) const { return states_[size_t(seq) * cfg_.num_layers + layer]; }
   uint32_t blocks_for(uint64_t quantized_tokens) const;
-  CacheView view(uint32_t seq, uint32_t layer) const;
   void check_common(const char *call, uint32_t layer, uint32_t n_seqs, const uint32_t *seq_ids,
                     bool need_prefilled) const;
   // BAD_STATE unless the (sequence, layer) is prefilled (the message tells mid-prompt apart).

@@ -1,0 +1,472 @@
+// The fibers, collectives and mbarriers of warp_emulator.h.
+#include "warp_emulator.h"
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <vector>
+
+namespace minikv {
+namespace emulation {
+namespace {
+
+enum class Op { kSyncwarp, kShfl, kShflXor, kLdmatrix, kLdmatrixTrans, kMmaF16, kMmaBF16 };
+const char *op_name(Op op) {
+  switch (op) {
+    case Op::kSyncwarp: return "__syncwarp";
+    case Op::kShfl: return "__shfl_sync";
+    case Op::kShflXor: return "__shfl_xor_sync";
+    case Op::kLdmatrix: return "ldmatrix";
+    case Op::kLdmatrixTrans: return "ldmatrix.trans";
+    case Op::kMmaF16: return "mma f16";
+    case Op::kMmaBF16: return "mma bf16";
+  }
+  return "?";
+}
+
+[[noreturn]] void die(const char *what) {
+  std::fprintf(stderr, "warp emulator: %s\n", what);
+  std::fflush(stderr);
+  std::abort();
+}
+
+constexpr size_t kStackBytes = 256 * 1024;
+
+struct Thread {
+  ucontext_t ctx{};
+  std::unique_ptr<char[]> stack;
+  uint3 tid{};
+  uint32_t warp = 0, lane = 0;
+  bool done = false;
+  enum class Wait { kNone, kCollective, kCta, kSpin } wait = Wait::kNone;
+  uint64_t wait_gen = 0;
+};
+
+// A warp's collective in progress: each lane's inputs, then its outputs.
+struct Warp {
+  uint32_t live = 0, arrived = 0;
+  uint64_t gen = 0;
+  Op op[32];
+  uint32_t in[32][6];
+  float fin[32][4];
+  const uint8_t *addr[32];
+  uint32_t out[32][4];
+  float fout[32][4];
+};
+
+struct Mbar {
+  uint32_t count = 0, pending = 0, phase = 0;
+  int64_t tx = 0;
+};
+struct PendingCopy {
+  uint32_t dst, bytes;
+  const void *src;
+};
+
+struct Launch {
+  dim3 grid, block;
+  uint3 bidx{};
+  uint8_t *smem = nullptr;
+  size_t smem_bytes = 0;
+  CopyLanding landing = CopyLanding::kAtIssue;
+  const std::function<void()> *body = nullptr;
+  std::vector<Thread> threads;
+  std::vector<Warp> warps;
+  uint32_t cta_live = 0, cta_arrived = 0;
+  uint64_t cta_gen = 0;
+  std::map<uint32_t, Mbar> mbars;
+  std::map<uint32_t, std::vector<PendingCopy>> copies;  // kAtWait: not landed yet, per barrier
+  ucontext_t sched{};
+  Thread *cur = nullptr;
+  bool progress = false;
+};
+Launch *g_launch = nullptr;
+
+Launch &L() {
+  if (g_launch == nullptr) die("a device function was called outside an emulated launch");
+  return *g_launch;
+}
+Thread &self() { return *L().cur; }
+
+// Back to the scheduler until this thread may go on.
+void block(Thread::Wait wait, uint64_t gen) {
+  Launch &l = L();
+  Thread &t = self();
+  t.wait = wait;
+  t.wait_gen = gen;
+  swapcontext(&t.ctx, &l.sched);
+}
+
+void complete_collective(Warp &w) {
+  Launch &l = L();
+  const uint32_t base = 32 * uint32_t(&w - l.warps.data());
+  int first = -1;
+  for (uint32_t lane = 0; lane < 32; ++lane) {
+    if (base + lane >= l.threads.size() || l.threads[base + lane].done) continue;
+    if (first < 0) first = int(lane);
+    if (w.op[lane] != w.op[first]) {
+      char msg[160];
+      std::snprintf(msg, sizeof msg, "divergent collective: lane %d at %s, lane %u at %s", first,
+                    op_name(w.op[first]), lane, op_name(w.op[lane]));
+      die(msg);
+    }
+  }
+  if (first < 0) return;
+  const Op op = w.op[first];
+  auto live = [&](uint32_t lane) { return base + lane < l.threads.size() && !l.threads[base + lane].done; };
+  switch (op) {
+    case Op::kSyncwarp: break;
+    case Op::kShfl:
+    case Op::kShflXor:
+      for (uint32_t lane = 0; lane < 32; ++lane) {
+        if (!live(lane)) continue;
+        const uint32_t src = (op == Op::kShfl ? w.in[lane][1] : lane ^ w.in[lane][1]) & 31u;
+        if (!live(src)) die("a shuffle reads an exited lane");
+        w.out[lane][0] = w.in[src][0];
+      }
+      break;
+    case Op::kLdmatrix:
+    case Op::kLdmatrixTrans:
+      for (uint32_t lane = 0; lane < 32; ++lane)
+        if (!live(lane)) die("ldmatrix with an exited lane");
+      for (uint32_t lane = 0; lane < 32; ++lane)
+        for (uint32_t m = 0; m < 4; ++m) {
+          auto elem = [&](uint32_t row, uint32_t col) {
+            uint16_t v;
+            std::memcpy(&v, w.addr[8 * m + row] + 2 * col, 2);
+            return uint32_t(v);
+          };
+          const uint32_t r = lane / 4, c = 2 * (lane % 4);
+          w.out[lane][m] = op == Op::kLdmatrix ? elem(r, c) | elem(r, c + 1) << 16
+                                               : elem(c, r) | elem(c + 1, r) << 16;
+        }
+      break;
+    case Op::kMmaF16:
+    case Op::kMmaBF16: {
+      for (uint32_t lane = 0; lane < 32; ++lane)
+        if (!live(lane)) die("mma with an exited lane");
+      auto value = [&](uint32_t word, int half) {
+        const uint16_t bits = uint16_t(half ? word >> 16 : word & 0xffffu);
+        if (op == Op::kMmaBF16) {
+          const uint32_t f = uint32_t(bits) << 16;
+          float x;
+          std::memcpy(&x, &f, 4);
+          return double(x);
+        }
+        __half_raw raw;
+        raw.x = bits;
+        return double(__half2float(__half(raw)));
+      };
+      double A[16][16], B[16][8], C[16][8];
+      for (uint32_t lane = 0; lane < 32; ++lane) {
+        const uint32_t gq = lane / 4, t = lane % 4;
+        const uint32_t *a = w.in[lane];
+        for (int h = 0; h < 2; ++h) {
+          A[gq][2 * t + h] = value(a[0], h);
+          A[gq + 8][2 * t + h] = value(a[1], h);
+          A[gq][2 * t + 8 + h] = value(a[2], h);
+          A[gq + 8][2 * t + 8 + h] = value(a[3], h);
+          B[2 * t + h][gq] = value(a[4], h);
+          B[2 * t + 8 + h][gq] = value(a[5], h);
+        }
+        C[gq][2 * t] = w.fin[lane][0];
+        C[gq][2 * t + 1] = w.fin[lane][1];
+        C[gq + 8][2 * t] = w.fin[lane][2];
+        C[gq + 8][2 * t + 1] = w.fin[lane][3];
+      }
+      for (uint32_t lane = 0; lane < 32; ++lane) {
+        const uint32_t gq = lane / 4, t = lane % 4;
+        const uint32_t rows[4] = {gq, gq, gq + 8, gq + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+        for (int e = 0; e < 4; ++e) {
+          double s = C[rows[e]][cols[e]];
+          for (int k = 0; k < 16; ++k) s += A[rows[e]][k] * B[k][cols[e]];
+          w.fout[lane][e] = float(s);
+        }
+      }
+      break;
+    }
+  }
+  w.arrived = 0;
+  ++w.gen;
+  l.progress = true;
+}
+
+// This lane's part of a collective: its inputs are in the warp's slots; returns when every
+// lane's outputs are.
+Warp &arrive(Op op) {
+  Thread &t = self();
+  Warp &w = L().warps[t.warp];
+  w.op[t.lane] = op;
+  if (++w.arrived == w.live) {
+    complete_collective(w);
+  } else {
+    block(Thread::Wait::kCollective, w.gen);
+  }
+  return w;
+}
+
+void cta_barrier_check() {
+  Launch &l = L();
+  if (l.cta_arrived > 0 && l.cta_arrived == l.cta_live) {
+    l.cta_arrived = 0;
+    ++l.cta_gen;
+    l.progress = true;
+  }
+}
+
+void thread_entry() {
+  Launch &l = L();
+  (*l.body)();
+  Thread &t = self();
+  t.done = true;
+  l.progress = true;
+  Warp &w = l.warps[t.warp];
+  --w.live;
+  if (w.arrived > 0 && w.arrived == w.live) complete_collective(w);
+  --l.cta_live;
+  cta_barrier_check();
+  // returns to uc_link: the scheduler
+}
+
+bool runnable(const Launch &l, const Thread &t) {
+  if (t.done) return false;
+  switch (t.wait) {
+    case Thread::Wait::kNone:
+    case Thread::Wait::kSpin: return true;
+    case Thread::Wait::kCollective: return l.warps[t.warp].gen != t.wait_gen;
+    case Thread::Wait::kCta: return l.cta_gen != t.wait_gen;
+  }
+  return false;
+}
+
+void run_cta(Launch &l) {
+  const uint32_t n = uint32_t(l.threads.size());
+  for (uint32_t i = 0; i < n; ++i) {
+    Thread &t = l.threads[i];
+    t.done = false;
+    t.wait = Thread::Wait::kNone;
+    getcontext(&t.ctx);
+    t.ctx.uc_stack.ss_sp = t.stack.get();
+    t.ctx.uc_stack.ss_size = kStackBytes;
+    t.ctx.uc_link = &l.sched;
+    makecontext(&t.ctx, thread_entry, 0);
+  }
+  for (uint32_t w = 0; w < l.warps.size(); ++w) {
+    l.warps[w] = Warp{};
+    l.warps[w].live = std::min(32u, n - 32 * w);
+  }
+  l.cta_live = n;
+  l.cta_arrived = 0;
+  l.mbars.clear();
+  l.copies.clear();
+  std::memset(l.smem, 0xa5, l.smem_bytes);  // unwritten shared memory reads as a pattern
+  for (;;) {
+    bool any = false;
+    l.progress = false;
+    for (uint32_t i = 0; i < n; ++i) {
+      Thread &t = l.threads[i];
+      if (!runnable(l, t)) continue;
+      any = true;
+      if (t.wait == Thread::Wait::kCollective || t.wait == Thread::Wait::kCta) l.progress = true;
+      t.wait = Thread::Wait::kNone;
+      l.cur = &t;
+      swapcontext(&l.sched, &t.ctx);
+    }
+    bool all_done = true;
+    for (const Thread &t : l.threads) all_done = all_done && t.done;
+    if (all_done) break;
+    if (!any || !l.progress) {
+      char msg[200];
+      std::snprintf(msg, sizeof msg, "deadlock in CTA (%u, %u, %u): no thread can go on", l.bidx.x, l.bidx.y,
+                    l.bidx.z);
+      die(msg);
+    }
+  }
+  if (!l.copies.empty()) {
+    for (const auto &kv : l.copies)
+      if (!kv.second.empty()) die("a CTA exited with bulk copies in flight");
+  }
+}
+
+Mbar &mbar_at(uint32_t bar) {
+  Launch &l = L();
+  if (bar % 8 != 0 || bar + 8 > l.smem_bytes) die("an mbarrier outside shared memory or misaligned");
+  auto it = l.mbars.find(bar);
+  if (it == l.mbars.end()) die("an mbarrier used before mbarrier.init");
+  return it->second;
+}
+
+void mbar_complete_if_done(Mbar &m) {
+  if (m.pending == 0 && m.tx == 0) {
+    m.phase ^= 1u;
+    m.pending = m.count;
+    L().progress = true;
+  }
+}
+
+void land(const PendingCopy &c, uint32_t bar) {
+  Launch &l = L();
+  std::memcpy(l.smem + c.dst, c.src, c.bytes);
+  Mbar &m = mbar_at(bar);
+  m.tx -= c.bytes;
+  mbar_complete_if_done(m);
+}
+
+uint32_t shuffle(Op op, uint32_t v, uint32_t arg) {
+  Thread &t = self();
+  Warp &w = L().warps[t.warp];
+  w.in[t.lane][0] = v;
+  w.in[t.lane][1] = arg;
+  return arrive(op).out[t.lane][0];
+}
+
+uint32_t half_bits(__half h) {
+  __half_raw r = h;
+  return r.x;
+}
+float half_value(uint32_t bits) {
+  __half_raw r;
+  r.x = uint16_t(bits);
+  return __half2float(__half(r));
+}
+
+}  // namespace
+
+void launch(dim3 grid, dim3 block, uint8_t *smem, size_t smem_bytes, CopyLanding landing,
+            const std::function<void()> &thread_body) {
+  if (g_launch != nullptr) die("nested launch");
+  Launch l;
+  l.grid = grid;
+  l.block = block;
+  l.smem = smem;
+  l.smem_bytes = smem_bytes;
+  l.landing = landing;
+  l.body = &thread_body;
+  const uint32_t n = block.x * block.y * block.z;
+  l.threads.resize(n);
+  l.warps.resize((n + 31) / 32);
+  for (uint32_t i = 0; i < n; ++i) {
+    Thread &t = l.threads[i];
+    t.stack.reset(new char[kStackBytes]);
+    t.tid = make_uint3(i % block.x, (i / block.x) % block.y, i / (block.x * block.y));
+    t.warp = i / 32;
+    t.lane = i % 32;
+  }
+  g_launch = &l;
+  for (uint32_t z = 0; z < grid.z; ++z)
+    for (uint32_t y = 0; y < grid.y; ++y)
+      for (uint32_t x = 0; x < grid.x; ++x) {
+        l.bidx = make_uint3(x, y, z);
+        run_cta(l);
+      }
+  g_launch = nullptr;
+}
+
+const uint3 &thread_idx() { return self().tid; }
+const uint3 &block_idx() { return L().bidx; }
+const dim3 &block_dim() { return L().block; }
+const dim3 &grid_dim() { return L().grid; }
+uint8_t *shared_base() { return L().smem; }
+
+void syncwarp() { arrive(Op::kSyncwarp); }
+void syncthreads() {
+  Launch &l = L();
+  ++l.cta_arrived;
+  const uint64_t gen = l.cta_gen;
+  cta_barrier_check();
+  if (l.cta_gen == gen) block(Thread::Wait::kCta, gen);
+}
+uint32_t shfl(uint32_t v, int src_lane) { return shuffle(Op::kShfl, v, uint32_t(src_lane)); }
+uint32_t shfl_xor(uint32_t v, int lane_mask) { return shuffle(Op::kShflXor, v, uint32_t(lane_mask)); }
+void ldmatrix_x4(uint32_t (&r)[4], const void *smem, bool trans) {
+  Launch &l = L();
+  Thread &t = self();
+  const uint8_t *p = static_cast<const uint8_t *>(smem);
+  if (p < l.smem || p + 16 > l.smem + l.smem_bytes || (p - l.smem) % 16 != 0)
+    die("ldmatrix: a row address outside shared memory or not 16-byte aligned");
+  l.warps[t.warp].addr[t.lane] = p;
+  Warp &w = arrive(trans ? Op::kLdmatrixTrans : Op::kLdmatrix);
+  for (int i = 0; i < 4; ++i) r[i] = w.out[t.lane][i];
+}
+void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16) {
+  Thread &t = self();
+  Warp &w0 = L().warps[t.warp];
+  for (int i = 0; i < 4; ++i) {
+    w0.in[t.lane][i] = a[i];
+    w0.fin[t.lane][i] = d[i];
+  }
+  w0.in[t.lane][4] = b0;
+  w0.in[t.lane][5] = b1;
+  Warp &w = arrive(bf16 ? Op::kMmaBF16 : Op::kMmaF16);
+  for (int i = 0; i < 4; ++i) d[i] = w.fout[t.lane][i];
+}
+
+void mbar_init(uint32_t bar, uint32_t count) {
+  Launch &l = L();
+  if (bar % 8 != 0 || bar + 8 > l.smem_bytes) die("mbarrier.init outside shared memory or misaligned");
+  Mbar m;
+  m.count = m.pending = count;
+  l.mbars[bar] = m;
+}
+void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  Mbar &m = mbar_at(bar);
+  m.tx += bytes;
+  if (m.pending == 0) die("mbarrier: more arrivals than its count in one phase");
+  --m.pending;
+  mbar_complete_if_done(m);
+}
+void mbar_arrive(uint32_t bar) {
+  Mbar &m = mbar_at(bar);
+  if (m.pending == 0) die("mbarrier: more arrivals than its count in one phase");
+  --m.pending;
+  mbar_complete_if_done(m);
+}
+void mbar_wait(uint32_t bar, uint32_t parity) {
+  Launch &l = L();
+  for (;;) {
+    if (l.landing == CopyLanding::kAtWait) {
+      auto it = l.copies.find(bar);
+      if (it != l.copies.end()) {
+        std::vector<PendingCopy> pending;
+        pending.swap(it->second);
+        for (const PendingCopy &c : pending) land(c, bar);
+      }
+    }
+    if (mbar_at(bar).phase != (parity & 1u)) return;
+    block(Thread::Wait::kSpin, 0);
+  }
+}
+void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+  Launch &l = L();
+  if (bytes % 16 != 0 || dst % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+    die("cp.async.bulk: size or address not a multiple of 16");
+  if (uint64_t(dst) + bytes > l.smem_bytes) die("cp.async.bulk: destination past shared memory");
+  mbar_at(bar);
+  const PendingCopy c{dst, bytes, src};
+  if (l.landing == CopyLanding::kAtIssue) land(c, bar);
+  else l.copies[bar].push_back(c);
+}
+
+uint32_t hmul2(uint32_t a, uint32_t b) {
+  uint32_t r = 0;
+  for (int h = 0; h < 2; ++h) {
+    const double x = double(half_value(a >> (16 * h))) * double(half_value(b >> (16 * h)));
+    r |= half_bits(__double2half(x)) << (16 * h);
+  }
+  return r;
+}
+uint32_t hfms2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r = 0;
+  for (int h = 0; h < 2; ++h) {
+    const double x = double(half_value(a >> (16 * h))) * double(half_value(b >> (16 * h))) -
+                     double(half_value(c >> (16 * h)));
+    r |= half_bits(__double2half(x)) << (16 * h);
+  }
+  return r;
+}
+
+}  // namespace emulation
+}  // namespace minikv

@@ -1,0 +1,148 @@
+// A CPU emulation of the CUDA execution model, for running kernels without a GPU (CI, and a
+// machine with no device). Force-included (-include) ahead of a kernel source compiled as
+// host C++ with -DMINIKV_WARP_EMULATION: it defines the built-in variables and intrinsics the
+// kernels use, and the kernel helpers (kernels/common.cuh, bulk_copy.cuh, decode_operands.cuh)
+// call the functions below in place of their inline PTX.
+//
+// The model: a launch runs its CTAs one after another; a CTA's threads are fibers on one OS
+// thread, each running until it reaches a warp collective (shuffle, __syncwarp, ldmatrix,
+// mma), a CTA barrier or an mbarrier wait. A collective completes once every live lane of
+// the warp has arrived at the same one (a divergent collective aborts, naming both), so the
+// code between two collectives runs lane by lane. A bulk copy lands either when it is issued
+// (a thread that reads the destination later than it may, before it waits, sees the new
+// bytes) or when a thread waits on its mbarrier (a thread that reads it without waiting sees
+// the old bytes): the tests run both. Shared memory is one buffer per launch, filled with a
+// byte pattern, not zeros, so that an unwritten read shows.
+//
+// Arithmetic: mma accumulates the exact products in double and rounds to float once per
+// instruction (the tensor cores round differently, within the same error bounds); ex2.approx
+// is exp2f with flush-to-zero. Everything else is IEEE as on the device.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <type_traits>
+
+namespace minikv {
+namespace emulation {
+
+// Where a bulk copy's bytes land (see above).
+enum class CopyLanding { kAtIssue, kAtWait };
+
+// Runs `cta_body` for every thread of every CTA of the grid (CTAs in x, y, z order), with
+// `smem_bytes` of dynamic shared memory at `smem` (the kernel's extern __shared__ array).
+// Aborts, with a message, on a deadlock or a divergent collective.
+void launch(dim3 grid, dim3 block, uint8_t *smem, size_t smem_bytes, CopyLanding landing,
+            const std::function<void()> &thread_body);
+
+// The running thread's built-in variables.
+const uint3 &thread_idx();
+const uint3 &block_idx();
+const dim3 &block_dim();
+const dim3 &grid_dim();
+uint8_t *shared_base();
+
+// Collectives of the running thread's warp / CTA.
+void syncwarp();
+void syncthreads();
+uint32_t shfl(uint32_t v, int src_lane);       // __shfl_sync, width 32
+uint32_t shfl_xor(uint32_t v, int lane_mask);  // __shfl_xor_sync, width 32
+void ldmatrix_x4(uint32_t (&r)[4], const void *smem, bool trans);
+// d += a · b of mma.sync.m16n8k16.row.col.f32.{f16,bf16}; c0/c2 of the "even" form share it.
+void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16);
+
+// mbarriers and bulk copies at shared addresses (offsets into the dynamic shared memory).
+void mbar_init(uint32_t bar, uint32_t count);
+void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes);
+void mbar_arrive(uint32_t bar);
+void mbar_wait(uint32_t bar, uint32_t parity);
+void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar);
+
+// Scalar bit helpers of PTX.
+inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  const uint64_t bytes = (uint64_t(b) << 32) | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t s = (sel >> (4 * i)) & 0xfu;
+    uint32_t byte = uint32_t(bytes >> (8 * (s & 7u))) & 0xffu;
+    if (s & 8u) byte = (byte & 0x80u) ? 0xffu : 0u;  // sign replication
+    r |= byte << (8 * i);
+  }
+  return r;
+}
+inline float ex2_approx_ftz(float x) {
+  const float y = std::exp2(x);
+  return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+}
+// a · b − c per fp16 half, rounded once (fma.rn.f16x2 with a negated c).
+uint32_t hfms2(uint32_t a, uint32_t b, uint32_t c);
+uint32_t hmul2(uint32_t a, uint32_t b);
+
+}  // namespace emulation
+}  // namespace minikv
+
+// ---- the CUDA built-ins a kernel source uses -------------------------------------------------
+#define threadIdx (::minikv::emulation::thread_idx())
+#define blockIdx (::minikv::emulation::block_idx())
+#define blockDim (::minikv::emulation::block_dim())
+#define gridDim (::minikv::emulation::grid_dim())
+#undef __shared__
+#define __shared__
+#undef __grid_constant__
+#define __grid_constant__
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+
+inline void __syncwarp(unsigned = 0xffffffffu) { ::minikv::emulation::syncwarp(); }
+inline void __syncthreads() { ::minikv::emulation::syncthreads(); }
+inline void __threadfence() {}
+template <typename To, typename From> inline To minikv_emulation_bits(From x) {
+  static_assert(sizeof(To) == sizeof(From), "same size");
+  To t;
+  std::memcpy(&t, &x, sizeof t);
+  return t;
+}
+template <typename T> inline T __shfl_sync(unsigned, T v, int src, int = 32) {
+  static_assert(sizeof(T) == 4, "32-bit shuffles");
+  return minikv_emulation_bits<T>(::minikv::emulation::shfl(minikv_emulation_bits<uint32_t>(v), src));
+}
+template <typename T> inline T __shfl_xor_sync(unsigned, T v, int mask, int = 32) {
+  static_assert(sizeof(T) == 4, "32-bit shuffles");
+  return minikv_emulation_bits<T>(::minikv::emulation::shfl_xor(minikv_emulation_bits<uint32_t>(v), mask));
+}
+// Fibers share one OS thread: an atomic is a plain read-modify-write.
+inline unsigned atomicAdd(unsigned *p, unsigned v) {
+  const unsigned old = *p;
+  *p = old + v;
+  return old;
+}
+template <typename T> inline T __ldcg(const T *p) { return *p; }
+inline size_t __cvta_generic_to_shared(const void *p) {
+  return size_t(static_cast<const uint8_t *>(p) - ::minikv::emulation::shared_base());
+}
+inline float __int_as_float(int x) { return minikv_emulation_bits<float>(x); }
+inline float __uint_as_float(unsigned x) { return minikv_emulation_bits<float>(x); }
+inline unsigned __float_as_uint(float x) { return minikv_emulation_bits<unsigned>(x); }
+inline int __float_as_int(float x) { return minikv_emulation_bits<int>(x); }
+inline unsigned __vmaxu2(unsigned a, unsigned b) {
+  const unsigned lo = std::max(a & 0xffffu, b & 0xffffu), hi = std::max(a >> 16, b >> 16);
+  return lo | (hi << 16);
+}
+// The integer min / max overloads of CUDA's device math (mixed signedness compares unsigned).
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline unsigned min(int a, unsigned b) { return min(unsigned(a), b); }
+inline unsigned min(unsigned a, int b) { return min(a, unsigned(b)); }
+inline unsigned max(int a, unsigned b) { return max(unsigned(a), b); }
+inline unsigned max(unsigned a, int b) { return max(a, unsigned(b)); }
+inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
