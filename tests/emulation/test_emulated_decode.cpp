@@ -2,7 +2,7 @@
 // decode_k4v2_warp_kernel (the default storage's sm_90 decode) run on the CPU by the warp
 // emulator (warp_emulator.h), on the CPU backend's own storage, against the CPU backend's
 // decode on every output element: head_dim 64 and 128, MHA and GQA groups of 2, 3, 4 and 8
-// (one, two and four head slots; two chunks), fp16 and bf16, with and without sinks, tiles
+// (one, two and four head slots; two chunks), fp16 and bf16, with no, 4 and 17-20 sinks, tiles
 // of 128, 64 and 32 tokens (R 128, 64, 96), ragged batches, steps across flushes, several
 // split counts (in-kernel merge and partials), bulk copies landing early and late, and the
 // append fused into the decode launch (its residual rows must equal the CPU append's).
@@ -252,6 +252,8 @@ TEST_CASE("the one-warp K4V2 decode kernel run by the warp emulator matches the 
       {128, 1, F16, 4, 128}, {64, 1, F16, 0, 64},   {64, 1, BF16, 4, 96},  {128, 1, BF16, 0, 96},
       {128, 2, F16, 4, 128}, {64, 2, BF16, 0, 64},  {128, 3, BF16, 4, 96}, {128, 4, F16, 4, 128},
       {64, 4, BF16, 4, 128}, {128, 8, F16, 0, 64},
+      // More sinks than a 16-row M-tile (a sink tile of two, next to quantized tiles).
+      {128, 1, F16, 20, 128}, {64, 1, BF16, 17, 96}, {128, 4, BF16, 20, 64},
   };
   for (const Shape &s : shapes) {
     const std::string name = "hd" + std::to_string(s.head_dim) + " n_rep " + std::to_string(s.n_rep) +
