@@ -55,6 +55,14 @@ template <typename T> __device__ __forceinline__ uint32_t output_pair(float a, f
   return DType<T>::pack2(clamp_output<T>(a), clamp_output<T>(b));
 }
 
+// A kernel's dynamic shared memory, `name` (bytes, aligned to `align`). Under the CPU emulation
+// of tests/emulation the running CTA's buffer.
+#ifdef MINIKV_WARP_EMULATION
+#define MINIKV_DYNAMIC_SMEM(name, align) uint8_t *const name = ::minikv::emulation::shared_base()
+#else
+#define MINIKV_DYNAMIC_SMEM(name, align) extern __shared__ __align__(align) uint8_t name[]
+#endif
+
 // ---- tensor-core fragments (sm_80+) ---------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

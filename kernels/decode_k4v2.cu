@@ -112,7 +112,7 @@ __device__ __forceinline__ void k4v2_stage(const K4V2Args &a, const TileRef &tr,
 /// \tparam kH query-head slots per CTA (4 or 8)
 template <typename T, int D, int kH>
 __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __grid_constant__ K4V2Args a) {
-#if __CUDA_ARCH__ >= 900
+#if __CUDA_ARCH__ >= 900 || defined(MINIKV_WARP_EMULATION)
   using KP = KeyPairs<4>;
   using Prob = ProbOperand<T>;
   constexpr int KS = D / 16;          // 16-channel k-steps of a key row
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(kH == 4 || kH == 8, "4 or 8 head slots");
 
-  extern __shared__ __align__(16) uint8_t smem[];
+  MINIKV_DYNAMIC_SMEM(smem, 16);
   const uint32_t smem_s = smem_addr(smem);
   const DecodeParams &p = a.p;
   using Lay = K4V2Layout<sizeof(T), D, kH>;
@@ -627,6 +627,8 @@ __global__ void __launch_bounds__(kK4V2Threads, 3) decode_k4v2_kernel(const __gr
 #endif
 }
 
+// The launchers; a CPU emulation (tests/emulation) runs the kernel itself.
+#ifndef MINIKV_WARP_EMULATION
 // fn(kernel, its dynamic shared memory) of (dtype, head_dim, head slots).
 template <typename Fn> void dispatch_k4v2(minikv_dtype dtype, uint32_t head_dim, uint32_t kH, Fn &&fn) {
   dispatch_dtype_head_dim<K4V2DecodeHeadDims>(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
@@ -636,9 +638,11 @@ template <typename Fn> void dispatch_k4v2(minikv_dtype dtype, uint32_t head_dim,
     else fn(decode_k4v2_kernel<T, D, 8>, K4V2Layout<sizeof(T), D, 8>::kTotal);
   });
 }
+#endif  // MINIKV_WARP_EMULATION
 
 }  // namespace
 
+#ifndef MINIKV_WARP_EMULATION
 bool decode_k4v2_path(const BlockLayout &bl, uint32_t n_rep) {
   return n_rep >= 1 && bl.elem_bytes == 2 && bl.key_bits == 4 && bl.value_bits == 2 &&
          bl.group == kK4V2Group && in_list(K4V2DecodeHeadDims{}, bl.head_dim) &&
@@ -665,5 +669,6 @@ void launch_decode_k4v2(minikv_dtype dtype, const DecodeParams &p, const K4V2Lau
   if (p.splits > 1) launch_decode_merge(dtype, p.st.block.head_dim, p, stream);
 }
 
+#endif  // MINIKV_WARP_EMULATION
 }  // namespace kernels
 }  // namespace minikv

@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(NH == 1 || NH == 2 || NH == 4, "1, 2 or 4 head slots");
 
-  extern __shared__ __align__(128) uint8_t smem[];
+  MINIKV_DYNAMIC_SMEM(smem, 128);
   const uint32_t smem_s = smem_addr(smem);
   const DecodeParams &p = a.p;
   const uint32_t lane = threadIdx.x, gq = lane >> 2, qi = lane & 3;

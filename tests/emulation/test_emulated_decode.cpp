@@ -1,11 +1,12 @@
 // minikv-test: white-box
-// decode_k4v2_warp_kernel (the default storage's sm_90 decode) run on the CPU by the warp
-// emulator (warp_emulator.h), on the CPU backend's own storage, against the CPU backend's
-// decode on every output element: head_dim 64 and 128, MHA and GQA groups of 2, 3, 4 and 8
-// (one, two and four head slots; two chunks), fp16 and bf16, with no, 4 and 17-20 sinks, tiles
-// of 128, 64 and 32 tokens (R 128, 64, 96), ragged batches, steps across flushes, several
-// split counts (in-kernel merge and partials), bulk copies landing early and late, and the
-// append fused into the decode launch (its residual rows must equal the CPU append's).
+// The default storage's sm_90 decode kernels, decode_k4v2_warp_kernel (one warp: groups of up
+// to four heads) and decode_k4v2_kernel (four warps: larger groups), run on the CPU by the warp
+// emulator (warp_emulator.h) on the CPU backend's own storage, against the CPU backend's
+// decode on every output element: head_dim 64 and 128, MHA and GQA groups of 2 to 12 (one,
+// two, four and eight head slots; several chunks), fp16 and bf16, with no, 4 and 17-20 sinks,
+// tiles of 128, 64 and 32 tokens (R 128, 64, 96), ragged batches, steps across flushes,
+// several split counts (in-kernel merge and partials), bulk copies landing early and late,
+// and the append fused into the decode launch (its residual rows must equal the CPU append's).
 // Runs in CI: kernel changes are checked there without a GPU. Speed is not emulated.
 #include <doctest/doctest.h>
 
@@ -16,16 +17,7 @@
 #include "handle.h"
 #include "support.hpp"
 
-// The kernel's dynamic shared memory (its extern __shared__ array): the emulator runs one CTA
-// at a time, so one buffer serves them all.
-namespace minikv {
-namespace kernels {
-namespace {
-alignas(128) uint8_t smem[228 * 1024];
-}  // namespace
-}  // namespace kernels
-}  // namespace minikv
-
+#include "../../kernels/decode_k4v2.cu"
 #include "../../kernels/decode_k4v2_warp.cu"
 
 namespace {
@@ -34,11 +26,40 @@ using minikv::CacheView;
 using minikv::emulation::CopyLanding;
 namespace k = minikv::kernels;
 
+// The kernels: the one-warp kernel (what the plan picks for groups of up to four heads) and the
+// four-warp one (larger groups).
+enum Kernel : uint32_t { kOneWarp = 1, kFourWarps = 2 };
+
 struct Shape {
   uint32_t head_dim, n_rep;
   minikv_dtype dtype;
   uint32_t sinks, residual;
+  uint32_t kernels;  // Kernel bits
 };
+
+// Query heads per CTA as the CUDA backend plans them for each kernel (the four-warp kernel's:
+// decode_mma_heads_per_cta).
+uint32_t heads_per_cta(Kernel kernel, uint32_t n_rep) {
+  if (kernel == kOneWarp) return k::k4v2_warp_slots(n_rep);
+  const uint32_t chunks = (n_rep + k::kMmaMaxHeads - 1) / k::kMmaMaxHeads;
+  return (n_rep + chunks - 1) / chunks;
+}
+
+template <typename T, int D>
+void launch_kernel(Kernel kernel, uint32_t per_cta, dim3 grid, CopyLanding landing, const k::K4V2Args &args) {
+  auto go = [&](uint32_t threads, size_t smem, const std::function<void()> &thread) {
+    minikv::emulation::launch(grid, dim3(threads), smem, landing, thread);
+  };
+  if (kernel == kOneWarp) {
+    if (per_cta == 1) go(32, k::K4V2WarpLayout<D, 1>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 1>(args); });
+    else if (per_cta == 2) go(32, k::K4V2WarpLayout<D, 2>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 2>(args); });
+    else go(32, k::K4V2WarpLayout<D, 4>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 4>(args); });
+  } else if (k::k4v2_head_slots(per_cta) == 4) {
+    go(k::kK4V2Threads, k::K4V2Layout<sizeof(T), D, 4>::kTotal, [&] { k::decode_k4v2_kernel<T, D, 4>(args); });
+  } else {
+    go(k::kK4V2Threads, k::K4V2Layout<sizeof(T), D, 8>::kTotal, [&] { k::decode_k4v2_kernel<T, D, 8>(args); });
+  }
+}
 
 // What one emulated decode launch needs besides the cache: the per-sequence views and the
 // storage bytes they point into.
@@ -62,11 +83,11 @@ uint32_t tile_count(const Launch &l, uint32_t qtile) {
 
 // Runs the kernel over l with `splits`; returns the outputs (every head) as doubles, and leaves
 // the residual bytes it wrote in l.residual.
-template <typename T, int D, int NH>
-std::vector<double> run_kernel(Launch &l, uint32_t splits, CopyLanding landing) {
+template <typename T, int D>
+std::vector<double> run_kernel(Launch &l, Kernel kernel, uint32_t splits, CopyLanding landing) {
   const minikv_config &cfg = *l.cfg;
   const uint32_t B = uint32_t(l.views.size()), H = cfg.num_heads, Hkv = cfg.num_kv_heads;
-  const uint32_t n_rep = H / Hkv, chunks = (n_rep + NH - 1) / NH;
+  const uint32_t n_rep = H / Hkv, per_cta = heads_per_cta(kernel, n_rep), chunks = (n_rep + per_cta - 1) / per_cta;
   const uint32_t R = cfg.residual_length;
   const minikv::BlockLayout bl = minikv::make_block_layout(R, Hkv, D, cfg.group_size, cfg.key_bits, cfg.value_bits, 2);
   const minikv::ResidualLayout rl = minikv::make_residual_layout(R, Hkv, D, 2, cfg.sink_tokens);
@@ -88,7 +109,7 @@ std::vector<double> run_kernel(Launch &l, uint32_t splits, CopyLanding landing) 
   p.st = k::DeviceStorage{l.pool.data(), l.residual.data(), table.data(), bl, rl, width, 0};
   p.num_heads = H;
   p.num_kv_heads = Hkv;
-  p.heads_per_cta = NH;
+  p.heads_per_cta = per_cta;
   p.splits = splits;
   p.scale_log2 = k::kLog2e / std::sqrt(float(D));
   p.n = B;
@@ -103,13 +124,11 @@ std::vector<double> run_kernel(Launch &l, uint32_t splits, CopyLanding landing) 
   p.new_v = l.new_position.empty() ? nullptr : l.new_v;
   const k::K4V2LaunchPlan plan = k::make_k4v2_launch_plan(bl, 12080);
   const k::K4V2Args args{p, plan.tiles, plan.block_tokens};
-  constexpr size_t kSmem = k::K4V2WarpLayout<D, NH>::kTotal;
-  minikv::emulation::launch(dim3(splits, Hkv * chunks, B), dim3(32), k::smem, kSmem, landing,
-                            [&] { k::decode_k4v2_warp_kernel<T, D, NH>(args); });
+  launch_kernel<T, D>(kernel, per_cta, dim3(splits, Hkv * chunks, B), landing, args);
   for (uint32_t c : counters) REQUIRE(c == 0);  // the merging CTA resets its counter
 
   std::vector<double> got(out.size());
-  const bool merged_in_kernel = splits == 1 || k::k4v2_warp_fused_merge(splits, NH, n_rep);
+  const bool merged_in_kernel = splits == 1 || (kernel == kOneWarp && k::k4v2_warp_fused_merge(splits, per_cta, n_rep));
   for (size_t i = 0; i < out.size(); ++i)
     got[i] = cfg.dtype == MINIKV_DTYPE_F16 ? ref::f16_value(out[i]) : ref::bf16_value(out[i]);
   if (!merged_in_kernel) {  // decode_merge's combine, on the host
@@ -129,9 +148,9 @@ std::vector<double> run_kernel(Launch &l, uint32_t splits, CopyLanding landing) 
   return got;
 }
 
-template <typename T, int D, int NH>
-void check_launches(Launch &l, const std::vector<double> &want, const std::vector<uint8_t> *residual_after,
-                    const std::string &what) {
+template <typename T, int D>
+void check_launches(Launch &l, uint32_t kernels, const std::vector<double> &want,
+                    const std::vector<uint8_t> *residual_after, const std::string &what) {
   const k::K4V2LaunchPlan plan = k::make_k4v2_launch_plan(
       minikv::make_block_layout(l.cfg->residual_length, l.cfg->num_kv_heads, D, l.cfg->group_size,
                                 l.cfg->key_bits, l.cfg->value_bits, 2),
@@ -140,21 +159,25 @@ void check_launches(Launch &l, const std::vector<double> &want, const std::vecto
   const bool bf16 = l.cfg->dtype == MINIKV_DTYPE_BF16;
   const double atol = bf16 ? 1.5e-2 : 2e-3, rtol = bf16 ? 2e-2 : 5e-3;  // the GPU tests' bounds
   const std::vector<uint8_t> residual_before = l.residual;
-  for (uint32_t splits : {1u, 2u, std::min(tiles, 7u)}) {
-    for (CopyLanding landing : {CopyLanding::kAtIssue, CopyLanding::kAtWait}) {
-      l.residual = residual_before;
-      const std::vector<double> got = run_kernel<T, D, NH>(l, splits, landing);
-      const test::CloseReport r = test::compare(got, want, atol, rtol);
-      const std::string where = what + ", " + std::to_string(splits) + " splits, copies landing " +
-                                (landing == CopyLanding::kAtIssue ? "at issue" : "at the wait");
-      INFO(where << ": " << r.describe(got, want));
-      CHECK(r.bad == 0);
-      if (residual_after != nullptr) CHECK(l.residual == *residual_after);
+  for (Kernel kernel : {kOneWarp, kFourWarps}) {
+    if (!(kernels & kernel)) continue;
+    for (uint32_t splits : {1u, 2u, std::min(tiles, 7u)}) {
+      for (CopyLanding landing : {CopyLanding::kAtIssue, CopyLanding::kAtWait}) {
+        l.residual = residual_before;
+        const std::vector<double> got = run_kernel<T, D>(l, kernel, splits, landing);
+        const test::CloseReport r = test::compare(got, want, atol, rtol);
+        const std::string where = what + (kernel == kOneWarp ? ", one-warp kernel, " : ", four-warp kernel, ") +
+                                  std::to_string(splits) + " splits, copies landing " +
+                                  (landing == CopyLanding::kAtIssue ? "at issue" : "at the wait");
+        INFO(where << ": " << r.describe(got, want));
+        CHECK(r.bad == 0);
+        if (residual_after != nullptr) CHECK(l.residual == *residual_after);
+      }
     }
   }
 }
 
-template <typename T, int D, int NH> void run_shape(const Shape &s) {
+template <typename T, int D> void run_shape(const Shape &s) {
   const uint32_t kv_heads = s.n_rep >= 8 ? 1 : 2, H = kv_heads * s.n_rep;
   const std::vector<uint32_t> lens = {1, 31, 33, 333, 700};
   const uint32_t B = uint32_t(lens.size()), steps = s.residual + 3;
@@ -224,44 +247,43 @@ template <typename T, int D, int NH> void run_shape(const Shape &s) {
       for (uint32_t b = 0; b < B; ++b) l.new_position.push_back(int32_t(lens[b] + step));
       std::vector<uint8_t> pool_after, residual_after;
       impl.backend().read_storage(pool_after, residual_after);
-      check_launches<T, D, NH>(l, want, &residual_after, what + ", append fused");
+      check_launches<T, D>(l, s.kernels, want, &residual_after, what + ", append fused");
       l.new_position.clear();
     }
     impl.backend().read_storage(l.pool, l.residual);
-    check_launches<T, D, NH>(l, want, nullptr, what);
+    check_launches<T, D>(l, s.kernels, want, nullptr, what);
   }
 }
 
-template <int D, int NH> void run_dtype(const Shape &s) {
-  if (s.dtype == MINIKV_DTYPE_F16) run_shape<__half, D, NH>(s);
-  else run_shape<__nv_bfloat16, D, NH>(s);
-}
-template <int D> void run_slots(const Shape &s) {
-  const uint32_t slots = k::k4v2_warp_slots(s.n_rep);
-  if (slots == 1) run_dtype<D, 1>(s);
-  else if (slots == 2) run_dtype<D, 2>(s);
-  else run_dtype<D, 4>(s);
+template <int D> void run_dtype(const Shape &s) {
+  if (s.dtype == MINIKV_DTYPE_F16) run_shape<__half, D>(s);
+  else run_shape<__nv_bfloat16, D>(s);
 }
 
 }  // namespace
 
 TEST_SUITE("cpu") {
-TEST_CASE("the one-warp K4V2 decode kernel run by the warp emulator matches the CPU backend") {
+TEST_CASE("the K4V2 decode kernels run by the warp emulator match the CPU backend") {
   const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
+  const uint32_t One = kOneWarp, Four = kFourWarps, Both = kOneWarp | kFourWarps;
   const Shape shapes[] = {
-      {128, 1, F16, 4, 128}, {64, 1, F16, 0, 64},   {64, 1, BF16, 4, 96},  {128, 1, BF16, 0, 96},
-      {128, 2, F16, 4, 128}, {64, 2, BF16, 0, 64},  {128, 3, BF16, 4, 96}, {128, 4, F16, 4, 128},
-      {64, 4, BF16, 4, 128}, {128, 8, F16, 0, 64},
+      {128, 1, F16, 4, 128, One},  {64, 1, F16, 0, 64, One},    {64, 1, BF16, 4, 96, One},
+      {128, 1, BF16, 0, 96, One},  {128, 2, F16, 4, 128, One},  {64, 2, BF16, 0, 64, One},
+      {128, 3, BF16, 4, 96, Both}, {128, 4, F16, 4, 128, Both}, {64, 4, BF16, 4, 128, One},
+      {128, 8, F16, 0, 64, Both},
       // More sinks than a 16-row M-tile (a sink tile of two, next to quantized tiles).
-      {128, 1, F16, 20, 128}, {64, 1, BF16, 17, 96}, {128, 4, BF16, 20, 64},
+      {128, 1, F16, 20, 128, One}, {64, 1, BF16, 17, 96, One},  {128, 4, BF16, 20, 64, Both},
+      // Groups the four-warp kernel takes in one chunk of 8 slots, and in two chunks.
+      {64, 6, BF16, 4, 128, Four}, {128, 12, F16, 4, 96, Four},
   };
   for (const Shape &s : shapes) {
-    const std::string name = "hd" + std::to_string(s.head_dim) + " n_rep " + std::to_string(s.n_rep) +
+    const std::string name = std::string(s.kernels & kOneWarp ? "one-warp " : "") +
+                             (s.kernels & kFourWarps ? "four-warp " : "") + "hd" + std::to_string(s.head_dim) + " n_rep " + std::to_string(s.n_rep) +
                              (s.dtype == F16 ? " f16" : " bf16") + " sinks " + std::to_string(s.sinks) + " R " +
                              std::to_string(s.residual);
     SUBCASE(name.c_str()) {
-      if (s.head_dim == 64) run_slots<64>(s);
-      else run_slots<128>(s);
+      if (s.head_dim == 64) run_dtype<64>(s);
+      else run_dtype<128>(s);
     }
   }
 }

@@ -1,6 +1,12 @@
 // The fibers, collectives and mbarriers of warp_emulator.h.
+//
+// A fiber starts on its own stack through makecontext / swapcontext, and every later switch is
+// a _setjmp / _longjmp pair: swapcontext saves and restores the signal mask, a system call
+// each way, which took a third of the tests' time.
+#undef _FORTIFY_SOURCE  // __longjmp_chk refuses a jump to another stack
 #include "warp_emulator.h"
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cstdio>
@@ -36,7 +42,9 @@ const char *op_name(Op op) {
 constexpr size_t kStackBytes = 256 * 1024;
 
 struct Thread {
-  ucontext_t ctx{};
+  ucontext_t ctx{};  // its start
+  jmp_buf resume;    // where it blocked
+  bool started = false;
   std::unique_ptr<char[]> stack;
   uint3 tid{};
   uint32_t warp = 0, lane = 0;
@@ -80,6 +88,7 @@ struct Launch {
   std::map<uint32_t, Mbar> mbars;
   std::map<uint32_t, std::vector<PendingCopy>> copies;  // kAtWait: not landed yet, per barrier
   ucontext_t sched{};
+  jmp_buf back;  // the scheduler, where it resumed a thread
   Thread *cur = nullptr;
   bool progress = false;
 };
@@ -97,7 +106,7 @@ void block(Thread::Wait wait, uint64_t gen) {
   Thread &t = self();
   t.wait = wait;
   t.wait_gen = gen;
-  swapcontext(&t.ctx, &l.sched);
+  if (_setjmp(t.resume) == 0) _longjmp(l.back, 1);
 }
 
 void complete_collective(Warp &w) {
@@ -228,7 +237,7 @@ void thread_entry() {
   if (w.arrived > 0 && w.arrived == w.live) complete_collective(w);
   --l.cta_live;
   cta_barrier_check();
-  // returns to uc_link: the scheduler
+  _longjmp(l.back, 1);  // never returns (its uc_link would resume a stale scheduler frame)
 }
 
 bool runnable(const Launch &l, const Thread &t) {
@@ -242,11 +251,24 @@ bool runnable(const Launch &l, const Thread &t) {
   return false;
 }
 
+// Runs t until it blocks or ends. Out of line: the caller's locals live across the jumps.
+__attribute__((noinline)) void resume(Launch &l, Thread &t) {
+  l.cur = &t;
+  if (_setjmp(l.back) != 0) return;
+  if (!t.started) {
+    t.started = true;
+    swapcontext(&l.sched, &t.ctx);
+  } else {
+    _longjmp(t.resume, 1);
+  }
+}
+
 void run_cta(Launch &l) {
   const uint32_t n = uint32_t(l.threads.size());
   for (uint32_t i = 0; i < n; ++i) {
     Thread &t = l.threads[i];
     t.done = false;
+    t.started = false;
     t.wait = Thread::Wait::kNone;
     getcontext(&t.ctx);
     t.ctx.uc_stack.ss_sp = t.stack.get();
@@ -272,8 +294,7 @@ void run_cta(Launch &l) {
       any = true;
       if (t.wait == Thread::Wait::kCollective || t.wait == Thread::Wait::kCta) l.progress = true;
       t.wait = Thread::Wait::kNone;
-      l.cur = &t;
-      swapcontext(&l.sched, &t.ctx);
+      resume(l, t);
     }
     bool all_done = true;
     for (const Thread &t : l.threads) all_done = all_done && t.done;
@@ -335,13 +356,13 @@ float half_value(uint32_t bits) {
 
 }  // namespace
 
-void launch(dim3 grid, dim3 block, uint8_t *smem, size_t smem_bytes, CopyLanding landing,
-            const std::function<void()> &thread_body) {
+void launch(dim3 grid, dim3 block, size_t smem_bytes, CopyLanding landing, const std::function<void()> &thread_body) {
   if (g_launch != nullptr) die("nested launch");
   Launch l;
   l.grid = grid;
   l.block = block;
-  l.smem = smem;
+  std::vector<uint8_t> smem(smem_bytes + 128);
+  l.smem = smem.data() + (128 - reinterpret_cast<uintptr_t>(smem.data()) % 128) % 128;
   l.smem_bytes = smem_bytes;
   l.landing = landing;
   l.body = &thread_body;

@@ -11,8 +11,8 @@
 // code between two collectives runs lane by lane. A bulk copy lands either when it is issued
 // (a thread that reads the destination later than it may, before it waits, sees the new
 // bytes) or when a thread waits on its mbarrier (a thread that reads it without waiting sees
-// the old bytes): the tests run both. Shared memory is one buffer per launch, filled with a
-// byte pattern, not zeros, so that an unwritten read shows.
+// the old bytes): the tests run both. Dynamic shared memory is filled with a byte pattern
+// before each CTA, not zeros, so that an unwritten read shows.
 //
 // Arithmetic: mma accumulates the exact products in double and rounds to float once per
 // instruction (the tensor cores round differently, within the same error bounds); ex2.approx
@@ -36,11 +36,10 @@ namespace emulation {
 // Where a bulk copy's bytes land (see above).
 enum class CopyLanding { kAtIssue, kAtWait };
 
-// Runs `cta_body` for every thread of every CTA of the grid (CTAs in x, y, z order), with
-// `smem_bytes` of dynamic shared memory at `smem` (the kernel's extern __shared__ array).
-// Aborts, with a message, on a deadlock or a divergent collective.
-void launch(dim3 grid, dim3 block, uint8_t *smem, size_t smem_bytes, CopyLanding landing,
-            const std::function<void()> &thread_body);
+// Runs `thread_body` for every thread of every CTA of the grid (CTAs in x, y, z order), with
+// `smem_bytes` of dynamic shared memory (MINIKV_DYNAMIC_SMEM). Aborts, with a message, on a
+// deadlock or a divergent collective.
+void launch(dim3 grid, dim3 block, size_t smem_bytes, CopyLanding landing, const std::function<void()> &thread_body);
 
 // The running thread's built-in variables.
 const uint3 &thread_idx();
@@ -93,8 +92,9 @@ uint32_t hmul2(uint32_t a, uint32_t b);
 #define blockIdx (::minikv::emulation::block_idx())
 #define blockDim (::minikv::emulation::block_dim())
 #define gridDim (::minikv::emulation::grid_dim())
+// A static __shared__ array is one object for every thread; CTAs run one at a time.
 #undef __shared__
-#define __shared__
+#define __shared__ static
 #undef __grid_constant__
 #define __grid_constant__
 #undef __launch_bounds__
