@@ -73,19 +73,37 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
 // `smem`: a shared-state-space address (smem_addr), so a loop of copies converts its
 // destination once.
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void *gmem, bool valid) {
+#ifdef MINIKV_WARP_EMULATION
+  emulation::cp_async_16(smem, gmem, valid);
+#else
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+#endif
 }
 __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
   cp_async_16(smem_addr(smem), gmem, valid);
 }
 // The same, always the whole 16 bytes.
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void *gmem) {
+#ifdef MINIKV_WARP_EMULATION
+  emulation::cp_async_16(smem, gmem, true);
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
+#endif
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef MINIKV_WARP_EMULATION
+  emulation::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
 template <int N> __device__ __forceinline__ void cp_async_wait() {
+#ifdef MINIKV_WARP_EMULATION
+  emulation::cp_async_wait(N);
+#else
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *smem) {

@@ -656,7 +656,7 @@ template <typename T, int D, int KB, int VB, int kG>
 __global__ void __launch_bounds__(kMmaThreads, kMmaMinBlocks<D>) decode_mma_kernel(const __grid_constant__ MmaDecodeArgs a) {
   using Prob = ProbOperand<T>;
   constexpr bool kQuantValues = VB != 16;
-  extern __shared__ __align__(16) uint8_t smem[];
+  MINIKV_DYNAMIC_SMEM(smem, 16);
   const uint32_t smem_s = smem_addr(smem);  // the stages' shared-state-space base, for cp.async
   const DecodeParams &p = a.p;
   const MmaDecodePlan &g = a.g;
@@ -837,6 +837,7 @@ template <int KB> struct DecodeMmaKeyBits {
     });
     return static_cast<uint32_t>(blocks > 0 ? blocks : 1);
   }
+#ifndef MINIKV_WARP_EMULATION  // a CPU emulation (tests/emulation) runs the kernel itself
   static void launch(minikv_dtype dtype, const DecodeParams &p, const MmaLaunchPlan &plan,
                      cudaStream_t stream) {
     const BlockLayout &bl = p.st.block;
@@ -849,6 +850,7 @@ template <int KB> struct DecodeMmaKeyBits {
       check_launch_error("decode_mma_kernel");
     });
   }
+#endif
 };
 
 }  // namespace

@@ -1,12 +1,14 @@
 // minikv-test: white-box
 // The default storage's sm_90 decode kernels, decode_k4v2_warp_kernel (one warp: groups of up
-// to four heads) and decode_k4v2_kernel (four warps: larger groups), run on the CPU by the warp
+// to four heads) and decode_k4v2_kernel (four warps: larger groups), and the tensor-core
+// kernel's instance for that storage (decode_mma.cuh, sm_80+), run on the CPU by the warp
 // emulator (warp_emulator.h) on the CPU backend's own storage, against the CPU backend's
 // decode on every output element: head_dim 64 and 128, MHA and GQA groups of 2 to 12 (one,
 // two, four and eight head slots; several chunks), fp16 and bf16, with no, 4 and 17-20 sinks,
 // tiles of 128, 64 and 32 tokens (R 128, 64, 96), ragged batches, steps across flushes,
-// several split counts (in-kernel merge and partials), bulk copies landing early and late,
-// and the append fused into the decode launch (its residual rows must equal the CPU append's).
+// several split counts (in-kernel merge and partials), copies (bulk and cp.async) landing
+// early and late, and the append fused into the decode launch (its residual rows must equal
+// the CPU append's).
 // Runs in CI: kernel changes are checked there without a GPU. Speed is not emulated.
 #include <doctest/doctest.h>
 
@@ -19,6 +21,7 @@
 
 #include "../../kernels/decode_k4v2.cu"
 #include "../../kernels/decode_k4v2_warp.cu"
+#include "../../kernels/decode_mma.cuh"
 
 namespace {
 
@@ -26,9 +29,9 @@ using minikv::CacheView;
 using minikv::emulation::CopyLanding;
 namespace k = minikv::kernels;
 
-// The kernels: the one-warp kernel (what the plan picks for groups of up to four heads) and the
-// four-warp one (larger groups).
-enum Kernel : uint32_t { kOneWarp = 1, kFourWarps = 2 };
+// The kernels: the one-warp kernel (what the plan picks for groups of up to four heads), the
+// four-warp one (larger groups), and the tensor-core kernel of every storage (decode_mma.cuh).
+enum Kernel : uint32_t { kOneWarp = 1, kFourWarps = 2, kMma = 4 };
 
 struct Shape {
   uint32_t head_dim, n_rep;
@@ -54,6 +57,13 @@ void launch_kernel(Kernel kernel, uint32_t per_cta, dim3 grid, CopyLanding landi
     if (per_cta == 1) go(32, k::K4V2WarpLayout<D, 1>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 1>(args); });
     else if (per_cta == 2) go(32, k::K4V2WarpLayout<D, 2>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 2>(args); });
     else go(32, k::K4V2WarpLayout<D, 4>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 4>(args); });
+  } else if (kernel == kMma) {
+    const k::MmaLaunchPlan plan = k::make_mma_launch_plan(args.p.st.block);
+    const k::MmaDecodeArgs mma_args{args.p, plan.g, plan.block_tokens};
+    k::DecodeMmaKeyBits<4>::dispatch(std::is_same<T, __half>::value ? MINIKV_DTYPE_F16 : MINIKV_DTYPE_BF16,
+                                     args.p.st.block, [&](auto fn) {
+                                       go(k::kMmaThreads, plan.g.total, [&] { fn(mma_args); });
+                                     });
   } else if (k::k4v2_head_slots(per_cta) == 4) {
     go(k::kK4V2Threads, k::K4V2Layout<sizeof(T), D, 4>::kTotal, [&] { k::decode_k4v2_kernel<T, D, 4>(args); });
   } else {
@@ -159,14 +169,14 @@ void check_launches(Launch &l, uint32_t kernels, const std::vector<double> &want
   const bool bf16 = l.cfg->dtype == MINIKV_DTYPE_BF16;
   const double atol = bf16 ? 1.5e-2 : 2e-3, rtol = bf16 ? 2e-2 : 5e-3;  // the GPU tests' bounds
   const std::vector<uint8_t> residual_before = l.residual;
-  for (Kernel kernel : {kOneWarp, kFourWarps}) {
+  for (Kernel kernel : {kOneWarp, kFourWarps, kMma}) {
     if (!(kernels & kernel)) continue;
     for (uint32_t splits : {1u, 2u, std::min(tiles, 7u)}) {
       for (CopyLanding landing : {CopyLanding::kAtIssue, CopyLanding::kAtWait}) {
         l.residual = residual_before;
         const std::vector<double> got = run_kernel<T, D>(l, kernel, splits, landing);
         const test::CloseReport r = test::compare(got, want, atol, rtol);
-        const std::string where = what + (kernel == kOneWarp ? ", one-warp kernel, " : ", four-warp kernel, ") +
+        const std::string where = what + (kernel == kOneWarp ? ", one-warp kernel, " : kernel == kFourWarps ? ", four-warp kernel, " : ", mma kernel, ") +
                                   std::to_string(splits) + " splits, copies landing " +
                                   (landing == CopyLanding::kAtIssue ? "at issue" : "at the wait");
         INFO(where << ": " << r.describe(got, want));
@@ -265,7 +275,7 @@ template <int D> void run_dtype(const Shape &s) {
 TEST_SUITE("cpu") {
 TEST_CASE("the K4V2 decode kernels run by the warp emulator match the CPU backend") {
   const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
-  const uint32_t One = kOneWarp, Four = kFourWarps, Both = kOneWarp | kFourWarps;
+  const uint32_t One = kOneWarp, Four = kFourWarps, Both = kOneWarp | kFourWarps, Mma = kMma;
   const Shape shapes[] = {
       {128, 1, F16, 4, 128, One},  {64, 1, F16, 0, 64, One},    {64, 1, BF16, 4, 96, One},
       {128, 1, BF16, 0, 96, One},  {128, 2, F16, 4, 128, One},  {64, 2, BF16, 0, 64, One},
@@ -275,10 +285,12 @@ TEST_CASE("the K4V2 decode kernels run by the warp emulator match the CPU backen
       {128, 1, F16, 20, 128, One}, {64, 1, BF16, 17, 96, One},  {128, 4, BF16, 20, 64, Both},
       // Groups the four-warp kernel takes in one chunk of 8 slots, and in two chunks.
       {64, 6, BF16, 4, 128, Four}, {128, 12, F16, 4, 96, Four},
+      // The tensor-core kernel's instance for this storage (MINIKV_DECODE_KERNEL=mma).
+      {128, 1, BF16, 4, 128, Mma}, {64, 4, F16, 20, 96, Mma}, {128, 5, F16, 0, 64, Mma},
   };
   for (const Shape &s : shapes) {
     const std::string name = std::string(s.kernels & kOneWarp ? "one-warp " : "") +
-                             (s.kernels & kFourWarps ? "four-warp " : "") + "hd" + std::to_string(s.head_dim) + " n_rep " + std::to_string(s.n_rep) +
+                             (s.kernels & kFourWarps ? "four-warp " : "") + (s.kernels & kMma ? "mma " : "") + "hd" + std::to_string(s.head_dim) + " n_rep " + std::to_string(s.n_rep) +
                              (s.dtype == F16 ? " f16" : " bf16") + " sinks " + std::to_string(s.sinks) + " R " +
                              std::to_string(s.residual);
     SUBCASE(name.c_str()) {

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <vector>
@@ -19,12 +20,13 @@ namespace minikv {
 namespace emulation {
 namespace {
 
-enum class Op { kSyncwarp, kShfl, kShflXor, kLdmatrix, kLdmatrixTrans, kMmaF16, kMmaBF16 };
+enum class Op { kSyncwarp, kShfl, kShflXor, kBallot, kLdmatrix, kLdmatrixTrans, kMmaF16, kMmaBF16 };
 const char *op_name(Op op) {
   switch (op) {
     case Op::kSyncwarp: return "__syncwarp";
     case Op::kShfl: return "__shfl_sync";
     case Op::kShflXor: return "__shfl_xor_sync";
+    case Op::kBallot: return "__ballot_sync";
     case Op::kLdmatrix: return "ldmatrix";
     case Op::kLdmatrixTrans: return "ldmatrix.trans";
     case Op::kMmaF16: return "mma f16";
@@ -41,6 +43,11 @@ const char *op_name(Op op) {
 
 constexpr size_t kStackBytes = 256 * 1024;
 
+struct CpAsync {
+  uint32_t dst;
+  const void *src;  // nullptr: zero fill
+};
+
 struct Thread {
   ucontext_t ctx{};  // its start
   jmp_buf resume;    // where it blocked
@@ -51,6 +58,8 @@ struct Thread {
   bool done = false;
   enum class Wait { kNone, kCollective, kCta, kSpin } wait = Wait::kNone;
   uint64_t wait_gen = 0;
+  std::vector<CpAsync> open_group;          // cp.async not committed yet
+  std::deque<std::vector<CpAsync>> groups;  // committed, not landed (oldest first)
 };
 
 // A warp's collective in progress: each lane's inputs, then its outputs.
@@ -137,6 +146,13 @@ void complete_collective(Warp &w) {
         w.out[lane][0] = w.in[src][0];
       }
       break;
+    case Op::kBallot: {
+      uint32_t mask = 0;
+      for (uint32_t lane = 0; lane < 32; ++lane)
+        if (live(lane) && w.in[lane][0] != 0) mask |= 1u << lane;
+      for (uint32_t lane = 0; lane < 32; ++lane) w.out[lane][0] = mask;
+      break;
+    }
     case Op::kLdmatrix:
     case Op::kLdmatrixTrans:
       for (uint32_t lane = 0; lane < 32; ++lane)
@@ -269,6 +285,8 @@ void run_cta(Launch &l) {
     Thread &t = l.threads[i];
     t.done = false;
     t.started = false;
+    t.open_group.clear();
+    t.groups.clear();
     t.wait = Thread::Wait::kNone;
     getcontext(&t.ctx);
     t.ctx.uc_stack.ss_sp = t.stack.get();
@@ -306,6 +324,8 @@ void run_cta(Launch &l) {
       die(msg);
     }
   }
+  for (const Thread &t : l.threads)
+    if (!t.open_group.empty() || !t.groups.empty()) die("a thread exited with cp.async copies not waited for");
   if (!l.copies.empty()) {
     for (const auto &kv : l.copies)
       if (!kv.second.empty()) die("a CTA exited with bulk copies in flight");
@@ -402,6 +422,7 @@ void syncthreads() {
 }
 uint32_t shfl(uint32_t v, int src_lane) { return shuffle(Op::kShfl, v, uint32_t(src_lane)); }
 uint32_t shfl_xor(uint32_t v, int lane_mask) { return shuffle(Op::kShflXor, v, uint32_t(lane_mask)); }
+uint32_t ballot(bool predicate) { return shuffle(Op::kBallot, predicate ? 1u : 0u, 0); }
 void ldmatrix_x4(uint32_t (&r)[4], const void *smem, bool trans) {
   Launch &l = L();
   Thread &t = self();
@@ -469,6 +490,35 @@ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
   const PendingCopy c{dst, bytes, src};
   if (l.landing == CopyLanding::kAtIssue) land(c, bar);
   else l.copies[bar].push_back(c);
+}
+
+namespace {
+void land_cp(const CpAsync &c) {
+  Launch &l = L();
+  if (c.src == nullptr) std::memset(l.smem + c.dst, 0, 16);
+  else std::memcpy(l.smem + c.dst, c.src, 16);
+}
+}  // namespace
+
+void cp_async_16(uint32_t dst, const void *src, bool valid) {
+  Launch &l = L();
+  if (dst % 16 != 0 || uint64_t(dst) + 16 > l.smem_bytes) die("cp.async: destination outside shared memory or misaligned");
+  if (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0) die("cp.async: source not 16-byte aligned");
+  const CpAsync c{dst, valid ? src : nullptr};
+  if (l.landing == CopyLanding::kAtIssue) land_cp(c);
+  else self().open_group.push_back(c);
+}
+void cp_async_commit() {
+  Thread &t = self();
+  t.groups.push_back(std::move(t.open_group));
+  t.open_group.clear();
+}
+void cp_async_wait(int newest_pending) {
+  Thread &t = self();
+  while (t.groups.size() > size_t(newest_pending)) {
+    for (const CpAsync &c : t.groups.front()) land_cp(c);
+    t.groups.pop_front();
+  }
 }
 
 uint32_t hmul2(uint32_t a, uint32_t b) {

@@ -53,6 +53,7 @@ void syncwarp();
 void syncthreads();
 uint32_t shfl(uint32_t v, int src_lane);       // __shfl_sync, width 32
 uint32_t shfl_xor(uint32_t v, int lane_mask);  // __shfl_xor_sync, width 32
+uint32_t ballot(bool predicate);               // __ballot_sync over the live lanes
 void ldmatrix_x4(uint32_t (&r)[4], const void *smem, bool trans);
 // d += a · b of mma.sync.m16n8k16.row.col.f32.{f16,bf16}; c0/c2 of the "even" form share it.
 void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16);
@@ -63,6 +64,13 @@ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes);
 void mbar_arrive(uint32_t bar);
 void mbar_wait(uint32_t bar, uint32_t parity);
 void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar);
+
+// cp.async of 16 bytes (zeros where !valid, without reading src), its groups and their waits:
+// the running thread's own, landing as the bulk copies do (at issue, or at the wait that
+// covers their group).
+void cp_async_16(uint32_t dst, const void *src, bool valid);
+void cp_async_commit();
+void cp_async_wait(int newest_pending);
 
 // Scalar bit helpers of PTX.
 inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -117,6 +125,9 @@ template <typename T> inline T __shfl_xor_sync(unsigned, T v, int mask, int = 32
   static_assert(sizeof(T) == 4, "32-bit shuffles");
   return minikv_emulation_bits<T>(::minikv::emulation::shfl_xor(minikv_emulation_bits<uint32_t>(v), mask));
 }
+inline unsigned __ballot_sync(unsigned, int predicate) { return ::minikv::emulation::ballot(predicate != 0); }
+inline int __any_sync(unsigned, int predicate) { return ::minikv::emulation::ballot(predicate != 0) != 0; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 // Fibers share one OS thread: an atomic is a plain read-modify-write.
 inline unsigned atomicAdd(unsigned *p, unsigned v) {
   const unsigned old = *p;
