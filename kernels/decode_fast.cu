@@ -639,6 +639,8 @@ __global__ void __launch_bounds__(32, (FastCfg<T, D, NREP>::kMinCtas))
   }
 }
 
+// The launchers; a CPU emulation (tests/emulation) runs the kernel itself.
+#ifndef MINIKV_WARP_EMULATION
 template <typename T, int D, int NREP>
 void launch_fast_impl(minikv_dtype dtype, const DecodeParams &p, cudaStream_t stream) {
   const dim3 grid(p.splits, p.num_kv_heads, p.n);
@@ -657,9 +659,11 @@ template <typename Fn> void dispatch_n_rep(uint32_t n_rep, Fn &&fn) {
     default: fail(MINIKV_ERR_INTERNAL, "minikv_decode: fast path for n_rep %u not compiled", n_rep);
   }
 }
+#endif  // MINIKV_WARP_EMULATION
 
 }  // namespace
 
+#ifndef MINIKV_WARP_EMULATION
 bool decode_fast_path(const BlockLayout &bl, const ResidualLayout &rl, uint32_t n_rep) {
   return bl.key_bits == 2 && bl.value_bits == 2 && bl.group == 16 && bl.elem_bytes == 2 &&
          rl.sink_tokens == 0 &&
@@ -693,6 +697,8 @@ void launch_decode_fast(minikv_dtype dtype, uint32_t head_dim, const DecodeParam
     });
   });
 }
+
+#endif  // MINIKV_WARP_EMULATION
 
 }  // namespace kernels
 }  // namespace minikv

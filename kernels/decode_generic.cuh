@@ -247,7 +247,7 @@ template <typename T, int D, int NR>
 __global__ void __launch_bounds__(kGenericThreads, generic_min_ctas(D, NR))
     decode_generic_kernel(const __grid_constant__ DecodeParams p) {
   using Tr = DType<T>;
-  extern __shared__ __align__(16) uint8_t smem[];
+  MINIKV_DYNAMIC_SMEM(smem, 16);
   const BlockLayout &bl = p.st.block;
   const GenericDecodePlan g = make_generic_decode_plan<generic_may_pack(D)>(bl, NR);
   const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;

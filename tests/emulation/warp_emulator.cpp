@@ -9,6 +9,17 @@
 #include <setjmp.h>
 #include <ucontext.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define MINIKV_EMULATION_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MINIKV_EMULATION_ASAN 1
+#endif
+#endif
+#ifdef MINIKV_EMULATION_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -20,12 +31,13 @@ namespace minikv {
 namespace emulation {
 namespace {
 
-enum class Op { kSyncwarp, kShfl, kShflXor, kBallot, kLdmatrix, kLdmatrixTrans, kMmaF16, kMmaBF16 };
+enum class Op { kSyncwarp, kShfl, kShflXor, kShflDown, kBallot, kLdmatrix, kLdmatrixTrans, kMmaF16, kMmaBF16 };
 const char *op_name(Op op) {
   switch (op) {
     case Op::kSyncwarp: return "__syncwarp";
     case Op::kShfl: return "__shfl_sync";
     case Op::kShflXor: return "__shfl_xor_sync";
+    case Op::kShflDown: return "__shfl_down_sync";
     case Op::kBallot: return "__ballot_sync";
     case Op::kLdmatrix: return "ldmatrix";
     case Op::kLdmatrixTrans: return "ldmatrix.trans";
@@ -41,7 +53,25 @@ const char *op_name(Op op) {
   std::abort();
 }
 
-constexpr size_t kStackBytes = 256 * 1024;
+constexpr size_t kStackBytes = 1024 * 1024;
+
+// AddressSanitizer follows stack switches only when told (its fake stacks for use-after-return
+// belong to one stack each): start before a jump, with the destination's bounds (save =
+// nullptr: the stack being left is done), finish after it.
+void asan_switch_start(void **save, const void *bottom, size_t size) {
+#ifdef MINIKV_EMULATION_ASAN
+  __sanitizer_start_switch_fiber(save, bottom, size);
+#else
+  (void)save, (void)bottom, (void)size;
+#endif
+}
+void asan_switch_finish(void *save, const void **from_bottom, size_t *from_size) {
+#ifdef MINIKV_EMULATION_ASAN
+  __sanitizer_finish_switch_fiber(save, from_bottom, from_size);
+#else
+  (void)save, (void)from_bottom, (void)from_size;
+#endif
+}
 
 struct CpAsync {
   uint32_t dst;
@@ -52,6 +82,7 @@ struct Thread {
   ucontext_t ctx{};  // its start
   jmp_buf resume;    // where it blocked
   bool started = false;
+  void *asan_fake_stack = nullptr;
   std::unique_ptr<char[]> stack;
   uint3 tid{};
   uint32_t warp = 0, lane = 0;
@@ -98,10 +129,16 @@ struct Launch {
   std::map<uint32_t, std::vector<PendingCopy>> copies;  // kAtWait: not landed yet, per barrier
   ucontext_t sched{};
   jmp_buf back;  // the scheduler, where it resumed a thread
+  void *asan_fake_stack = nullptr;
+  const void *sched_bottom = nullptr;  // the scheduler's stack
+  size_t sched_size = 0;
   Thread *cur = nullptr;
   bool progress = false;
 };
 Launch *g_launch = nullptr;
+// Static __shared__ arrays: shared addresses from 2^31, relative to the first one seen.
+constexpr uint32_t kStaticShared = 0x80000000u;
+const uint8_t *g_static_anchor = nullptr;
 
 Launch &L() {
   if (g_launch == nullptr) die("a device function was called outside an emulated launch");
@@ -115,7 +152,11 @@ void block(Thread::Wait wait, uint64_t gen) {
   Thread &t = self();
   t.wait = wait;
   t.wait_gen = gen;
-  if (_setjmp(t.resume) == 0) _longjmp(l.back, 1);
+  if (_setjmp(t.resume) == 0) {
+    asan_switch_start(&t.asan_fake_stack, l.sched_bottom, l.sched_size);
+    _longjmp(l.back, 1);
+  }
+  asan_switch_finish(t.asan_fake_stack, &l.sched_bottom, &l.sched_size);
 }
 
 void complete_collective(Warp &w) {
@@ -139,9 +180,14 @@ void complete_collective(Warp &w) {
     case Op::kSyncwarp: break;
     case Op::kShfl:
     case Op::kShflXor:
+    case Op::kShflDown:
       for (uint32_t lane = 0; lane < 32; ++lane) {
         if (!live(lane)) continue;
-        const uint32_t src = (op == Op::kShfl ? w.in[lane][1] : lane ^ w.in[lane][1]) & 31u;
+        const uint32_t arg = w.in[lane][1];
+        const uint32_t src = op == Op::kShfl      ? arg & 31u
+                             : op == Op::kShflXor ? (lane ^ arg) & 31u
+                             : lane + arg < 32    ? lane + arg
+                                                  : lane;  // past the warp: the lane's own value
         if (!live(src)) die("a shuffle reads an exited lane");
         w.out[lane][0] = w.in[src][0];
       }
@@ -244,6 +290,7 @@ void cta_barrier_check() {
 
 void thread_entry() {
   Launch &l = L();
+  asan_switch_finish(nullptr, &l.sched_bottom, &l.sched_size);
   (*l.body)();
   Thread &t = self();
   t.done = true;
@@ -253,6 +300,7 @@ void thread_entry() {
   if (w.arrived > 0 && w.arrived == w.live) complete_collective(w);
   --l.cta_live;
   cta_barrier_check();
+  asan_switch_start(nullptr, l.sched_bottom, l.sched_size);
   _longjmp(l.back, 1);  // never returns (its uc_link would resume a stale scheduler frame)
 }
 
@@ -270,7 +318,11 @@ bool runnable(const Launch &l, const Thread &t) {
 // Runs t until it blocks or ends. Out of line: the caller's locals live across the jumps.
 __attribute__((noinline)) void resume(Launch &l, Thread &t) {
   l.cur = &t;
-  if (_setjmp(l.back) != 0) return;
+  if (_setjmp(l.back) != 0) {
+    asan_switch_finish(l.asan_fake_stack, nullptr, nullptr);
+    return;
+  }
+  asan_switch_start(&l.asan_fake_stack, t.stack.get(), kStackBytes);
   if (!t.started) {
     t.started = true;
     swapcontext(&l.sched, &t.ctx);
@@ -334,7 +386,7 @@ void run_cta(Launch &l) {
 
 Mbar &mbar_at(uint32_t bar) {
   Launch &l = L();
-  if (bar % 8 != 0 || bar + 8 > l.smem_bytes) die("an mbarrier outside shared memory or misaligned");
+  if (bar % 8 != 0 || (bar < kStaticShared && bar + 8 > l.smem_bytes)) die("an mbarrier outside shared memory or misaligned");
   auto it = l.mbars.find(bar);
   if (it == l.mbars.end()) die("an mbarrier used before mbarrier.init");
   return it->second;
@@ -350,7 +402,7 @@ void mbar_complete_if_done(Mbar &m) {
 
 void land(const PendingCopy &c, uint32_t bar) {
   Launch &l = L();
-  std::memcpy(l.smem + c.dst, c.src, c.bytes);
+  std::memcpy(shared_pointer(c.dst), c.src, c.bytes);
   Mbar &m = mbar_at(bar);
   m.tx -= c.bytes;
   mbar_complete_if_done(m);
@@ -411,6 +463,20 @@ const uint3 &block_idx() { return L().bidx; }
 const dim3 &block_dim() { return L().block; }
 const dim3 &grid_dim() { return L().grid; }
 uint8_t *shared_base() { return L().smem; }
+uint32_t shared_address(const void *p) {
+  Launch &l = L();
+  const uint8_t *b = static_cast<const uint8_t *>(p);
+  if (b >= l.smem && b <= l.smem + l.smem_bytes) return uint32_t(b - l.smem);
+  if (g_static_anchor == nullptr) g_static_anchor = b;
+  const int64_t off = b - g_static_anchor;
+  if (off < -(int64_t(1) << 29) || off >= (int64_t(1) << 29)) die("static __shared__ arrays too far apart to map");
+  return uint32_t(int64_t(kStaticShared) + (int64_t(1) << 29) + off);
+}
+uint8_t *shared_pointer(uint32_t address) {
+  Launch &l = L();
+  if (address < kStaticShared) return l.smem + address;
+  return const_cast<uint8_t *>(g_static_anchor) + (int64_t(address) - int64_t(kStaticShared) - (int64_t(1) << 29));
+}
 
 void syncwarp() { arrive(Op::kSyncwarp); }
 void syncthreads() {
@@ -422,13 +488,14 @@ void syncthreads() {
 }
 uint32_t shfl(uint32_t v, int src_lane) { return shuffle(Op::kShfl, v, uint32_t(src_lane)); }
 uint32_t shfl_xor(uint32_t v, int lane_mask) { return shuffle(Op::kShflXor, v, uint32_t(lane_mask)); }
+uint32_t shfl_down(uint32_t v, int delta) { return shuffle(Op::kShflDown, v, uint32_t(delta)); }
 uint32_t ballot(bool predicate) { return shuffle(Op::kBallot, predicate ? 1u : 0u, 0); }
 void ldmatrix_x4(uint32_t (&r)[4], const void *smem, bool trans) {
   Launch &l = L();
   Thread &t = self();
   const uint8_t *p = static_cast<const uint8_t *>(smem);
-  if (p < l.smem || p + 16 > l.smem + l.smem_bytes || (p - l.smem) % 16 != 0)
-    die("ldmatrix: a row address outside shared memory or not 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0 || (p >= l.smem && p + 16 > l.smem + l.smem_bytes))
+    die("ldmatrix: a row address past shared memory or not 16-byte aligned");
   l.warps[t.warp].addr[t.lane] = p;
   Warp &w = arrive(trans ? Op::kLdmatrixTrans : Op::kLdmatrix);
   for (int i = 0; i < 4; ++i) r[i] = w.out[t.lane][i];
@@ -448,7 +515,7 @@ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, 
 
 void mbar_init(uint32_t bar, uint32_t count) {
   Launch &l = L();
-  if (bar % 8 != 0 || bar + 8 > l.smem_bytes) die("mbarrier.init outside shared memory or misaligned");
+  if (bar % 8 != 0 || (bar < kStaticShared && bar + 8 > l.smem_bytes)) die("mbarrier.init outside shared memory or misaligned");
   Mbar m;
   m.count = m.pending = count;
   l.mbars[bar] = m;
@@ -485,7 +552,7 @@ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
   Launch &l = L();
   if (bytes % 16 != 0 || dst % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
     die("cp.async.bulk: size or address not a multiple of 16");
-  if (uint64_t(dst) + bytes > l.smem_bytes) die("cp.async.bulk: destination past shared memory");
+  if (dst < kStaticShared && uint64_t(dst) + bytes > l.smem_bytes) die("cp.async.bulk: destination past shared memory");
   mbar_at(bar);
   const PendingCopy c{dst, bytes, src};
   if (l.landing == CopyLanding::kAtIssue) land(c, bar);
@@ -495,14 +562,15 @@ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
 namespace {
 void land_cp(const CpAsync &c) {
   Launch &l = L();
-  if (c.src == nullptr) std::memset(l.smem + c.dst, 0, 16);
-  else std::memcpy(l.smem + c.dst, c.src, 16);
+  if (c.src == nullptr) std::memset(shared_pointer(c.dst), 0, 16);
+  else std::memcpy(shared_pointer(c.dst), c.src, 16);
 }
 }  // namespace
 
 void cp_async_16(uint32_t dst, const void *src, bool valid) {
   Launch &l = L();
-  if (dst % 16 != 0 || uint64_t(dst) + 16 > l.smem_bytes) die("cp.async: destination outside shared memory or misaligned");
+  if (dst % 16 != 0 || (dst < kStaticShared && uint64_t(dst) + 16 > l.smem_bytes))
+    die("cp.async: destination outside shared memory or misaligned");
   if (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0) die("cp.async: source not 16-byte aligned");
   const CpAsync c{dst, valid ? src : nullptr};
   if (l.landing == CopyLanding::kAtIssue) land_cp(c);

@@ -47,12 +47,18 @@ const uint3 &block_idx();
 const dim3 &block_dim();
 const dim3 &grid_dim();
 uint8_t *shared_base();
+// A pointer to shared memory as a shared-state-space address, and back. Dynamic shared memory
+// maps to offsets from its start; a static __shared__ array (an ordinary static here) to
+// addresses from 2^31 on.
+uint32_t shared_address(const void *p);
+uint8_t *shared_pointer(uint32_t address);
 
 // Collectives of the running thread's warp / CTA.
 void syncwarp();
 void syncthreads();
 uint32_t shfl(uint32_t v, int src_lane);       // __shfl_sync, width 32
 uint32_t shfl_xor(uint32_t v, int lane_mask);  // __shfl_xor_sync, width 32
+uint32_t shfl_down(uint32_t v, int delta);     // __shfl_down_sync, width 32
 uint32_t ballot(bool predicate);               // __ballot_sync over the live lanes
 void ldmatrix_x4(uint32_t (&r)[4], const void *smem, bool trans);
 // d += a · b of mma.sync.m16n8k16.row.col.f32.{f16,bf16}; c0/c2 of the "even" form share it.
@@ -125,6 +131,10 @@ template <typename T> inline T __shfl_xor_sync(unsigned, T v, int mask, int = 32
   static_assert(sizeof(T) == 4, "32-bit shuffles");
   return minikv_emulation_bits<T>(::minikv::emulation::shfl_xor(minikv_emulation_bits<uint32_t>(v), mask));
 }
+template <typename T> inline T __shfl_down_sync(unsigned, T v, int delta, int = 32) {
+  static_assert(sizeof(T) == 4, "32-bit shuffles");
+  return minikv_emulation_bits<T>(::minikv::emulation::shfl_down(minikv_emulation_bits<uint32_t>(v), delta));
+}
 inline unsigned __ballot_sync(unsigned, int predicate) { return ::minikv::emulation::ballot(predicate != 0); }
 inline int __any_sync(unsigned, int predicate) { return ::minikv::emulation::ballot(predicate != 0) != 0; }
 inline int __ffs(int x) { return __builtin_ffs(x); }
@@ -135,9 +145,7 @@ inline unsigned atomicAdd(unsigned *p, unsigned v) {
   return old;
 }
 template <typename T> inline T __ldcg(const T *p) { return *p; }
-inline size_t __cvta_generic_to_shared(const void *p) {
-  return size_t(static_cast<const uint8_t *>(p) - ::minikv::emulation::shared_base());
-}
+inline size_t __cvta_generic_to_shared(const void *p) { return ::minikv::emulation::shared_address(p); }
 inline float __int_as_float(int x) { return minikv_emulation_bits<float>(x); }
 inline float __uint_as_float(unsigned x) { return minikv_emulation_bits<float>(x); }
 inline unsigned __float_as_uint(float x) { return minikv_emulation_bits<unsigned>(x); }

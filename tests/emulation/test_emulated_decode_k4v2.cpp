@@ -1,0 +1,106 @@
+// minikv-test: white-box
+// The default storage's decode kernels (4-bit keys, 2-bit values, G = 32) run by the warp
+// emulator against the CPU backend (decode_harness.hpp): decode_k4v2_warp_kernel (sm_90, one
+// warp, groups of up to four heads: what the plan picks there), decode_k4v2_kernel (sm_90, four
+// warps, larger groups) and the tensor-core kernel's instance for this storage (decode_mma.cuh,
+// sm_80+). head_dim 64 and 128, MHA and groups of 2 to 12 (one, two, four and eight head
+// slots; several chunks), fp16 and bf16, 0, 4 and 17-20 sinks (a sink tile of two M-tiles next
+// to quantized tiles: where one tile's refill may land on another's bytes), tiles of 128, 64
+// and 32 tokens (R 128, 64, 96).
+#include "../../kernels/decode_k4v2.cu"
+#include "../../kernels/decode_k4v2_warp.cu"
+#include "../../kernels/decode_mma.cuh"
+#include "decode_harness.hpp"
+
+namespace {
+
+using namespace emu_test;
+
+uint32_t k4v2_tiles(const Launch &l) {  // cuda_backend.cpp: the K4V2 kernels' count
+  uint32_t all, quantized;
+  longest(l, all, quantized);
+  const uint32_t qtile = k::make_k4v2_launch_plan(
+                             minikv::make_block_layout(l.cfg->residual_length, l.cfg->num_kv_heads, l.cfg->head_dim,
+                                                       32, 4, 2, 2),
+                             12080)
+                             .tiles.qtile;
+  return (quantized + qtile - 1) / qtile + (all - quantized + k::kK4V2RowTile - 1) / k::kK4V2RowTile + 1;
+}
+k::K4V2Args k4v2_args(const k::DecodeParams &p) {  // the plan's (driver 12.8 or later)
+  const k::K4V2LaunchPlan plan = k::make_k4v2_launch_plan(p.st.block, 12080);
+  return {p, plan.tiles, plan.block_tokens};
+}
+uint32_t mma_heads_per_cta(uint32_t n_rep) { return heads_in_chunks(n_rep, k::kMmaMaxHeads); }
+
+const Kernel kOneWarp{
+    "one-warp", [](uint32_t n_rep) { return k::k4v2_warp_slots(n_rep); }, k4v2_tiles,
+    [](const minikv_config &cfg, const k::DecodeParams &p, CopyLanding landing) {
+      const k::K4V2Args args = k4v2_args(p);
+      dispatch_dtype_head_dim<64, 128>(cfg, [&](auto t, auto d) {
+        using T = decltype(t);
+        constexpr int D = decltype(d)::value;
+        auto go = [&](size_t smem, const std::function<void()> &thread) { emulate(p, 32, smem, landing, thread); };
+        if (p.heads_per_cta == 1) go(k::K4V2WarpLayout<D, 1>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 1>(args); });
+        else if (p.heads_per_cta == 2) go(k::K4V2WarpLayout<D, 2>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 2>(args); });
+        else go(k::K4V2WarpLayout<D, 4>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 4>(args); });
+      });
+      return p.splits == 1 || k::k4v2_warp_fused_merge(p.splits, p.heads_per_cta, p.num_heads / p.num_kv_heads);
+    }};
+
+const Kernel kFourWarps{
+    "four-warp", mma_heads_per_cta, k4v2_tiles,
+    [](const minikv_config &cfg, const k::DecodeParams &p, CopyLanding landing) {
+      const k::K4V2Args args = k4v2_args(p);
+      dispatch_dtype_head_dim<64, 128>(cfg, [&](auto t, auto d) {
+        using T = decltype(t);
+        constexpr int D = decltype(d)::value;
+        auto go = [&](size_t smem, const std::function<void()> &thread) {
+          emulate(p, k::kK4V2Threads, smem, landing, thread);
+        };
+        if (k::k4v2_head_slots(p.heads_per_cta) == 4)
+          go(k::K4V2Layout<sizeof(T), D, 4>::kTotal, [&] { k::decode_k4v2_kernel<T, D, 4>(args); });
+        else go(k::K4V2Layout<sizeof(T), D, 8>::kTotal, [&] { k::decode_k4v2_kernel<T, D, 8>(args); });
+      });
+      return p.splits == 1;
+    }};
+
+const Kernel kMma{
+    "mma", mma_heads_per_cta,
+    [](const Launch &l) {  // cuda_backend.cpp: the generic count
+      uint32_t all, quantized;
+      longest(l, all, quantized);
+      const uint32_t qtile = k::make_mma_decode_plan(minikv::make_block_layout(l.cfg->residual_length, l.cfg->num_kv_heads,
+                                                                               l.cfg->head_dim, 32, 4, 2, 2))
+                                 .qtile;
+      return (all + qtile - 1) / qtile + 2;
+    },
+    [](const minikv_config &cfg, const k::DecodeParams &p, CopyLanding landing) {
+      const k::MmaLaunchPlan plan = k::make_mma_launch_plan(p.st.block);
+      const k::MmaDecodeArgs args{p, plan.g, plan.block_tokens};
+      k::DecodeMmaKeyBits<4>::dispatch(cfg.dtype, p.st.block, [&](auto fn) {
+        emulate(p, k::kMmaThreads, plan.g.total, landing, [&] { fn(args); });
+      });
+      return p.splits == 1;
+    }};
+
+}  // namespace
+
+TEST_SUITE("cpu") {
+TEST_CASE("the default storage's decode kernels run by the warp emulator match the CPU backend") {
+  const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
+  const uint32_t One = 1, Four = 2, Mma = 4, Both = One | Four;  // bits of the kernel list
+  const std::vector<Shape> shapes = {
+      {4, 2, 32, 128, 1, F16, 4, 128, One},  {4, 2, 32, 64, 1, F16, 0, 64, One},    {4, 2, 32, 64, 1, BF16, 4, 96, One},
+      {4, 2, 32, 128, 1, BF16, 0, 96, One},  {4, 2, 32, 128, 2, F16, 4, 128, One},  {4, 2, 32, 64, 2, BF16, 0, 64, One},
+      {4, 2, 32, 128, 3, BF16, 4, 96, Both}, {4, 2, 32, 128, 4, F16, 4, 128, Both}, {4, 2, 32, 64, 4, BF16, 4, 128, One},
+      {4, 2, 32, 128, 8, F16, 0, 64, Both},
+      // More sinks than a 16-row M-tile, next to quantized tiles.
+      {4, 2, 32, 128, 1, F16, 20, 128, One}, {4, 2, 32, 64, 1, BF16, 17, 96, One}, {4, 2, 32, 128, 4, BF16, 20, 64, Both},
+      // Groups the four-warp kernel takes in one chunk of 8 slots, and in two chunks.
+      {4, 2, 32, 64, 6, BF16, 4, 128, Four}, {4, 2, 32, 128, 12, F16, 4, 96, Four},
+      // The tensor-core kernel's instance for this storage (MINIKV_DECODE_KERNEL=mma).
+      {4, 2, 32, 128, 1, BF16, 4, 128, Mma}, {4, 2, 32, 64, 4, F16, 20, 96, Mma}, {4, 2, 32, 128, 5, F16, 0, 64, Mma},
+  };
+  run_shapes(shapes, {kOneWarp, kFourWarps, kMma});
+}
+}  // TEST_SUITE
