@@ -184,13 +184,18 @@ inline void check_launches(Launch &l, const Shape &s, const std::vector<Kernel> 
   }
 }
 
-// Prefill ragged prompts into a CPU cache of shape s, then decode step by step across a flush,
-// checking the kernels at the first two steps, the flush's and the last.
-inline void run_shape(const Shape &s, const std::vector<Kernel> &kernels) {
-  const uint32_t kv_heads = s.n_rep >= 8 ? 1 : 2, H = kv_heads * s.n_rep, D = s.head_dim;
-  const std::vector<uint32_t> lens = {1, 31, 33, 333, 700};
-  const uint32_t B = uint32_t(lens.size()), steps = s.residual + 3;
+// A one-layer CPU cache of shape s (KV heads: 2, or 1 for groups of 8 or more; heavy and
+// recent ratios 0.25) with the ragged prompts `lens` prefilled, room for `steps` more tokens.
+struct Prefilled {
   minikv_config cfg;
+  test::CachePtr cache;
+  std::vector<uint32_t> lens, ids;
+};
+inline Prefilled prefill_cache(const Shape &s, uint32_t steps, test::Rng &rng) {
+  Prefilled c;
+  c.lens = {1, 31, 33, 333, 700};
+  const uint32_t B = uint32_t(c.lens.size()), kv_heads = s.n_rep >= 8 ? 1 : 2, H = kv_heads * s.n_rep, D = s.head_dim;
+  minikv_config &cfg = c.cfg;
   minikv_config_default(&cfg);
   cfg.backend = MINIKV_BACKEND_CPU;
   cfg.dtype = s.dtype;
@@ -207,24 +212,33 @@ inline void run_shape(const Shape &s, const std::vector<Kernel> &kernels) {
   cfg.sink_tokens = s.sinks;
   cfg.heavy_ratio = 0.25f;
   cfg.recent_ratio = 0.25f;
-  test::CachePtr cache = test::make_cache(cfg);
-  const minikv::Cache &impl = cache->impl;
-
-  test::Rng rng(0x5eed + D * 131 + s.n_rep * 17 + s.sinks + s.residual + s.key_bits * 7 + s.value_bits * 3 + s.group);
+  c.cache = test::make_cache(cfg);
   std::vector<int32_t> cu(B + 1, 0);
-  for (uint32_t b = 0; b < B; ++b) cu[b + 1] = cu[b] + int32_t(lens[b]);
-  std::vector<uint32_t> ids(B);
-  for (uint32_t b = 0; b < B; ++b) ids[b] = b;
-  {
-    const size_t rows = size_t(cu[B]);
-    test::Buf q(s.dtype, rows * H * D), kk(s.dtype, rows * kv_heads * D), v(s.dtype, rows * kv_heads * D),
-        out(s.dtype, rows * H * D);
-    q.fill_normal(rng);
-    kk.fill_normal(rng);
-    v.fill_normal(rng);
-    MKV_REQUIRE_OK(minikv_prefill(cache.get(), 0, B, ids.data(), cu.data(), q.data(), kk.data(), v.data(),
-                                  out.data(), nullptr));
-  }
+  for (uint32_t b = 0; b < B; ++b) cu[b + 1] = cu[b] + int32_t(c.lens[b]);
+  for (uint32_t b = 0; b < B; ++b) c.ids.push_back(b);
+  const size_t rows = size_t(cu[B]);
+  test::Buf q(s.dtype, rows * H * D), k(s.dtype, rows * kv_heads * D), v(s.dtype, rows * kv_heads * D),
+      out(s.dtype, rows * H * D);
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  MKV_REQUIRE_OK(minikv_prefill(c.cache.get(), 0, B, c.ids.data(), cu.data(), q.data(), k.data(), v.data(),
+                                out.data(), nullptr));
+  return c;
+}
+
+// Prefill ragged prompts into a CPU cache of shape s, then decode step by step across a flush,
+// checking the kernels at the first two steps, the flush's and the last.
+inline void run_shape(const Shape &s, const std::vector<Kernel> &kernels) {
+  const uint32_t steps = s.residual + 3;
+  test::Rng rng(0x5eed + s.head_dim * 131 + s.n_rep * 17 + s.sinks + s.residual + s.key_bits * 7 + s.value_bits * 3 +
+                s.group);
+  Prefilled c = prefill_cache(s, steps, rng);
+  const minikv_config &cfg = c.cfg;
+  const minikv::Cache &impl = c.cache->impl;
+  const std::vector<uint32_t> &lens = c.lens, &ids = c.ids;
+  const uint32_t B = uint32_t(lens.size()), H = cfg.num_heads, kv_heads = cfg.num_kv_heads, D = s.head_dim;
+  minikv_cache *cache = c.cache.get();
   std::vector<uint8_t> pool, residual;
   for (uint32_t step = 0; step < steps; ++step) {
     test::Buf q(s.dtype, size_t(B) * H * D), kk(s.dtype, size_t(B) * kv_heads * D),
@@ -235,7 +249,7 @@ inline void run_shape(const Shape &s, const std::vector<Kernel> &kernels) {
     std::vector<CacheView> before(B);
     for (uint32_t b = 0; b < B; ++b) before[b] = impl.view(b, 0);
     impl.backend().read_storage(pool, residual);
-    MKV_REQUIRE_OK(minikv_append_decode(cache.get(), 0, B, ids.data(), q.data(), kk.data(), v.data(), out.data(), nullptr));
+    MKV_REQUIRE_OK(minikv_append_decode(cache, 0, B, ids.data(), q.data(), kk.data(), v.data(), out.data(), nullptr));
     bool flushed = false;
     for (uint32_t b = 0; b < B; ++b) flushed = flushed || impl.view(b, 0).quantized != before[b].quantized;
     if (kSanitized ? !(step == 0 || flushed) : !(step < 2 || flushed || step + 1 == steps)) continue;

@@ -113,6 +113,9 @@ uint32_t hmul2(uint32_t a, uint32_t b);
 #define __grid_constant__
 #undef __launch_bounds__
 #define __launch_bounds__(...)
+// nvcc's keyword; empty here (a library's __attribute__((__noinline__)) stays well-formed).
+#undef __noinline__
+#define __noinline__
 
 inline void __syncwarp(unsigned = 0xffffffffu) { ::minikv::emulation::syncwarp(); }
 inline void __syncthreads() { ::minikv::emulation::syncthreads(); }
