@@ -24,20 +24,11 @@ using minikv::CacheView;
 using minikv::emulation::CopyLanding;
 namespace k = minikv::kernels;
 
-// Under AddressSanitizer (scripts/reliability.sh) a launch runs ~10x slower: the first step and
-// the flush's are checked, with copies landing at issue only, and 1 and the most splits. What the sanitizer adds
-// is the bounds of the host buffers the kernels read (the storage, q, the caller's k/v).
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+// Under AddressSanitizer (scripts/reliability.sh) a launch runs ~10x slower: the first step
+// and the flush's are checked, with copies landing at issue only, and 1 and the most splits.
+// What the sanitizer adds is the bounds of the host buffers the kernels read (the storage, q,
+// the caller's k/v).
+constexpr bool kSanitized = minikv::emulation::kAddressSanitizer;
 
 struct Shape {
   uint32_t key_bits, value_bits, group, head_dim, n_rep;
@@ -87,6 +78,15 @@ inline void emulate(const k::DecodeParams &p, uint32_t threads, size_t smem, Cop
   minikv::emulation::launch(dim3(p.splits, p.num_kv_heads * chunks, p.n), dim3(threads), smem, landing, thread);
 }
 
+// The storage layouts of cfg (16-bit dtypes), as cache.cpp plans them.
+inline minikv::BlockLayout block_layout(const minikv_config &cfg) {
+  return minikv::make_block_layout(cfg.residual_length, cfg.num_kv_heads, cfg.head_dim, cfg.group_size, cfg.key_bits,
+                                   cfg.value_bits, 2);
+}
+inline minikv::ResidualLayout residual_layout(const minikv_config &cfg) {
+  return minikv::make_residual_layout(cfg.residual_length, cfg.num_kv_heads, cfg.head_dim, 2, cfg.sink_tokens);
+}
+
 // The longest (sequence) and quantized tokens of the launch.
 inline void longest(const Launch &l, uint32_t &all, uint32_t &quantized) {
   all = 1;
@@ -97,12 +97,19 @@ inline void longest(const Launch &l, uint32_t &all, uint32_t &quantized) {
   }
 }
 
+// cuda_backend.cpp's tile count for the splits of the kernels that walk every token in tiles
+// of qtile (all but the K4V2 and fast ones).
+inline uint32_t tiles_of_all_tokens(const Launch &l, uint32_t qtile) {
+  uint32_t all, quantized;
+  longest(l, all, quantized);
+  return (all + qtile - 1) / qtile + 2;
+}
+
 inline std::vector<double> run_kernel(Launch &l, const Kernel &kernel, uint32_t splits, CopyLanding landing) {
   const minikv_config &cfg = *l.cfg;
   const uint32_t B = uint32_t(l.views.size()), H = cfg.num_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim;
-  const uint32_t R = cfg.residual_length;
-  const minikv::BlockLayout bl = minikv::make_block_layout(R, Hkv, D, cfg.group_size, cfg.key_bits, cfg.value_bits, 2);
-  const minikv::ResidualLayout rl = minikv::make_residual_layout(R, Hkv, D, 2, cfg.sink_tokens);
+  const minikv::BlockLayout bl = block_layout(cfg);
+  const minikv::ResidualLayout rl = residual_layout(cfg);
   uint32_t width = 1;
   for (const CacheView &v : l.views) width = std::max(width, v.num_blocks);
   std::vector<int32_t> table(size_t(cfg.max_sequences) * cfg.num_layers * width, -1);

@@ -19,8 +19,8 @@ void run_appends(const Shape &s) {
   const minikv::Cache &impl = c.cache->impl;
   const std::vector<uint32_t> &lens = c.lens, &ids = c.ids;
   const uint32_t B = uint32_t(lens.size()), kv_heads = c.cfg.num_kv_heads, D = s.head_dim;
-  const minikv::BlockLayout bl = minikv::make_block_layout(R, kv_heads, D, s.group, s.key_bits, s.value_bits, 2);
-  const minikv::ResidualLayout rl = minikv::make_residual_layout(R, kv_heads, D, 2, s.sinks);
+  const minikv::BlockLayout bl = block_layout(c.cfg);
+  const minikv::ResidualLayout rl = residual_layout(c.cfg);
   uint32_t flushes = 0;
   for (uint32_t step = 0; step < steps; ++step) {
     test::Buf k(s.dtype, size_t(B) * kv_heads * D), v(s.dtype, size_t(B) * kv_heads * D);

@@ -12,19 +12,12 @@ namespace {
 using namespace emu_test;
 
 uint32_t generic_heads_per_cta(uint32_t n_rep) { return heads_in_chunks(n_rep, k::kGenericMaxHeads); }
-minikv::BlockLayout layout_of(const minikv_config &c) {
-  return minikv::make_block_layout(c.residual_length, c.num_kv_heads, c.head_dim, c.group_size, c.key_bits, c.value_bits, 2);
-}
-
 const Kernel kGeneric{
     "generic", generic_heads_per_cta,
-    [](const Launch &l) {  // cuda_backend.cpp's count for this kernel
-      uint32_t all, quantized;
-      longest(l, all, quantized);
+    [](const Launch &l) {
       const minikv_config &c = *l.cfg;
-      const uint32_t qtile =
-          k::make_generic_decode_plan(layout_of(c), generic_heads_per_cta(c.num_heads / c.num_kv_heads)).qtile;
-      return (all + qtile - 1) / qtile + 2;
+      return tiles_of_all_tokens(
+          l, k::make_generic_decode_plan(block_layout(c), generic_heads_per_cta(c.num_heads / c.num_kv_heads)).qtile);
     },
     [](const minikv_config &cfg, const k::DecodeParams &p, CopyLanding landing) {
       dispatch_dtype_head_dim<64, 80, 96, 128, 256>(cfg, [&](auto t, auto d) {

@@ -19,11 +19,7 @@ using namespace emu_test;
 uint32_t k4v2_tiles(const Launch &l) {  // cuda_backend.cpp: the K4V2 kernels' count
   uint32_t all, quantized;
   longest(l, all, quantized);
-  const uint32_t qtile = k::make_k4v2_launch_plan(
-                             minikv::make_block_layout(l.cfg->residual_length, l.cfg->num_kv_heads, l.cfg->head_dim,
-                                                       32, 4, 2, 2),
-                             12080)
-                             .tiles.qtile;
+  const uint32_t qtile = k::make_k4v2_launch_plan(block_layout(*l.cfg), 12080).tiles.qtile;
   return (quantized + qtile - 1) / qtile + (all - quantized + k::kK4V2RowTile - 1) / k::kK4V2RowTile + 1;
 }
 k::K4V2Args k4v2_args(const k::DecodeParams &p) {  // the plan's (driver 12.8 or later)
@@ -66,14 +62,7 @@ const Kernel kFourWarps{
 
 const Kernel kMma{
     "mma", mma_heads_per_cta,
-    [](const Launch &l) {  // cuda_backend.cpp: the generic count
-      uint32_t all, quantized;
-      longest(l, all, quantized);
-      const uint32_t qtile = k::make_mma_decode_plan(minikv::make_block_layout(l.cfg->residual_length, l.cfg->num_kv_heads,
-                                                                               l.cfg->head_dim, 32, 4, 2, 2))
-                                 .qtile;
-      return (all + qtile - 1) / qtile + 2;
-    },
+    [](const Launch &l) { return tiles_of_all_tokens(l, k::make_mma_decode_plan(block_layout(*l.cfg)).qtile); },
     [](const minikv_config &cfg, const k::DecodeParams &p, CopyLanding landing) {
       const k::MmaLaunchPlan plan = k::make_mma_launch_plan(p.st.block);
       const k::MmaDecodeArgs args{p, plan.g, plan.block_tokens};

@@ -16,15 +16,7 @@ using namespace emu_test;
 const Kernel kMma{
     "mma",
     [](uint32_t n_rep) { return heads_in_chunks(n_rep, k::kMmaMaxHeads); },
-    [](const Launch &l) {  // cuda_backend.cpp's count for this kernel
-      uint32_t all, quantized;
-      longest(l, all, quantized);
-      const minikv_config &c = *l.cfg;
-      const uint32_t qtile = k::make_mma_decode_plan(minikv::make_block_layout(c.residual_length, c.num_kv_heads, c.head_dim,
-                                                                               c.group_size, c.key_bits, c.value_bits, 2))
-                                 .qtile;
-      return (all + qtile - 1) / qtile + 2;
-    },
+    [](const Launch &l) { return tiles_of_all_tokens(l, k::make_mma_decode_plan(block_layout(*l.cfg)).qtile); },
     [](const minikv_config &cfg, const k::DecodeParams &p, CopyLanding landing) {
       const minikv::BlockLayout &bl = p.st.block;  // decode_mma_path: what the plan sends here
       REQUIRE((bl.group >= 16 && bl.head_dim % bl.group == 0 && bl.head_dim / bl.group <= k::kMmaMaxGroups &&

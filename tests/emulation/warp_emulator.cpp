@@ -9,13 +9,6 @@
 #include <setjmp.h>
 #include <ucontext.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define MINIKV_EMULATION_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MINIKV_EMULATION_ASAN 1
-#endif
-#endif
 #ifdef MINIKV_EMULATION_ASAN
 #include <sanitizer/common_interface_defs.h>
 #endif
@@ -73,8 +66,10 @@ void asan_switch_finish(void *save, const void **from_bottom, size_t *from_size)
 #endif
 }
 
-struct CpAsync {
-  uint32_t dst;
+// A copy into shared memory not landed yet: a bulk copy (completing on an mbarrier) or a
+// cp.async of 16 bytes.
+struct PendingCopy {
+  uint32_t dst, bytes;
   const void *src;  // nullptr: zero fill
 };
 
@@ -89,8 +84,8 @@ struct Thread {
   bool done = false;
   enum class Wait { kNone, kCollective, kCta, kSpin } wait = Wait::kNone;
   uint64_t wait_gen = 0;
-  std::vector<CpAsync> open_group;          // cp.async not committed yet
-  std::deque<std::vector<CpAsync>> groups;  // committed, not landed (oldest first)
+  std::vector<PendingCopy> open_group;          // cp.async not committed yet
+  std::deque<std::vector<PendingCopy>> groups;  // committed, not landed (oldest first)
 };
 
 // A warp's collective in progress: each lane's inputs, then its outputs.
@@ -108,10 +103,6 @@ struct Warp {
 struct Mbar {
   uint32_t count = 0, pending = 0, phase = 0;
   int64_t tx = 0;
-};
-struct PendingCopy {
-  uint32_t dst, bytes;
-  const void *src;
 };
 
 struct Launch {
@@ -378,17 +369,21 @@ void run_cta(Launch &l) {
   }
   for (const Thread &t : l.threads)
     if (!t.open_group.empty() || !t.groups.empty()) die("a thread exited with cp.async copies not waited for");
-  if (!l.copies.empty()) {
-    for (const auto &kv : l.copies)
-      if (!kv.second.empty()) die("a CTA exited with bulk copies in flight");
-  }
+  for (const auto &kv : l.copies)
+    if (!kv.second.empty()) die("a CTA exited with bulk copies in flight");
+}
+
+// Dies with `what` unless [address, address + bytes) is `align`-aligned shared memory (a
+// static __shared__ array's size is not known: only its alignment is checked).
+void check_shared(uint32_t address, uint64_t bytes, uint32_t align, const char *what) {
+  if (address % align != 0 || (address < kStaticShared && address + bytes > L().smem_bytes)) die(what);
 }
 
 Mbar &mbar_at(uint32_t bar) {
-  Launch &l = L();
-  if (bar % 8 != 0 || (bar < kStaticShared && bar + 8 > l.smem_bytes)) die("an mbarrier outside shared memory or misaligned");
-  auto it = l.mbars.find(bar);
-  if (it == l.mbars.end()) die("an mbarrier used before mbarrier.init");
+  check_shared(bar, 8, 8, "an mbarrier outside shared memory or misaligned");
+  std::map<uint32_t, Mbar> &mbars = L().mbars;
+  auto it = mbars.find(bar);
+  if (it == mbars.end()) die("an mbarrier used before mbarrier.init");
   return it->second;
 }
 
@@ -400,9 +395,13 @@ void mbar_complete_if_done(Mbar &m) {
   }
 }
 
+void land(const PendingCopy &c) {
+  if (c.src == nullptr) std::memset(shared_pointer(c.dst), 0, c.bytes);
+  else std::memcpy(shared_pointer(c.dst), c.src, c.bytes);
+}
+// A bulk copy lands and completes its bytes on its barrier.
 void land(const PendingCopy &c, uint32_t bar) {
-  Launch &l = L();
-  std::memcpy(shared_pointer(c.dst), c.src, c.bytes);
+  land(c);
   Mbar &m = mbar_at(bar);
   m.tx -= c.bytes;
   mbar_complete_if_done(m);
@@ -515,7 +514,7 @@ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, 
 
 void mbar_init(uint32_t bar, uint32_t count) {
   Launch &l = L();
-  if (bar % 8 != 0 || (bar < kStaticShared && bar + 8 > l.smem_bytes)) die("mbarrier.init outside shared memory or misaligned");
+  check_shared(bar, 8, 8, "mbarrier.init outside shared memory or misaligned");
   Mbar m;
   m.count = m.pending = count;
   l.mbars[bar] = m;
@@ -550,30 +549,19 @@ void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
   Launch &l = L();
-  if (bytes % 16 != 0 || dst % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
-    die("cp.async.bulk: size or address not a multiple of 16");
-  if (dst < kStaticShared && uint64_t(dst) + bytes > l.smem_bytes) die("cp.async.bulk: destination past shared memory");
+  if (bytes % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) die("cp.async.bulk: size or source not a multiple of 16");
+  check_shared(dst, bytes, 16, "cp.async.bulk: destination past shared memory or misaligned");
   mbar_at(bar);
   const PendingCopy c{dst, bytes, src};
   if (l.landing == CopyLanding::kAtIssue) land(c, bar);
   else l.copies[bar].push_back(c);
 }
 
-namespace {
-void land_cp(const CpAsync &c) {
-  Launch &l = L();
-  if (c.src == nullptr) std::memset(shared_pointer(c.dst), 0, 16);
-  else std::memcpy(shared_pointer(c.dst), c.src, 16);
-}
-}  // namespace
-
 void cp_async_16(uint32_t dst, const void *src, bool valid) {
-  Launch &l = L();
-  if (dst % 16 != 0 || (dst < kStaticShared && uint64_t(dst) + 16 > l.smem_bytes))
-    die("cp.async: destination outside shared memory or misaligned");
+  check_shared(dst, 16, 16, "cp.async: destination outside shared memory or misaligned");
   if (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0) die("cp.async: source not 16-byte aligned");
-  const CpAsync c{dst, valid ? src : nullptr};
-  if (l.landing == CopyLanding::kAtIssue) land_cp(c);
+  const PendingCopy c{dst, 16, valid ? src : nullptr};
+  if (L().landing == CopyLanding::kAtIssue) land(c);
   else self().open_group.push_back(c);
 }
 void cp_async_commit() {
@@ -584,7 +572,7 @@ void cp_async_commit() {
 void cp_async_wait(int newest_pending) {
   Thread &t = self();
   while (t.groups.size() > size_t(newest_pending)) {
-    for (const CpAsync &c : t.groups.front()) land_cp(c);
+    for (const PendingCopy &c : t.groups.front()) land(c);
     t.groups.pop_front();
   }
 }
