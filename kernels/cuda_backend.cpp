@@ -29,6 +29,7 @@
 #include "decode_mma_plan.h"
 #include "decode_splits.h"
 #include "launchers.h"
+#include "select_plan.h"
 
 namespace minikv {
 
@@ -158,19 +159,6 @@ class DecodeLanes {
   std::vector<cudaEvent_t> joins_;
   cudaEvent_t fork_ = nullptr;
 };
-
-// Sequence b's selection from its plan (its seqs entry is the caller's); pooled: WINDOW
-// scores max-pooled over the scored prefix (pool_kernel > 1).
-void set_selection(SelectParams &sel, uint32_t b, const SelectionPlan &plan, bool pooled) {
-  const bool scored = plan_needs_scores(plan);
-  sel.mode[b] = plan.keep_all ? 0 : scored ? 2 : 1;
-  sel.candidates[b] = plan.keep_all ? plan.prompt_len : plan.candidates;
-  sel.n_sink[b] = plan.n_sink;
-  sel.n_heavy[b] = plan.keep_all ? 0 : plan.n_heavy;
-  sel.n_keep[b] = plan.n_keep;
-  sel.scored_prefix[b] = scored && pooled ? plan.scored_prefix : 0;
-}
-
 
 class CudaBackend final : public Backend {
  public:
@@ -756,45 +744,22 @@ std::vector<std::vector<int32_t>> cuda_debug_select(const std::vector<SelectionP
   const uint32_t n = static_cast<uint32_t>(plans.size());
   MINIKV_REQUIRE(n >= 1 && n <= kernels::kMaxPrefillSeqs && kv_heads >= 1 && scores.size() == size_t(n) * kv_heads,
                  "cuda_debug_select: %u sequences, %u KV heads, %zu score rows", n, kv_heads, scores.size());
-  kernels::SelectParams sel{};
-  sel.pool_kernel = pool_kernel;
-  // Each sequence's workspace rows start 3 rows after the previous one's end: offsets that
-  // are not a multiple of a vector width.
-  uint32_t ws = 0;
-  for (uint32_t s = 0; s < n; ++s) {
-    const SelectionPlan &plan = plans[s];
-    const uint32_t L = plan.prompt_len;
-    for (uint32_t h = 0; h < kv_heads; ++h)
-      MINIKV_REQUIRE(scores[size_t(s) * kv_heads + h].size() >= L, "cuda_debug_select: scores of sequence %u too short", s);
-    sel.seqs.n = s + 1;
-    sel.seqs.len[s] = L;
-    sel.seqs.ws_offset[s] = ws;
-    set_selection(sel, s, plan, pool_kernel > 1);
-    ws += L + 3;
-  }
-  sel.ws_tokens = ws;
-  std::vector<float> host_scores(size_t(kv_heads) * ws, 0.0f);
   for (uint32_t s = 0; s < n; ++s)
     for (uint32_t h = 0; h < kv_heads; ++h)
-      std::copy_n(scores[size_t(s) * kv_heads + h].begin(), plans[s].prompt_len,
-                  host_scores.begin() + size_t(h) * ws + sel.seqs.ws_offset[s]);
-  DeviceBuffer d_scores(host_scores.size() * sizeof(float), "debug scores");
-  DeviceBuffer d_kept(host_scores.size() * sizeof(int32_t), "debug kept positions");
-  MINIKV_CUDA_CHECK(cudaMemcpy(d_scores.as<void>(), host_scores.data(), host_scores.size() * sizeof(float),
+      MINIKV_REQUIRE(scores[size_t(s) * kv_heads + h].size() >= plans[s].prompt_len,
+                     "cuda_debug_select: scores of sequence %u too short", s);
+  kernels::SelectionRun run(plans, scores, kv_heads, pool_kernel);
+  DeviceBuffer d_scores(run.scores.size() * sizeof(float), "debug scores");
+  DeviceBuffer d_kept(run.scores.size() * sizeof(int32_t), "debug kept positions");
+  MINIKV_CUDA_CHECK(cudaMemcpy(d_scores.as<void>(), run.scores.data(), run.scores.size() * sizeof(float),
                                cudaMemcpyHostToDevice));
-  sel.scores = d_scores.as<float>();
-  sel.kept = d_kept.as<int32_t>();
-  kernels::launch_select(sel, kv_heads, nullptr);
+  run.params.scores = d_scores.as<float>();
+  run.params.kept = d_kept.as<int32_t>();
+  kernels::launch_select(run.params, kv_heads, nullptr);
   MINIKV_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<int32_t> all(host_scores.size());
+  std::vector<int32_t> all(run.scores.size());
   MINIKV_CUDA_CHECK(cudaMemcpy(all.data(), d_kept.as<void>(), all.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-  std::vector<std::vector<int32_t>> kept;
-  for (uint32_t s = 0; s < n; ++s)
-    for (uint32_t h = 0; h < kv_heads; ++h) {
-      const auto at = all.begin() + size_t(h) * ws + sel.seqs.ws_offset[s];
-      kept.emplace_back(at, at + plans[s].n_keep);
-    }
-  return kept;
+  return run.kept(all, plans, kv_heads);
 }
 
 bool cuda_backend_available(int device_id) {

@@ -282,6 +282,7 @@ __global__ void set_block_table_kernel(const __grid_constant__ TableParams p) {
 
 }  // namespace
 
+#ifndef MINIKV_WARP_EMULATION  // a CPU emulation (tests/emulation) runs the kernels themselves
 void launch_select(const SelectParams &p, uint32_t num_kv_heads, cudaStream_t stream) {
   select_kernel<<<dim3(p.seqs.n, num_kv_heads), kSelectThreads, 0, stream>>>(p);
   check_launch_error("select_kernel");
@@ -302,6 +303,7 @@ void launch_set_block_table(const TableParams &p, cudaStream_t stream) {
   set_block_table_kernel<<<1, 256, 0, stream>>>(p);
   check_launch_error("set_block_table_kernel");
 }
+#endif
 
 }  // namespace kernels
 }  // namespace minikv

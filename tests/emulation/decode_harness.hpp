@@ -193,6 +193,30 @@ inline void check_launches(Launch &l, const Shape &s, const std::vector<Kernel> 
 
 // A one-layer CPU cache of shape s (KV heads: 2, or 1 for groups of 8 or more; heavy and
 // recent ratios 0.25) with the ragged prompts `lens` prefilled, room for `steps` more tokens.
+// A one-layer CPU cache of shape s for B sequences of up to max_seq_len tokens: two KV heads
+// (one from groups of 8 up), heavy and recent ratios 0.25.
+inline minikv_config shape_config(const Shape &s, uint32_t B, uint32_t max_seq_len) {
+  const uint32_t kv_heads = s.n_rep >= 8 ? 1 : 2;
+  minikv_config cfg;
+  minikv_config_default(&cfg);
+  cfg.backend = MINIKV_BACKEND_CPU;
+  cfg.dtype = s.dtype;
+  cfg.num_layers = 1;
+  cfg.num_heads = kv_heads * s.n_rep;
+  cfg.num_kv_heads = kv_heads;
+  cfg.head_dim = s.head_dim;
+  cfg.max_sequences = B;
+  cfg.max_seq_len = max_seq_len;
+  cfg.key_bits = s.key_bits;
+  cfg.value_bits = s.value_bits;
+  cfg.group_size = s.group;
+  cfg.residual_length = s.residual;
+  cfg.sink_tokens = s.sinks;
+  cfg.heavy_ratio = 0.25f;
+  cfg.recent_ratio = 0.25f;
+  return cfg;
+}
+
 struct Prefilled {
   minikv_config cfg;
   test::CachePtr cache;
@@ -201,24 +225,10 @@ struct Prefilled {
 inline Prefilled prefill_cache(const Shape &s, uint32_t steps, test::Rng &rng) {
   Prefilled c;
   c.lens = {1, 31, 33, 333, 700};
-  const uint32_t B = uint32_t(c.lens.size()), kv_heads = s.n_rep >= 8 ? 1 : 2, H = kv_heads * s.n_rep, D = s.head_dim;
+  const uint32_t B = uint32_t(c.lens.size());
   minikv_config &cfg = c.cfg;
-  minikv_config_default(&cfg);
-  cfg.backend = MINIKV_BACKEND_CPU;
-  cfg.dtype = s.dtype;
-  cfg.num_layers = 1;
-  cfg.num_heads = H;
-  cfg.num_kv_heads = kv_heads;
-  cfg.head_dim = D;
-  cfg.max_sequences = B;
-  cfg.max_seq_len = 700 + steps + 8;
-  cfg.key_bits = s.key_bits;
-  cfg.value_bits = s.value_bits;
-  cfg.group_size = s.group;
-  cfg.residual_length = s.residual;
-  cfg.sink_tokens = s.sinks;
-  cfg.heavy_ratio = 0.25f;
-  cfg.recent_ratio = 0.25f;
+  cfg = shape_config(s, B, 700 + steps + 8);
+  const uint32_t kv_heads = cfg.num_kv_heads, H = cfg.num_heads, D = s.head_dim;
   c.cache = test::make_cache(cfg);
   std::vector<int32_t> cu(B + 1, 0);
   for (uint32_t b = 0; b < B; ++b) cu[b + 1] = cu[b] + int32_t(c.lens[b]);

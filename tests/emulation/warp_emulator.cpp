@@ -24,14 +24,16 @@ namespace minikv {
 namespace emulation {
 namespace {
 
-enum class Op { kSyncwarp, kShfl, kShflXor, kShflDown, kBallot, kLdmatrix, kLdmatrixTrans, kMmaF16, kMmaBF16 };
+enum class Op { kSyncwarp, kShfl, kShflXor, kShflDown, kShflUp, kBallot, kMatchAny, kLdmatrix, kLdmatrixTrans, kMmaF16, kMmaBF16 };
 const char *op_name(Op op) {
   switch (op) {
     case Op::kSyncwarp: return "__syncwarp";
     case Op::kShfl: return "__shfl_sync";
     case Op::kShflXor: return "__shfl_xor_sync";
     case Op::kShflDown: return "__shfl_down_sync";
+    case Op::kShflUp: return "__shfl_up_sync";
     case Op::kBallot: return "__ballot_sync";
+    case Op::kMatchAny: return "__match_any_sync";
     case Op::kLdmatrix: return "ldmatrix";
     case Op::kLdmatrixTrans: return "ldmatrix.trans";
     case Op::kMmaF16: return "mma f16";
@@ -172,13 +174,15 @@ void complete_collective(Warp &w) {
     case Op::kShfl:
     case Op::kShflXor:
     case Op::kShflDown:
+    case Op::kShflUp:
       for (uint32_t lane = 0; lane < 32; ++lane) {
         if (!live(lane)) continue;
         const uint32_t arg = w.in[lane][1];
-        const uint32_t src = op == Op::kShfl      ? arg & 31u
-                             : op == Op::kShflXor ? (lane ^ arg) & 31u
-                             : lane + arg < 32    ? lane + arg
-                                                  : lane;  // past the warp: the lane's own value
+        // Past the warp's ends a lane reads its own value.
+        const uint32_t src = op == Op::kShfl        ? arg & 31u
+                             : op == Op::kShflXor   ? (lane ^ arg) & 31u
+                             : op == Op::kShflDown ? (lane + arg < 32 ? lane + arg : lane)
+                                                    : (lane >= arg ? lane - arg : lane);
         if (!live(src)) die("a shuffle reads an exited lane");
         w.out[lane][0] = w.in[src][0];
       }
@@ -190,6 +194,14 @@ void complete_collective(Warp &w) {
       for (uint32_t lane = 0; lane < 32; ++lane) w.out[lane][0] = mask;
       break;
     }
+    case Op::kMatchAny:
+      for (uint32_t lane = 0; lane < 32; ++lane) {
+        uint32_t peers = 0;
+        for (uint32_t other = 0; other < 32; ++other)
+          if (live(other) && w.in[other][0] == w.in[lane][0]) peers |= 1u << other;
+        w.out[lane][0] = peers;
+      }
+      break;
     case Op::kLdmatrix:
     case Op::kLdmatrixTrans:
       for (uint32_t lane = 0; lane < 32; ++lane)
@@ -488,6 +500,8 @@ void syncthreads() {
 uint32_t shfl(uint32_t v, int src_lane) { return shuffle(Op::kShfl, v, uint32_t(src_lane)); }
 uint32_t shfl_xor(uint32_t v, int lane_mask) { return shuffle(Op::kShflXor, v, uint32_t(lane_mask)); }
 uint32_t shfl_down(uint32_t v, int delta) { return shuffle(Op::kShflDown, v, uint32_t(delta)); }
+uint32_t shfl_up(uint32_t v, int delta) { return shuffle(Op::kShflUp, v, uint32_t(delta)); }
+uint32_t match_any(uint32_t v) { return shuffle(Op::kMatchAny, v, 0); }
 uint32_t ballot(bool predicate) { return shuffle(Op::kBallot, predicate ? 1u : 0u, 0); }
 void ldmatrix_x4(uint32_t (&r)[4], const void *smem, bool trans) {
   Launch &l = L();

@@ -75,6 +75,8 @@ void syncthreads();
 uint32_t shfl(uint32_t v, int src_lane);       // __shfl_sync, width 32
 uint32_t shfl_xor(uint32_t v, int lane_mask);  // __shfl_xor_sync, width 32
 uint32_t shfl_down(uint32_t v, int delta);     // __shfl_down_sync, width 32
+uint32_t shfl_up(uint32_t v, int delta);       // __shfl_up_sync, width 32
+uint32_t match_any(uint32_t v);                // __match_any_sync over the live lanes
 uint32_t ballot(bool predicate);               // __ballot_sync over the live lanes
 void ldmatrix_x4(uint32_t (&r)[4], const void *smem, bool trans);
 // d += a · b of mma.sync.m16n8k16.row.col.f32.{f16,bf16}; c0/c2 of the "even" form share it.
@@ -154,9 +156,15 @@ template <typename T> inline T __shfl_down_sync(unsigned, T v, int delta, int = 
   static_assert(sizeof(T) == 4, "32-bit shuffles");
   return minikv_emulation_bits<T>(::minikv::emulation::shfl_down(minikv_emulation_bits<uint32_t>(v), delta));
 }
+template <typename T> inline T __shfl_up_sync(unsigned, T v, int delta, int = 32) {
+  static_assert(sizeof(T) == 4, "32-bit shuffles");
+  return minikv_emulation_bits<T>(::minikv::emulation::shfl_up(minikv_emulation_bits<uint32_t>(v), delta));
+}
+inline unsigned __match_any_sync(unsigned, unsigned v) { return ::minikv::emulation::match_any(v); }
 inline unsigned __ballot_sync(unsigned, int predicate) { return ::minikv::emulation::ballot(predicate != 0); }
 inline int __any_sync(unsigned, int predicate) { return ::minikv::emulation::ballot(predicate != 0) != 0; }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 // Fibers share one OS thread: an atomic is a plain read-modify-write.
 inline unsigned atomicAdd(unsigned *p, unsigned v) {
   const unsigned old = *p;
@@ -184,3 +192,5 @@ inline unsigned max(int a, unsigned b) { return max(unsigned(a), b); }
 inline unsigned max(unsigned a, int b) { return max(a, unsigned(b)); }
 inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
 inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+// CUDA's global isnan (the host's lives in std).
+inline bool isnan(float x) { return std::isnan(x); }

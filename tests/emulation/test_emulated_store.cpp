@@ -1,0 +1,126 @@
+// minikv-test: white-box
+// The prefill's store kernel (select_quantize.cu store_kept_kernel: the kept rows gathered
+// from the caller's K/V, whole groups quantized into pool blocks, the sinks and the tail into
+// the residual slot) run by the warp emulator on the CPU: given the kept positions the CPU
+// backend chose, the pool and every residual slot must equal the CPU prefill's byte for byte
+// (the contract the GPU storage test checks on a device), for key and value bits in {2, 4, 8,
+// 16}, G 16 to 128, head_dim 64 to 256, fp16 and bf16, both score modes, with and without
+// sinks, prompts shorter than a group to several blocks.
+#include "../../kernels/select_quantize.cu"
+#include "decode_harness.hpp"
+
+namespace {
+
+using namespace emu_test;
+
+int32_t read_i32(const std::vector<uint8_t> &bytes, uint64_t at) {
+  int32_t x;
+  std::memcpy(&x, bytes.data() + at, 4);
+  return x;
+}
+
+void run_store(const Shape &s, minikv_score_mode mode) {
+  test::Rng rng(0x570e + s.head_dim + s.key_bits * 5 + s.value_bits * 3 + s.group + s.residual + mode);
+  const std::vector<uint32_t> lens = {1, 17, 31, 33, 333, 700};
+  const uint32_t B = uint32_t(lens.size());
+  minikv_config cfg = shape_config(s, B, 708);
+  cfg.score_mode = mode;
+  const uint32_t kv_heads = cfg.num_kv_heads, H = cfg.num_heads, D = s.head_dim;
+  test::CachePtr cache = test::make_cache(cfg);
+  const minikv::Cache &impl = cache->impl;
+  std::vector<int32_t> cu(B + 1, 0);
+  std::vector<uint32_t> ids(B);
+  for (uint32_t b = 0; b < B; ++b) {
+    cu[b + 1] = cu[b] + int32_t(lens[b]);
+    ids[b] = b;
+  }
+  const size_t rows = size_t(cu[B]);
+  test::Buf q(s.dtype, rows * H * D), k(s.dtype, rows * kv_heads * D), v(s.dtype, rows * kv_heads * D),
+      out(s.dtype, rows * H * D);
+  q.fill_normal(rng);
+  k.fill_normal(rng, 3.0);
+  v.fill_normal(rng);
+  std::vector<uint8_t> pool, residual, pool_want, residual_want;
+  impl.backend().read_storage(pool, residual);
+  MKV_REQUIRE_OK(minikv_prefill(cache.get(), 0, B, ids.data(), cu.data(), q.data(), k.data(), v.data(), out.data(),
+                                nullptr));
+  impl.backend().read_storage(pool_want, residual_want);
+
+  // cuda_backend.cpp's prefill_launch: one launch over the batch, each sequence's kept
+  // positions at its workspace offset (here 3 rows past the previous one's end).
+  const minikv::BlockLayout bl = block_layout(cfg);
+  const minikv::ResidualLayout rl = residual_layout(cfg);
+  const uint32_t R = s.residual;
+  std::vector<CacheView> views(B);
+  uint32_t width = 1, ws = 0;
+  for (uint32_t b = 0; b < B; ++b) {
+    views[b] = impl.view(b, 0);
+    width = std::max(width, views[b].num_blocks);
+  }
+  std::vector<uint32_t> ws_offset(B);
+  for (uint32_t b = 0; b < B; ++b) {
+    ws_offset[b] = ws;
+    ws += lens[b] + 3;
+  }
+  std::vector<int32_t> table(size_t(B) * width, -1), kept(size_t(kv_heads) * ws, -1);
+  k::StoreParams p{};
+  p.k = k.data();
+  p.v = v.data();
+  p.kept = kept.data();
+  p.st = k::DeviceStorage{pool.data(), residual.data(), table.data(), bl, rl, width, 0};
+  p.ws_tokens = ws;
+  uint32_t max_tasks = 0;
+  for (uint32_t b = 0; b < B; ++b) {
+    const CacheView &cv = views[b];
+    for (uint32_t i = 0; i < cv.num_blocks; ++i) table[size_t(cv.residual_slot) * width + i] = int32_t(cv.blocks[i]);
+    // The kept positions in cache order: the sinks, the blocks' rows, the residual's.
+    for (uint32_t h = 0; h < kv_heads; ++h) {
+      int32_t *list = kept.data() + size_t(h) * ws + ws_offset[b];
+      uint32_t n = 0;
+      for (uint32_t t = 0; t < cv.sinks; ++t) list[n++] = int32_t(t);
+      for (uint32_t t = 0; t < cv.quantized; ++t)
+        list[n++] = read_i32(pool_want, uint64_t(cv.blocks[t / R]) * bl.bytes + bl.positions + h * bl.positions_head() +
+                                            uint64_t(t % R) * 4);
+      for (uint32_t t = 0; t < cv.residual; ++t)
+        list[n++] = read_i32(residual_want, uint64_t(cv.residual_slot) * rl.bytes + rl.positions + (uint64_t(h) * R + t) * 4);
+      REQUIRE(n <= lens[b]);
+    }
+    const uint32_t n_keep = cv.sinks + cv.quantized + cv.residual;
+    p.seqs.n = b + 1;
+    p.seqs.token_begin[b] = cu[b];
+    p.seqs.len[b] = lens[b];
+    p.seqs.ws_offset[b] = ws_offset[b];
+    p.sinks[b] = cv.sinks;
+    p.quantized[b] = cv.quantized;
+    p.n_keep[b] = n_keep;
+    p.slot[b] = cv.residual_slot;
+    max_tasks = std::max(max_tasks, cv.quantized / s.group + (n_keep > cv.quantized ? 1u : 0u));
+  }
+  minikv::emulation::launch(dim3(max_tasks, kv_heads, B), dim3(k::kStoreThreads), 0, CopyLanding::kAtIssue, [&] {
+    if (s.dtype == MINIKV_DTYPE_F16) k::store_kept_kernel<__half>(p);
+    else k::store_kept_kernel<__nv_bfloat16>(p);
+  });
+  CHECK(pool == pool_want);
+  CHECK(residual == residual_want);
+  uint32_t quantized = 0;
+  for (const CacheView &cv : views) quantized += cv.quantized;
+  CHECK(quantized > 0);  // the case stores blocks, not only the residual
+}
+
+}  // namespace
+
+TEST_SUITE("cpu") {
+TEST_CASE("the prefill's store kernel run by the warp emulator stores the CPU backend's bytes") {
+  const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
+  // {key bits, value bits, G, head_dim, n_rep, dtype, sinks, R, kernels (unused)}
+  const std::vector<Shape> shapes = {
+      {4, 2, 32, 128, 1, F16, 4, 128, 0},  {2, 2, 16, 64, 2, BF16, 0, 32, 0},  {8, 8, 32, 128, 1, BF16, 0, 64, 0},
+      {4, 4, 16, 80, 4, F16, 0, 64, 0},    {2, 4, 128, 128, 1, F16, 0, 128, 0}, {16, 2, 16, 96, 1, BF16, 4, 48, 0},
+      {4, 16, 32, 256, 1, F16, 0, 96, 0},  {16, 16, 16, 64, 1, F16, 17, 32, 0}, {8, 2, 16, 128, 2, BF16, 0, 160, 0},
+  };
+  for (const Shape &s : shapes)
+    for (minikv_score_mode mode : {MINIKV_SCORE_CUMULATIVE, MINIKV_SCORE_WINDOW}) {
+      SUBCASE((s.name() + (mode == MINIKV_SCORE_WINDOW ? " window" : " cumulative")).c_str()) { run_store(s, mode); }
+    }
+}
+}  // TEST_SUITE
