@@ -74,7 +74,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
 // destination once.
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void *gmem, bool valid) {
 #ifdef MINIKV_WARP_EMULATION
-  emulation::cp_async_16(smem, gmem, valid);
+  emulation::cp_async(smem, gmem, 16, valid);
 #else
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
@@ -86,7 +86,7 @@ __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool v
 // The same, always the whole 16 bytes.
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void *gmem) {
 #ifdef MINIKV_WARP_EMULATION
-  emulation::cp_async_16(smem, gmem, true);
+  emulation::cp_async(smem, gmem, 16, true);
 #else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
 #endif

@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
     prefill_attention_kernel(const __grid_constant__ PrefillAttnParams p) {
   using Tl = PrefillTiling<D>;
   constexpr int MT = Tl::kMT, kBN = Tl::kBN, kNS = kBN / 2;  // kNS: scores of an m-tile row pair
-  extern __shared__ __align__(16) uint8_t smem_raw[];
+  MINIKV_DYNAMIC_SMEM(smem_raw, 16);
   constexpr int S = smem_stride<D>();
   T *q_s = reinterpret_cast<T *>(smem_raw);  // [kBM][S]; the warp's rows stage O at the end
   T *k_s = q_s + kBM * S;                    // [2][kBN][S]
@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
     prefill_scores_kernel(const __grid_constant__ PrefillScoreParams p) {
   using Tl = PrefillTiling<D>;
   constexpr int MT = Tl::kMT;
-  extern __shared__ __align__(16) uint8_t smem_raw[];
+  MINIKV_DYNAMIC_SMEM(smem_raw, 16);
   constexpr int S = smem_stride<D>();
   T *k_s = reinterpret_cast<T *>(smem_raw);                    // [kSK][S]
   T *q_s = k_s + kSK * S;                                      // [2][kSQ][S]
@@ -535,7 +535,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kWinThreads, 4) prefill_window_scores_kernel(const __grid_constant__ WindowScoreArgs a) {
   const PrefillScoreParams &p = a.p;
   constexpr int S = smem_stride<D>();
-  extern __shared__ __align__(16) uint8_t smem_raw[];
+  MINIKV_DYNAMIC_SMEM(smem_raw, 16);
   T *q_s = reinterpret_cast<T *>(smem_raw);  // [rows_cap][S]: the batch's (head, row) pairs
   T *k_s = q_s + a.rows_cap * S;             // [2][kWinKeys][S]
   float *lse_s = reinterpret_cast<float *>(k_s + 2 * kWinKeys * S);  // [rows_cap]
@@ -661,6 +661,11 @@ template <typename T, int D> constexpr size_t scores_smem() {
 
 }  // namespace
 
+bool prefill_window_scores_fit(uint32_t head_dim, uint32_t n_rep, uint32_t window_size) {
+  return uint64_t(n_rep) * window_size <= uint64_t(kWinMaxBatches) * win_rows_max(head_dim);
+}
+
+#ifndef MINIKV_WARP_EMULATION  // a CPU emulation (tests/emulation) runs the kernels themselves
 void configure_prefill_kernels(minikv_dtype dtype, uint32_t head_dim) {
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_cache_create", [&](auto tag, auto hd) {
     using T = decltype(tag);
@@ -675,10 +680,6 @@ void configure_prefill_kernels(minikv_dtype dtype, uint32_t head_dim) {
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(window_scores_smem<T, D>(win_rows_max(D)))));
   });
-}
-
-bool prefill_window_scores_fit(uint32_t head_dim, uint32_t n_rep, uint32_t window_size) {
-  return uint64_t(n_rep) * window_size <= uint64_t(kWinMaxBatches) * win_rows_max(head_dim);
 }
 
 void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
@@ -739,6 +740,7 @@ void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillS
     check_launch_error("prefill_scores_kernel");
   });
 }
+#endif
 
 }  // namespace kernels
 }  // namespace minikv

@@ -10,8 +10,12 @@ namespace kernels {
 
 // 4-byte cp.async (zero-filled when !valid): LSE rows have no 16-byte alignment.
 __device__ __forceinline__ void cp_async_4(void *smem, const void *gmem, bool valid) {
+#ifdef MINIKV_WARP_EMULATION
+  emulation::cp_async(smem_addr(smem), gmem, 4, valid);
+#else
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)),
                "l"(gmem), "r"(valid ? 4 : 0));
+#endif
 }
 
 // A CTA's (tile, head) from blockIdx.x in a grid of tiles × heads: the heads are taken in

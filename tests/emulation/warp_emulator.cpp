@@ -571,10 +571,10 @@ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
   else l.copies[bar].push_back(c);
 }
 
-void cp_async_16(uint32_t dst, const void *src, bool valid) {
-  check_shared(dst, 16, 16, "cp.async: destination outside shared memory or misaligned");
-  if (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0) die("cp.async: source not 16-byte aligned");
-  const PendingCopy c{dst, 16, valid ? src : nullptr};
+void cp_async(uint32_t dst, const void *src, uint32_t bytes, bool valid) {
+  check_shared(dst, bytes, bytes, "cp.async: destination outside shared memory or misaligned");
+  if (valid && reinterpret_cast<uintptr_t>(src) % bytes != 0) die("cp.async: source misaligned");
+  const PendingCopy c{dst, bytes, valid ? src : nullptr};
   if (L().landing == CopyLanding::kAtIssue) land(c);
   else self().open_group.push_back(c);
 }

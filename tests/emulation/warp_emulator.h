@@ -92,7 +92,7 @@ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar);
 // cp.async of 16 bytes (zeros where !valid, without reading src), its groups and their waits:
 // the running thread's own, landing as the bulk copies do (at issue, or at the wait that
 // covers their group).
-void cp_async_16(uint32_t dst, const void *src, bool valid);
+void cp_async(uint32_t dst, const void *src, uint32_t bytes, bool valid);  // 4 or 16 bytes
 void cp_async_commit();
 void cp_async_wait(int newest_pending);
 

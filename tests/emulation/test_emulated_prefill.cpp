@@ -1,0 +1,232 @@
+// minikv-test: white-box
+// The mma.sync prefill kernels (prefill_attention.cu: the FlashAttention-2 forward, the
+// exact score pass and WINDOW mode's score pass; sm_80, and on sm_90 every head_dim the
+// wgmma kernels do not take) run by the warp emulator on the CPU, against a float64
+// attention on every element: the outputs (the GPU tests' tolerance), the row log-sum-exp
+// the score passes read, and the score column sums (1e-3 relative, as the GPU storage test).
+// A launch holds ragged whole prompts and a chunk of a prompt (rows at positions [q_pos,
+// q_pos + n) over keys [0, q_pos + n), earlier chunks' sums added to), every head_dim, fp16
+// and bf16, GQA groups of 1, 2 and 4; copies land when issued and when waited for.
+#include "../../kernels/prefill_attention.cu"
+#include "decode_harness.hpp"
+#include "reference/attention_ref.hpp"
+
+namespace {
+
+using namespace emu_test;
+
+// One sequence of the launch: n query rows at prompt positions [q_pos, q_pos + n), keys
+// [0, q_pos + n); the score passes sum the rows at positions >= row_begin into the columns
+// [0, col_end), adding to the sums already there below col_done.
+struct Seq {
+  uint32_t n, q_pos, row_begin, col_end, col_done;
+};
+
+struct PrefillShape {
+  minikv_dtype dtype;
+  uint32_t head_dim, n_rep;
+};
+
+template <typename T, int D>
+void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, bool window, CopyLanding landing, test::Rng &rng) {
+  using Tl = k::PrefillTiling<D>;
+  const uint32_t Hkv = 2, H = Hkv * sh.n_rep, B = uint32_t(seqs.size());
+  // Each sequence's whole prompt (positions [0, q_pos + n)) drawn and its float64 attention
+  // (tests/reference/attention_ref.hpp; its "window" sums are over the rows at positions >=
+  // max(q_pos, row_begin), the rows this launch scores); the launch packs the query rows of
+  // [q_pos, q_pos + n) back to back, and each sequence's keys in their own run (a chunk's
+  // keys are the staging rows of its prompt so far).
+  std::vector<int64_t> q_begin(B), kv_begin(B);
+  int64_t rows = 0, kv_rows = 0;
+  for (uint32_t b = 0; b < B; ++b) {
+    q_begin[b] = rows;
+    kv_begin[b] = kv_rows;
+    rows += seqs[b].n;
+    kv_rows += seqs[b].q_pos + seqs[b].n;
+  }
+  test::Buf q(sh.dtype, size_t(rows) * H * D), kb(sh.dtype, size_t(kv_rows) * Hkv * D),
+      vb(sh.dtype, size_t(kv_rows) * Hkv * D), out(sh.dtype, size_t(rows) * H * D);
+  out.fill(std::nan(""));
+  std::vector<ref::PrefillResult> want;
+  for (uint32_t b = 0; b < B; ++b) {
+    const Seq &s = seqs[b];
+    const uint32_t L = s.q_pos + s.n;
+    test::Buf qp(sh.dtype, size_t(L) * H * D), kp(sh.dtype, size_t(L) * Hkv * D), vp(sh.dtype, size_t(L) * Hkv * D);
+    qp.fill_normal(rng, 1.5);
+    kp.fill_normal(rng);
+    vp.fill_normal(rng);
+    const size_t eb = sizeof(T);
+    std::memcpy(q.row(size_t(q_begin[b]) * H * D), qp.row(size_t(s.q_pos) * H * D), size_t(s.n) * H * D * eb);
+    std::memcpy(kb.row(size_t(kv_begin[b]) * Hkv * D), kp.data(), size_t(L) * Hkv * D * eb);
+    std::memcpy(vb.row(size_t(kv_begin[b]) * Hkv * D), vp.data(), size_t(L) * Hkv * D * eb);
+    want.push_back(ref::prefill(qp.doubles(), kp.doubles(), vp.doubles(), L, H, Hkv, D,
+                                L - std::max(s.q_pos, s.row_begin)));
+  }
+
+  // Workspace rows of the launch: whole groups of four per sequence (cuda_backend.cpp).
+  std::vector<uint32_t> ws_offset(B);
+  uint32_t ws = 0;
+  for (uint32_t b = 0; b < B; ++b) {
+    ws_offset[b] = ws;
+    ws += (seqs[b].n + 3) / 4 * 4;
+  }
+  std::vector<float> lse(size_t(H) * ws, std::nanf(""));
+  k::PrefillAttnParams attn{};
+  attn.q = q.data();
+  attn.k = kb.data();
+  attn.v = vb.data();
+  attn.out = out.data();
+  attn.lse = lse.data();
+  attn.num_heads = H;
+  attn.num_kv_heads = Hkv;
+  attn.ws_tokens = ws;
+  attn.scale_log2 = k::kLog2e / std::sqrt(float(D));
+  // Score columns of each sequence (position j at score_offset + j), 5 apart.
+  std::vector<uint32_t> score_offset(B);
+  uint32_t cols = 0;
+  for (uint32_t b = 0; b < B; ++b) {
+    score_offset[b] = cols;
+    cols += seqs[b].col_end + 5;
+  }
+  // Columns an earlier chunk summed hold a known value the pass must add to.
+  const float kEarlier = 0.75f;
+  std::vector<float> scores(size_t(Hkv) * cols, std::nanf(""));
+  k::PrefillScoreParams sc{};
+  sc.q = q.data();
+  sc.k = kb.data();
+  sc.lse = lse.data();
+  sc.scores = scores.data();
+  sc.num_heads = H;
+  sc.num_kv_heads = Hkv;
+  sc.ws_tokens = ws;
+  sc.scores_stride = cols;
+  sc.scale_log2 = attn.scale_log2;
+  for (uint32_t b = 0; b < B; ++b) {
+    const Seq &s = seqs[b];
+    attn.seqs.n = b + 1;
+    attn.seqs.token_begin[b] = q_begin[b];
+    attn.seqs.len[b] = s.n;
+    attn.seqs.ws_offset[b] = ws_offset[b];
+    attn.seqs.tile_begin[b + 1] = attn.seqs.tile_begin[b] + (s.n + k::kPrefillQueryTile - 1) / k::kPrefillQueryTile;
+    attn.keys.kv_begin[b] = kv_begin[b];
+    attn.keys.q_pos[b] = s.q_pos;
+    sc.seqs.n = b + 1;
+    sc.seqs.token_begin[b] = q_begin[b];
+    sc.seqs.len[b] = s.n;
+    sc.seqs.ws_offset[b] = ws_offset[b];
+    sc.seqs.tile_begin[b + 1] = sc.seqs.tile_begin[b] + (s.col_end + k::kPrefillKeyTile - 1) / k::kPrefillKeyTile;
+    sc.keys = attn.keys;
+    sc.row_begin[b] = s.row_begin;
+    sc.col_end[b] = s.col_end;
+    sc.col_done[b] = s.col_done;
+    sc.score_offset[b] = score_offset[b];
+    for (uint32_t h = 0; h < Hkv; ++h)
+      for (uint32_t j = 0; j < s.col_done; ++j) scores[size_t(h) * cols + score_offset[b] + j] = kEarlier;
+  }
+
+  minikv::emulation::launch(dim3(attn.seqs.tile_begin[B] * H), dim3(Tl::kThreads), k::attention_smem<T, D>(),
+                            landing, [&] { k::prefill_attention_kernel<T, D>(attn); });
+  if (window) {
+    // launch_prefill_window_scores with one CTA per SM on 3 SMs: CTAs of several key tiles.
+    const uint32_t num_sms = 3;
+    uint32_t most_rows = 0, tiles = 0;
+    for (uint32_t b = 0; b < B; ++b) {
+      const uint32_t first = sc.row_begin[b] > sc.keys.q_pos[b] ? sc.row_begin[b] - sc.keys.q_pos[b] : 0;
+      most_rows = std::max(most_rows, sc.seqs.len[b] - first);
+      tiles += (sc.col_end[b] + k::kWinKeys - 1) / k::kWinKeys;
+    }
+    const uint32_t rows_cap = std::min<uint32_t>(
+        k::win_rows_max(D), (sh.n_rep * most_rows + k::kWinChunk - 1) / k::kWinChunk * k::kWinChunk);
+    REQUIRE(k::prefill_window_scores_fit(D, sh.n_rep, most_rows));
+    const uint32_t per_cta = std::max<uint32_t>((tiles * Hkv + num_sms - 1) / num_sms, 1);
+    uint32_t grid = 0;
+    for (uint32_t b = 0; b < B; ++b) grid += ((sc.col_end[b] + k::kWinKeys - 1) / k::kWinKeys + per_cta - 1) / per_cta;
+    const k::WindowScoreArgs args{sc, per_cta, rows_cap};
+    minikv::emulation::launch(dim3(grid, Hkv), dim3(k::kWinThreads), k::window_scores_smem<T, D>(rows_cap), landing,
+                              [&] { k::prefill_window_scores_kernel<T, D>(args); });
+  } else {
+    minikv::emulation::launch(dim3(sc.seqs.tile_begin[B] * Hkv), dim3(Tl::kThreads), k::scores_smem<T, D>(), landing,
+                              [&] { k::prefill_scores_kernel<T, D>(sc); });
+  }
+
+  // The GPU tests' output tolerance (gpu_util.h attention_tol): |got - ref| <= atol + rtol |ref|.
+  const double atol = sh.dtype == MINIKV_DTYPE_BF16 ? 1.5e-2 : 2e-3, rtol = sh.dtype == MINIKV_DTYPE_BF16 ? 2e-2 : 5e-3;
+  size_t bad_out = 0, bad_lse = 0, bad_score = 0;
+  double worst_out = 0.0;
+  for (uint32_t b = 0; b < B; ++b) {
+    const Seq &s = seqs[b];
+    const ref::PrefillResult &r = want[b];
+    const uint32_t L = s.q_pos + s.n;
+    for (uint32_t i = 0; i < s.n; ++i)
+      for (uint32_t h = 0; h < H; ++h) {
+        for (uint32_t c = 0; c < D; ++c) {
+          const double g = out.get((size_t(q_begin[b] + i) * H + h) * D + c);
+          const double x = r.out[(size_t(s.q_pos + i) * H + h) * D + c];
+          if (!(std::fabs(g - x) <= atol + rtol * std::fabs(x))) ++bad_out;
+          worst_out = std::max(worst_out, std::fabs(g - x));
+        }
+        // The forward's LSE is in log2 units.
+        const double g = lse[size_t(h) * ws + ws_offset[b] + i], x = r.lse[size_t(s.q_pos + i) * H + h] / std::log(2.0);
+        if (!(std::fabs(g - x) <= 1e-4 * std::max(1.0, std::fabs(x)))) ++bad_lse;
+      }
+    for (uint32_t h = 0; h < Hkv; ++h) {
+      double max_ref = 0.0;
+      for (uint32_t j = 0; j < s.col_end; ++j) max_ref = std::max(max_ref, r.window[size_t(h) * L + j]);
+      for (uint32_t j = 0; j < s.col_end; ++j) {
+        const double x = r.window[size_t(h) * L + j] + (j < s.col_done ? kEarlier : 0.0);
+        const double g = scores[size_t(h) * cols + score_offset[b] + j];
+        if (!(std::fabs(g - x) <= 1e-3 * (std::fabs(x) + 1e-6 * max_ref))) ++bad_score;
+      }
+      // Past col_end nothing is written.
+      for (uint32_t j = s.col_end; j < s.col_end + 5; ++j)
+        if (!std::isnan(scores[size_t(h) * cols + score_offset[b] + j])) ++bad_score;
+    }
+  }
+  INFO("outputs: worst |diff| " << worst_out);
+  CHECK(bad_out == 0);
+  CHECK(bad_lse == 0);
+  CHECK(bad_score == 0);
+}
+
+template <typename T> void run_shape(const PrefillShape &sh, const std::vector<Seq> &seqs, bool window, CopyLanding landing,
+                                     test::Rng &rng) {
+  switch (sh.head_dim) {
+    case 64: run_launch<T, 64>(sh, seqs, window, landing, rng); break;
+    case 80: run_launch<T, 80>(sh, seqs, window, landing, rng); break;
+    case 96: run_launch<T, 96>(sh, seqs, window, landing, rng); break;
+    case 128: run_launch<T, 128>(sh, seqs, window, landing, rng); break;
+    default: run_launch<T, 256>(sh, seqs, window, landing, rng); break;
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("cpu") {
+TEST_CASE("the mma.sync prefill kernels run by the warp emulator match a float64 attention") {
+  const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
+  const std::vector<PrefillShape> shapes = {{F16, 64, 1}, {BF16, 80, 2}, {F16, 96, 4}, {BF16, 128, 1}, {F16, 128, 4},
+                                     {BF16, 256, 2}};
+  // {n, q_pos, row_begin, col_end, col_done}: a one-row prompt; two query tiles whose scores
+  // cover the candidates only; a chunk at positions 150-209 whose earlier chunks summed
+  // columns below 150; rows scored from position 40 (WINDOW's rows on the general pass).
+  const std::vector<Seq> cumulative = {{1, 0, 0, 1, 0}, {200, 0, 0, 170, 0}, {60, 150, 0, 210, 150}, {70, 0, 40, 70, 0}};
+  // WINDOW's pass: the window's rows after every scored key (col_end <= row_begin), one of
+  // them in a chunk; 100 rows of a group of 2 or 4 take two batches of rows.
+  const std::vector<Seq> window = {{300, 0, 200, 200, 0}, {33, 0, 17, 17, 0}, {60, 150, 180, 180, 150}};
+  test::Rng rng(0x9ef1);
+  // Under AddressSanitizer (~10x slower): every other shape, copies landing at issue.
+  for (size_t i = 0; i < shapes.size(); i += kSanitized ? 2 : 1)
+    for (bool win : {false, true})
+      for (CopyLanding landing : {CopyLanding::kAtIssue, CopyLanding::kAtWait}) {
+        const PrefillShape &sh = shapes[i];
+        if (kSanitized && landing == CopyLanding::kAtWait) continue;
+        const std::string name = std::string(sh.dtype == F16 ? "f16" : "bf16") + " hd" + std::to_string(sh.head_dim) +
+                                 " n_rep " + std::to_string(sh.n_rep) + (win ? " window" : " cumulative") +
+                                 (landing == CopyLanding::kAtIssue ? " at issue" : " at wait");
+        SUBCASE(name.c_str()) {
+          if (sh.dtype == F16) run_shape<__half>(sh, win ? window : cumulative, win, landing, rng);
+          else run_shape<__nv_bfloat16>(sh, win ? window : cumulative, win, landing, rng);
+        }
+      }
+}
+}  // TEST_SUITE
