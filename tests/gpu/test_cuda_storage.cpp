@@ -170,7 +170,8 @@ TEST_CASE("CUDA pool and residual bytes equal the CPU backend's") {
 
 TEST_CASE("CUDA importance scores match a float64 reference") {
   GPU_OR_SKIP();
-  // Two sequences in one launch (the second's scores start at workspace row 777): partial
+  // Two sequences in one launch (the second's scores start at workspace row 780, its 777-row
+  // predecessor's rows rounded up to whole groups of four): partial
   // key and query tiles, tiles crossing the diagonal and interior tiles, more query tiles
   // than the score pass's pipeline stages; GQA groups 1, 4, 8 and 16 (heads / kv_heads;
   // WINDOW with 16 x 32 window rows holds them in two batches, 4 at head_dim 256).
@@ -194,7 +195,7 @@ TEST_CASE("CUDA importance scores match a float64 reference") {
           v.upload(p.v.bits);
           const uint32_t ids[2] = {0, 1};
           gpu.prefill(0, 2, ids, p.cu.data(), q.get(), k.get(), v.get(), o.get(), nullptr);
-          for (uint32_t sq = 0; sq < 2; ++sq) {
+          for (uint32_t sq = 0, ws_begin = 0; sq < 2; ws_begin += (c.lens[sq] + 3) / 4 * 4, ++sq) {
             const uint32_t L = c.lens[sq], begin = static_cast<uint32_t>(p.cu[sq]);
             const minikv::SelectionPlan plan =
                 minikv::plan_selection(cfg, minikv::layer_heavy_ratios(cfg)[0], L);
@@ -205,14 +206,14 @@ TEST_CASE("CUDA importance scores match a float64 reference") {
                 p.q, p.k, H, Hkv, D, begin, L, window ? plan.scored_prefix : 0);
             for (uint32_t kvh = 0; kvh < Hkv; ++kvh) {
               const std::vector<float> got =
-                  minikv::cuda_debug_scores(gpu.backend(), kvh, begin + cols);
+                  minikv::cuda_debug_scores(gpu.backend(), kvh, ws_begin + cols);
               double max_ref = 0.0;
               for (uint32_t j = 0; j < cols; ++j)
                 max_ref = std::max(max_ref, ref[size_t(kvh) * L + j]);
               uint32_t bad = 0, worst = 0;
               double worst_rel = 0.0;
               for (uint32_t j = 0; j < cols; ++j) {
-                const double r = ref[size_t(kvh) * L + j], g = got[begin + j];
+                const double r = ref[size_t(kvh) * L + j], g = got[ws_begin + j];
                 const double rel = std::fabs(g - r) / (std::fabs(r) + 1e-6 * max_ref);
                 if (!(rel <= 1e-3)) ++bad;
                 if (!(rel <= worst_rel)) {
@@ -222,7 +223,7 @@ TEST_CASE("CUDA importance scores match a float64 reference") {
               }
               INFO("sequence " << sq << " kv_head " << kvh << ": worst relative error "
                                << worst_rel << " at column " << worst << " (gpu "
-                               << got[begin + worst] << ", ref " << ref[size_t(kvh) * L + worst]
+                               << got[ws_begin + worst] << ", ref " << ref[size_t(kvh) * L + worst]
                                << ")");
               CHECK(bad == 0);
               CHECK(max_ref > 0.0);
