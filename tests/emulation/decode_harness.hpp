@@ -1,9 +1,10 @@
 // The harness of the emulated decode tests (test_emulated_decode_*.cpp): a CPU cache driven
 // through prefill and minikv_append_decode, and at chosen steps each kernel under test run by
 // the warp emulator on that cache's own storage bytes, against the CPU decode's outputs on
-// every element: 1, 2 and several splits (partials merged in the kernel or, as decode_merge
-// does, on the host), copies landing at issue and at the wait, and the append fused into the
-// launch where no sequence flushes (the residual bytes it writes must equal the CPU append's).
+// every element: 1, 2 and several splits (partials merged in the kernel or by the emulated
+// decode_merge_kernel), copies landing at issue and at the wait, and the append fused into
+// the launch where no sequence flushes (the residual bytes it writes must equal the CPU
+// append's).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../../kernels/decode_merge.cu"
 #include "../../kernels/params.h"
 #include "handle.h"
 #include "support.hpp"
@@ -105,6 +107,26 @@ inline uint32_t tiles_of_all_tokens(const Launch &l, uint32_t qtile) {
   return (all + qtile - 1) / qtile + 2;
 }
 
+// decode_merge's launch (kernels/decode_merge.cu) of p's partials into p.out.
+template <typename T> void emulate_merge_as(const k::DecodeParams &p, uint32_t D) {
+  auto run = [&](auto hd) {
+    constexpr int kD = decltype(hd)::value;
+    minikv::emulation::launch(dim3(p.n, p.num_heads), dim3(k::kMergeThreads<kD>), 0, CopyLanding::kAtIssue,
+                              [&] { k::decode_merge_kernel<T, kD>(p); });
+  };
+  switch (D) {
+    case 64: run(std::integral_constant<int, 64>()); break;
+    case 80: run(std::integral_constant<int, 80>()); break;
+    case 96: run(std::integral_constant<int, 96>()); break;
+    case 128: run(std::integral_constant<int, 128>()); break;
+    default: REQUIRE(D == 256); run(std::integral_constant<int, 256>()); break;
+  }
+}
+inline void emulate_merge(const k::DecodeParams &p, minikv_dtype dtype, uint32_t D) {
+  if (dtype == MINIKV_DTYPE_F16) emulate_merge_as<__half>(p, D);
+  else emulate_merge_as<__nv_bfloat16>(p, D);
+}
+
 inline std::vector<double> run_kernel(Launch &l, const Kernel &kernel, uint32_t splits, CopyLanding landing) {
   const minikv_config &cfg = *l.cfg;
   const uint32_t B = uint32_t(l.views.size()), H = cfg.num_heads, Hkv = cfg.num_kv_heads, D = cfg.head_dim;
@@ -144,23 +166,10 @@ inline std::vector<double> run_kernel(Launch &l, const Kernel &kernel, uint32_t 
   const bool merged = kernel.launch(cfg, p, landing);
   for (uint32_t c : counters) REQUIRE(c == 0);  // a merging CTA resets its counter
 
+  if (!merged) emulate_merge(p, cfg.dtype, D);  // the split partials combined as on the GPU
   std::vector<double> got(out.size());
   for (size_t i = 0; i < out.size(); ++i)
     got[i] = cfg.dtype == MINIKV_DTYPE_F16 ? ref::f16_value(out[i]) : ref::bf16_value(out[i]);
-  if (!merged) {  // decode_merge's combine, on the host
-    for (uint64_t head = 0; head < uint64_t(B) * H; ++head) {
-      double m = -INFINITY, den = 0.0;
-      for (uint32_t s = 0; s < splits; ++s) m = std::max<double>(m, part_ml[(head * splits + s) * 2]);
-      std::vector<double> o(D, 0.0);
-      for (uint32_t s = 0; s < splits; ++s) {
-        const double ms = part_ml[(head * splits + s) * 2];
-        const double w = ms == -INFINITY ? 0.0 : std::exp2(ms - m);
-        den += w * part_ml[(head * splits + s) * 2 + 1];
-        for (uint32_t c = 0; c < D; ++c) o[c] += w * part_o[(head * splits + s) * D + c];
-      }
-      for (uint32_t c = 0; c < D; ++c) got[head * D + c] = o[c] / den;
-    }
-  }
   return got;
 }
 
