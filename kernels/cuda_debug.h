@@ -10,9 +10,9 @@
 namespace minikv {
 
 // The importance scores of KV head `kv_head` that the last prefill launch left in the
-// workspace (the launch's sequences back to back, each starting at a multiple of four
-// columns: after a sequence of L rows the next starts (L + 3) / 4 * 4 columns on; one
-// sequence: its columns [0, count), before max-pooling). Synchronizes the device. Throws INVALID_ARGUMENT when
+// workspace, columns [0, count) before max-pooling: the launch's sequences back to back,
+// each at a multiple of four columns (after a sequence of L rows the next starts
+// (L + 3) / 4 * 4 columns on). Synchronizes the device. Throws INVALID_ARGUMENT when
 // `backend` is not the CUDA backend.
 std::vector<float> cuda_debug_scores(const Backend &backend, uint32_t kv_head, uint32_t count);
 
