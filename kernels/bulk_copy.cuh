@@ -87,6 +87,8 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, uint3
       " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
+#elif defined(MINIKV_WARP_EMULATION)
+  emulation::tma_load_3d(dst, map, bar, c0, c1, c2);
 #endif
 }
 __device__ __forceinline__ void prefetch_tensor_map(const void *map) {

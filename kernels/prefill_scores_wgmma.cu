@@ -55,9 +55,9 @@ template <typename T, int D> struct ScSmem {
 template <typename T, int D>
 __global__ void __launch_bounds__(kScThreads, 2)
     prefill_scores_wgmma_kernel(const __grid_constant__ PrefillScoreParams p, const __grid_constant__ ScMaps maps) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(MINIKV_WARP_EMULATION)
   using Sm = ScSmem<T, D>;
-  extern __shared__ uint8_t smem_dyn[];
+  MINIKV_DYNAMIC_SMEM(smem_dyn, 16);
   uint8_t *const smem = smem_dyn + ((1024u - (smem_addr(smem_dyn) & 1023u)) & 1023u);
   float *const lse_s = reinterpret_cast<float *>(smem + Sm::kLse);
   const uint32_t q_addr = smem_addr(smem);
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kScThreads, 2)
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t lo = stage_lo + uint32_t((kk / 4) * (kScQueries * 128) + (kk % 4) * 32 >> 4);
+      const uint32_t lo = stage_lo + (uint32_t((kk / 4) * (kScQueries * 128) + (kk % 4) * 32) >> 4);
       wg::rs_m64n64k16<T>(s, ka[kk], (desc0 >> 32 << 32) | lo, kk > 0);
     }
     wg::commit();
@@ -245,6 +245,7 @@ __global__ void __launch_bounds__(kScThreads, 2)
 
 }  // namespace
 
+#ifndef MINIKV_WARP_EMULATION  // a CPU emulation (tests/emulation) runs the kernel itself
 bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 #if defined(MINIKV_BUILD_SM90A)
   return sm90a_prefill_usable(dtype, head_dim, [](auto tag, auto hd) {
@@ -273,6 +274,7 @@ void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim,
     check_launch_error("prefill_scores_wgmma_kernel");
   });
 }
+#endif
 
 }  // namespace kernels
 }  // namespace minikv

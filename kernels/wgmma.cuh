@@ -34,6 +34,13 @@ template <int ROWS> __device__ __forceinline__ uint64_t kmajor_desc(uint32_t sme
   return sw128_desc(smem_address + uint32_t((kk / 4) * (ROWS * 128) + (kk % 4) * 32), 16, 1024);
 }
 
+#ifdef MINIKV_WARP_EMULATION
+// The CPU emulation (tests/emulation) completes each product at issue: nothing to order.
+__device__ __forceinline__ void fence() {}
+__device__ __forceinline__ void commit() {}
+template <int N> __device__ __forceinline__ void wait() {}
+template <typename R, int N> __device__ __forceinline__ void fence_regs(R (&)[N]) {}
+#else
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wait() {
@@ -49,6 +56,7 @@ template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
+#endif
 
 // Operand lists of the wgmma asm statements: 32 accumulators from d[b], and the register
 // numbers of 32 or 64 of them.
@@ -82,8 +90,12 @@ template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
 template <typename T, int TRANS_B = 0>
 __device__ __forceinline__ void rs_m64n64k16(float (&d)[32], const uint32_t *a, uint64_t desc_b, int accumulate) {
+#ifdef MINIKV_WARP_EMULATION
+  emulation::wgmma_rs(d, 64, a, desc_b, accumulate != 0, TRANS_B != 0, !std::is_same<T, __half>::value);
+#else
   if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N64K16("f16");
   else MINIKV_WGMMA_RS_M64N64K16("bf16");
+#endif
 }
 
 // d (+)= A · Bᵀ, A = 64×16 and B = 128×16, both K-major in shared memory (descriptors).
@@ -95,6 +107,9 @@ __device__ __forceinline__ void rs_m64n64k16(float (&d)[32], const uint32_t *a, 
                : "l"(desc_a), "l"(desc_b), "r"(accumulate))
 template <typename T>
 __device__ __forceinline__ void ss_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+#ifdef MINIKV_WARP_EMULATION
+  static_assert(sizeof(T) == 0, "the CPU emulation has no shared-memory A operand yet");
+#endif
   if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_SS_M64N128K16("f16");
   else MINIKV_WGMMA_SS_M64N128K16("bf16");
 }
@@ -108,6 +123,9 @@ __device__ __forceinline__ void ss_m64n128k16(float (&d)[64], uint64_t desc_a, u
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
 template <typename T>
 __device__ __forceinline__ void rs_m64n128k16_mn(float (&d)[64], const uint32_t *a, uint64_t desc_b) {
+#ifdef MINIKV_WARP_EMULATION
+  static_assert(sizeof(T) == 0, "the CPU emulation has no MN-major B operand yet");
+#endif
   if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N128K16_MNMAJOR("f16");
   else MINIKV_WGMMA_RS_M64N128K16_MNMAJOR("bf16");
 }

@@ -1,13 +1,15 @@
 // minikv-test: white-box
-// The mma.sync prefill kernels (prefill_attention.cu: the FlashAttention-2 forward, the
-// exact score pass and WINDOW mode's score pass; sm_80, and on sm_90 every head_dim the
-// wgmma kernels do not take) run by the warp emulator on the CPU, against a float64
+// The prefill kernels run by the warp emulator on the CPU: prefill_attention.cu's (the
+// FlashAttention-2 forward, the exact score pass and WINDOW mode's score pass, on mma.sync:
+// sm_80, and on sm_90 every head_dim the wgmma kernels do not take) and the sm_90a score
+// pass (prefill_scores_wgmma.cu: TMA query tiles, bulk-copied LSE, wgmma), against a float64
 // attention on every element: the outputs (the GPU tests' tolerance), the row log-sum-exp
 // the score passes read, and the score column sums (1e-3 relative, as the GPU storage test).
 // A launch holds ragged whole prompts and a chunk of a prompt (rows at positions [q_pos,
 // q_pos + n) over keys [0, q_pos + n), earlier chunks' sums added to), every head_dim, fp16
 // and bf16, GQA groups of 1, 2 and 4; copies land when issued and when waited for.
 #include "../../kernels/prefill_attention.cu"
+#include "../../kernels/prefill_scores_wgmma.cu"
 #include "decode_harness.hpp"
 #include "reference/attention_ref.hpp"
 
@@ -22,13 +24,20 @@ struct Seq {
   uint32_t n, q_pos, row_begin, col_end, col_done;
 };
 
+// The score pass under test: prefill_scores_kernel, prefill_window_scores_kernel, or the
+// sm_90a prefill_scores_wgmma_kernel (head_dim 64 and 128; its TMA loads and wgmma emulated).
+enum class Pass { kMma, kWindow, kWgmma };
+const char *pass_name(Pass pass) {
+  return pass == Pass::kMma ? "score pass" : pass == Pass::kWindow ? "window score pass" : "wgmma score pass";
+}
+
 struct PrefillShape {
   minikv_dtype dtype;
   uint32_t head_dim, n_rep;
 };
 
 template <typename T, int D>
-void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, bool window, CopyLanding landing, test::Rng &rng) {
+void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass, CopyLanding landing, test::Rng &rng) {
   using Tl = k::PrefillTiling<D>;
   const uint32_t Hkv = 2, H = Hkv * sh.n_rep, B = uint32_t(seqs.size());
   // Each sequence's whole prompt (positions [0, q_pos + n)) drawn and its float64 attention
@@ -70,7 +79,8 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, bool windo
     ws_offset[b] = ws;
     ws += (seqs[b].n + 3) / 4 * 4;
   }
-  std::vector<float> lse(size_t(H) * ws, std::nanf(""));
+  // A tile of slack past the last row: the wgmma pass bulk-copies whole 64-row LSE tiles.
+  std::vector<float> lse(size_t(H) * ws + 64, std::nanf(""));
   k::PrefillAttnParams attn{};
   attn.q = q.data();
   attn.k = kb.data();
@@ -126,7 +136,7 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, bool windo
 
   minikv::emulation::launch(dim3(attn.seqs.tile_begin[B] * H), dim3(Tl::kThreads), k::attention_smem<T, D>(),
                             landing, [&] { k::prefill_attention_kernel<T, D>(attn); });
-  if (window) {
+  if (pass == Pass::kWindow) {
     // launch_prefill_window_scores with one CTA per SM on 3 SMs: CTAs of several key tiles.
     const uint32_t num_sms = 3;
     uint32_t most_rows = 0, tiles = 0;
@@ -144,6 +154,20 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, bool windo
     const k::WindowScoreArgs args{sc, per_cta, rows_cap};
     minikv::emulation::launch(dim3(grid, Hkv), dim3(k::kWinThreads), k::window_scores_smem<T, D>(rows_cap), landing,
                               [&] { k::prefill_window_scores_kernel<T, D>(args); });
+  } else if (pass == Pass::kWgmma) {
+    // launch_prefill_scores_wgmma, with the emulation's tensor map of the query rows
+    // (rows_tensor_map's: [rows][heads][D], boxes of 64 elements x 1 head x 64 rows).
+    if constexpr (D == 64 || D == 128) {
+      k::ScMaps maps;
+      const uint64_t dims[3] = {uint64_t(D), H, k::launch_query_rows(sc.seqs)};
+      const uint64_t strides[2] = {uint64_t(D) * 2, uint64_t(H) * D * 2};
+      const uint32_t box[3] = {64, 1, uint32_t(k::kScQueries)};
+      minikv::emulation::encode_tensor_map(&maps.q, q.data(), 2, dims, strides, box, true);
+      minikv::emulation::launch(dim3(sc.seqs.tile_begin[B] * Hkv), dim3(k::kScThreads), k::ScSmem<T, D>::kLaunchBytes,
+                                landing, [&] { k::prefill_scores_wgmma_kernel<T, D>(sc, maps); });
+    } else {
+      FAIL("the wgmma score pass takes head_dim 64 and 128");
+    }
   } else {
     minikv::emulation::launch(dim3(sc.seqs.tile_begin[B] * Hkv), dim3(Tl::kThreads), k::scores_smem<T, D>(), landing,
                               [&] { k::prefill_scores_kernel<T, D>(sc); });
@@ -188,21 +212,21 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, bool windo
   CHECK(bad_score == 0);
 }
 
-template <typename T> void run_shape(const PrefillShape &sh, const std::vector<Seq> &seqs, bool window, CopyLanding landing,
+template <typename T> void run_shape(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass, CopyLanding landing,
                                      test::Rng &rng) {
   switch (sh.head_dim) {
-    case 64: run_launch<T, 64>(sh, seqs, window, landing, rng); break;
-    case 80: run_launch<T, 80>(sh, seqs, window, landing, rng); break;
-    case 96: run_launch<T, 96>(sh, seqs, window, landing, rng); break;
-    case 128: run_launch<T, 128>(sh, seqs, window, landing, rng); break;
-    default: run_launch<T, 256>(sh, seqs, window, landing, rng); break;
+    case 64: run_launch<T, 64>(sh, seqs, pass, landing, rng); break;
+    case 80: run_launch<T, 80>(sh, seqs, pass, landing, rng); break;
+    case 96: run_launch<T, 96>(sh, seqs, pass, landing, rng); break;
+    case 128: run_launch<T, 128>(sh, seqs, pass, landing, rng); break;
+    default: run_launch<T, 256>(sh, seqs, pass, landing, rng); break;
   }
 }
 
 }  // namespace
 
 TEST_SUITE("cpu") {
-TEST_CASE("the mma.sync prefill kernels run by the warp emulator match a float64 attention") {
+TEST_CASE("the prefill kernels run by the warp emulator match a float64 attention") {
   const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
   const std::vector<PrefillShape> shapes = {{F16, 64, 1}, {BF16, 80, 2}, {F16, 96, 4}, {BF16, 128, 1}, {F16, 128, 4},
                                      {BF16, 256, 2}};
@@ -216,16 +240,18 @@ TEST_CASE("the mma.sync prefill kernels run by the warp emulator match a float64
   test::Rng rng(0x9ef1);
   // Under AddressSanitizer (~10x slower): every other shape, copies landing at issue.
   for (size_t i = 0; i < shapes.size(); i += kSanitized ? 2 : 1)
-    for (bool win : {false, true})
+    for (Pass pass : {Pass::kMma, Pass::kWindow, Pass::kWgmma})
       for (CopyLanding landing : {CopyLanding::kAtIssue, CopyLanding::kAtWait}) {
         const PrefillShape &sh = shapes[i];
         if (kSanitized && landing == CopyLanding::kAtWait) continue;
+        if (pass == Pass::kWgmma && sh.head_dim != 64 && sh.head_dim != 128) continue;
         const std::string name = std::string(sh.dtype == F16 ? "f16" : "bf16") + " hd" + std::to_string(sh.head_dim) +
-                                 " n_rep " + std::to_string(sh.n_rep) + (win ? " window" : " cumulative") +
-                                 (landing == CopyLanding::kAtIssue ? " at issue" : " at wait");
+                                 " n_rep " + std::to_string(sh.n_rep) + ", " + pass_name(pass) +
+                                 (landing == CopyLanding::kAtIssue ? ", at issue" : ", at wait");
+        const std::vector<Seq> &seqs = pass == Pass::kWindow ? window : cumulative;
         SUBCASE(name.c_str()) {
-          if (sh.dtype == F16) run_shape<__half>(sh, win ? window : cumulative, win, landing, rng);
-          else run_shape<__nv_bfloat16>(sh, win ? window : cumulative, win, landing, rng);
+          if (sh.dtype == F16) run_shape<__half>(sh, seqs, pass, landing, rng);
+          else run_shape<__nv_bfloat16>(sh, seqs, pass, landing, rng);
         }
       }
 }

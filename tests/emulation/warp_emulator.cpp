@@ -17,6 +17,9 @@
 #include <cstdlib>
 #include <deque>
 #include <map>
+#include <cuda.h>
+
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -84,8 +87,9 @@ struct Thread {
   uint3 tid{};
   uint32_t warp = 0, lane = 0;
   bool done = false;
-  enum class Wait { kNone, kCollective, kCta, kSpin } wait = Wait::kNone;
+  enum class Wait { kNone, kCollective, kCta, kNamed, kSpin } wait = Wait::kNone;
   uint64_t wait_gen = 0;
+  uint32_t wait_bar = 0;  // kNamed: the barrier
   std::vector<PendingCopy> open_group;          // cp.async not committed yet
   std::deque<std::vector<PendingCopy>> groups;  // committed, not landed (oldest first)
 };
@@ -118,6 +122,10 @@ struct Launch {
   std::vector<Warp> warps;
   uint32_t cta_live = 0, cta_arrived = 0;
   uint64_t cta_gen = 0;
+  // Named barriers: 0-15 the kernel's (bar.sync), 16 + g warpgroup g's wgmma.
+  uint32_t named_arrived[32] = {};
+  uint64_t named_gen[32] = {};
+  std::vector<std::array<uint32_t, 4>> wgmma_a;  // each thread's A fragment of its wgmma
   std::map<uint32_t, Mbar> mbars;
   std::map<uint32_t, std::vector<PendingCopy>> copies;  // kAtWait: not landed yet, per barrier
   ucontext_t sched{};
@@ -314,6 +322,7 @@ bool runnable(const Launch &l, const Thread &t) {
     case Thread::Wait::kSpin: return true;
     case Thread::Wait::kCollective: return l.warps[t.warp].gen != t.wait_gen;
     case Thread::Wait::kCta: return l.cta_gen != t.wait_gen;
+    case Thread::Wait::kNamed: return l.named_gen[t.wait_bar] != t.wait_gen;
   }
   return false;
 }
@@ -452,6 +461,7 @@ void launch(dim3 grid, dim3 block, size_t smem_bytes, CopyLanding landing, const
   const uint32_t n = block.x * block.y * block.z;
   l.threads.resize(n);
   l.warps.resize((n + 31) / 32);
+  l.wgmma_a.resize(n);
   for (uint32_t i = 0; i < n; ++i) {
     Thread &t = l.threads[i];
     t.stack.reset(new char[kStackBytes]);
@@ -589,6 +599,120 @@ void cp_async_wait(int newest_pending) {
     for (const PendingCopy &c : t.groups.front()) land(c);
     t.groups.pop_front();
   }
+}
+
+void barrier_sync(uint32_t id, uint32_t count) {
+  Launch &l = L();
+  const uint64_t gen = l.named_gen[id];
+  if (++l.named_arrived[id] == count) {
+    l.named_arrived[id] = 0;
+    ++l.named_gen[id];
+    l.progress = true;
+    return;
+  }
+  self().wait_bar = id;
+  block(Thread::Wait::kNamed, gen);
+}
+void named_barrier(uint32_t id, uint32_t count) {
+  if (id >= 16 || count == 0 || count % 32 != 0 || count > L().threads.size()) die("bar.sync: bad id or count");
+  barrier_sync(id, count);
+}
+
+namespace {
+struct EmuTensorMap {
+  uint64_t magic;
+  const uint8_t *base;
+  uint64_t dims[3], strides[2];
+  uint32_t box[3], elem_bytes, swizzle_128b;
+};
+constexpr uint64_t kTensorMapMagic = 0x7e45'0e3a'9b1c'd2f1ull;
+static_assert(sizeof(EmuTensorMap) <= sizeof(CUtensorMap), "the emulation's tensor map fits a CUtensorMap");
+
+uint32_t swizzle_128b(uint32_t address) { return address ^ (((address >> 7) & 7u) << 4); }
+
+double operand_value(uint32_t bits, bool bf16) {
+  if (bf16) {
+    const uint32_t f = bits << 16;
+    float x;
+    std::memcpy(&x, &f, 4);
+    return x;
+  }
+  return half_value(bits);
+}
+}  // namespace
+
+void encode_tensor_map(void *map, const void *base, uint32_t elem_bytes, const uint64_t (&dims)[3],
+                       const uint64_t (&strides)[2], const uint32_t (&box)[3], bool swizzle) {
+  EmuTensorMap m{};
+  m.magic = kTensorMapMagic;
+  m.base = static_cast<const uint8_t *>(base);
+  for (int i = 0; i < 3; ++i) {
+    m.dims[i] = dims[i];
+    m.box[i] = box[i];
+  }
+  m.strides[0] = strides[0];
+  m.strides[1] = strides[1];
+  m.elem_bytes = elem_bytes;
+  m.swizzle_128b = swizzle ? 1 : 0;
+  if ((uint64_t(box[0]) * elem_bytes) % 16 != 0 || (swizzle && uint64_t(box[0]) * elem_bytes != 128))
+    die("tensor map: a box row must be a multiple of 16 bytes (128 with the 128-byte swizzle)");
+  std::memset(map, 0, sizeof(CUtensorMap));
+  std::memcpy(map, &m, sizeof m);
+}
+
+void tma_load_3d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1, int c2) {
+  Launch &l = L();
+  EmuTensorMap m;
+  std::memcpy(&m, map, sizeof m);
+  if (m.magic != kTensorMapMagic) die("cp.async.bulk.tensor: not a tensor map of encode_tensor_map");
+  const uint32_t row_bytes = m.box[0] * m.elem_bytes, per_chunk = 16 / m.elem_bytes;
+  check_shared(dst, uint64_t(row_bytes) * m.box[1] * m.box[2], m.swizzle_128b ? 1024 : 128,
+               "cp.async.bulk.tensor: destination past shared memory or misaligned");
+  mbar_at(bar);
+  for (uint32_t b2 = 0; b2 < m.box[2]; ++b2)
+    for (uint32_t b1 = 0; b1 < m.box[1]; ++b1)
+      for (uint32_t j = 0; j < row_bytes / 16; ++j) {
+        uint32_t at = dst + (b2 * m.box[1] + b1) * row_bytes + 16 * j;
+        if (m.swizzle_128b) at = swizzle_128b(at);
+        const int64_t x0 = int64_t(c0) + int64_t(j) * per_chunk, x1 = int64_t(c1) + b1, x2 = int64_t(c2) + b2;
+        const bool in = x0 >= 0 && x0 + per_chunk <= int64_t(m.dims[0]) && x1 >= 0 && x1 < int64_t(m.dims[1]) &&
+                        x2 >= 0 && x2 < int64_t(m.dims[2]);
+        const PendingCopy c{at, 16, in ? m.base + x2 * m.strides[1] + x1 * m.strides[0] + x0 * m.elem_bytes : nullptr};
+        if (l.landing == CopyLanding::kAtIssue) land(c, bar);
+        else l.copies[bar].push_back(c);
+      }
+}
+
+void wgmma_rs(float *d, uint32_t n, const uint32_t *a, uint64_t desc_b, bool accumulate, bool trans_b, bool bf16) {
+  Launch &l = L();
+  Thread &t = self();
+  const uint32_t tid = 32 * t.warp + t.lane, group = tid / 128;
+  if (trans_b) die("wgmma: MN-major B operands are not emulated");
+  if ((desc_b >> 62) != 1) die("wgmma: only 128-byte-swizzled B operands are emulated");
+  if (l.threads.size() < 128 * (group + 1)) die("wgmma: a warpgroup of fewer than 128 threads");
+  l.wgmma_a[tid] = {a[0], a[1], a[2], a[3]};
+  barrier_sync(16 + group, 128);  // every thread's A fragment is in
+  const uint32_t start = uint32_t(desc_b & 0x3FFF) << 4, sbo = uint32_t((desc_b >> 32) & 0x3FFF) << 4;
+  auto a_at = [&](uint32_t row, uint32_t k) {
+    const uint32_t rr = row % 16, lane = 4 * (rr % 8) + (k % 8) / 2, reg = rr / 8 + 2 * (k / 8);
+    return operand_value(l.wgmma_a[128 * group + 32 * (row / 16) + lane][reg] >> (16 * (k % 2)) & 0xffffu, bf16);
+  };
+  auto b_at = [&](uint32_t k, uint32_t col) {  // row col of the K-major operand, element k
+    const uint32_t at = swizzle_128b(start + (col / 8) * sbo + (col % 8) * 128 + 2 * k);
+    check_shared(at, 2, 2, "wgmma: B operand outside shared memory");
+    uint16_t bits;
+    std::memcpy(&bits, shared_pointer(at), 2);
+    return operand_value(bits, bf16);
+  };
+  const uint32_t w = (tid / 32) % 4, lane = t.lane;
+  for (uint32_t e = 0; e < n / 2; ++e) {
+    const uint32_t i = e / 4, r = (e / 2) % 2, c = e % 2;
+    const uint32_t row = 16 * w + lane / 4 + 8 * r, col = 8 * i + 2 * (lane % 4) + c;
+    double s = accumulate ? d[e] : 0.0;
+    for (uint32_t k = 0; k < 16; ++k) s += a_at(row, k) * b_at(k, col);
+    d[e] = float(s);
+  }
+  barrier_sync(16 + group, 128);  // every thread is past its reads of the A fragments
 }
 
 uint32_t hmul2(uint32_t a, uint32_t b) {

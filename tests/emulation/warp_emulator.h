@@ -96,6 +96,27 @@ void cp_async(uint32_t dst, const void *src, uint32_t bytes, bool valid);  // 4 
 void cp_async_commit();
 void cp_async_wait(int newest_pending);
 
+// bar.sync id, count: named barrier `id` (< 16) completes when `count` threads have arrived.
+void named_barrier(uint32_t id, uint32_t count);
+
+// TMA (cp.async.bulk.tensor) over a tensor map that encode_tensor_map wrote (the emulation's
+// own encoding in the CUtensorMap's bytes, not the driver's): a 3-D tensor of elem_bytes
+// elements at base, dims[0] innermost, strides of dims 1 and 2 in bytes; boxes of box[0..2]
+// elements, rows box[0] · elem_bytes apart in shared memory, the 128-byte swizzle applied
+// to the shared address (16-byte chunk bits 4-6 ^= bits 7-9) where swizzle_128b; elements
+// outside the tensor land as zeros. A box's bytes complete on `bar` as a bulk copy's do.
+void encode_tensor_map(void *map, const void *base, uint32_t elem_bytes, const uint64_t (&dims)[3],
+                       const uint64_t (&strides)[2], const uint32_t (&box)[3], bool swizzle_128b);
+void tma_load_3d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1, int c2);
+
+// wgmma.mma_async m64nNk16 with A in registers (the warpgroup's 64 rows, 16 per warp in the
+// mma.sync A-fragment layout) and B = 16 x N from a 128-byte-swizzled K-major shared-memory
+// operand (its matrix descriptor): the warpgroup's 128 threads meet, and each thread's
+// d[4i + 2r + c] (row 16 warp + lane / 4 + 8r, column 8i + 2 (lane % 4) + c) becomes
+// (accumulate ? d : 0) + A · B in double, rounded to float, when the last one arrives. The
+// product is complete at issue: a read of d before wgmma.wait is not caught.
+void wgmma_rs(float *d, uint32_t n, const uint32_t *a, uint64_t desc_b, bool accumulate, bool trans_b, bool bf16);
+
 // Scalar bit helpers of PTX.
 inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   const uint64_t bytes = (uint64_t(b) << 32) | a;
@@ -166,6 +187,7 @@ inline int __any_sync(unsigned, int predicate) { return ::minikv::emulation::bal
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 // Fibers share one OS thread: an atomic is a plain read-modify-write.
+template <typename T> inline T __ldg(const T *p) { return *p; }
 inline unsigned atomicAdd(unsigned *p, unsigned v) {
   const unsigned old = *p;
   *p = old + v;
