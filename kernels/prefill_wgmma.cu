@@ -85,6 +85,12 @@ using bulk::mbar_wait;
 using bulk::fence_proxy_async_shared;
 using bulk::prefetch_tensor_map;
 using bulk::tma_load_3d;
+#ifdef MINIKV_WARP_EMULATION
+__device__ __forceinline__ void named_sync(int id, int threads) { emulation::named_barrier(id, threads); }
+__device__ __forceinline__ void named_arrive(int id, int threads) { emulation::named_arrive(id, threads); }
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {}
+#else
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -97,6 +103,7 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
+#endif
 
 // S = Q·K_tileᵀ for a warpgroup's 64 rows: D / 16 k-steps of m64n128k16 (issued and
 // committed, not waited). q_addr: the warpgroup's first row in Q's column block 0.
@@ -135,12 +142,12 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kFaThreads, 1)
     prefill_wgmma_kernel(const __grid_constant__ PrefillAttnParams p,
                          const __grid_constant__ FaMaps maps) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(MINIKV_WARP_EMULATION)
   using Sm = FaSmem<D>;
   constexpr int S = Sm::kStages;
   // The swizzle pattern repeats on 1024-byte boundaries: the base is rounded up to one (the
   // launch asks for Sm::kBytes + 1024).
-  extern __shared__ uint8_t smem_dyn[];
+  MINIKV_DYNAMIC_SMEM(smem_dyn, 16);
   uint8_t *const smem = smem_dyn + ((1024u - (smem_addr(smem_dyn) & 1023u)) & 1023u);
   const uint32_t q_addr = smem_addr(smem), k_addr0 = q_addr + Sm::kK, v_addr0 = q_addr + Sm::kV;
   const uint32_t bar_q = q_addr + Sm::kBars;
@@ -345,6 +352,7 @@ __global__ void __launch_bounds__(kFaThreads, 1)
 }  // namespace
 
 // ---- host side -------------------------------------------------------------------------
+#ifndef MINIKV_WARP_EMULATION  // a CPU emulation (tests/emulation) runs the kernel itself
 namespace {
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda); nullptr when
 // the driver lacks it.
@@ -418,6 +426,7 @@ void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAt
     check_launch_error("prefill_wgmma_kernel");
   });
 }
+#endif
 
 }  // namespace kernels
 }  // namespace minikv

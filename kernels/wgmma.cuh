@@ -91,7 +91,7 @@ template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
 template <typename T, int TRANS_B = 0>
 __device__ __forceinline__ void rs_m64n64k16(float (&d)[32], const uint32_t *a, uint64_t desc_b, int accumulate) {
 #ifdef MINIKV_WARP_EMULATION
-  emulation::wgmma_rs(d, 64, a, desc_b, accumulate != 0, TRANS_B != 0, !std::is_same<T, __half>::value);
+  emulation::wgmma(d, 64, a, 0, desc_b, accumulate != 0, TRANS_B != 0, !std::is_same<T, __half>::value);
 #else
   if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N64K16("f16");
   else MINIKV_WGMMA_RS_M64N64K16("bf16");
@@ -108,10 +108,11 @@ __device__ __forceinline__ void rs_m64n64k16(float (&d)[32], const uint32_t *a, 
 template <typename T>
 __device__ __forceinline__ void ss_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
 #ifdef MINIKV_WARP_EMULATION
-  static_assert(sizeof(T) == 0, "the CPU emulation has no shared-memory A operand yet");
-#endif
+  emulation::wgmma(d, 128, nullptr, desc_a, desc_b, accumulate != 0, false, !std::is_same<T, __half>::value);
+#else
   if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_SS_M64N128K16("f16");
   else MINIKV_WGMMA_SS_M64N128K16("bf16");
+#endif
 }
 
 // d += A · B, A in registers, B = 16×128 MN-major in shared memory (descriptor, transposed).
@@ -124,10 +125,11 @@ __device__ __forceinline__ void ss_m64n128k16(float (&d)[64], uint64_t desc_a, u
 template <typename T>
 __device__ __forceinline__ void rs_m64n128k16_mn(float (&d)[64], const uint32_t *a, uint64_t desc_b) {
 #ifdef MINIKV_WARP_EMULATION
-  static_assert(sizeof(T) == 0, "the CPU emulation has no MN-major B operand yet");
-#endif
+  emulation::wgmma(d, 128, a, 0, desc_b, true, true, !std::is_same<T, __half>::value);
+#else
   if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_RS_M64N128K16_MNMAJOR("f16");
   else MINIKV_WGMMA_RS_M64N128K16_MNMAJOR("bf16");
+#endif
 }
 #undef MINIKV_WGMMA_RS_M64N64K16
 #undef MINIKV_WGMMA_SS_M64N128K16

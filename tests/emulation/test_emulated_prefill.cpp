@@ -10,6 +10,7 @@
 // and bf16, GQA groups of 1, 2 and 4; copies land when issued and when waited for.
 #include "../../kernels/prefill_attention.cu"
 #include "../../kernels/prefill_scores_wgmma.cu"
+#include "../../kernels/prefill_wgmma.cu"
 #include "decode_harness.hpp"
 #include "reference/attention_ref.hpp"
 
@@ -24,11 +25,22 @@ struct Seq {
   uint32_t n, q_pos, row_begin, col_end, col_done;
 };
 
-// The score pass under test: prefill_scores_kernel, prefill_window_scores_kernel, or the
-// sm_90a prefill_scores_wgmma_kernel (head_dim 64 and 128; its TMA loads and wgmma emulated).
+// The kernels under test: the mma.sync forward with prefill_scores_kernel or with
+// prefill_window_scores_kernel, or the sm_90a forward and score pass (prefill_wgmma_kernel,
+// prefill_scores_wgmma_kernel: head_dim 64 and 128; TMA, wgmma and named barriers emulated).
 enum class Pass { kMma, kWindow, kWgmma };
 const char *pass_name(Pass pass) {
-  return pass == Pass::kMma ? "score pass" : pass == Pass::kWindow ? "window score pass" : "wgmma score pass";
+  return pass == Pass::kMma ? "mma.sync" : pass == Pass::kWindow ? "mma.sync, window scores" : "sm_90a wgmma";
+}
+
+// rows_tensor_map's map (kernels/prefill_wgmma.cu) in the emulation's encoding: [rows][heads][D]
+// 16-bit elements, boxes of 64 elements x 1 head x box_rows rows, the 128-byte swizzle.
+CUtensorMap emulated_rows_map(const void *base, uint32_t heads, uint32_t D, uint64_t rows, uint32_t box_rows) {
+  CUtensorMap map;
+  const uint64_t dims[3] = {D, heads, rows}, strides[2] = {uint64_t(D) * 2, uint64_t(heads) * D * 2};
+  const uint32_t box[3] = {64, 1, box_rows};
+  minikv::emulation::encode_tensor_map(&map, base, 2, dims, strides, box, true);
+  return map;
 }
 
 struct PrefillShape {
@@ -134,8 +146,19 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
       for (uint32_t j = 0; j < s.col_done; ++j) scores[size_t(h) * cols + score_offset[b] + j] = kEarlier;
   }
 
-  minikv::emulation::launch(dim3(attn.seqs.tile_begin[B] * H), dim3(Tl::kThreads), k::attention_smem<T, D>(),
-                            landing, [&] { k::prefill_attention_kernel<T, D>(attn); });
+  if constexpr (D == 64 || D == 128) {
+    if (pass == Pass::kWgmma) {  // launch_prefill_wgmma
+      k::FaMaps maps;
+      maps.q = emulated_rows_map(q.data(), H, D, k::launch_query_rows(attn.seqs), k::kFaRows);
+      maps.k = emulated_rows_map(kb.data(), Hkv, D, uint64_t(kv_rows), k::kFaKeys);
+      maps.v = emulated_rows_map(vb.data(), Hkv, D, uint64_t(kv_rows), k::kFaKeys);
+      minikv::emulation::launch(dim3(attn.seqs.tile_begin[B] * H), dim3(k::kFaThreads), k::FaSmem<D>::kLaunchBytes,
+                                landing, [&] { k::prefill_wgmma_kernel<T, D>(attn, maps); });
+    }
+  }
+  if (pass != Pass::kWgmma)
+    minikv::emulation::launch(dim3(attn.seqs.tile_begin[B] * H), dim3(Tl::kThreads), k::attention_smem<T, D>(),
+                              landing, [&] { k::prefill_attention_kernel<T, D>(attn); });
   if (pass == Pass::kWindow) {
     // launch_prefill_window_scores with one CTA per SM on 3 SMs: CTAs of several key tiles.
     const uint32_t num_sms = 3;
@@ -155,14 +178,10 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
     minikv::emulation::launch(dim3(grid, Hkv), dim3(k::kWinThreads), k::window_scores_smem<T, D>(rows_cap), landing,
                               [&] { k::prefill_window_scores_kernel<T, D>(args); });
   } else if (pass == Pass::kWgmma) {
-    // launch_prefill_scores_wgmma, with the emulation's tensor map of the query rows
-    // (rows_tensor_map's: [rows][heads][D], boxes of 64 elements x 1 head x 64 rows).
+    // launch_prefill_scores_wgmma.
     if constexpr (D == 64 || D == 128) {
       k::ScMaps maps;
-      const uint64_t dims[3] = {uint64_t(D), H, k::launch_query_rows(sc.seqs)};
-      const uint64_t strides[2] = {uint64_t(D) * 2, uint64_t(H) * D * 2};
-      const uint32_t box[3] = {64, 1, uint32_t(k::kScQueries)};
-      minikv::emulation::encode_tensor_map(&maps.q, q.data(), 2, dims, strides, box, true);
+      maps.q = emulated_rows_map(q.data(), H, D, k::launch_query_rows(sc.seqs), k::kScQueries);
       minikv::emulation::launch(dim3(sc.seqs.tile_begin[B] * Hkv), dim3(k::kScThreads), k::ScSmem<T, D>::kLaunchBytes,
                                 landing, [&] { k::prefill_scores_wgmma_kernel<T, D>(sc, maps); });
     } else {

@@ -617,6 +617,15 @@ void named_barrier(uint32_t id, uint32_t count) {
   if (id >= 16 || count == 0 || count % 32 != 0 || count > L().threads.size()) die("bar.sync: bad id or count");
   barrier_sync(id, count);
 }
+void named_arrive(uint32_t id, uint32_t count) {
+  Launch &l = L();
+  if (id >= 16 || count == 0 || count % 32 != 0 || count > l.threads.size()) die("bar.arrive: bad id or count");
+  if (++l.named_arrived[id] == count) {
+    l.named_arrived[id] = 0;
+    ++l.named_gen[id];
+    l.progress = true;
+  }
+}
 
 namespace {
 struct EmuTensorMap {
@@ -683,26 +692,38 @@ void tma_load_3d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1, in
       }
 }
 
-void wgmma_rs(float *d, uint32_t n, const uint32_t *a, uint64_t desc_b, bool accumulate, bool trans_b, bool bf16) {
+void wgmma(float *d, uint32_t n, const uint32_t *a, uint64_t desc_a, uint64_t desc_b, bool accumulate,
+           bool b_mn_major, bool bf16) {
   Launch &l = L();
   Thread &t = self();
   const uint32_t tid = 32 * t.warp + t.lane, group = tid / 128;
-  if (trans_b) die("wgmma: MN-major B operands are not emulated");
-  if ((desc_b >> 62) != 1) die("wgmma: only 128-byte-swizzled B operands are emulated");
+  if ((desc_b >> 62) != 1 || (a == nullptr && (desc_a >> 62) != 1))
+    die("wgmma: only 128-byte-swizzled shared-memory operands are emulated");
   if (l.threads.size() < 128 * (group + 1)) die("wgmma: a warpgroup of fewer than 128 threads");
-  l.wgmma_a[tid] = {a[0], a[1], a[2], a[3]};
+  if (a != nullptr) l.wgmma_a[tid] = {a[0], a[1], a[2], a[3]};
   barrier_sync(16 + group, 128);  // every thread's A fragment is in
-  const uint32_t start = uint32_t(desc_b & 0x3FFF) << 4, sbo = uint32_t((desc_b >> 32) & 0x3FFF) << 4;
-  auto a_at = [&](uint32_t row, uint32_t k) {
-    const uint32_t rr = row % 16, lane = 4 * (rr % 8) + (k % 8) / 2, reg = rr / 8 + 2 * (k / 8);
-    return operand_value(l.wgmma_a[128 * group + 32 * (row / 16) + lane][reg] >> (16 * (k % 2)) & 0xffffu, bf16);
+  struct Desc {
+    uint32_t start, lbo, sbo;
   };
-  auto b_at = [&](uint32_t k, uint32_t col) {  // row col of the K-major operand, element k
-    const uint32_t at = swizzle_128b(start + (col / 8) * sbo + (col % 8) * 128 + 2 * k);
-    check_shared(at, 2, 2, "wgmma: B operand outside shared memory");
+  auto decode = [](uint64_t desc) {
+    return Desc{uint32_t(desc & 0x3FFF) << 4, uint32_t((desc >> 16) & 0x3FFF) << 4, uint32_t((desc >> 32) & 0x3FFF) << 4};
+  };
+  const Desc da = decode(desc_a), db = decode(desc_b);
+  auto smem_value = [&](uint32_t address) {
+    const uint32_t at = swizzle_128b(address);
+    check_shared(at, 2, 2, "wgmma: an operand outside shared memory");
     uint16_t bits;
     std::memcpy(&bits, shared_pointer(at), 2);
     return operand_value(bits, bf16);
+  };
+  auto a_at = [&](uint32_t row, uint32_t k) {
+    if (a == nullptr) return smem_value(da.start + (row / 8) * da.sbo + (row % 8) * 128 + 2 * k);
+    const uint32_t rr = row % 16, lane = 4 * (rr % 8) + (k % 8) / 2, reg = rr / 8 + 2 * (k / 8);
+    return operand_value(l.wgmma_a[128 * group + 32 * (row / 16) + lane][reg] >> (16 * (k % 2)) & 0xffffu, bf16);
+  };
+  auto b_at = [&](uint32_t k, uint32_t col) {
+    return smem_value(b_mn_major ? db.start + (col / 64) * db.lbo + (k / 8) * db.sbo + (k % 8) * 128 + 2 * (col % 64)
+                                 : db.start + (col / 8) * db.sbo + (col % 8) * 128 + 2 * k);
   };
   const uint32_t w = (tid / 32) % 4, lane = t.lane;
   for (uint32_t e = 0; e < n / 2; ++e) {

@@ -1,14 +1,16 @@
 // A CPU emulation of the CUDA execution model, for running kernels without a GPU (CI, and a
 // machine with no device). Force-included (-include) ahead of a kernel source compiled as
 // host C++ with -DMINIKV_WARP_EMULATION: it defines the built-in variables and intrinsics the
-// kernels use, and the kernel helpers (kernels/common.cuh, bulk_copy.cuh, decode_operands.cuh)
-// call the functions below in place of their inline PTX.
+// kernels use, and the kernel helpers (kernels/common.cuh, bulk_copy.cuh, decode_operands.cuh,
+// prefill_common.cuh, wgmma.cuh, prefill_wgmma.cu's barriers) call the functions below in
+// place of their inline PTX.
 //
 // The model: a launch runs its CTAs one after another; a CTA's threads are fibers on one OS
 // thread, each running until it reaches a warp collective (shuffle, __syncwarp, ldmatrix,
-// mma), a CTA barrier or an mbarrier wait. A collective completes once every live lane of
-// the warp has arrived at the same one (a divergent collective aborts, naming both), so the
-// code between two collectives runs lane by lane. A bulk copy lands either when it is issued
+// mma), a warpgroup's wgmma, a CTA or named barrier or an mbarrier wait. A collective
+// completes once every live lane of the warp has arrived at the same one (a divergent
+// collective aborts, naming both), so the code between two collectives runs lane by lane. A
+// bulk or TMA copy lands either when it is issued
 // (a thread that reads the destination later than it may, before it waits, sees the new
 // bytes) or when a thread waits on its mbarrier (a thread that reads it without waiting sees
 // the old bytes): the tests run both. Dynamic shared memory is filled with a byte pattern
@@ -96,8 +98,10 @@ void cp_async(uint32_t dst, const void *src, uint32_t bytes, bool valid);  // 4 
 void cp_async_commit();
 void cp_async_wait(int newest_pending);
 
-// bar.sync id, count: named barrier `id` (< 16) completes when `count` threads have arrived.
+// bar.sync / bar.arrive id, count: named barrier `id` (< 16) completes when `count` threads
+// have arrived; bar.sync waits for that, bar.arrive does not.
 void named_barrier(uint32_t id, uint32_t count);
+void named_arrive(uint32_t id, uint32_t count);
 
 // TMA (cp.async.bulk.tensor) over a tensor map that encode_tensor_map wrote (the emulation's
 // own encoding in the CUtensorMap's bytes, not the driver's): a 3-D tensor of elem_bytes
@@ -109,13 +113,16 @@ void encode_tensor_map(void *map, const void *base, uint32_t elem_bytes, const u
                        const uint64_t (&strides)[2], const uint32_t (&box)[3], bool swizzle_128b);
 void tma_load_3d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1, int c2);
 
-// wgmma.mma_async m64nNk16 with A in registers (the warpgroup's 64 rows, 16 per warp in the
-// mma.sync A-fragment layout) and B = 16 x N from a 128-byte-swizzled K-major shared-memory
-// operand (its matrix descriptor): the warpgroup's 128 threads meet, and each thread's
-// d[4i + 2r + c] (row 16 warp + lane / 4 + 8r, column 8i + 2 (lane % 4) + c) becomes
-// (accumulate ? d : 0) + A · B in double, rounded to float, when the last one arrives. The
-// product is complete at issue: a read of d before wgmma.wait is not caught.
-void wgmma_rs(float *d, uint32_t n, const uint32_t *a, uint64_t desc_b, bool accumulate, bool trans_b, bool bf16);
+// wgmma.mma_async m64nNk16: A = 64 x 16, in registers (a: the warpgroup's 64 rows, 16 per
+// warp in the mma.sync A-fragment layout) or, where a is nullptr, a K-major shared-memory
+// operand (desc_a); B = 16 x N from shared memory (desc_b), K-major or MN-major (b_mn_major:
+// element (k, n) at (n / 64) LBO + (k / 8) SBO + (k % 8) 128 B + 2 (n % 64)). Operands are
+// 128-byte swizzled. The warpgroup's 128 threads meet, and each thread's d[4i + 2r + c] (row
+// 16 warp + lane / 4 + 8r, column 8i + 2 (lane % 4) + c) becomes (accumulate ? d : 0) + A · B
+// in double, rounded to float, when the last one arrives. The product is complete at issue:
+// a read of d before wgmma.wait is not caught.
+void wgmma(float *d, uint32_t n, const uint32_t *a, uint64_t desc_a, uint64_t desc_b, bool accumulate,
+           bool b_mn_major, bool bf16);
 
 // Scalar bit helpers of PTX.
 inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
