@@ -1,7 +1,8 @@
 // minikv-test: white-box
 // The prefill's store kernel (select_quantize.cu store_kept_kernel: the kept rows gathered
 // from the caller's K/V, whole groups quantized into pool blocks, the sinks and the tail into
-// the residual slot) run by the warp emulator on the CPU: given the kept positions the CPU
+// the residual slot) run by the warp emulator on the CPU, over a block-table mirror that
+// set_block_table_kernel wrote: given the kept positions the CPU
 // backend chose, the pool and every residual slot must equal the CPU prefill's byte for byte
 // (the contract the GPU storage test checks on a device), for key and value bits in {2, 4, 8,
 // 16}, G 16 to 128, head_dim 64 to 256, fp16 and bf16, both score modes, with and without
@@ -72,7 +73,16 @@ void run_store(const Shape &s, minikv_score_mode mode) {
   uint32_t max_tasks = 0;
   for (uint32_t b = 0; b < B; ++b) {
     const CacheView &cv = views[b];
-    for (uint32_t i = 0; i < cv.num_blocks; ++i) table[size_t(cv.residual_slot) * width + i] = int32_t(cv.blocks[i]);
+    // The block-table mirror's row by set_block_table_kernel (cuda_backend.cpp set_table).
+    k::TableParams tp{};
+    tp.block_table = table.data();
+    tp.max_blocks_per_seq = width;
+    tp.slot = cv.residual_slot;
+    tp.count = cv.num_blocks;
+    for (uint32_t i = 0; i < cv.num_blocks; ++i) tp.ids[i] = int32_t(cv.blocks[i]);
+    minikv::emulation::launch(dim3(1), dim3(256), 0, CopyLanding::kAtIssue, [&] { k::set_block_table_kernel(tp); });
+    for (uint32_t i = 0; i < width; ++i)
+      REQUIRE(table[size_t(cv.residual_slot) * width + i] == (i < cv.num_blocks ? int32_t(cv.blocks[i]) : -1));
     // The kept positions in cache order: the sinks, the blocks' rows, the residual's.
     for (uint32_t h = 0; h < kv_heads; ++h) {
       int32_t *list = kept.data() + size_t(h) * ws + ws_offset[b];
