@@ -31,6 +31,8 @@ std::vector<std::vector<int32_t>> emulated_select(const std::vector<minikv::Sele
 
 TEST_SUITE("cpu") {
 TEST_CASE("the selection kernel run by the warp emulator keeps select_kept's positions") {
-  selection_cases::check_all(emulated_select, {37, 1000, 8192 + 41, 30001});
+  // Under AddressSanitizer (~20x slower here: 1,024 fibers a CTA) the prompts up to two sweeps.
+  if (minikv::emulation::kAddressSanitizer) selection_cases::check_all(emulated_select, {37, 1000, 8192 + 41});
+  else selection_cases::check_all(emulated_select, {37, 1000, 8192 + 41, 30001});
 }
 }  // TEST_SUITE
