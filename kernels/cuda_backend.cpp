@@ -223,12 +223,15 @@ class CudaBackend final : public Backend {
     // 1.8x the four-warp kernel's rate under MHA, 1.08x for groups of 4, bench/results);
     // larger groups the four-warp one (groups of 7 and 8: 1.2x the one-warp kernel's rate,
     // which reads each KV head once per chunk of four).
+    // The one-warp kernel also decodes 2/2, 4/4 and 8/8-bit storage at G = 32; it is not yet
+    // the plan there (MINIKV_DECODE_KERNEL=k4v2-warp) until measured against mma and generic.
     const bool k4v2_path = decode_k4v2_path(spec.block, n_rep);
+    const bool k4v2_warp_path = decode_k4v2_warp_path(spec.block, n_rep);
     const uint32_t k4v2_heads = decode_mma_heads_per_cta(n_rep);
     const uint32_t k4v2_ctas = k4v2_path ? configure_decode_k4v2(cfg_.dtype, spec.block, k4v2_heads) : 0;
-    const uint32_t k4v2_warp_ctas = k4v2_path ? configure_decode_k4v2_warp(cfg_.dtype, spec.block, n_rep) : 0;
+    const uint32_t k4v2_warp_ctas = k4v2_warp_path ? configure_decode_k4v2_warp(cfg_.dtype, spec.block, n_rep) : 0;
     const bool k4v2_ok = k4v2_ctas > 0, k4v2_warp_ok = k4v2_warp_ctas > 0;
-    const bool k4v2_warp_first = n_rep <= 4;
+    const bool k4v2_warp_first = n_rep <= 4 && k4v2_path;
     decode_kernel_ = fast_ok                           ? DecodeKernel::kFast
                      : k4v2_warp_ok && k4v2_warp_first ? DecodeKernel::kK4V2Warp
                      : k4v2_ok                         ? DecodeKernel::kK4V2
@@ -245,7 +248,8 @@ class CudaBackend final : public Backend {
         fail(MINIKV_ERR_UNSUPPORTED,
              "minikv_cache_create: MINIKV_DECODE_KERNEL=%s cannot decode this configuration "
              "(fast: 2-bit keys and values, G 16, no sinks, n_rep 1/2/4/8; k4v2: 4-bit keys, "
-             "2-bit values, G 32, head_dim 64/128, sm_90; k4v2-warp: the same; "
+             "2-bit values, G 32, head_dim 64/128, sm_90; k4v2-warp: the same, or 2-, 4- or "
+             "8-bit keys and values of equal width; "
              "mma: G >= 16 with head_dim / G <= 8; generic: any)",
              forced);
     }

@@ -52,14 +52,23 @@ template <typename Kernel> uint32_t configure_sm90_kernel(Kernel kernel, uint32_
   return static_cast<uint32_t>(blocks > 0 ? blocks : 1);
 }
 
-// A lane's quarter of a token's 4-bit key row: D / 8 bytes at p, as D / 32 words.
-template <int D> __device__ __forceinline__ void load_key_quarter(const uint8_t *p, uint32_t (&w)[D / 32]) {
-  if constexpr (D == 128) {
-    const uint4 u = *reinterpret_cast<const uint4 *>(p);
-    w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
-  } else {
+// A lane's quarter of a token's KB-bit key row: D · KB / 32 bytes at p (aligned to their
+// size), as D · KB / 128 words.
+template <int D, int KB = 4>
+__device__ __forceinline__ void load_key_quarter(const uint8_t *p, uint32_t (&w)[D * KB / 128]) {
+  constexpr int N = D * KB / 128;
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int v = 0; v < N / 4; ++v) {
+      const uint4 u = reinterpret_cast<const uint4 *>(p)[v];
+      w[4 * v] = u.x; w[4 * v + 1] = u.y; w[4 * v + 2] = u.z; w[4 * v + 3] = u.w;
+    }
+  } else if constexpr (N == 2) {
     const uint2 u = *reinterpret_cast<const uint2 *>(p);
     w[0] = u.x; w[1] = u.y;
+  } else {
+    static_assert(N == 1, "a quarter row of 4, 8 or a multiple of 16 bytes");
+    w[0] = *reinterpret_cast<const uint32_t *>(p);
   }
 }
 

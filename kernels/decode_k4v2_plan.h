@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "decode_mma_plan.h"  // FastDivU32, generic_pow2_divisor
 
@@ -86,6 +87,24 @@ struct K4V2Tiles {
 
 // The instance's query-head slots (kH) for p.heads_per_cta query heads per CTA.
 constexpr uint32_t k4v2_head_slots(uint32_t heads_per_cta) { return heads_per_cta <= 4 ? 4 : 8; }
+
+// The storage bit pairs (key bits, value bits) at G = 32 that the one-warp kernel
+// (decode_k4v2_warp.cu) is compiled for: the default storage, MINIKV_PRESET_QUALITY's, and
+// 2- and 4-bit keys and values.
+constexpr bool k4v2_warp_bits(uint32_t key_bits, uint32_t value_bits) {
+  return (key_bits == 4 && value_bits == 2) || (key_bits == 8 && value_bits == 8) ||
+         (key_bits == 2 && value_bits == 2) || (key_bits == 4 && value_bits == 4);
+}
+// fn(key bits, value bits) as integral constants, for one of k4v2_warp_bits' pairs.
+template <typename Fn> void dispatch_k4v2_warp_bits(uint32_t key_bits, uint32_t value_bits, Fn &&fn) {
+  using I4 = std::integral_constant<int, 4>;
+  using I2 = std::integral_constant<int, 2>;
+  using I8 = std::integral_constant<int, 8>;
+  if (key_bits == 4 && value_bits == 2) fn(I4{}, I2{});
+  else if (key_bits == 8 && value_bits == 8) fn(I8{}, I8{});
+  else if (key_bits == 2 && value_bits == 2) fn(I2{}, I2{});
+  else if (key_bits == 4 && value_bits == 4) fn(I4{}, I4{});
+}
 
 // What a launch needs beyond its DecodeParams, made once at minikv_cache_create.
 struct K4V2LaunchPlan {

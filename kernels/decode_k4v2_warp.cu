@@ -1,7 +1,8 @@
 // Decode attention for the default storage (4-bit keys, 2-bit values, G = 32; attention
-// sinks and the 16-bit residual), sm_90: one warp per CTA, one CTA per (split, KV head ×
-// chunk of NH query heads, sequence), walking whole 128-token tiles with no CTA barrier. NH =
-// 1 for MHA, 2 for groups of two, 4 for larger groups (in chunks of four heads).
+// sinks and the 16-bit residual), and for G = 32 storage of KB-bit keys and VB-bit values
+// (k4v2_warp_bits), sm_90: one warp per CTA, one CTA per (split, KV head × chunk of NH query
+// heads, sequence), walking whole 128-token tiles with no CTA barrier. NH = 1 for MHA, 2 for
+// groups of two, 4 for larger groups (in chunks of four heads).
 //
 // decode_k4v2.cu fills the mma's N columns with (head slot, hi / lo piece) of 4 or 8 head
 // slots, and its four warps pay three CTA barriers per tile to share the work; under MHA
@@ -19,8 +20,9 @@
 //   tile's key minima, one group per row; B column n = q of head slot n mod NH).
 // Softmax: a running max per head slot, over the lanes i ≡ slot (mod NH).
 // PV (M = channels, N = (head slot, value group of the span), K = tokens): decode_k4v2.cu's
-//   P·V with the four channel subsets of its four warps (8g + 2j, 8g + 2j + 1 of a 64-channel
-//   span, j < 4) taken by this warp in turn; B = fp16(p · s_v · 2^Sv) (the one rounding
+//   P·V with the four channel subsets of its four warps (at 2-bit values 8g + 2j, 8g + 2j + 1
+//   of a 64-channel span, j < 4; step 5 for the others) taken by this warp in turn, A = the
+//   codes as fp16 subnormals (one LOP3 per pair); B = fp16(p · s_v · 2^Sv) (the one rounding
 //   MINIKV.md allows), written by the lanes that hold p; Σ p · m_v on the CUDA cores. Every
 //   lane's C columns 2i, 2i + 1 are its head slot's two value groups.
 // 16-bit rows (sinks, residual; tiles of kK4V2RowTile ≤ 32 rows) on the tensor cores too: QK
@@ -52,17 +54,20 @@ namespace {
 // 63%, GQA 32/8 37% against 32%: B 8, L 32K, H200, bench/results).
 constexpr uint32_t kWarpStages = 1;
 
-// Shared memory of one CTA (one warp) at head_dim D with NH head slots, 16-bit dtypes; byte
-// offsets. Kept to the stage and the queries so that 11-12 CTAs fit an SM: the warp waits for
-// each tile's copies, and the other CTAs hide the wait (registers allow 12 and more).
-template <uint32_t D, uint32_t NH> struct K4V2WarpLayout {
+// Shared memory of one CTA (one warp) at head_dim D with NH head slots, KB-bit keys and
+// VB-bit values, 16-bit dtypes; byte offsets. Kept to the stage and the queries so that 11-12
+// CTAs fit an SM at the default storage: the warp waits for each tile's copies, and the other
+// CTAs hide the wait (registers allow 12 and more).
+template <uint32_t D, uint32_t NH, uint32_t KB = 4, uint32_t VB = 2> struct K4V2WarpLayout {
   static constexpr uint32_t kVG = D / kK4V2Group;
-  // Quantized stage: the tile's rows as the block stores them (one bulk copy per region).
+  static constexpr uint32_t kKRow = D * KB / 8, kVRow = D * VB / 8;  // code bytes of a token
+  // Quantized stage: the tile's rows as the block stores them (one bulk copy per region), the
+  // key regions first: P·V's B lies over them.
   static constexpr uint32_t kKCodes = 0;
-  static constexpr uint32_t kVCodes = kKCodes + kK4V2MaxTile * D / 2;
-  static constexpr uint32_t kKScale = kVCodes + kK4V2MaxTile * D / 4;
+  static constexpr uint32_t kKScale = kKCodes + kK4V2MaxTile * kKRow;
   static constexpr uint32_t kKMin = kKScale + kK4V2MaxTile / kK4V2Group * D * 2;
-  static constexpr uint32_t kVScale = kKMin + kK4V2MaxTile / kK4V2Group * D * 2;
+  static constexpr uint32_t kVCodes = kKMin + kK4V2MaxTile / kK4V2Group * D * 2;
+  static constexpr uint32_t kVScale = kVCodes + kK4V2MaxTile * kVRow;
   static constexpr uint32_t kVMin = kVScale + kK4V2MaxTile * kVG * 2;
   static constexpr uint32_t kQuantBytes = kVMin + kK4V2MaxTile * kVG * 2;
   // 16-bit stage: K rows, then V rows, kRowK apart (an odd number of 16-byte units:
@@ -76,7 +81,7 @@ template <uint32_t D, uint32_t NH> struct K4V2WarpLayout {
   static constexpr uint32_t kRowPStride = k4v2_odd_stride(32 * 2);
   static constexpr uint32_t kRowP = 0;
   // P·V's B: [span][(head slot, value group of the span) rows][k position] fp16, over the key
-  // codes of the stage (the logits are done with them when it is written).
+  // codes, scales and minima of the stage (the logits are done with them when it is written).
   static constexpr uint32_t kBpvStride = k4v2_odd_stride(kK4V2MaxTile * 2);
   static constexpr uint32_t kBpvSpan = 2 * NH * kBpvStride;
   static constexpr uint32_t kBpv = kKCodes;
@@ -90,8 +95,8 @@ template <uint32_t D, uint32_t NH> struct K4V2WarpLayout {
 };
 // Every region 16-byte aligned (bulk copies, ldmatrix; the mbarrier 8), and what lies over the
 // stage fits it.
-template <uint32_t D, uint32_t NH> constexpr bool k4v2_warp_layout_ok() {
-  using L = K4V2WarpLayout<D, NH>;
+template <uint32_t D, uint32_t NH, uint32_t KB = 4, uint32_t VB = 2> constexpr bool k4v2_warp_layout_ok() {
+  using L = K4V2WarpLayout<D, NH, KB, VB>;
   return L::kVCodes % 16 == 0 && L::kKScale % 16 == 0 && L::kKMin % 16 == 0 && L::kVScale % 16 == 0 &&
          L::kVMin % 16 == 0 && L::kRowV % 16 == 0 && L::kStageBytes % 16 == 0 && L::kBpv % 16 == 0 &&
          L::kQ2 % 16 == 0 && L::kQn % 16 == 0 && L::kMbar % 8 == 0 && L::kTotal % 8 == 0 &&
@@ -99,8 +104,13 @@ template <uint32_t D, uint32_t NH> constexpr bool k4v2_warp_layout_ok() {
          L::kOut16 + NH * (D + 2) * 4 <= L::kStageBytes;
 }
 static_assert(kK4V2RowTile <= 32, "a 16-bit tile is at most two 16-row M-tiles");
-static_assert(k4v2_warp_layout_ok<64, 1>() && k4v2_warp_layout_ok<128, 1>() && k4v2_warp_layout_ok<64, 2>() &&
-                  k4v2_warp_layout_ok<128, 2>() && k4v2_warp_layout_ok<64, 4>() && k4v2_warp_layout_ok<128, 4>(),
+template <uint32_t KB, uint32_t VB> constexpr bool k4v2_warp_layouts_ok() {
+  return k4v2_warp_layout_ok<64, 1, KB, VB>() && k4v2_warp_layout_ok<128, 1, KB, VB>() &&
+         k4v2_warp_layout_ok<64, 2, KB, VB>() && k4v2_warp_layout_ok<128, 2, KB, VB>() &&
+         k4v2_warp_layout_ok<64, 4, KB, VB>() && k4v2_warp_layout_ok<128, 4, KB, VB>();
+}
+static_assert(k4v2_warp_layouts_ok<4, 2>() && k4v2_warp_layouts_ok<2, 2>() && k4v2_warp_layouts_ok<4, 4>() &&
+                  k4v2_warp_layouts_ok<8, 8>(),
               "decode_k4v2_warp's shared-memory layout");
 // CTAs per SM at head_dim 128 as shared memory allows: 228 KB, allocated in 128-byte units, plus
 // the 1 KB the runtime reserves per CTA (ncu's theoretical occupancy agrees).
@@ -117,22 +127,22 @@ constexpr uint32_t k4v2_warp_slots(uint32_t n_rep) { return n_rep == 1 ? 1 : n_r
 // arrival per phase, lane 0's): six bulk copies for a quantized tile (key codes, value codes,
 // key scales and minima, value scales and minima), two per row for a 16-bit tile, the row of
 // the token appended in this launch from the caller's buffer.
-template <int D, int NH>
+template <int D, int NH, int KB, int VB>
 __device__ __forceinline__ void k4v2_warp_stage(const K4V2Args &a, const TileRef &tr, const uint8_t *block,
                                                 const uint8_t *res_slot, uint32_t kvh, const HeadRegions &hr,
                                                 uint32_t dst, uint32_t bar, uint32_t lane) {
-  using L = K4V2WarpLayout<D, NH>;
+  using L = K4V2WarpLayout<D, NH, KB, VB>;
   const DecodeParams &p = a.p;
   constexpr uint32_t VG = D / kK4V2Group;
   if (tr.segment == kSegQuantized) {
     if (lane != 0) return;
     const uint32_t row0 = tr.first - a.block_tokens.div(tr.first) * p.st.block.tokens;
     const uint32_t n = tr.count;  // a multiple of G; the tile lies in one block
-    const uint32_t kc = n * D / 2, vc = n * D / 4, ks = n / kK4V2Group * D * 2, vs = n * VG * 2;
+    const uint32_t kc = n * L::kKRow, vc = n * L::kVRow, ks = n / kK4V2Group * D * 2, vs = n * VG * 2;
     const uint32_t kat = row0 / kK4V2Group * D * 2, vat = row0 * VG * 2;
     bulk::mbar_arrive_expect_tx(bar, kc + vc + 2 * ks + 2 * vs);
-    bulk::copy(dst + L::kKCodes, block + hr.k_codes + row0 * (D / 2), kc, bar);
-    bulk::copy(dst + L::kVCodes, block + hr.v_codes + row0 * (D / 4), vc, bar);
+    bulk::copy(dst + L::kKCodes, block + hr.k_codes + row0 * L::kKRow, kc, bar);
+    bulk::copy(dst + L::kVCodes, block + hr.v_codes + row0 * L::kVRow, vc, bar);
     bulk::copy(dst + L::kKScale, block + hr.k_scale + kat, ks, bar);
     bulk::copy(dst + L::kKMin, block + hr.k_min + kat, ks, bar);
     bulk::copy(dst + L::kVScale, block + hr.v_scale + vat, vs, bar);
@@ -193,11 +203,12 @@ __device__ __forceinline__ void k4v2_warp_merge_if_last(const DecodeParams &p, u
 /// \tparam T  dtype of q/out, scales and 16-bit rows (__half or __nv_bfloat16)
 /// \tparam D  head_dim (64 or 128)
 /// \tparam NH query-head slots of the CTA (1, 2 or 4): lane (g, i) owns slot i % NH
-template <typename T, int D, int NH>
+/// \tparam KB key bits (2, 4 or 8); VB value bits (2, 4 or 8)
+template <typename T, int D, int NH, int KB = 4, int VB = 2>
 __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_constant__ K4V2Args a) {
 #if __CUDA_ARCH__ >= 900 || defined(MINIKV_WARP_EMULATION)
-  using KP = KeyPairs<4>;
-  using L = K4V2WarpLayout<D, NH>;
+  using KP = KeyPairs<KB>;
+  using L = K4V2WarpLayout<D, NH, KB, VB>;
   constexpr int KS = D / 16;          // 16-channel k-steps of a key row
   constexpr int S = D / 64;           // 64-channel spans of a value row
   constexpr int VG = D / kK4V2Group;  // value groups of a token
@@ -206,6 +217,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   constexpr int kBatch = 4 / NH;      // key groups per QK B operand (NH operands per tile)
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(NH == 1 || NH == 2 || NH == 4, "1, 2 or 4 head slots");
+  static_assert((KB == 2 || KB == 4 || KB == 8) && (VB == 2 || VB == 4 || VB == 8), "2-, 4- or 8-bit codes");
 
   MINIKV_DYNAMIC_SMEM(smem, 128);
   const uint32_t smem_s = smem_addr(smem);
@@ -234,7 +246,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   for (uint32_t s = 0; s < kWarpStages; ++s)
     if (t_begin + s < t_end) {
       const TileRef tr = tiles.tile(t_begin + s, a.tiles);
-      k4v2_warp_stage<D, NH>(a, tr, k4v2_block_of(a, tr, table), res_slot, kvh, regions,
+      k4v2_warp_stage<D, NH, KB, VB>(a, tr, k4v2_block_of(a, tr, table), res_slot, kvh, regions,
                              smem_s + s * L::kStageBytes, bar0 + 8 * s, lane);
     }
 
@@ -255,17 +267,16 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   }
   __syncwarp();
   // q' = q · 2^(kq − offset) per head in key-pair order, fp16 pairs: the offset is the pair's
-  // code position (decode_operands.cuh: 0 for even channels of a word, 4 for odd ones), kq
-  // puts the head's max |q · 2^-offset| into [2^6, 2^7).
+  // code position in its fp16 half (KeyPairs<KB>::offset), kq puts the head's max
+  // |q · 2^-offset| into [2^6, 2^7).
   float uq = 1.0f;  // 2^(12 − kq) of the lane's head
+  // 2^-offset of the lane's channels lane + 32c (a word's channels repeat their offsets every 32).
+  const float lane_unit = pow2i(-key_channel_offset<KB>(lane));
 #pragma unroll
   for (int h = 0; h < NH; ++h) {
     float mx = 0.0f;
 #pragma unroll
-    for (int c = 0; c < D / 32; ++c) {
-      const uint32_t ch = lane + 32 * c;  // lane's parity is the channel's
-      mx = fmaxf(mx, fabsf(q_at(h, ch)) * (ch & 1 ? 1.0f / 16 : 1.0f));
-    }
+    for (int c = 0; c < D / 32; ++c) mx = fmaxf(mx, fabsf(q_at(h, lane + 32 * c)) * lane_unit);
     mx = warp_max(mx);
     const int kq = mx > 0.0f ? clamp_exp(6 - exponent_of(mx), 100) : 0;
     if (uint32_t(h) == hh) uq = pow2i(12 - kq);
@@ -273,7 +284,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
     for (int j = 0; j < D / 64; ++j) {
       const uint32_t idx = lane + 32 * j, quarter = idx / QP, P = idx % QP;
       const uint32_t lo = quarter * (D / 4) + KP::lo(P), hi = quarter * (D / 4) + KP::hi(P);
-      const float f = pow2i(kq - int(4 * (lo & 1)));
+      const float f = pow2i(kq - KP::offset(P));
       q2s[h * (D / 2) + idx] = pack_f16(q_at(h, lo) * f, q_at(h, hi) * f);
     }
   }
@@ -371,7 +382,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
         load_words(sp, sw);
         const int ks = key_scale_exponent<T, 4>(sw);  // lanes 4g .. 4g + 3 hold the quarters
         us_tile = pow2i(12 - ks);
-        scaled_key_scales<T, 4>(sw, ks, s2);
+        scaled_key_scales<T, KB>(sw, ks, s2);
         __syncwarp();  // the odd g have read the same words
         if (kg_live && (gq & 1) == 0) store_words(sp, s2);
         __syncwarp();
@@ -401,7 +412,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
             load_words(sp, sw);
             const int ks = key_scale_exponent<T, 4>(sw);  // lanes 4g .. 4g + 3 hold the quarters
             us = pow2i(12 - ks);
-            scaled_key_scales<T, 4>(sw, ks, s2);
+            scaled_key_scales<T, KB>(sw, ks, s2);
           }
           const bool lo_piece = gq & 1;
 #pragma unroll
@@ -423,15 +434,16 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
         for (int x = 0; x < 2 * kBatch; ++x) {
           const uint32_t m = 2 * kg0 + x;  // M-tile: tokens 16m .. 16m + 15, key group m / 2
           if (m >= 2 * groups) break;
-          uint32_t w0[D / 32], w1[D / 32];
-          load_key_quarter<D>(stage + L::kKCodes + (16 * m + gq) * (D / 2) + qi * (D / 8), w0);
-          load_key_quarter<D>(stage + L::kKCodes + (16 * m + gq + 8) * (D / 2) + qi * (D / 8), w1);
+          constexpr int PW = KP::kPerWord;  // key pairs per word
+          uint32_t w0[D * KB / 128], w1[D * KB / 128];
+          load_key_quarter<D, KB>(stage + L::kKCodes + (16 * m + gq) * L::kKRow + qi * (L::kKRow / 4), w0);
+          load_key_quarter<D, KB>(stage + L::kKCodes + (16 * m + gq + 8) * L::kKRow + qi * (L::kKRow / 4), w1);
           float d[2][4] = {};  // k-step parity: two independent chains
 #pragma unroll
           for (int k = 0; k < KS; ++k) {
-            const uint32_t av[4] = {KP::code_pair(w0[(2 * k) / 4], 2 * k), KP::code_pair(w1[(2 * k) / 4], 2 * k),
-                                    KP::code_pair(w0[(2 * k + 1) / 4], 2 * k + 1),
-                                    KP::code_pair(w1[(2 * k + 1) / 4], 2 * k + 1)};
+            const uint32_t av[4] = {KP::code_pair(w0[(2 * k) / PW], 2 * k), KP::code_pair(w1[(2 * k) / PW], 2 * k),
+                                    KP::code_pair(w0[(2 * k + 1) / PW], 2 * k + 1),
+                                    KP::code_pair(w1[(2 * k + 1) / PW], 2 * k + 1)};
             mma_16816<__half>(d[k & 1], av, bq[k][0], bq[k][1]);
           }
           if (uint32_t(x >> 1) == kgl) {  // columns 2i, 2i + 1: the lane's head, hi + lo
@@ -490,13 +502,18 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       }
       __syncwarp();
 
-      // 5. P·V over the tile's k-steps: channel subsets j = 0 .. 3 of each span in turn.
+      // 5. P·V over the tile's k-steps: channel subsets j = 0 .. 3 of each span in turn. A
+      //    value row is NC 16-byte chunks of 8 fp16 halves, each half E channels; subset j of
+      //    span s is the channel pair (2jj, 2jj + 1) of every half of chunk s · VB / 2 + j / (E / 2),
+      //    jj = j mod (E / 2) (M rows g and g + 8: half g's two channels).
+      constexpr int E = 16 / VB, NC = D * VB / 128, NX = NC > 1 ? NC / 2 : 1;
       {
         const uint8_t *vc = stage + L::kVCodes;
-        // ldmatrix.trans row addresses: matrix mi = (K half, span), row = K position → token.
+        // ldmatrix.trans row addresses: matrix mi = (K half, chunk 2x + mi / 2 of load x), row
+        // = K position → token.
         const uint32_t mi = lane >> 3, pp = (mi & 1) * 8 + (lane & 7);
         const uint32_t tok = (pp & 1) ? pp / 2 + 8 : pp / 2;
-        const uint8_t *vaddr = vc + tok * (D / 4) + (S > 1 ? (mi >> 1) * 16 : 0);
+        const uint8_t *vaddr = vc + tok * L::kVRow + (NC > 1 ? (mi >> 1) * 16 : 0);
         // B row n = (head slot (n / 2) mod NH, value group n % 2 of the span): every lane's C
         // columns 2i, 2i + 1 are its head's two value groups.
         const uint32_t n = lane & 7;
@@ -507,15 +524,17 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
           for (int s = 0; s < S; ++s) ldmatrix_x4(b[s], baddr + s * L::kBpvSpan + 16 * kk * 2);
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
-            uint32_t R[4];
-            ldmatrix_x4_trans(R, vaddr + (16 * (kk + h2)) * (D / 4));
+            uint32_t R[NX][4];
+#pragma unroll
+            for (int x = 0; x < NX; ++x) ldmatrix_x4_trans(R[x], vaddr + (16 * (kk + h2)) * L::kVRow + 32 * x);
 #pragma unroll
             for (int s = 0; s < S; ++s) {
 #pragma unroll
               for (int j = 0; j < 4; ++j) {
-                const uint32_t lo = j >= 2 ? R[2 * s] >> 8 : R[2 * s], hi = j >= 2 ? R[2 * s + 1] >> 8 : R[2 * s + 1];
-                const uint32_t m0 = (3u << (4 * (j & 1))) * 0x00010001u, m1 = m0 << 2;
-                const uint32_t av[4] = {lo & m0, lo & m1, hi & m0, hi & m1};
+                const int chunk = s * (VB / 2) + j / (E / 2), jj = j % (E / 2);
+                const uint32_t lo = R[chunk / 2][2 * (chunk & 1)], hi = R[chunk / 2][2 * (chunk & 1) + 1];
+                const uint32_t av[4] = {value_codes<VB>(lo, 2 * jj), value_codes<VB>(lo, 2 * jj + 1),
+                                        value_codes<VB>(hi, 2 * jj), value_codes<VB>(hi, 2 * jj + 1)};
                 mma_16816<__half>(acc[s][j], av, b[s][2 * h2], b[s][2 * h2 + 1]);
               }
             }
@@ -607,7 +626,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 
     __syncwarp();  // every lane is done with the stage and with P·V's B
     if (ti + kWarpStages < t_end) {
-      k4v2_warp_stage<D, NH>(a, tiles.tile(ti + kWarpStages, a.tiles), next_block, res_slot, kvh, regions,
+      k4v2_warp_stage<D, NH, KB, VB>(a, tiles.tile(ti + kWarpStages, a.tiles), next_block, res_slot, kvh, regions,
                              smem_s + buf * L::kStageBytes, bar0 + 8 * buf, lane);
       next_block = ti + kWarpStages + 1 < t_end
                        ? k4v2_block_of(a, tiles.tile(ti + kWarpStages + 1, a.tiles), table)
@@ -623,12 +642,12 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   float Lh = l_q;
 #pragma unroll
   for (int o = NH; o < 32; o <<= 1) Lh += __shfl_xor_sync(kFull, Lh, o);
-  float VB[VG];
+  float vb_sum[VG];
 #pragma unroll
   for (int j = 0; j < VG; ++j) {
-    VB[j] = vb[j];
+    vb_sum[j] = vb[j];
 #pragma unroll
-    for (int o = NH; o < 32; o <<= 1) VB[j] += __shfl_xor_sync(kFull, VB[j], o);
+    for (int o = NH; o < 32; o <<= 1) vb_sum[j] += __shfl_xor_sync(kFull, vb_sum[j], o);
   }
   float *out16 = reinterpret_cast<float *>(smem + L::kOut16);
   __syncwarp();
@@ -640,25 +659,28 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   }
   __syncwarp();
   // Lane (g, i) completes head slot hh's channel subsets j with j mod kBatch = i / NH:
-  // channels 64s + 8g + 2j + r, value group 2s + g / 4 (column parity g / 4 of its C
-  // fragment), in out16 (each element read and written by the lane that owns it); lane
+  // channels 64s + (128 / VB) · chunk + E g + 2 jj + r (step 5), value group 2s + (g / 4 for
+  // 2-bit values, else j / 2: the column parity of its C fragment), in out16 (each element
+  // read and written by the lane that owns it); lane
   // h < NH (slot h) adds its head's max and sum. Then whole rows go out with 16-byte stores:
   // the owners' channels lie 8 apart, so stored from the fragments every 4 bytes took a
   // 32-byte sector of its own.
   if (hh < nh) {
-    const uint32_t col = gq >> 2;
+    constexpr int E = 16 / VB;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (uint32_t(j % kBatch) != kgl) continue;
+      const uint32_t col = VB == 2 ? gq >> 2 : uint32_t(j) >> 1;
+      const int chunk = j / (E / 2), jj = j % (E / 2);
 #pragma unroll
       for (int s = 0; s < S; ++s)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const float q = col ? acc[s][j][2 * r + 1] : acc[s][j][2 * r];
-          const uint32_t ch = 64 * s + 8 * gq + 2 * j + r;
-          const int off = 4 * (j & 1) + 2 * r;  // the code's bit offset in its fp16 half
+          const uint32_t ch = 64 * s + (128 / VB) * chunk + E * gq + 2 * jj + r;
+          const int off = (2 * jj + r) * VB % 8;  // the code's bit offset in its fp16 half
           float &o = out16[hh * D + ch];
-          o = fmaf(q, pow2i(24 - off - Sv), (col ? VB[2 * s + 1] : VB[2 * s]) + o);
+          o = fmaf(q, pow2i(24 - off - Sv), (col ? vb_sum[2 * s + 1] : vb_sum[2 * s]) + o);
         }
     }
   }
@@ -678,14 +700,17 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 
 // The launchers; a CPU emulation (tests/emulation) runs the kernel itself.
 #ifndef MINIKV_WARP_EMULATION
-// fn(kernel, its dynamic shared memory) of (dtype, head_dim, head slots).
-template <typename Fn> void dispatch_k4v2_warp(minikv_dtype dtype, uint32_t head_dim, uint32_t slots, Fn &&fn) {
-  dispatch_dtype_head_dim<K4V2DecodeHeadDims>(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
-    using T = decltype(tag);
-    constexpr int D = decltype(hd)::value;
-    if (slots == 1) fn(decode_k4v2_warp_kernel<T, D, 1>, K4V2WarpLayout<D, 1>::kTotal);
-    else if (slots == 2) fn(decode_k4v2_warp_kernel<T, D, 2>, K4V2WarpLayout<D, 2>::kTotal);
-    else fn(decode_k4v2_warp_kernel<T, D, 4>, K4V2WarpLayout<D, 4>::kTotal);
+// fn(kernel, its dynamic shared memory) of (dtype, head_dim, head slots, storage bits).
+template <typename Fn>
+void dispatch_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t slots, Fn &&fn) {
+  dispatch_dtype_head_dim<K4V2DecodeHeadDims>(dtype, bl.head_dim, "minikv_decode", [&](auto tag, auto hd) {
+    dispatch_k4v2_warp_bits(bl.key_bits, bl.value_bits, [&](auto kb, auto vb) {
+      using T = decltype(tag);
+      constexpr int D = decltype(hd)::value, KB = decltype(kb)::value, VB = decltype(vb)::value;
+      if (slots == 1) fn(decode_k4v2_warp_kernel<T, D, 1, KB, VB>, K4V2WarpLayout<D, 1, KB, VB>::kTotal);
+      else if (slots == 2) fn(decode_k4v2_warp_kernel<T, D, 2, KB, VB>, K4V2WarpLayout<D, 2, KB, VB>::kTotal);
+      else fn(decode_k4v2_warp_kernel<T, D, 4, KB, VB>, K4V2WarpLayout<D, 4, KB, VB>::kTotal);
+    });
   });
 }
 #endif  // MINIKV_WARP_EMULATION
@@ -693,11 +718,16 @@ template <typename Fn> void dispatch_k4v2_warp(minikv_dtype dtype, uint32_t head
 }  // namespace
 
 #ifndef MINIKV_WARP_EMULATION
+bool decode_k4v2_warp_path(const BlockLayout &bl, uint32_t n_rep) {
+  return n_rep >= 1 && bl.elem_bytes == 2 && k4v2_warp_bits(bl.key_bits, bl.value_bits) &&
+         bl.group == kK4V2Group && in_list(K4V2DecodeHeadDims{}, bl.head_dim) && head_dim_compiled(bl.head_dim);
+}
+
 uint32_t decode_k4v2_warp_heads_per_cta(uint32_t n_rep) { return k4v2_warp_slots(n_rep); }
 
 uint32_t configure_decode_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t n_rep) {
   uint32_t ctas = 0;
-  dispatch_k4v2_warp(dtype, bl.head_dim, k4v2_warp_slots(n_rep), [&](auto kernel, uint32_t smem) {
+  dispatch_k4v2_warp(dtype, bl, k4v2_warp_slots(n_rep), [&](auto kernel, uint32_t smem) {
     ctas = configure_sm90_kernel(kernel, 32, smem);
   });
   return ctas;
@@ -708,7 +738,7 @@ void launch_decode_k4v2_warp(minikv_dtype dtype, const DecodeParams &p, const K4
   const uint32_t n_rep = p.num_heads / p.num_kv_heads;
   const uint32_t chunks = (n_rep + p.heads_per_cta - 1) / p.heads_per_cta;
   const K4V2Args args{p, plan.tiles, plan.block_tokens};
-  dispatch_k4v2_warp(dtype, p.st.block.head_dim, p.heads_per_cta, [&](auto kernel, uint32_t smem) {
+  dispatch_k4v2_warp(dtype, p.st.block, p.heads_per_cta, [&](auto kernel, uint32_t smem) {
     kernel<<<dim3(p.splits, p.num_kv_heads * chunks, p.n), 32, smem, stream>>>(args);
     check_launch_error("decode_k4v2_warp_kernel");
   });

@@ -95,6 +95,23 @@ template <int KB> struct KeyPairs {
   }
 };
 
+// The code offset of key channel c: KeyPairs<KB>::offset of the pair that holds it.
+template <int KB> __host__ __device__ constexpr int key_channel_offset(uint32_t c) {
+  return int((c % (32 / KB)) % (16 / KB) * KB % 8);
+}
+static_assert(key_channel_offset<4>(5) == 4 && key_channel_offset<4>(6) == 0 && key_channel_offset<2>(11) == 6 &&
+                  key_channel_offset<8>(3) == 0,
+              "a key channel's code offset");
+
+// ---- value codes as the P·V A operand ----------------------------------------------------
+// Channel c of each fp16 half of w (VB-bit codes packed from bit 0): the code at its offset
+// (c · VB) mod 8 of the half's low byte, the high byte shifted down first; an fp16 subnormal
+// code · 2^(offset − 24).
+template <int VB> __device__ __forceinline__ uint32_t value_codes(uint32_t w, int c) {
+  const uint32_t src = c * VB >= 8 ? w >> 8 : w;
+  return src & ((((1u << VB) - 1u) << (c * VB % 8)) * 0x00010001u);
+}
+
 // The 32-bit words of n consecutive uint4s at p (16-byte aligned shared memory).
 template <int N> __device__ __forceinline__ void load_words(const void *p, uint32_t (&w)[N]) {
   static_assert(N % 4 == 0, "whole uint4s");

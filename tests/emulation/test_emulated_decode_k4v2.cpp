@@ -8,40 +8,16 @@
 // to quantized tiles: where one tile's refill may land on another's bytes), tiles of 128, 64
 // and 32 tokens (R 128, 64, 96).
 #include "../../kernels/decode_k4v2.cu"
-#include "../../kernels/decode_k4v2_warp.cu"
 #include "../../kernels/decode_mma.cuh"
-#include "decode_harness.hpp"
+#include "k4v2_kernels.hpp"
 
 namespace {
 
 using namespace emu_test;
 
-uint32_t k4v2_tiles(const Launch &l) {  // cuda_backend.cpp: the K4V2 kernels' count
-  uint32_t all, quantized;
-  longest(l, all, quantized);
-  const uint32_t qtile = k::make_k4v2_launch_plan(block_layout(*l.cfg), 12080).tiles.qtile;
-  return (quantized + qtile - 1) / qtile + (all - quantized + k::kK4V2RowTile - 1) / k::kK4V2RowTile + 1;
-}
-k::K4V2Args k4v2_args(const k::DecodeParams &p) {  // the plan's (driver 12.8 or later)
-  const k::K4V2LaunchPlan plan = k::make_k4v2_launch_plan(p.st.block, 12080);
-  return {p, plan.tiles, plan.block_tokens};
-}
 uint32_t mma_heads_per_cta(uint32_t n_rep) { return heads_in_chunks(n_rep, k::kMmaMaxHeads); }
 
-const Kernel kOneWarp{
-    "one-warp", [](uint32_t n_rep) { return k::k4v2_warp_slots(n_rep); }, k4v2_tiles,
-    [](const minikv_config &cfg, const k::DecodeParams &p, CopyLanding landing) {
-      const k::K4V2Args args = k4v2_args(p);
-      dispatch_dtype_head_dim<64, 128>(cfg, [&](auto t, auto d) {
-        using T = decltype(t);
-        constexpr int D = decltype(d)::value;
-        auto go = [&](size_t smem, const std::function<void()> &thread) { emulate(p, 32, smem, landing, thread); };
-        if (p.heads_per_cta == 1) go(k::K4V2WarpLayout<D, 1>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 1>(args); });
-        else if (p.heads_per_cta == 2) go(k::K4V2WarpLayout<D, 2>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 2>(args); });
-        else go(k::K4V2WarpLayout<D, 4>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 4>(args); });
-      });
-      return p.splits == 1 || k::k4v2_warp_fused_merge(p.splits, p.heads_per_cta, p.num_heads / p.num_kv_heads);
-    }};
+const Kernel kOneWarp = one_warp_kernel<4, 2>();
 
 const Kernel kFourWarps{
     "four-warp", mma_heads_per_cta, k4v2_tiles,

@@ -68,6 +68,10 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
       {4, 2, 32, 128, 1, F16, 4, 128}, {4, 2, 32, 64, 1, F16, 0, 64}, {4, 2, 32, 64, 1, BF16, 4, 96},
       {4, 2, 32, 128, 1, BF16, 0, 96}, {4, 2, 32, 128, 2, F16, 4, 128}, {4, 2, 32, 64, 2, BF16, 0, 64},
       {4, 2, 32, 128, 3, BF16, 4, 96}, {4, 2, 32, 128, 8, F16, 4, 128},
+      // The one-warp kernel's other bit pairs at G = 32 (forced: not yet the plan there).
+      {2, 2, 32, 128, 1, F16, 4, 128}, {2, 2, 32, 64, 4, BF16, 0, 96}, {4, 4, 32, 128, 2, BF16, 20, 64},
+      {4, 4, 32, 64, 1, F16, 4, 128}, {8, 8, 32, 128, 4, F16, 4, 128}, {8, 8, 32, 64, 1, BF16, 17, 64},
+      {8, 8, 32, 128, 3, BF16, 0, 96},
   };
   for (const Shape &s : shapes) {
     if (!minikv::kernels::head_dim_compiled(s.head_dim)) continue;  // MINIKV_CUDA_HEAD_DIMS
@@ -80,12 +84,15 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
     // The default storage runs its own kernels where they compile (sm_90): the one-warp one
     // for groups of up to four heads, the four-warp one for larger groups. The tensor-core
     // kernel's instance for it and the kernel the plan does not pick stay checked by forcing
-    // them.
-    const bool k4v2 = s.key_bits == 4 && s.value_bits == 2 && s.group == 32 &&
-                      (s.head_dim == 64 || s.head_dim == 128);
+    // them; so does the one-warp kernel on 2/2, 4/4 and 8/8-bit storage at G = 32.
+    const bool g32 = s.group == 32 && (s.head_dim == 64 || s.head_dim == 128);
+    const bool k4v2 = g32 && s.key_bits == 4 && s.value_bits == 2;
+    const bool warp_bits = g32 && s.key_bits == s.value_bits && s.key_bits <= 8;
     const char *unplanned = s.n_rep <= 4 ? "k4v2" : "k4v2-warp";
-    for (const char *kernel : {static_cast<const char *>(nullptr), "mma", unplanned}) {
-      if (kernel != nullptr && !k4v2) break;
+    const char *forced[3] = {nullptr, k4v2 ? "mma" : warp_bits ? "k4v2-warp" : nullptr, k4v2 ? unplanned : nullptr};
+    for (int ki = 0; ki < 3; ++ki) {
+      const char *kernel = forced[ki];
+      if (ki > 0 && kernel == nullptr) break;
       const std::string sub = kernel ? name + " (" + kernel + ")" : name;
       SUBCASE(sub.c_str()) {
         const gt::DecodeKernelChoice choice(kernel);
