@@ -16,6 +16,13 @@ constexpr uint32_t kK4V2Warps = 4;
 constexpr uint32_t kK4V2Threads = 32 * kK4V2Warps;
 constexpr uint32_t kK4V2Group = 32;     // G: the storage this kernel decodes
 constexpr uint32_t kK4V2MaxTile = 128;  // quantized tokens per tile, at most (4 key groups)
+// The one-warp kernel's tiles (decode_k4v2_warp.cu) of KB-bit keys and VB-bit values: 64
+// tokens where 128 tokens' codes and scales would outgrow its 16-bit row stage (4/4 and 8/8
+// bits), so that 11-12 CTAs still share an SM with the same bytes in flight (one stage and
+// twelve CTAs measured faster than two stages and six for the default storage).
+constexpr uint32_t k4v2_max_tile(uint32_t key_bits, uint32_t value_bits) {
+  return key_bits + value_bits > 6 ? kK4V2MaxTile / 2 : kK4V2MaxTile;
+}
 constexpr uint32_t kK4V2RowTile = 30;   // 16-bit rows (sinks, residual) per tile: a stage's worth
 
 // An odd number of 16-byte units: rows read 16 bytes per lane (ldmatrix) without conflicts.
@@ -115,7 +122,8 @@ struct K4V2LaunchPlan {
   bool programmatic_merge;
 };
 inline K4V2LaunchPlan make_k4v2_launch_plan(const BlockLayout &bl, int driver_version) {
-  return {{generic_pow2_divisor(bl.tokens, kK4V2MaxTile), kK4V2RowTile}, FastDivU32::make(bl.tokens),
+  return {{generic_pow2_divisor(bl.tokens, k4v2_max_tile(bl.key_bits, bl.value_bits)), kK4V2RowTile},
+          FastDivU32::make(bl.tokens),
           driver_version >= 12030};
 }
 

@@ -61,15 +61,16 @@ constexpr uint32_t kWarpStages = 1;
 template <uint32_t D, uint32_t NH, uint32_t KB = 4, uint32_t VB = 2> struct K4V2WarpLayout {
   static constexpr uint32_t kVG = D / kK4V2Group;
   static constexpr uint32_t kKRow = D * KB / 8, kVRow = D * VB / 8;  // code bytes of a token
+  static constexpr uint32_t kMaxTile = k4v2_max_tile(KB, VB);         // quantized tokens per tile
   // Quantized stage: the tile's rows as the block stores them (one bulk copy per region), the
   // key regions first: P·V's B lies over them.
   static constexpr uint32_t kKCodes = 0;
-  static constexpr uint32_t kKScale = kKCodes + kK4V2MaxTile * kKRow;
-  static constexpr uint32_t kKMin = kKScale + kK4V2MaxTile / kK4V2Group * D * 2;
-  static constexpr uint32_t kVCodes = kKMin + kK4V2MaxTile / kK4V2Group * D * 2;
-  static constexpr uint32_t kVScale = kVCodes + kK4V2MaxTile * kVRow;
-  static constexpr uint32_t kVMin = kVScale + kK4V2MaxTile * kVG * 2;
-  static constexpr uint32_t kQuantBytes = kVMin + kK4V2MaxTile * kVG * 2;
+  static constexpr uint32_t kKScale = kKCodes + kMaxTile * kKRow;
+  static constexpr uint32_t kKMin = kKScale + kMaxTile / kK4V2Group * D * 2;
+  static constexpr uint32_t kVCodes = kKMin + kMaxTile / kK4V2Group * D * 2;
+  static constexpr uint32_t kVScale = kVCodes + kMaxTile * kVRow;
+  static constexpr uint32_t kVMin = kVScale + kMaxTile * kVG * 2;
+  static constexpr uint32_t kQuantBytes = kVMin + kMaxTile * kVG * 2;
   // 16-bit stage: K rows, then V rows, kRowK apart (an odd number of 16-byte units:
   // ldmatrix of eight rows reads without conflicts).
   static constexpr uint32_t kRowK = k4v2_odd_stride(D * 2);
@@ -82,7 +83,7 @@ template <uint32_t D, uint32_t NH, uint32_t KB = 4, uint32_t VB = 2> struct K4V2
   static constexpr uint32_t kRowP = 0;
   // P·V's B: [span][(head slot, value group of the span) rows][k position] fp16, over the key
   // codes, scales and minima of the stage (the logits are done with them when it is written).
-  static constexpr uint32_t kBpvStride = k4v2_odd_stride(kK4V2MaxTile * 2);
+  static constexpr uint32_t kBpvStride = k4v2_odd_stride(kMaxTile * 2);
   static constexpr uint32_t kBpvSpan = 2 * NH * kBpvStride;
   static constexpr uint32_t kBpv = kKCodes;
   // At the end, the 16-bit rows' P·V ([slot][D] fp32) and then each slot's (max, sum), over
@@ -115,9 +116,14 @@ static_assert(k4v2_warp_layouts_ok<4, 2>() && k4v2_warp_layouts_ok<2, 2>() && k4
 // CTAs per SM at head_dim 128 as shared memory allows: 228 KB, allocated in 128-byte units, plus
 // the 1 KB the runtime reserves per CTA (ncu's theoretical occupancy agrees).
 constexpr uint32_t k4v2_warp_smem_ctas(uint32_t bytes) { return 228 * 1024 / (k4v2_align(bytes, 128) + 1024); }
-static_assert(k4v2_warp_smem_ctas(K4V2WarpLayout<128, 1>::kTotal) >= 12 &&
-                  k4v2_warp_smem_ctas(K4V2WarpLayout<128, 2>::kTotal) >= 12 &&
-                  k4v2_warp_smem_ctas(K4V2WarpLayout<128, 4>::kTotal) >= 11,
+// (8-bit storage's 64-token stage is 18 KB: one CTA fewer.)
+template <uint32_t KB, uint32_t VB> constexpr bool k4v2_warp_fits(uint32_t ctas_1_2, uint32_t ctas_4) {
+  return k4v2_warp_smem_ctas(K4V2WarpLayout<128, 1, KB, VB>::kTotal) >= ctas_1_2 &&
+         k4v2_warp_smem_ctas(K4V2WarpLayout<128, 2, KB, VB>::kTotal) >= ctas_1_2 &&
+         k4v2_warp_smem_ctas(K4V2WarpLayout<128, 4, KB, VB>::kTotal) >= ctas_4;
+}
+static_assert(k4v2_warp_fits<4, 2>(12, 11) && k4v2_warp_fits<2, 2>(12, 11) && k4v2_warp_fits<4, 4>(12, 11) &&
+                  k4v2_warp_fits<8, 8>(11, 10),
               "decode_k4v2_warp's shared memory grew");
 
 // The head slots of a CTA for a GQA group of n_rep.
