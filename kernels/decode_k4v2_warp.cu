@@ -1,8 +1,8 @@
 // Decode attention for the default storage (4-bit keys, 2-bit values, G = 32; attention
 // sinks and the 16-bit residual), and for G = 32 storage of KB-bit keys and VB-bit values
 // (k4v2_warp_bits), sm_90: one warp per CTA, one CTA per (split, KV head × chunk of NH query
-// heads, sequence), walking whole 128-token tiles with no CTA barrier. NH = 1 for MHA, 2 for
-// groups of two, 4 for larger groups (in chunks of four heads).
+// heads, sequence), walking whole tiles (128 tokens, 64 for 4/4 and 8/8 bits) with no CTA
+// barrier. NH = 1 for MHA, 2 for groups of two, 4 for larger groups (in chunks of four heads).
 //
 // decode_k4v2.cu fills the mma's N columns with (head slot, hi / lo piece) of 4 or 8 head
 // slots, and its four warps pay three CTA barriers per tile to share the work; under MHA
