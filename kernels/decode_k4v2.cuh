@@ -80,9 +80,13 @@ __device__ __forceinline__ void load_value_scales(const uint8_t *vs, const uint8
     const uint2 s4 = *reinterpret_cast<const uint2 *>(vs), m4 = *reinterpret_cast<const uint2 *>(vm);
     s[0] = s4.x; s[1] = s4.y;
     m[0] = m4.x; m[1] = m4.y;
-  } else {
+  } else if constexpr (VG == 2) {
     s[0] = lds32(vs);
     m[0] = lds32(vm);
+  } else {
+    static_assert(VG == 1, "1, 2 or 4 value groups");
+    s[0] = *reinterpret_cast<const uint16_t *>(vs);
+    m[0] = *reinterpret_cast<const uint16_t *>(vm);
   }
 }
 

@@ -16,12 +16,14 @@ constexpr uint32_t kK4V2Warps = 4;
 constexpr uint32_t kK4V2Threads = 32 * kK4V2Warps;
 constexpr uint32_t kK4V2Group = 32;     // G: the storage this kernel decodes
 constexpr uint32_t kK4V2MaxTile = 128;  // quantized tokens per tile, at most (4 key groups)
-// The one-warp kernel's tiles (decode_k4v2_warp.cu) of KB-bit keys and VB-bit values: 64
-// tokens where 128 tokens' codes and scales would outgrow its 16-bit row stage (4/4 and 8/8
-// bits), so that 11-12 CTAs still share an SM with the same bytes in flight (one stage and
-// twelve CTAs measured faster than two stages and six for the default storage).
-constexpr uint32_t k4v2_max_tile(uint32_t key_bits, uint32_t value_bits) {
-  return key_bits + value_bits > 6 ? kK4V2MaxTile / 2 : kK4V2MaxTile;
+// The one-warp kernel's tiles (decode_k4v2_warp.cu) of KB-bit keys, VB-bit values and group
+// G: 64 tokens where 128 tokens' codes and scales would outgrow its 16-bit row stage (4/4 and
+// 8/8 bits), so that 11-12 CTAs still share an SM with the same bytes in flight (one stage and
+// twelve CTAs measured faster than two stages and six for the default storage); a whole key
+// group at least.
+constexpr uint32_t k4v2_max_tile(uint32_t key_bits, uint32_t value_bits, uint32_t group = kK4V2Group) {
+  const uint32_t t = key_bits + value_bits > 6 ? kK4V2MaxTile / 2 : kK4V2MaxTile;
+  return t > group ? t : group;
 }
 constexpr uint32_t kK4V2RowTile = 30;   // 16-bit rows (sinks, residual) per tile: a stage's worth
 
@@ -95,22 +97,30 @@ struct K4V2Tiles {
 // The instance's query-head slots (kH) for p.heads_per_cta query heads per CTA.
 constexpr uint32_t k4v2_head_slots(uint32_t heads_per_cta) { return heads_per_cta <= 4 ? 4 : 8; }
 
-// The storage bit pairs (key bits, value bits) at G = 32 that the one-warp kernel
-// (decode_k4v2_warp.cu) is compiled for: the default storage, MINIKV_PRESET_QUALITY's, and
-// 2- and 4-bit keys and values.
-constexpr bool k4v2_warp_bits(uint32_t key_bits, uint32_t value_bits) {
-  return (key_bits == 4 && value_bits == 2) || (key_bits == 8 && value_bits == 8) ||
-         (key_bits == 2 && value_bits == 2) || (key_bits == 4 && value_bits == 4);
+// The storage (key bits, value bits, group) that the one-warp kernel (decode_k4v2_warp.cu) is
+// compiled for: at G = 32 the default storage, MINIKV_PRESET_QUALITY's, and 2- and 4-bit keys
+// and values; at G = 64 and 128 (fewer scale bytes) 4-bit keys + 2-bit values and 2-bit both.
+constexpr bool k4v2_warp_storage(uint32_t key_bits, uint32_t value_bits, uint32_t group) {
+  const bool low = (key_bits == 4 || key_bits == 2) && value_bits == 2;
+  if (group == 32) return low || (key_bits == 8 && value_bits == 8) || (key_bits == 4 && value_bits == 4);
+  return (group == 64 || group == 128) && low;
 }
-// fn(key bits, value bits) as integral constants, for one of k4v2_warp_bits' pairs.
-template <typename Fn> void dispatch_k4v2_warp_bits(uint32_t key_bits, uint32_t value_bits, Fn &&fn) {
-  using I4 = std::integral_constant<int, 4>;
+// fn(key bits, value bits, group) as integral constants, for one of k4v2_warp_storage's.
+template <typename Fn> void dispatch_k4v2_warp_storage(uint32_t key_bits, uint32_t value_bits, uint32_t group, Fn &&fn) {
   using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
   using I8 = std::integral_constant<int, 8>;
-  if (key_bits == 4 && value_bits == 2) fn(I4{}, I2{});
-  else if (key_bits == 8 && value_bits == 8) fn(I8{}, I8{});
-  else if (key_bits == 2 && value_bits == 2) fn(I2{}, I2{});
-  else if (key_bits == 4 && value_bits == 4) fn(I4{}, I4{});
+  auto bits = [&](auto g) {
+    if (key_bits == 4 && value_bits == 2) fn(I4{}, I2{}, g);
+    else if (key_bits == 2 && value_bits == 2) fn(I2{}, I2{}, g);
+    else if constexpr (decltype(g)::value == 32) {
+      if (key_bits == 8 && value_bits == 8) fn(I8{}, I8{}, g);
+      else if (key_bits == 4 && value_bits == 4) fn(I4{}, I4{}, g);
+    }
+  };
+  if (group == 32) bits(std::integral_constant<int, 32>{});
+  else if (group == 64) bits(std::integral_constant<int, 64>{});
+  else if (group == 128) bits(std::integral_constant<int, 128>{});
 }
 
 // What a launch needs beyond its DecodeParams, made once at minikv_cache_create.
@@ -122,7 +132,7 @@ struct K4V2LaunchPlan {
   bool programmatic_merge;
 };
 inline K4V2LaunchPlan make_k4v2_launch_plan(const BlockLayout &bl, int driver_version) {
-  return {{generic_pow2_divisor(bl.tokens, k4v2_max_tile(bl.key_bits, bl.value_bits)), kK4V2RowTile},
+  return {{generic_pow2_divisor(bl.tokens, k4v2_max_tile(bl.key_bits, bl.value_bits, bl.group)), kK4V2RowTile},
           FastDivU32::make(bl.tokens),
           driver_version >= 12030};
 }

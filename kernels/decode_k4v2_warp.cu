@@ -1,6 +1,6 @@
 // Decode attention for the default storage (4-bit keys, 2-bit values, G = 32; attention
-// sinks and the 16-bit residual), and for G = 32 storage of KB-bit keys and VB-bit values
-// (k4v2_warp_bits), sm_90: one warp per CTA, one CTA per (split, KV head × chunk of NH query
+// sinks and the 16-bit residual), and for storage of KB-bit keys, VB-bit values and group G
+// (k4v2_warp_storage), sm_90: one warp per CTA, one CTA per (split, KV head × chunk of NH query
 // heads, sequence), walking whole tiles (128 tokens, 64 for 4/4 and 8/8 bits) with no CTA
 // barrier. NH = 1 for MHA, 2 for groups of two, 4 for larger groups (in chunks of four heads).
 //
@@ -58,16 +58,17 @@ constexpr uint32_t kWarpStages = 1;
 // VB-bit values, 16-bit dtypes; byte offsets. Kept to the stage and the queries so that 11-12
 // CTAs fit an SM at the default storage: the warp waits for each tile's copies, and the other
 // CTAs hide the wait (registers allow 12 and more).
-template <uint32_t D, uint32_t NH, uint32_t KB = 4, uint32_t VB = 2> struct K4V2WarpLayout {
-  static constexpr uint32_t kVG = D / kK4V2Group;
+template <uint32_t D, uint32_t NH, uint32_t KB = 4, uint32_t VB = 2, uint32_t G = kK4V2Group> struct K4V2WarpLayout {
+  static_assert(D % G == 0, "value groups divide head_dim");
+  static constexpr uint32_t kVG = D / G;
   static constexpr uint32_t kKRow = D * KB / 8, kVRow = D * VB / 8;  // code bytes of a token
-  static constexpr uint32_t kMaxTile = k4v2_max_tile(KB, VB);         // quantized tokens per tile
+  static constexpr uint32_t kMaxTile = k4v2_max_tile(KB, VB, G);      // quantized tokens per tile
   // Quantized stage: the tile's rows as the block stores them (one bulk copy per region), the
   // key regions first: P·V's B lies over them.
   static constexpr uint32_t kKCodes = 0;
   static constexpr uint32_t kKScale = kKCodes + kMaxTile * kKRow;
-  static constexpr uint32_t kKMin = kKScale + kMaxTile / kK4V2Group * D * 2;
-  static constexpr uint32_t kVCodes = kKMin + kMaxTile / kK4V2Group * D * 2;
+  static constexpr uint32_t kKMin = kKScale + kMaxTile / G * D * 2;
+  static constexpr uint32_t kVCodes = kKMin + kMaxTile / G * D * 2;
   static constexpr uint32_t kVScale = kVCodes + kMaxTile * kVRow;
   static constexpr uint32_t kVMin = kVScale + kMaxTile * kVG * 2;
   static constexpr uint32_t kQuantBytes = kVMin + kMaxTile * kVG * 2;
@@ -96,8 +97,9 @@ template <uint32_t D, uint32_t NH, uint32_t KB = 4, uint32_t VB = 2> struct K4V2
 };
 // Every region 16-byte aligned (bulk copies, ldmatrix; the mbarrier 8), and what lies over the
 // stage fits it.
-template <uint32_t D, uint32_t NH, uint32_t KB = 4, uint32_t VB = 2> constexpr bool k4v2_warp_layout_ok() {
-  using L = K4V2WarpLayout<D, NH, KB, VB>;
+template <uint32_t D, uint32_t NH, uint32_t KB = 4, uint32_t VB = 2, uint32_t G = kK4V2Group>
+constexpr bool k4v2_warp_layout_ok() {
+  using L = K4V2WarpLayout<D, NH, KB, VB, G>;
   return L::kVCodes % 16 == 0 && L::kKScale % 16 == 0 && L::kKMin % 16 == 0 && L::kVScale % 16 == 0 &&
          L::kVMin % 16 == 0 && L::kRowV % 16 == 0 && L::kStageBytes % 16 == 0 && L::kBpv % 16 == 0 &&
          L::kQ2 % 16 == 0 && L::kQn % 16 == 0 && L::kMbar % 8 == 0 && L::kTotal % 8 == 0 &&
@@ -105,25 +107,33 @@ template <uint32_t D, uint32_t NH, uint32_t KB = 4, uint32_t VB = 2> constexpr b
          L::kOut16 + NH * (D + 2) * 4 <= L::kStageBytes;
 }
 static_assert(kK4V2RowTile <= 32, "a 16-bit tile is at most two 16-row M-tiles");
-template <uint32_t KB, uint32_t VB> constexpr bool k4v2_warp_layouts_ok() {
-  return k4v2_warp_layout_ok<64, 1, KB, VB>() && k4v2_warp_layout_ok<128, 1, KB, VB>() &&
-         k4v2_warp_layout_ok<64, 2, KB, VB>() && k4v2_warp_layout_ok<128, 2, KB, VB>() &&
-         k4v2_warp_layout_ok<64, 4, KB, VB>() && k4v2_warp_layout_ok<128, 4, KB, VB>();
+template <uint32_t KB, uint32_t VB, uint32_t G> constexpr bool k4v2_warp_layouts_ok() {
+  bool ok = k4v2_warp_layout_ok<128, 1, KB, VB, G>() && k4v2_warp_layout_ok<128, 2, KB, VB, G>() &&
+            k4v2_warp_layout_ok<128, 4, KB, VB, G>();
+  if constexpr (64 % G == 0)
+    ok = ok && k4v2_warp_layout_ok<64, 1, KB, VB, G>() && k4v2_warp_layout_ok<64, 2, KB, VB, G>() &&
+         k4v2_warp_layout_ok<64, 4, KB, VB, G>();
+  return ok;
 }
-static_assert(k4v2_warp_layouts_ok<4, 2>() && k4v2_warp_layouts_ok<2, 2>() && k4v2_warp_layouts_ok<4, 4>() &&
-                  k4v2_warp_layouts_ok<8, 8>(),
+static_assert(k4v2_warp_layouts_ok<4, 2, 32>() && k4v2_warp_layouts_ok<2, 2, 32>() &&
+                  k4v2_warp_layouts_ok<4, 4, 32>() && k4v2_warp_layouts_ok<8, 8, 32>() &&
+                  k4v2_warp_layouts_ok<4, 2, 64>() && k4v2_warp_layouts_ok<2, 2, 64>() &&
+                  k4v2_warp_layouts_ok<4, 2, 128>() && k4v2_warp_layouts_ok<2, 2, 128>(),
               "decode_k4v2_warp's shared-memory layout");
 // CTAs per SM at head_dim 128 as shared memory allows: 228 KB, allocated in 128-byte units, plus
 // the 1 KB the runtime reserves per CTA (ncu's theoretical occupancy agrees).
 constexpr uint32_t k4v2_warp_smem_ctas(uint32_t bytes) { return 228 * 1024 / (k4v2_align(bytes, 128) + 1024); }
 // (8-bit storage's 64-token stage is 18 KB: one CTA fewer.)
-template <uint32_t KB, uint32_t VB> constexpr bool k4v2_warp_fits(uint32_t ctas_1_2, uint32_t ctas_4) {
-  return k4v2_warp_smem_ctas(K4V2WarpLayout<128, 1, KB, VB>::kTotal) >= ctas_1_2 &&
-         k4v2_warp_smem_ctas(K4V2WarpLayout<128, 2, KB, VB>::kTotal) >= ctas_1_2 &&
-         k4v2_warp_smem_ctas(K4V2WarpLayout<128, 4, KB, VB>::kTotal) >= ctas_4;
+template <uint32_t KB, uint32_t VB, uint32_t G = kK4V2Group>
+constexpr bool k4v2_warp_fits(uint32_t ctas_1_2, uint32_t ctas_4) {
+  return k4v2_warp_smem_ctas(K4V2WarpLayout<128, 1, KB, VB, G>::kTotal) >= ctas_1_2 &&
+         k4v2_warp_smem_ctas(K4V2WarpLayout<128, 2, KB, VB, G>::kTotal) >= ctas_1_2 &&
+         k4v2_warp_smem_ctas(K4V2WarpLayout<128, 4, KB, VB, G>::kTotal) >= ctas_4;
 }
 static_assert(k4v2_warp_fits<4, 2>(12, 11) && k4v2_warp_fits<2, 2>(12, 11) && k4v2_warp_fits<4, 4>(12, 11) &&
-                  k4v2_warp_fits<8, 8>(11, 10),
+                  k4v2_warp_fits<8, 8>(11, 10) && k4v2_warp_fits<4, 2, 64>(12, 11) &&
+                  k4v2_warp_fits<2, 2, 64>(12, 11) && k4v2_warp_fits<4, 2, 128>(12, 11) &&
+                  k4v2_warp_fits<2, 2, 128>(12, 11),
               "decode_k4v2_warp's shared memory grew");
 
 // The head slots of a CTA for a GQA group of n_rep.
@@ -133,19 +143,19 @@ constexpr uint32_t k4v2_warp_slots(uint32_t n_rep) { return n_rep == 1 ? 1 : n_r
 // arrival per phase, lane 0's): six bulk copies for a quantized tile (key codes, value codes,
 // key scales and minima, value scales and minima), two per row for a 16-bit tile, the row of
 // the token appended in this launch from the caller's buffer.
-template <int D, int NH, int KB, int VB>
+template <int D, int NH, int KB, int VB, int G>
 __device__ __forceinline__ void k4v2_warp_stage(const K4V2Args &a, const TileRef &tr, const uint8_t *block,
                                                 const uint8_t *res_slot, uint32_t kvh, const HeadRegions &hr,
                                                 uint32_t dst, uint32_t bar, uint32_t lane) {
-  using L = K4V2WarpLayout<D, NH, KB, VB>;
+  using L = K4V2WarpLayout<D, NH, KB, VB, G>;
   const DecodeParams &p = a.p;
-  constexpr uint32_t VG = D / kK4V2Group;
+  constexpr uint32_t VG = D / G;
   if (tr.segment == kSegQuantized) {
     if (lane != 0) return;
     const uint32_t row0 = tr.first - a.block_tokens.div(tr.first) * p.st.block.tokens;
     const uint32_t n = tr.count;  // a multiple of G; the tile lies in one block
-    const uint32_t kc = n * L::kKRow, vc = n * L::kVRow, ks = n / kK4V2Group * D * 2, vs = n * VG * 2;
-    const uint32_t kat = row0 / kK4V2Group * D * 2, vat = row0 * VG * 2;
+    const uint32_t kc = n * L::kKRow, vc = n * L::kVRow, ks = n / G * D * 2, vs = n * VG * 2;
+    const uint32_t kat = row0 / G * D * 2, vat = row0 * VG * 2;
     bulk::mbar_arrive_expect_tx(bar, kc + vc + 2 * ks + 2 * vs);
     bulk::copy(dst + L::kKCodes, block + hr.k_codes + row0 * L::kKRow, kc, bar);
     bulk::copy(dst + L::kVCodes, block + hr.v_codes + row0 * L::kVRow, vc, bar);
@@ -210,20 +220,27 @@ __device__ __forceinline__ void k4v2_warp_merge_if_last(const DecodeParams &p, u
 /// \tparam D  head_dim (64 or 128)
 /// \tparam NH query-head slots of the CTA (1, 2 or 4): lane (g, i) owns slot i % NH
 /// \tparam KB key bits (2, 4 or 8); VB value bits (2, 4 or 8)
-template <typename T, int D, int NH, int KB = 4, int VB = 2>
+/// \tparam G  the group: key groups of G tokens, value groups of G channels (32, 64, 128)
+template <typename T, int D, int NH, int KB = 4, int VB = 2, int G = int(kK4V2Group)>
 __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_constant__ K4V2Args a) {
 #if __CUDA_ARCH__ >= 900 || defined(MINIKV_WARP_EMULATION)
   using KP = KeyPairs<KB>;
-  using L = K4V2WarpLayout<D, NH, KB, VB>;
+  using L = K4V2WarpLayout<D, NH, KB, VB, G>;
   constexpr int KS = D / 16;          // 16-channel k-steps of a key row
   constexpr int S = D / 64;           // 64-channel spans of a value row
-  constexpr int VG = D / kK4V2Group;  // value groups of a token
+  constexpr int VG = D / G;           // value groups of a token
   constexpr int QP = D / 8;           // key pairs in a quarter of a key row
   constexpr int MR = D / 16;          // 16-channel M-tiles of the 16-bit rows' P·V
   constexpr int kBatch = 4 / NH;      // key groups per QK B operand (NH operands per tile)
+  // Value groups of a 64-channel span: B rows per head slot (2 at G = 32, else 1).
+  constexpr int RP = G == 32 ? 2 : 1;
+  // The tile walks keys in groups of 32 tokens whatever G is: group v's scales and minima are
+  // those of key group v · 32 / G (a larger G repeats them), so that every lane keeps logits.
+  auto key_group = [](uint32_t v) { return v * 32 / G; };
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(NH == 1 || NH == 2 || NH == 4, "1, 2 or 4 head slots");
   static_assert((KB == 2 || KB == 4 || KB == 8) && (VB == 2 || VB == 4 || VB == 8), "2-, 4- or 8-bit codes");
+  static_assert((G == 32 || G == 64 || G == 128) && D % G == 0, "G of 32, 64 or 128 dividing head_dim");
 
   MINIKV_DYNAMIC_SMEM(smem, 128);
   const uint32_t smem_s = smem_addr(smem);
@@ -252,7 +269,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   for (uint32_t s = 0; s < kWarpStages; ++s)
     if (t_begin + s < t_end) {
       const TileRef tr = tiles.tile(t_begin + s, a.tiles);
-      k4v2_warp_stage<D, NH, KB, VB>(a, tr, k4v2_block_of(a, tr, table), res_slot, kvh, regions,
+      k4v2_warp_stage<D, NH, KB, VB, G>(a, tr, k4v2_block_of(a, tr, table), res_slot, kvh, regions,
                              smem_s + s * L::kStageBytes, bar0 + 8 * s, lane);
     }
 
@@ -361,13 +378,13 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
     const uint32_t count = tr.count;
 
     if (tr.segment == kSegQuantized) {
-      const uint32_t groups = count / kK4V2Group;
+      const uint32_t groups = count / 32;
       // 1. The bias q · m_k of every (key group, head): A rows = the groups' minima, B
       //    column n = q of head slot n % NH; C[g][n] lands in lane (g, n / 2).
       float cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       {
         const bool live = gq < groups;
-        const uint8_t *mrow = stage + L::kKMin + (live ? gq : 0) * D * 2;
+        const uint8_t *mrow = stage + L::kKMin + (live ? key_group(gq) : 0) * D * 2;
         const uint8_t *qb = reinterpret_cast<const uint8_t *>(qn + (gq % NH) * D);
 #pragma unroll
         for (int k = 0; k < KS; ++k) {
@@ -383,13 +400,13 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       if constexpr (NH > 1) {
         const uint32_t kg = gq >> 1;
         const bool kg_live = kg < groups;
-        uint8_t *sp = stage + L::kKScale + (kg_live ? kg : 0) * D * 2 + qi * (D / 4) * 2;
+        uint8_t *sp = stage + L::kKScale + (kg_live ? key_group(kg) : 0) * D * 2 + qi * (D / 4) * 2;
         uint32_t sw[D / 8], s2[QP];  // quarter i of the group's key scales (dtype pairs); s'
         load_words(sp, sw);
         const int ks = key_scale_exponent<T, 4>(sw);  // lanes 4g .. 4g + 3 hold the quarters
         us_tile = pow2i(12 - ks);
         scaled_key_scales<T, KB>(sw, ks, s2);
-        __syncwarp();  // the odd g have read the same words
+        __syncwarp();  // the odd g (and at G > 32 other groups' lanes) have read the same words
         if (kg_live && (gq & 1) == 0) store_words(sp, s2);
         __syncwarp();
       }
@@ -408,7 +425,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
         {
           const uint32_t kg = kg0 + gq / (2 * NH), hc = (gq >> 1) % NH;
           const bool kg_live = kg < groups;
-          const uint8_t *sp = stage + L::kKScale + (kg_live ? kg : 0) * D * 2 + qi * (D / 4) * 2;
+          const uint8_t *sp = stage + L::kKScale + (kg_live ? key_group(kg) : 0) * D * 2 + qi * (D / 4) * 2;
           uint32_t q2[QP], s2[QP];
           load_words(q2s + hc * (D / 2) + qi * QP, q2);
           if constexpr (NH > 1) {
@@ -497,13 +514,20 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
           uint32_t sv0[(VG + 1) / 2], mv0[(VG + 1) / 2], sv1[(VG + 1) / 2], mv1[(VG + 1) / 2];
           load_value_scales<VG>(stage + L::kVScale + t0 * VG * 2, stage + L::kVMin + t0 * VG * 2, sv0, mv0);
           load_value_scales<VG>(stage + L::kVScale + (t0 + 8) * VG * 2, stage + L::kVMin + (t0 + 8) * VG * 2, sv1, mv1);
+          // B row (head slot, r) of span s takes value group (64 s + 32 r) / G: a group of 128
+          // channels serves both spans.
 #pragma unroll
-          for (int j = 0; j < VG; ++j) {
-            const float s0 = elem_to_float<T>(sv0[j / 2], j & 1) * unit, s1 = elem_to_float<T>(sv1[j / 2], j & 1) * unit;
-            sts32(bpv + (j / 2) * L::kBpvSpan + (2 * hh + (j & 1)) * L::kBpvStride + 2 * (16 * (2 * kg + mm) + 2 * gq),
-                  pack_f16(p0 * s0, p1 * s1));
+          for (int s = 0; s < S; ++s)
+#pragma unroll
+            for (int r = 0; r < RP; ++r) {
+              const int j = (64 * s + 32 * r) / G;
+              const float s0 = elem_to_float<T>(sv0[j / 2], j & 1) * unit, s1 = elem_to_float<T>(sv1[j / 2], j & 1) * unit;
+              sts32(bpv + s * L::kBpvSpan + (2 * hh + r) * L::kBpvStride + 2 * (16 * (2 * kg + mm) + 2 * gq),
+                    pack_f16(p0 * s0, p1 * s1));
+            }
+#pragma unroll
+          for (int j = 0; j < VG; ++j)
             vb[j] = fmaf(p0, elem_to_float<T>(mv0[j / 2], j & 1), fmaf(p1, elem_to_float<T>(mv1[j / 2], j & 1), vb[j]));
-          }
         }
       }
       __syncwarp();
@@ -632,7 +656,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 
     __syncwarp();  // every lane is done with the stage and with P·V's B
     if (ti + kWarpStages < t_end) {
-      k4v2_warp_stage<D, NH, KB, VB>(a, tiles.tile(ti + kWarpStages, a.tiles), next_block, res_slot, kvh, regions,
+      k4v2_warp_stage<D, NH, KB, VB, G>(a, tiles.tile(ti + kWarpStages, a.tiles), next_block, res_slot, kvh, regions,
                              smem_s + buf * L::kStageBytes, bar0 + 8 * buf, lane);
       next_block = ti + kWarpStages + 1 < t_end
                        ? k4v2_block_of(a, tiles.tile(ti + kWarpStages + 1, a.tiles), table)
@@ -676,7 +700,8 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (uint32_t(j % kBatch) != kgl) continue;
-      const uint32_t col = VB == 2 ? gq >> 2 : uint32_t(j) >> 1;
+      // The C column parity: the channel's value group within its span (0 from G = 64 up).
+      const uint32_t col = G > 32 ? 0u : VB == 2 ? gq >> 2 : uint32_t(j) >> 1;
       const int chunk = j / (E / 2), jj = j % (E / 2);
 #pragma unroll
       for (int s = 0; s < S; ++s)
@@ -686,7 +711,8 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
           const uint32_t ch = 64 * s + (128 / VB) * chunk + E * gq + 2 * jj + r;
           const int off = (2 * jj + r) * VB % 8;  // the code's bit offset in its fp16 half
           float &o = out16[hh * D + ch];
-          o = fmaf(q, pow2i(24 - off - Sv), (col ? vb_sum[2 * s + 1] : vb_sum[2 * s]) + o);
+          const float bias = G == 32 ? (col ? vb_sum[2 * s + 1] : vb_sum[2 * s]) : vb_sum[64 * s / G];
+          o = fmaf(q, pow2i(24 - off - Sv), bias + o);
         }
     }
   }
@@ -706,16 +732,19 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 
 // The launchers; a CPU emulation (tests/emulation) runs the kernel itself.
 #ifndef MINIKV_WARP_EMULATION
-// fn(kernel, its dynamic shared memory) of (dtype, head_dim, head slots, storage bits).
+// fn(kernel, its dynamic shared memory) of (dtype, head_dim, head slots, storage).
 template <typename Fn>
 void dispatch_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t slots, Fn &&fn) {
   dispatch_dtype_head_dim<K4V2DecodeHeadDims>(dtype, bl.head_dim, "minikv_decode", [&](auto tag, auto hd) {
-    dispatch_k4v2_warp_bits(bl.key_bits, bl.value_bits, [&](auto kb, auto vb) {
+    dispatch_k4v2_warp_storage(bl.key_bits, bl.value_bits, bl.group, [&](auto kb, auto vb, auto g) {
       using T = decltype(tag);
-      constexpr int D = decltype(hd)::value, KB = decltype(kb)::value, VB = decltype(vb)::value;
-      if (slots == 1) fn(decode_k4v2_warp_kernel<T, D, 1, KB, VB>, K4V2WarpLayout<D, 1, KB, VB>::kTotal);
-      else if (slots == 2) fn(decode_k4v2_warp_kernel<T, D, 2, KB, VB>, K4V2WarpLayout<D, 2, KB, VB>::kTotal);
-      else fn(decode_k4v2_warp_kernel<T, D, 4, KB, VB>, K4V2WarpLayout<D, 4, KB, VB>::kTotal);
+      constexpr int D = decltype(hd)::value, KB = decltype(kb)::value, VB = decltype(vb)::value,
+                    G = decltype(g)::value;
+      if constexpr (D % G == 0) {
+        if (slots == 1) fn(decode_k4v2_warp_kernel<T, D, 1, KB, VB, G>, K4V2WarpLayout<D, 1, KB, VB, G>::kTotal);
+        else if (slots == 2) fn(decode_k4v2_warp_kernel<T, D, 2, KB, VB, G>, K4V2WarpLayout<D, 2, KB, VB, G>::kTotal);
+        else fn(decode_k4v2_warp_kernel<T, D, 4, KB, VB, G>, K4V2WarpLayout<D, 4, KB, VB, G>::kTotal);
+      }
     });
   });
 }
@@ -725,8 +754,8 @@ void dispatch_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t slot
 
 #ifndef MINIKV_WARP_EMULATION
 bool decode_k4v2_warp_path(const BlockLayout &bl, uint32_t n_rep) {
-  return n_rep >= 1 && bl.elem_bytes == 2 && k4v2_warp_bits(bl.key_bits, bl.value_bits) &&
-         bl.group == kK4V2Group && in_list(K4V2DecodeHeadDims{}, bl.head_dim) && head_dim_compiled(bl.head_dim);
+  return n_rep >= 1 && bl.elem_bytes == 2 && k4v2_warp_storage(bl.key_bits, bl.value_bits, bl.group) &&
+         bl.head_dim % bl.group == 0 && in_list(K4V2DecodeHeadDims{}, bl.head_dim) && head_dim_compiled(bl.head_dim);
 }
 
 uint32_t decode_k4v2_warp_heads_per_cta(uint32_t n_rep) { return k4v2_warp_slots(n_rep); }

@@ -94,9 +94,9 @@ uint32_t configure_decode_k4v2(minikv_dtype dtype, const BlockLayout &bl, uint32
 struct K4V2LaunchPlan;
 void launch_decode_k4v2(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
                         cudaStream_t stream);
-// decode_k4v2_warp.cu: the same storage and G = 32 storage of the other bit pairs of
-// k4v2_warp_bits (decode_k4v2_plan.h), head_dim 64/128, on sm_90; any GQA group, one-warp
-// CTAs of 1, 2 or 4 query heads over the same tiles and plan.
+// decode_k4v2_warp.cu: the same storage and the other storage of k4v2_warp_storage
+// (decode_k4v2_plan.h), head_dim 64/128, on sm_90; any GQA group, one-warp CTAs of 1, 2 or 4
+// query heads over the same tiles and plan.
 bool decode_k4v2_warp_path(const BlockLayout &bl, uint32_t n_rep);
 uint32_t decode_k4v2_warp_heads_per_cta(uint32_t n_rep);
 // Raises the kernel's shared-memory limit; returns resident CTAs per SM, or 0 where this
