@@ -257,20 +257,26 @@ __global__ void __launch_bounds__(kStoreThreads) store_kept_kernel(const __grid_
     const uint64_t S = rl.sink_tokens;
     T *k_sink = reinterpret_cast<T *>(slot + rl.sink_k) + uint64_t(head) * S * D;
     T *v_sink = reinterpret_cast<T *>(slot + rl.sink_v) + uint64_t(head) * S * D;
-    for (uint32_t i = threadIdx.x; i < sinks * D; i += kStoreThreads) {
-      const uint32_t t = i / D, c = i % D;
-      k_sink[uint64_t(t) * D + c] = src_row(k, t)[c];
-      v_sink[uint64_t(t) * D + c] = src_row(v, t)[c];
-    }
     T *k_res = reinterpret_cast<T *>(slot + rl.k) + uint64_t(head) * R * D;
     T *v_res = reinterpret_cast<T *>(slot + rl.v) + uint64_t(head) * R * D;
     int32_t *pos = reinterpret_cast<int32_t *>(slot + rl.positions) + uint64_t(head) * R;
     const uint32_t first = sinks + quantized, tail = n_keep - first;
-    for (uint32_t i = threadIdx.x; i < tail * D; i += kStoreThreads) {
-      const uint32_t t = i / D, c = i % D;
-      k_res[uint64_t(t) * D + c] = src_row(k, first + t)[c];
-      v_res[uint64_t(t) * D + c] = src_row(v, first + t)[c];
-    }
+    // Rows of kept index from .. from + n − 1 into dst_k, dst_v, 16 bytes a thread (a row is
+    // D · 2 bytes, a multiple of 32; rows 16-byte aligned as store_group's): this CTA copies up
+    // to S + G − 1 rows of a head while the others quantize.
+    const uint32_t U = D * sizeof(T) / 16;
+    auto copy_rows = [&](T *dst_k, T *dst_v, uint32_t from, uint32_t n) {
+#pragma unroll 4
+      for (uint32_t i = threadIdx.x; i < n * U; i += kStoreThreads) {
+        const uint32_t t = i / U, u = i % U;
+        const uint4 kx = reinterpret_cast<const uint4 *>(src_row(k, from + t))[u];
+        const uint4 vx = reinterpret_cast<const uint4 *>(src_row(v, from + t))[u];
+        reinterpret_cast<uint4 *>(dst_k + uint64_t(t) * D)[u] = kx;
+        reinterpret_cast<uint4 *>(dst_v + uint64_t(t) * D)[u] = vx;
+      }
+    };
+    copy_rows(k_sink, v_sink, 0, sinks);
+    copy_rows(k_res, v_res, first, tail);
     for (uint32_t t = threadIdx.x; t < tail; t += kStoreThreads) pos[t] = kept[first + t];
   }
 }
