@@ -223,9 +223,9 @@ class CudaBackend final : public Backend {
     // 1.8x the four-warp kernel's rate under MHA, 1.08x for groups of 4, bench/results);
     // larger groups the four-warp one (groups of 7 and 8: 1.2x the one-warp kernel's rate,
     // which reads each KV head once per chunk of four).
-    // The one-warp kernel also decodes 2/2, 4/4 and 8/8-bit storage at G = 32 and 4/2, 2/2 at
-    // G = 64 and 128; it is not the plan there (MINIKV_DECODE_KERNEL=k4v2-warp forces it)
-    // until measured against decode_mma and the generic kernel.
+    // The one-warp kernel also decodes the other storage of k4v2_warp_storage (bit pairs at G =
+    // 32, 4/2 and 2/2 at G = 64 and 128); it is not the plan there (MINIKV_DECODE_KERNEL=
+    // k4v2-warp forces it) until measured against decode_mma and the generic kernel.
     const bool k4v2_path = decode_k4v2_path(spec.block, n_rep);
     const bool k4v2_warp_path = decode_k4v2_warp_path(spec.block, n_rep);
     const uint32_t k4v2_heads = decode_mma_heads_per_cta(n_rep);
@@ -250,8 +250,8 @@ class CudaBackend final : public Backend {
              "minikv_cache_create: MINIKV_DECODE_KERNEL=%s cannot decode this configuration "
              "(fast: 2-bit keys and values, G 16, no sinks, n_rep 1/2/4/8; k4v2: 4-bit keys, "
              "2-bit values, G 32, head_dim 64/128, sm_90; k4v2-warp: the same, 2-, 4- or 8-bit "
-             "keys and values of equal width at G 32, or 4-bit keys + 2-bit values and 2-bit "
-             "both at G 64/128; "
+             "keys and values of equal width or 8-bit keys with 2- or 4-bit values at G 32, or "
+             "4-bit keys + 2-bit values and 2-bit both at G 64/128; "
              "mma: G >= 16 with head_dim / G <= 8; generic: any)",
              forced);
     }

@@ -17,8 +17,8 @@ constexpr uint32_t kK4V2Threads = 32 * kK4V2Warps;
 constexpr uint32_t kK4V2Group = 32;     // G: the storage this kernel decodes
 constexpr uint32_t kK4V2MaxTile = 128;  // quantized tokens per tile, at most (4 key groups)
 // The one-warp kernel's tiles (decode_k4v2_warp.cu) of KB-bit keys, VB-bit values and group
-// G: 64 tokens where 128 tokens' codes and scales would outgrow its 16-bit row stage (4/4 and
-// 8/8 bits), so that 11-12 CTAs still share an SM with the same bytes in flight (one stage and
+// G: 64 tokens where 128 tokens' codes and scales would outgrow its 16-bit row stage (more
+// than 6 bits of key and value together), so that 11-12 CTAs still share an SM with the same bytes in flight (one stage and
 // twelve CTAs measured faster than two stages and six for the default storage); a whole key
 // group at least.
 constexpr uint32_t k4v2_max_tile(uint32_t key_bits, uint32_t value_bits, uint32_t group = kK4V2Group) {
@@ -98,11 +98,12 @@ struct K4V2Tiles {
 constexpr uint32_t k4v2_head_slots(uint32_t heads_per_cta) { return heads_per_cta <= 4 ? 4 : 8; }
 
 // The storage (key bits, value bits, group) that the one-warp kernel (decode_k4v2_warp.cu) is
-// compiled for: at G = 32 the default storage, MINIKV_PRESET_QUALITY's, and 2- and 4-bit keys
-// and values; at G = 64 and 128 (fewer scale bytes) 4-bit keys + 2-bit values and 2-bit both.
+// compiled for: at G = 32 the default storage, MINIKV_PRESET_QUALITY's, 2- and 4-bit keys and
+// values, and 8-bit keys with 2- or 4-bit values (keys are the sensitive side); at G = 64 and
+// 128 (fewer scale bytes) 4-bit keys + 2-bit values and 2-bit both.
 constexpr bool k4v2_warp_storage(uint32_t key_bits, uint32_t value_bits, uint32_t group) {
   const bool low = (key_bits == 4 || key_bits == 2) && value_bits == 2;
-  if (group == 32) return low || (key_bits == 8 && value_bits == 8) || (key_bits == 4 && value_bits == 4);
+  if (group == 32) return low || (key_bits == 8 && value_bits <= 8) || (key_bits == 4 && value_bits == 4);
   return (group == 64 || group == 128) && low;
 }
 // fn(key bits, value bits, group) as integral constants, for one of k4v2_warp_storage's.
@@ -116,6 +117,8 @@ template <typename Fn> void dispatch_k4v2_warp_storage(uint32_t key_bits, uint32
     else if constexpr (decltype(g)::value == 32) {
       if (key_bits == 8 && value_bits == 8) fn(I8{}, I8{}, g);
       else if (key_bits == 4 && value_bits == 4) fn(I4{}, I4{}, g);
+      else if (key_bits == 8 && value_bits == 4) fn(I8{}, I4{}, g);
+      else if (key_bits == 8 && value_bits == 2) fn(I8{}, I2{}, g);
     }
   };
   if (group == 32) bits(std::integral_constant<int, 32>{});

@@ -1,7 +1,7 @@
 // Decode attention for the default storage (4-bit keys, 2-bit values, G = 32; attention
 // sinks and the 16-bit residual), and for storage of KB-bit keys, VB-bit values and group G
 // (k4v2_warp_storage), sm_90: one warp per CTA, one CTA per (split, KV head × chunk of NH query
-// heads, sequence), walking whole tiles (128 tokens, 64 for 4/4 and 8/8 bits) with no CTA
+// heads, sequence), walking whole tiles (128 tokens, 64 above 6 bits of key + value) with no CTA
 // barrier. NH = 1 for MHA, 2 for groups of two, 4 for larger groups (in chunks of four heads).
 //
 // decode_k4v2.cu fills the mma's N columns with (head slot, hi / lo piece) of 4 or 8 head
@@ -117,6 +117,7 @@ template <uint32_t KB, uint32_t VB, uint32_t G> constexpr bool k4v2_warp_layouts
 }
 static_assert(k4v2_warp_layouts_ok<4, 2, 32>() && k4v2_warp_layouts_ok<2, 2, 32>() &&
                   k4v2_warp_layouts_ok<4, 4, 32>() && k4v2_warp_layouts_ok<8, 8, 32>() &&
+                  k4v2_warp_layouts_ok<8, 4, 32>() && k4v2_warp_layouts_ok<8, 2, 32>() &&
                   k4v2_warp_layouts_ok<4, 2, 64>() && k4v2_warp_layouts_ok<2, 2, 64>() &&
                   k4v2_warp_layouts_ok<4, 2, 128>() && k4v2_warp_layouts_ok<2, 2, 128>(),
               "decode_k4v2_warp's shared-memory layout");
@@ -131,7 +132,8 @@ constexpr bool k4v2_warp_fits(uint32_t ctas_1_2, uint32_t ctas_4) {
          k4v2_warp_smem_ctas(K4V2WarpLayout<128, 4, KB, VB, G>::kTotal) >= ctas_4;
 }
 static_assert(k4v2_warp_fits<4, 2>(12, 11) && k4v2_warp_fits<2, 2>(12, 11) && k4v2_warp_fits<4, 4>(12, 11) &&
-                  k4v2_warp_fits<8, 8>(11, 10) && k4v2_warp_fits<4, 2, 64>(12, 11) &&
+                  k4v2_warp_fits<8, 8>(11, 10) && k4v2_warp_fits<8, 4>(12, 11) && k4v2_warp_fits<8, 2>(12, 11) &&
+                  k4v2_warp_fits<4, 2, 64>(12, 11) &&
                   k4v2_warp_fits<2, 2, 64>(12, 11) && k4v2_warp_fits<4, 2, 128>(12, 11) &&
                   k4v2_warp_fits<2, 2, 128>(12, 11),
               "decode_k4v2_warp's shared memory grew");

@@ -1,7 +1,8 @@
 // minikv-test: white-box
 // The one-warp decode kernel (decode_k4v2_warp.cu) on the storage it is compiled for besides
-// the default (k4v2_warp_storage: 2-bit, 4-bit and 8-bit keys and values at G = 32; 4-bit keys
-// + 2-bit values and 2-bit both at G = 64 and 128), run by the warp emulator against the CPU
+// the default (k4v2_warp_storage: 2-bit, 4-bit and 8-bit keys and values, and 8-bit keys with
+// 4- or 2-bit values, at G = 32; 4-bit keys + 2-bit values and 2-bit both at G = 64 and 128),
+// run by the warp emulator against the CPU
 // backend (decode_harness.hpp): MINIKV_DECODE_KERNEL=k4v2-warp's kernel there. Each at
 // head_dim 64 and 128 (128 only for G = 128), one, two and four head slots, fp16 and bf16,
 // with and without sinks, tiles of 128, 64 and 32 tokens.
@@ -13,14 +14,16 @@ using namespace emu_test;
 
 const std::vector<Kernel> kKernels = {one_warp_kernel<2, 2>(),      one_warp_kernel<4, 4>(),     one_warp_kernel<8, 8>(),
                                       one_warp_kernel<4, 2, 64>(),  one_warp_kernel<2, 2, 64>(),
-                                      one_warp_kernel<4, 2, 128>(), one_warp_kernel<2, 2, 128>()};
+                                      one_warp_kernel<4, 2, 128>(), one_warp_kernel<2, 2, 128>(),
+                                      one_warp_kernel<8, 4>(),      one_warp_kernel<8, 2>()};
 
 }  // namespace
 
 TEST_SUITE("cpu") {
 TEST_CASE("the one-warp decode kernel on 2-bit and 4-bit and 8-bit storage and larger groups matches the CPU backend") {
   const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
-  const uint32_t K2V2 = 1, K4V4 = 2, K8V8 = 4, K4V2G64 = 8, K2V2G64 = 16, K4V2G128 = 32, K2V2G128 = 64;
+  const uint32_t K2V2 = 1, K4V4 = 2, K8V8 = 4, K4V2G64 = 8, K2V2G64 = 16, K4V2G128 = 32, K2V2G128 = 64, K8V4 = 128,
+                 K8V2 = 256;
   const std::vector<Shape> shapes = {
       {2, 2, 32, 128, 1, F16, 4, 128, K2V2},  {2, 2, 32, 64, 4, BF16, 0, 96, K2V2},  {2, 2, 32, 128, 2, BF16, 20, 64, K2V2},
       {4, 4, 32, 128, 1, BF16, 0, 96, K4V4},  {4, 4, 32, 64, 2, F16, 4, 128, K4V4},  {4, 4, 32, 128, 4, F16, 17, 64, K4V4},
@@ -33,6 +36,9 @@ TEST_CASE("the one-warp decode kernel on 2-bit and 4-bit and 8-bit storage and l
       {2, 2, 64, 128, 4, F16, 0, 128, K2V2G64},  {4, 2, 64, 64, 3, F16, 20, 64, K4V2G64},   {4, 2, 128, 128, 1, BF16, 4, 128, K4V2G128},
       {4, 2, 128, 128, 4, F16, 20, 256, K4V2G128}, {2, 2, 128, 128, 2, F16, 0, 128, K2V2G128},
       {2, 2, 128, 128, 1, BF16, 4, 384, K2V2G128},
+      // 8-bit keys with narrower values.
+      {8, 4, 32, 128, 1, BF16, 4, 128, K8V4}, {8, 4, 32, 64, 4, F16, 0, 96, K8V4},
+      {8, 2, 32, 128, 2, F16, 20, 64, K8V2}, {8, 2, 32, 64, 1, BF16, 4, 128, K8V2},
   };
   run_shapes(shapes, kKernels);
 }

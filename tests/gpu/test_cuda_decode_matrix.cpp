@@ -73,7 +73,8 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
       {2, 2, 32, 128, 1, F16, 4, 128}, {2, 2, 32, 64, 4, BF16, 0, 96}, {4, 4, 32, 128, 2, BF16, 20, 64},
       {4, 4, 32, 64, 1, F16, 4, 128}, {8, 8, 32, 128, 4, F16, 4, 128}, {8, 8, 32, 64, 1, BF16, 17, 64},
       {8, 8, 32, 128, 3, BF16, 0, 96}, {4, 2, 64, 64, 4, BF16, 4, 128}, {4, 2, 64, 128, 1, F16, 0, 192},
-      {2, 2, 128, 128, 3, F16, 20, 256}, {4, 2, 128, 128, 2, BF16, 4, 128},
+      {2, 2, 128, 128, 3, F16, 20, 256}, {4, 2, 128, 128, 2, BF16, 4, 128}, {8, 4, 32, 128, 2, F16, 4, 128},
+      {8, 2, 32, 64, 4, BF16, 0, 96},
   };
   for (const Shape &s : shapes) {
     if (!minikv::kernels::head_dim_compiled(s.head_dim)) continue;  // MINIKV_CUDA_HEAD_DIMS
@@ -91,7 +92,8 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
     const bool k4v2 = hd && s.group == 32 && s.key_bits == 4 && s.value_bits == 2;
     const bool low = (s.key_bits == 4 || s.key_bits == 2) && s.value_bits == 2;
     const bool warp_bits = hd && s.head_dim % s.group == 0 &&
-                           ((s.group == 32 && s.key_bits == s.value_bits && s.key_bits <= 8) ||
+                           ((s.group == 32 && ((s.key_bits == s.value_bits && s.key_bits <= 8) ||
+                                                (s.key_bits == 8 && s.value_bits <= 4))) ||
                             ((s.group == 64 || s.group == 128) && low));
     const char *unplanned = s.n_rep <= 4 ? "k4v2" : "k4v2-warp";
     const char *forced[3] = {nullptr, k4v2 ? "mma" : warp_bits ? "k4v2-warp" : nullptr, k4v2 ? unplanned : nullptr};
