@@ -18,9 +18,9 @@ constexpr uint32_t kK4V2Group = 32;     // G: the storage this kernel decodes
 constexpr uint32_t kK4V2MaxTile = 128;  // quantized tokens per tile, at most (4 key groups)
 // The one-warp kernel's tiles (decode_k4v2_warp.cu) of KB-bit keys, VB-bit values and group
 // G: 64 tokens where 128 tokens' codes and scales would outgrow its 16-bit row stage (more
-// than 6 bits of key and value together), so that 11-12 CTAs still share an SM with the same bytes in flight (one stage and
-// twelve CTAs measured faster than two stages and six for the default storage); a whole key
-// group at least.
+// than 6 bits of key and value together), so that 10-12 CTAs still share an SM with the same
+// bytes in flight (one stage and twelve CTAs measured faster than two stages and six for the
+// default storage); a whole key group at least.
 constexpr uint32_t k4v2_max_tile(uint32_t key_bits, uint32_t value_bits, uint32_t group = kK4V2Group) {
   const uint32_t t = key_bits + value_bits > 6 ? kK4V2MaxTile / 2 : kK4V2MaxTile;
   return t > group ? t : group;
@@ -107,7 +107,8 @@ constexpr bool k4v2_warp_storage(uint32_t key_bits, uint32_t value_bits, uint32_
   return (group == 64 || group == 128) && low;
 }
 // fn(key bits, value bits, group) as integral constants, for one of k4v2_warp_storage's.
-template <typename Fn> void dispatch_k4v2_warp_storage(uint32_t key_bits, uint32_t value_bits, uint32_t group, Fn &&fn) {
+template <typename Fn>
+void dispatch_k4v2_warp_storage(uint32_t key_bits, uint32_t value_bits, uint32_t group, Fn &&fn) {
   using I2 = std::integral_constant<int, 2>;
   using I4 = std::integral_constant<int, 4>;
   using I8 = std::integral_constant<int, 8>;
