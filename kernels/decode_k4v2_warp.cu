@@ -124,7 +124,7 @@ static_assert(k4v2_warp_layouts_ok<4, 2, 32>() && k4v2_warp_layouts_ok<2, 2, 32>
 // CTAs per SM at head_dim 128 as shared memory allows: 228 KB, allocated in 128-byte units, plus
 // the 1 KB the runtime reserves per CTA (ncu's theoretical occupancy agrees).
 constexpr uint32_t k4v2_warp_smem_ctas(uint32_t bytes) { return 228 * 1024 / (k4v2_align(bytes, 128) + 1024); }
-// (8-bit storage's 64-token stage is 18 KB: one CTA fewer.)
+// (8/8-bit storage's 64-token stage is 18 KB: one CTA fewer.)
 template <uint32_t KB, uint32_t VB, uint32_t G = kK4V2Group>
 constexpr bool k4v2_warp_fits(uint32_t ctas_1_2, uint32_t ctas_4) {
   return k4v2_warp_smem_ctas(K4V2WarpLayout<128, 1, KB, VB, G>::kTotal) >= ctas_1_2 &&
@@ -234,6 +234,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   constexpr int QP = D / 8;           // key pairs in a quarter of a key row
   constexpr int MR = D / 16;          // 16-channel M-tiles of the 16-bit rows' P·V
   constexpr int kBatch = 4 / NH;      // key groups per QK B operand (NH operands per tile)
+  constexpr int E = 16 / VB;          // value channels in an fp16 half of a code word
   // Value groups of a 64-channel span: B rows per head slot (2 at G = 32, else 1).
   constexpr int RP = G == 32 ? 2 : 1;
   // The tile walks keys in groups of 32 tokens whatever G is: group v's scales and minima are
@@ -538,7 +539,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       //    value row is NC 16-byte chunks of 8 fp16 halves, each half E channels; subset j of
       //    span s is the channel pair (2jj, 2jj + 1) of every half of chunk s · VB / 2 + j / (E / 2),
       //    jj = j mod (E / 2) (M rows g and g + 8: half g's two channels).
-      constexpr int E = 16 / VB, NC = D * VB / 128, NX = NC > 1 ? NC / 2 : 1;
+      constexpr int NC = D * VB / 128, NX = NC > 1 ? NC / 2 : 1;
       {
         const uint8_t *vc = stage + L::kVCodes;
         // ldmatrix.trans row addresses: matrix mi = (K half, chunk 2x + mi / 2 of load x), row
@@ -698,7 +699,6 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   // the owners' channels lie 8 apart, so stored from the fragments every 4 bytes took a
   // 32-byte sector of its own.
   if (hh < nh) {
-    constexpr int E = 16 / VB;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (uint32_t(j % kBatch) != kgl) continue;

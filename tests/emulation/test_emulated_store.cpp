@@ -2,11 +2,11 @@
 // The prefill's store kernel (select_quantize.cu store_kept_kernel: the kept rows gathered
 // from the caller's K/V, whole groups quantized into pool blocks, the sinks and the tail into
 // the residual slot) run by the warp emulator on the CPU, over a block-table mirror that
-// set_block_table_kernel wrote: given the kept positions the CPU
-// backend chose, the pool and every residual slot must equal the CPU prefill's byte for byte
-// (the contract the GPU storage test checks on a device), for key and value bits in {2, 4, 8,
-// 16}, G 16 to 128, head_dim 64 to 256, fp16 and bf16, both score modes, with and without
-// sinks, prompts shorter than a group to several blocks.
+// set_block_table_kernel wrote: given the kept positions the CPU backend chose, the pool and
+// every residual slot must equal the CPU prefill's byte for byte (the contract the GPU storage
+// test checks on a device), for key and value bits in {2, 4, 8, 16}, G 16 to 128, head_dim 64
+// to 256, fp16 and bf16, both score modes, with and without sinks, prompts shorter than a
+// group to several blocks.
 #include "../../kernels/select_quantize.cu"
 #include "decode_harness.hpp"
 

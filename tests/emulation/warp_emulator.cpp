@@ -13,13 +13,13 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
+#include <cuda.h>
+
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <map>
-#include <cuda.h>
-
-#include <array>
 #include <memory>
 #include <vector>
 
@@ -601,30 +601,32 @@ void cp_async_wait(int newest_pending) {
   }
 }
 
-void barrier_sync(uint32_t id, uint32_t count) {
+// One arrival at barrier `id` of `count` threads; true when it completes the barrier.
+bool barrier_arrive(uint32_t id, uint32_t count) {
   Launch &l = L();
-  const uint64_t gen = l.named_gen[id];
-  if (++l.named_arrived[id] == count) {
-    l.named_arrived[id] = 0;
-    ++l.named_gen[id];
-    l.progress = true;
-    return;
-  }
+  if (++l.named_arrived[id] != count) return false;
+  l.named_arrived[id] = 0;
+  ++l.named_gen[id];
+  l.progress = true;
+  return true;
+}
+void barrier_sync(uint32_t id, uint32_t count) {
+  const uint64_t gen = L().named_gen[id];
+  if (barrier_arrive(id, count)) return;
   self().wait_bar = id;
   block(Thread::Wait::kNamed, gen);
 }
+// A kernel's bar.sync / bar.arrive operands: ids 0-15, whole warps of the CTA.
+void check_named(uint32_t id, uint32_t count, const char *what) {
+  if (id >= 16 || count == 0 || count % 32 != 0 || count > L().threads.size()) die(what);
+}
 void named_barrier(uint32_t id, uint32_t count) {
-  if (id >= 16 || count == 0 || count % 32 != 0 || count > L().threads.size()) die("bar.sync: bad id or count");
+  check_named(id, count, "bar.sync: bad id or count");
   barrier_sync(id, count);
 }
 void named_arrive(uint32_t id, uint32_t count) {
-  Launch &l = L();
-  if (id >= 16 || count == 0 || count % 32 != 0 || count > l.threads.size()) die("bar.arrive: bad id or count");
-  if (++l.named_arrived[id] == count) {
-    l.named_arrived[id] = 0;
-    ++l.named_gen[id];
-    l.progress = true;
-  }
+  check_named(id, count, "bar.arrive: bad id or count");
+  barrier_arrive(id, count);
 }
 
 namespace {
