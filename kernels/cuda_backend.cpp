@@ -223,16 +223,18 @@ class CudaBackend final : public Backend {
     // 1.8x the four-warp kernel's rate under MHA, 1.08x for groups of 4, bench/results);
     // larger groups the four-warp one (groups of 7 and 8: 1.2x the one-warp kernel's rate,
     // which reads each KV head once per chunk of four).
-    // The one-warp kernel also decodes the other storage of k4v2_warp_storage (bit pairs at G =
-    // 32, 4/2 and 2/2 at G = 64 and 128); it is not the plan there (MINIKV_DECODE_KERNEL=
-    // k4v2-warp forces it) until measured against decode_mma and the generic kernel.
+    // The one-warp kernel is the plan for the rest of k4v2_warp_storage (bit pairs at G = 32,
+    // 4/2 and 2/2 at G = 64 and 128) under the same rule: for groups of up to four heads it
+    // read 1.2-4.2x faster than decode_mma or the generic kernel (B 8 and 1, L 32K and 128K,
+    // H100). For groups of 7 and 8 it tied decode_mma or lost (8-bit keys: 0.77-0.90x), but
+    // for 4/4 bits (1.18-1.22x).
     const bool k4v2_path = decode_k4v2_path(spec.block, n_rep);
     const bool k4v2_warp_path = decode_k4v2_warp_path(spec.block, n_rep);
     const uint32_t k4v2_heads = decode_mma_heads_per_cta(n_rep);
     const uint32_t k4v2_ctas = k4v2_path ? configure_decode_k4v2(cfg_.dtype, spec.block, k4v2_heads) : 0;
     const uint32_t k4v2_warp_ctas = k4v2_warp_path ? configure_decode_k4v2_warp(cfg_.dtype, spec.block, n_rep) : 0;
     const bool k4v2_ok = k4v2_ctas > 0, k4v2_warp_ok = k4v2_warp_ctas > 0;
-    const bool k4v2_warp_first = n_rep <= 4 && k4v2_path;
+    const bool k4v2_warp_first = n_rep <= 4 || (spec.block.key_bits == 4 && spec.block.value_bits == 4);
     decode_kernel_ = fast_ok                           ? DecodeKernel::kFast
                      : k4v2_warp_ok && k4v2_warp_first ? DecodeKernel::kK4V2Warp
                      : k4v2_ok                         ? DecodeKernel::kK4V2

@@ -68,13 +68,13 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
       {4, 2, 32, 128, 1, F16, 4, 128}, {4, 2, 32, 64, 1, F16, 0, 64}, {4, 2, 32, 64, 1, BF16, 4, 96},
       {4, 2, 32, 128, 1, BF16, 0, 96}, {4, 2, 32, 128, 2, F16, 4, 128}, {4, 2, 32, 64, 2, BF16, 0, 64},
       {4, 2, 32, 128, 3, BF16, 4, 96}, {4, 2, 32, 128, 8, F16, 4, 128},
-      // The one-warp kernel's other storage (forced: not yet the plan there): bit pairs at G =
-      // 32, and G = 64 and 128.
+      // The one-warp kernel's other storage (the plan for groups of up to four heads, forced
+      // for larger ones): bit pairs at G = 32, and G = 64 and 128.
       {2, 2, 32, 128, 1, F16, 4, 128}, {2, 2, 32, 64, 4, BF16, 0, 96}, {4, 4, 32, 128, 2, BF16, 20, 64},
       {4, 4, 32, 64, 1, F16, 4, 128}, {8, 8, 32, 128, 4, F16, 4, 128}, {8, 8, 32, 64, 1, BF16, 17, 64},
       {8, 8, 32, 128, 3, BF16, 0, 96}, {4, 2, 64, 64, 4, BF16, 4, 128}, {4, 2, 64, 128, 1, F16, 0, 192},
       {2, 2, 128, 128, 3, F16, 20, 256}, {4, 2, 128, 128, 2, BF16, 4, 128}, {8, 4, 32, 128, 2, F16, 4, 128},
-      {8, 2, 32, 64, 4, BF16, 0, 96},
+      {8, 2, 32, 64, 4, BF16, 0, 96},  {4, 4, 32, 128, 8, F16, 4, 128}, {8, 4, 32, 64, 7, BF16, 0, 64},
   };
   for (const Shape &s : shapes) {
     if (!minikv::kernels::head_dim_compiled(s.head_dim)) continue;  // MINIKV_CUDA_HEAD_DIMS
@@ -85,9 +85,11 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
                              (s.sinks ? " sinks " + std::to_string(s.sinks) : "") +
                              (s.residual ? " R " + std::to_string(s.residual) : "");
     // The default storage runs its own kernels where they compile (sm_90): the one-warp one
-    // for groups of up to four heads, the four-warp one for larger groups. The tensor-core
-    // kernel's instance for it and the kernel the plan does not pick stay checked by forcing
-    // them; so does the one-warp kernel on its other storage (k4v2_warp_storage).
+    // for groups of up to four heads, the four-warp one for larger groups; the one-warp
+    // kernel's other storage (k4v2_warp_storage) likewise runs it for groups of up to four
+    // (and for 4/4 bits) and decode_mma for larger ones. The kernels the plan does not pick stay checked by
+    // forcing them: the tensor-core kernel's instance and the other k4v2 kernel for the
+    // default storage, the other of the two for the rest.
     const bool hd = s.head_dim == 64 || s.head_dim == 128;
     const bool k4v2 = hd && s.group == 32 && s.key_bits == 4 && s.value_bits == 2;
     const bool low = (s.key_bits == 4 || s.key_bits == 2) && s.value_bits == 2;
@@ -96,7 +98,9 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
                                                 (s.key_bits == 8 && s.value_bits <= 4))) ||
                             ((s.group == 64 || s.group == 128) && low));
     const char *unplanned = s.n_rep <= 4 ? "k4v2" : "k4v2-warp";
-    const char *forced[3] = {nullptr, k4v2 ? "mma" : warp_bits ? "k4v2-warp" : nullptr, k4v2 ? unplanned : nullptr};
+    const bool warp_planned = s.n_rep <= 4 || (s.key_bits == 4 && s.value_bits == 4);
+    const char *warp_other = warp_planned ? "mma" : "k4v2-warp";
+    const char *forced[3] = {nullptr, k4v2 ? "mma" : warp_bits ? warp_other : nullptr, k4v2 ? unplanned : nullptr};
     for (int ki = 0; ki < 3; ++ki) {
       const char *kernel = forced[ki];
       if (ki > 0 && kernel == nullptr) break;
