@@ -417,15 +417,17 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       //    = (key group g / (2 NH) of the batch, head slot (g / 2) mod NH, piece g mod 2) at
       //    the k positions of quarter i's pairs, and keeps the logits of its head in the
       //    columns 2i, 2i + 1: rows g and g + 8 of the batch's M-tiles of key group i / NH.
+      //    A batch whose 32-token groups lie in the key groups of the batch before (G > 32,
+      //    more than one batch) has that batch's operand: it is built once per key group.
       float lg[NH][2][2];
+      uint32_t bq[KS][2];
 #pragma unroll
       for (int bt = 0; bt < NH; ++bt) {
         lg[bt][0][0] = lg[bt][0][1] = lg[bt][1][0] = lg[bt][1][1] = -INFINITY;
         const uint32_t kg0 = bt * kBatch;
         if (kg0 >= groups) continue;
-        uint32_t bq[KS][2];
-        float us;
-        {
+        float us = 1.0f;
+        if ((bt * kBatch * 32) % G == 0) {
           const uint32_t kg = kg0 + gq / (2 * NH), hc = (gq >> 1) % NH;
           const bool kg_live = kg < groups;
           const uint8_t *sp = stage + L::kKScale + (kg_live ? key_group(kg) : 0) * D * 2 + qi * (D / 4) * 2;
