@@ -428,8 +428,9 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
         if (kg0 >= groups) continue;
         float us = 1.0f;
         if ((bt * kBatch * 32) % G == 0) {
-          const uint32_t kg = kg0 + gq / (2 * NH), hc = (gq >> 1) % NH;
-          const bool kg_live = kg < groups;
+          // Four slots: a batch is one group, live past the guard above.
+          const uint32_t kg = NH == 4 ? kg0 : kg0 + gq / (2 * NH), hc = (gq >> 1) % NH;
+          const bool kg_live = NH == 4 || kg < groups;
           const uint8_t *sp = stage + L::kKScale + (kg_live ? key_group(kg) : 0) * D * 2 + qi * (D / 4) * 2;
           uint32_t q2[QP], s2[QP];
           load_words(q2s + hc * (D / 2) + qi * QP, q2);
@@ -484,8 +485,12 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       // 3. The tile's largest value scale (the lanes scan the region), Sv lowered where it
       //    needs; the softmax of each head over its lanes.
       uint32_t vmx_bits = 0;
-      for (uint32_t x = lane; x < count * VG / 2; x += 32)
-        vmx_bits = __vmaxu2(vmx_bits, lds32(stage + L::kVScale + 4 * x) & 0x7fff7fffu);
+      for (uint32_t x = lane; x < count * VG / 8; x += 32) {  // 16 bytes a lane: count · VG · 2 is a multiple of 64
+        uint32_t w[4];
+        load_words(stage + L::kVScale + 16 * x, w);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) vmx_bits = __vmaxu2(vmx_bits, w[i] & 0x7fff7fffu);
+      }
       const float vt = warp_max(elem_to_float<T>(max(vmx_bits & 0xffffu, vmx_bits >> 16), 0));
       float rescale = 1.0f;
       if (vt > 0.0f) {
