@@ -226,8 +226,8 @@ class CudaBackend final : public Backend {
     // The one-warp kernel is the plan for the rest of k4v2_warp_storage (bit pairs at G = 32,
     // 4/2 and 2/2 at G = 64 and 128) under the same rule: for groups of up to four heads it
     // read 1.2-4.2x faster than decode_mma or the generic kernel (B 8 and 1, L 32K and 128K,
-    // H100). For groups of 7 and 8 it tied decode_mma or lost (8-bit keys: 0.77-0.90x), but
-    // for 4/4 bits (1.18-1.22x).
+    // H100). For groups of 7 and 8 it tied decode_mma or lost (8-bit keys: 0.77-0.90x),
+    // except at 4/4 bits (1.18-1.22x faster).
     const bool k4v2_path = decode_k4v2_path(spec.block, n_rep);
     const bool k4v2_warp_path = decode_k4v2_warp_path(spec.block, n_rep);
     const uint32_t k4v2_heads = decode_mma_heads_per_cta(n_rep);

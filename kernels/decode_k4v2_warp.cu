@@ -484,8 +484,9 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 
       // 3. The tile's largest value scale (the lanes scan the region), Sv lowered where it
       //    needs; the softmax of each head over its lanes.
+      //    The scan reads 16 bytes a lane (the region, count · VG · 2 bytes, is a multiple of 64).
       uint32_t vmx_bits = 0;
-      for (uint32_t x = lane; x < count * VG / 8; x += 32) {  // 16 bytes a lane: count · VG · 2 is a multiple of 64
+      for (uint32_t x = lane; x < count * VG / 8; x += 32) {
         uint32_t w[4];
         load_words(stage + L::kVScale + 16 * x, w);
 #pragma unroll

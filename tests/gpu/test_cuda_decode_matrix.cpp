@@ -87,9 +87,9 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
     // The default storage runs its own kernels where they compile (sm_90): the one-warp one
     // for groups of up to four heads, the four-warp one for larger groups; the one-warp
     // kernel's other storage (k4v2_warp_storage) likewise runs it for groups of up to four
-    // (and for 4/4 bits) and decode_mma for larger ones. The kernels the plan does not pick stay checked by
-    // forcing them: the tensor-core kernel's instance and the other k4v2 kernel for the
-    // default storage, the other of the two for the rest.
+    // (and for 4/4 bits) and decode_mma for larger ones. The kernels the plan does not pick
+    // stay checked by forcing them: the tensor-core kernel's instance and the other k4v2
+    // kernel for the default storage, the other of the two for the rest.
     const bool hd = s.head_dim == 64 || s.head_dim == 128;
     const bool k4v2 = hd && s.group == 32 && s.key_bits == 4 && s.value_bits == 2;
     const bool low = (s.key_bits == 4 || s.key_bits == 2) && s.value_bits == 2;
