@@ -522,6 +522,10 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
           const uint32_t t0 = 16 * (2 * kg + mm) + gq;
           const float p0 = ex2(lg[bt][mm][0] - base), p1 = ex2(lg[bt][mm][1] - base);
           l_q += p0 + p1;
+          // p · 2^Sv once for all value groups: (p · 2^Sv) · s_v = p · (s_v · 2^Sv) exactly,
+          // unless p · 2^Sv is subnormal (Sv < 0), where the product is below 2^-51
+          // (s_v · 2^Sv < 2^15, Sv ≥ −60): 0 in fp16 either way.
+          const float pu0 = p0 * unit, pu1 = p1 * unit;
           uint32_t sv0[(VG + 1) / 2], mv0[(VG + 1) / 2], sv1[(VG + 1) / 2], mv1[(VG + 1) / 2];
           load_value_scales<VG>(stage + L::kVScale + t0 * VG * 2, stage + L::kVMin + t0 * VG * 2, sv0, mv0);
           load_value_scales<VG>(stage + L::kVScale + (t0 + 8) * VG * 2, stage + L::kVMin + (t0 + 8) * VG * 2, sv1, mv1);
@@ -532,9 +536,9 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 #pragma unroll
             for (int r = 0; r < RP; ++r) {
               const int j = (64 * s + 32 * r) / G;
-              const float s0 = elem_to_float<T>(sv0[j / 2], j & 1) * unit, s1 = elem_to_float<T>(sv1[j / 2], j & 1) * unit;
+              const float s0 = elem_to_float<T>(sv0[j / 2], j & 1), s1 = elem_to_float<T>(sv1[j / 2], j & 1);
               sts32(bpv + s * L::kBpvSpan + (2 * hh + r) * L::kBpvStride + 2 * (16 * (2 * kg + mm) + 2 * gq),
-                    pack_f16(p0 * s0, p1 * s1));
+                    pack_f16(pu0 * s0, pu1 * s1));
             }
 #pragma unroll
           for (int j = 0; j < VG; ++j)
