@@ -234,7 +234,7 @@ class CudaBackend final : public Backend {
     const uint32_t k4v2_ctas = k4v2_path ? configure_decode_k4v2(cfg_.dtype, spec.block, k4v2_heads) : 0;
     const uint32_t k4v2_warp_ctas = k4v2_warp_path ? configure_decode_k4v2_warp(cfg_.dtype, spec.block, n_rep) : 0;
     const bool k4v2_ok = k4v2_ctas > 0, k4v2_warp_ok = k4v2_warp_ctas > 0;
-    const bool k4v2_warp_first = n_rep <= 4 || (spec.block.key_bits == 4 && spec.block.value_bits == 4);
+    const bool k4v2_warp_first = k4v2_warp_planned(spec.block.key_bits, spec.block.value_bits, n_rep);
     decode_kernel_ = fast_ok                           ? DecodeKernel::kFast
                      : k4v2_warp_ok && k4v2_warp_first ? DecodeKernel::kK4V2Warp
                      : k4v2_ok                         ? DecodeKernel::kK4V2

@@ -106,6 +106,12 @@ constexpr bool k4v2_warp_storage(uint32_t key_bits, uint32_t value_bits, uint32_
   if (group == 32) return low || (key_bits == 8 && value_bits <= 8) || (key_bits == 4 && value_bits == 4);
   return (group == 64 || group == 128) && low;
 }
+// Whether the decode plan takes the one-warp kernel for its storage at a GQA group of n_rep
+// query heads: groups of up to four, and 4/4 bits at any group (the measurements behind it:
+// kernels/cuda_backend.cpp); otherwise the four-warp kernel (default storage) or decode_mma.
+constexpr bool k4v2_warp_planned(uint32_t key_bits, uint32_t value_bits, uint32_t n_rep) {
+  return n_rep <= 4 || (key_bits == 4 && value_bits == 4);
+}
 // fn(key bits, value bits, group) as integral constants, for one of k4v2_warp_storage's.
 template <typename Fn>
 void dispatch_k4v2_warp_storage(uint32_t key_bits, uint32_t value_bits, uint32_t group, Fn &&fn) {

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "../../kernels/cuda_shapes.h"
+#include "../../kernels/decode_k4v2_plan.h"
 #include "cpu_gpu_pair.h"
 
 namespace {
@@ -90,15 +91,12 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
     // (and for 4/4 bits) and decode_mma for larger ones. The kernels the plan does not pick
     // stay checked by forcing them: the tensor-core kernel's instance and the other k4v2
     // kernel for the default storage, the other of the two for the rest.
+    namespace mk = minikv::kernels;
     const bool hd = s.head_dim == 64 || s.head_dim == 128;
     const bool k4v2 = hd && s.group == 32 && s.key_bits == 4 && s.value_bits == 2;
-    const bool low = (s.key_bits == 4 || s.key_bits == 2) && s.value_bits == 2;
-    const bool warp_bits = hd && s.head_dim % s.group == 0 &&
-                           ((s.group == 32 && ((s.key_bits == s.value_bits && s.key_bits <= 8) ||
-                                                (s.key_bits == 8 && s.value_bits <= 4))) ||
-                            ((s.group == 64 || s.group == 128) && low));
-    const char *unplanned = s.n_rep <= 4 ? "k4v2" : "k4v2-warp";
-    const bool warp_planned = s.n_rep <= 4 || (s.key_bits == 4 && s.value_bits == 4);
+    const bool warp_bits = hd && s.head_dim % s.group == 0 && mk::k4v2_warp_storage(s.key_bits, s.value_bits, s.group);
+    const bool warp_planned = mk::k4v2_warp_planned(s.key_bits, s.value_bits, s.n_rep);
+    const char *unplanned = warp_planned ? "k4v2" : "k4v2-warp";
     const char *warp_other = warp_planned ? "mma" : "k4v2-warp";
     const char *forced[3] = {nullptr, k4v2 ? "mma" : warp_bits ? warp_other : nullptr, k4v2 ? unplanned : nullptr};
     for (int ki = 0; ki < 3; ++ki) {
