@@ -20,7 +20,20 @@ int32_t read_i32(const std::vector<uint8_t> &bytes, uint64_t at) {
   return x;
 }
 
-void run_store(const Shape &s, minikv_score_mode mode) {
+// Signed zeros and the dtype's largest values among normal ones: the minimum and maximum of
+// a group are then often ties of −0 and +0 (the earlier element's sign is stored), and
+// groups spanning −max to +max take group_scale's overflow-free quotient. (Inputs are finite:
+// the CPU backend refuses NaN and infinities.)
+void sprinkle_special(test::Buf &x, test::Rng &rng, double biggest) {
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double u = rng.uniform();
+    if (u < 0.2) x.set(i, 0.0);
+    else if (u < 0.4) x.set(i, -0.0);
+    else if (u < 0.402) x.set(i, u < 0.401 ? biggest : -biggest);
+  }
+}
+
+void run_store(const Shape &s, minikv_score_mode mode, bool special = false) {
   test::Rng rng(0x570e + s.head_dim + s.key_bits * 5 + s.value_bits * 3 + s.group + s.residual + mode);
   const std::vector<uint32_t> lens = {1, 17, 31, 33, 333, 700};
   const uint32_t B = uint32_t(lens.size());
@@ -41,6 +54,11 @@ void run_store(const Shape &s, minikv_score_mode mode) {
   q.fill_normal(rng);
   k.fill_normal(rng, 3.0);
   v.fill_normal(rng);
+  if (special) {
+    const double biggest = s.dtype == MINIKV_DTYPE_F16 ? 65504.0 : 0x1.fep127;
+    sprinkle_special(k, rng, biggest);
+    sprinkle_special(v, rng, biggest);
+  }
   std::vector<uint8_t> pool, residual, pool_want, residual_want;
   impl.backend().read_storage(pool, residual);
   MKV_REQUIRE_OK(minikv_prefill(cache.get(), 0, B, ids.data(), cu.data(), q.data(), k.data(), v.data(), out.data(),
@@ -132,5 +150,15 @@ TEST_CASE("the prefill's store kernel run by the warp emulator stores the CPU ba
     for (minikv_score_mode mode : {MINIKV_SCORE_CUMULATIVE, MINIKV_SCORE_WINDOW}) {
       SUBCASE((s.name() + (mode == MINIKV_SCORE_WINDOW ? " window" : " cumulative")).c_str()) { run_store(s, mode); }
     }
+}
+
+TEST_CASE("the prefill's store kernel stores the CPU backend's bytes for signed zeros and the largest values") {
+  const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
+  const std::vector<Shape> shapes = {
+      {4, 2, 32, 128, 1, F16, 4, 128, 0}, {2, 8, 16, 64, 2, BF16, 0, 32, 0}, {8, 4, 64, 128, 1, BF16, 0, 64, 0},
+      {4, 2, 16, 80, 1, F16, 0, 64, 0},   {2, 2, 128, 256, 1, F16, 0, 128, 0},
+  };
+  for (const Shape &s : shapes)
+    SUBCASE(s.name().c_str()) { run_store(s, MINIKV_SCORE_WINDOW, true); }
 }
 }  // TEST_SUITE
