@@ -105,7 +105,7 @@ __device__ __forceinline__ uint32_t block_exclusive_sum(uint32_t x, uint32_t *to
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_constant__ SelectParams p) {
   __shared__ uint32_t hist[256];
   __shared__ uint32_t scan_a[kSelectWarps], scan_b[kSelectWarps];
-  __shared__ uint32_t s_prefix, s_need;
+  __shared__ uint32_t s_prefix, s_need, s_whole;
 
   const uint32_t seq = blockIdx.x, kvh = blockIdx.y;
   const uint32_t L = p.seqs.len[seq], off = p.seqs.ws_offset[seq];
@@ -183,6 +183,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
             if (cum + count[i] >= need || (tid == 0 && i == 0)) {
               s_prefix = prefix_key | (uint32_t(tid * 8 + i) << shift);
               s_need = need - cum;
+              s_whole = count[i] == need - cum;
               break;
             }
             cum += count[i];
@@ -195,6 +196,10 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       prefix_key = s_prefix;
       need = s_need;
       mask |= 255u << shift;
+      // Every key of the chosen bin is kept: the later digits would change nothing. The
+      // threshold's unresolved digits are 0, so the bin's keys compare > or == to it, and
+      // `need` covers all of them. (On distinct scores this often saves the last pass.)
+      if (s_whole) break;
     }
     // Keys > threshold are kept; of the keys == threshold, the `need` lowest positions. A
     // thread takes kSelectKeys consecutive candidates of each sweep, so thread order is
