@@ -12,7 +12,7 @@ namespace minikv {
 namespace kernels {
 namespace {
 
-constexpr int kAppendThreads = kStoreGroupThreads;  // a flush runs store_group
+constexpr int kAppendThreads = 128;
 
 /// \tparam T dtype of k/v and of the residual (__half or __nv_bfloat16)
 template <typename T>

@@ -33,7 +33,7 @@ constexpr int kSelectWarps = kSelectThreads / 32;
 constexpr int kSelectKeys = 8;
 constexpr uint32_t kSelectSweep = kSelectThreads * kSelectKeys;
 constexpr uint32_t kNoBin = 256;  // a key outside the histogram
-constexpr int kStoreThreads = kStoreGroupThreads;
+constexpr int kStoreThreads = 128;
 static_assert(kSelectWarps == 32, "block_exclusive_sum scans the warp totals with one warp's lanes");
 
 // Larger key = better: order-preserving map of the float, NaN as -inf, -0 as +0.
