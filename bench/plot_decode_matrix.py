@@ -27,7 +27,8 @@ def main():
     ap.add_argument("--out", help="PNG path (default: the JSON's, .png)")
     a = ap.parse_args()
     d = json.load(open(a.json))
-    rows = [r for r in d["results"] if r["kind"] == "decode" and (a.kernel == "best" or r["kernel"] == a.kernel)]
+    rows = [r for r in d["results"] if r["kind"] == "decode" and "minikv_ms" in r  # error rows: not built
+            and (a.kernel == "best" or r["kernel"] == a.kernel)]
     if a.kernel == "best":
         best = {}
         for r in rows:
@@ -37,7 +38,8 @@ def main():
         rows = list(best.values())
     shapes = list(dict.fromkeys((r["B"], r["H"], r["Hkv"], r["D"], r["L"]) for r in rows))
     storages = list(dict.fromkeys(r["storage"] for r in rows))
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(shapes) * len(storages) / 4), 4.5))
+    # Wide enough for the bars, at most a page's width; the legend above the plot.
+    fig, ax = plt.subplots(figsize=(min(18, max(8, 1.6 * len(shapes) * len(storages) / 4)), 5.5))
     width = 0.8 / len(storages)
     for j, st in enumerate(storages):
         xs, ys, targets = [], [], []
@@ -49,7 +51,8 @@ def main():
             ys.append(r["speedup_vs_cudnn"])
             # 85% of cuDNN's bytes/s: speed-up = 0.85 * cuDNN's bytes / libminikv's bytes.
             targets.append(0.85 * r["speedup_vs_cudnn"] / r["of_cudnn_rate"])
-        ax.bar(xs, ys, width, label=st)
+        # tab20's dark shades, then its light ones: one colour each for up to 20 storages.
+        ax.bar(xs, ys, width, label=st, color=plt.get_cmap("tab20")((2 * j) % 20 + (2 * j) // 20))
         ax.scatter(xs, targets, marker="_", color="black", s=120, zorder=3)
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xticks(range(len(shapes)))
@@ -58,7 +61,8 @@ def main():
     m = d.get("meta", {})
     ax.set_title(f"libminikv decode, {m.get('device', '')}, {m.get('date', '')[:10]}, {a.label or 'commit ' + m.get('commit', '')}"
                  "\n(black ticks: 85% of cuDNN's bytes/s on the compressed bytes)", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=(len(storages) + 1) // 2, loc="lower center", bbox_to_anchor=(0.5, 1.1),
+              frameon=False)
     fig.tight_layout()
     out = a.out or a.json.rsplit(".", 1)[0] + ".png"
     fig.savefig(out, dpi=120)
