@@ -30,22 +30,51 @@ static __device__ __noinline__ uint32_t quantize_code_by_division(float x, float
   return quantize_code(x, mn, scale, levels);
 }
 
+// max and min that return NaN when either operand is NaN (fmaxf and fminf return the other
+// one): a NaN quotient must reach the check in pack_word. One FMNMX each (sm_80+).
+__device__ __forceinline__ float max_nan(float a, float b) {
+#ifdef MINIKV_WARP_EMULATION
+  return a != a || b != b ? NAN : fmaxf(a, b);
+#else
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#endif
+}
+__device__ __forceinline__ float min_nan(float a, float b) {
+#ifdef MINIKV_WARP_EMULATION
+  return a != a || b != b ? NAN : fminf(a, b);
+#else
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#endif
+}
+
 // The word of P = 32 / BITS codes (element j at bit j·BITS) of x[j] with (mn[j], scale[j],
 // r[j] = quantize_reciprocal(scale[j])): by multiplication, and where any code needs it, the
 // whole word again by division (rare: a code within 2^-12 of a rounding boundary, or a
-// scale without a reciprocal). Equals the packed quantize_code of every element.
+// scale without a reciprocal; src/quant.h says why elsewhere the two agree). Equals the
+// packed quantize_code of every element. t + 1.5 · 2^23 rounds t ∈ [0, 255] to the nearest
+// integer, ties to even, into the sum's low mantissa bits (one FADD, where rintf and a
+// conversion to an integer would each take the conversion pipe), and the word's distances
+// |t − round(t)| meet in one maximum. The clamp and the maximum keep NaN, so a NaN quotient
+// (a reciprocal of NaN) sends the word to the division; for a NaN x that costs time, not a
+// different code (both give 0).
 template <uint32_t BITS, uint32_t P, typename Mn, typename Scale, typename Recip>
 __device__ __forceinline__ uint32_t pack_word(const float (&x)[P], Mn mn, Scale scale, Recip r) {
   constexpr uint32_t kLevels = (1u << BITS) - 1u;
+  constexpr float kRound = 12582912.0f;  // 1.5 · 2^23
   uint32_t word = 0;
-  bool ok = true;
+  float worst = 0.0f;  // the largest |t − round(t)| of the word
 #pragma unroll
   for (uint32_t j = 0; j < P; ++j) {
-    uint32_t code;
-    ok &= quantize_code_by_reciprocal(x[j], mn(j), r(j), kLevels, &code);
-    word |= code << (j * BITS);
+    const float t = min_nan(max_nan((x[j] - mn(j)) * r(j), 0.0f), static_cast<float>(kLevels));
+    const float shifted = t + kRound;
+    worst = max_nan(worst, fabsf(t - (shifted - kRound)));
+    word |= (__float_as_uint(shifted) & kLevels) << (j * BITS);
   }
-  if (!ok) {
+  if (!(worst <= 0.5f - 0x1p-12f)) {
     word = 0;
 #pragma unroll  // x[j] in registers: a loop indexing it would move it to local memory
     for (uint32_t j = 0; j < P; ++j)

@@ -38,31 +38,14 @@ MINIKV_HD uint32_t quantize_code(float x, float mn_s, float scale_s, uint32_t le
   return static_cast<uint32_t>(rintf(t));
 }
 
-// quantize_code without a division per element, for the GPU's store (one scale serves a
-// group of elements): with r = quantize_reciprocal(scale_s) = RN(1 / scale_s) for scale_s in
-// [2^-126, 2^126] (NaN outside: those groups take the division), t = RN((x - mn_s) · r) is
-// within 3 · 2^-24 · t of the quotient RN((x - mn_s) / scale_s). Codes only depend on the
-// quotient clamped to [0, levels ≤ 255], where that is below 2^-13, so both round to the same
-// code unless t lies within 2^-12 of a half-integer; there the division decides. Equal to
-// quantize_code for every input (tests/test_quant.cpp).
+// RN(1 / scale_s) for scale_s in [2^-126, 2^126], NaN outside: the GPU store's codes by
+// multiplication (kernels/quantize.cuh pack_word). t = RN((x - mn_s) · r) is within
+// 3 · 2^-24 · t of the quotient RN((x - mn_s) / scale_s); codes only depend on the quotient
+// clamped to [0, levels ≤ 255], where that is below 2^-13, so both round to the same code
+// unless t lies within 2^-12 of a half-integer, and there (or without a reciprocal) the
+// store divides. Equal to quantize_code for every input (tests/emulation/test_emulated_store.cpp).
 MINIKV_HD float quantize_reciprocal(float scale_s) {
   return scale_s >= 0x1p-126f && scale_s <= 0x1p126f ? 1.0f / scale_s : NAN;
-}
-// The code by multiplication into *code; false where the division must decide.
-MINIKV_HD bool quantize_code_by_reciprocal(float x, float mn_s, float r, uint32_t levels,
-                                           uint32_t *code) {
-  const float p = (x - mn_s) * r;
-  const float t = fminf(fmaxf(p, 0.0f), static_cast<float>(levels));
-  const float rounded = rintf(t);
-  *code = static_cast<uint32_t>(rounded);
-  return p == p && fabsf(t - rounded) <= 0.5f - 0x1p-12f;  // p is NaN where r is
-}
-MINIKV_HD uint32_t quantize_code_fast(float x, float mn_s, float scale_s, float r,
-                                      uint32_t levels) {
-  uint32_t code;
-  return quantize_code_by_reciprocal(x, mn_s, r, levels, &code)
-             ? code
-             : quantize_code(x, mn_s, scale_s, levels);
 }
 
 MINIKV_HD float dequantize_code(uint32_t q, float mn_s, float scale_s) {

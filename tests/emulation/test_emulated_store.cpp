@@ -135,9 +135,82 @@ void run_store(const Shape &s, minikv_score_mode mode, bool special = false) {
   CHECK(quantized > 0);  // the case stores blocks, not only the residual
 }
 
+// pack_word's word against quantize_code element by element; each element has its own group
+// (mn, scale), as a key word's channels do.
+template <uint32_t BITS>
+void check_word(const float (&x)[32 / BITS], const float (&mn)[32 / BITS], const float (&scale)[32 / BITS]) {
+  constexpr uint32_t P = 32 / BITS, kLevels = (1u << BITS) - 1u;
+  float r[P];
+  for (uint32_t j = 0; j < P; ++j) r[j] = minikv::quantize_reciprocal(scale[j]);
+  const uint32_t word = k::pack_word<BITS>(
+      x, [&](uint32_t j) { return mn[j]; }, [&](uint32_t j) { return scale[j]; }, [&](uint32_t j) { return r[j]; });
+  for (uint32_t j = 0; j < P; ++j) {
+    const uint32_t want = minikv::quantize_code(x[j], mn[j], scale[j], kLevels);
+    if (((word >> (j * BITS)) & kLevels) != want) {
+      INFO("bits " << BITS << " x " << x[j] << " mn " << mn[j] << " scale " << scale[j]);
+      CHECK(((word >> (j * BITS)) & kLevels) == want);
+    }
+  }
+}
+
+// Groups over magnitudes 2^±100, values rounded to float, on and a few ulp around the
+// half-integer boundaries (where the word must take the division), past the clamps; NaN and
+// infinite values and scales without a reciprocal (0, subnormal, above 2^126, infinite, NaN),
+// which the CPU backend never stores but the device store can meet. Returns how many values
+// lay within 0.05 of a boundary.
+template <uint32_t BITS> uint64_t check_pack_word(test::Rng &rng) {
+  constexpr uint32_t P = 32 / BITS, kLevels = (1u << BITS) - 1u;
+  const float odd_scales[] = {0.0f, 1e-40f, 1e-45f, 0x1p127f, INFINITY, NAN};
+  const float odd_x[] = {NAN, INFINITY, -INFINITY, -0.0f};
+  uint64_t near_half = 0;
+  for (uint32_t w = 0; w < 200000 / P; ++w) {
+    float x[P], mn[P], scale[P];
+    for (uint32_t j = 0; j < P; ++j) {
+      const float mag = std::ldexp(1.0f, int(rng.uniform() * 200.0) - 100);
+      mn[j] = float(rng.normal()) * mag;
+      scale[j] = rng.below(64) == 0 ? odd_scales[rng.below(6)] : float(std::fabs(rng.normal()) + 1e-3) * mag;
+      switch (rng.below(5)) {
+        case 0: x[j] = mn[j] + scale[j] * float(rng.uniform() * 1.4 * kLevels - 0.2); break;
+        case 1: {  // on a boundary, then nudged by up to 3 ulp either way
+          x[j] = mn[j] + (std::floor(float(rng.uniform()) * kLevels) + 0.5f) * scale[j];
+          const int nudge = int(rng.below(7)) - 3;
+          for (int n = 0; n < std::abs(nudge); ++n) x[j] = std::nextafter(x[j], nudge > 0 ? INFINITY : -INFINITY);
+          break;
+        }
+        case 2: x[j] = mn[j] + scale[j] * std::round(float(rng.uniform()) * kLevels); break;
+        case 3: x[j] = mn[j] + scale[j] * float(kLevels + 0.5 + rng.uniform()); break;
+        default: x[j] = rng.below(4) == 0 ? odd_x[rng.below(4)] : mn[j] + scale[j] * float(rng.uniform() * kLevels);
+      }
+      const float t = (x[j] - mn[j]) / scale[j];
+      if (std::fabs(t - std::rint(t)) > 0.45f) ++near_half;
+    }
+    check_word<BITS>(x, mn, scale);
+  }
+  return near_half;
+}
+
 }  // namespace
 
 TEST_SUITE("cpu") {
+TEST_CASE("the store's packed codes equal quantize_code for every input") {
+  test::Rng rng(11);
+  const uint64_t near_half = check_pack_word<2>(rng) + check_pack_word<4>(rng) + check_pack_word<8>(rng);
+  CHECK(near_half > 50000);  // the boundary cases were exercised
+  // Exact ties (to even), a difference that overflows float, the clamps, and the scales
+  // without a reciprocal against values down to the smallest subnormal, in one 2-bit word.
+  float x[16] = {0.5f, 1.5f, 2.5f, 2.5000002f, -5.0f, 3e38f}, mn[16] = {0, 0, 0, 0, 0, -3e38f},
+        scale[16] = {1, 1, 1, 1, 1, 1e38f};
+  const float odd_scales[] = {0.0f, 1e-40f, 1e-45f, 0x1p127f, INFINITY};
+  const float small_x[] = {0.0f, 1e-45f, 3e-45f, 1e-40f, 1.0f, 3e38f};
+  for (uint32_t i = 0; i < 10; ++i) {
+    x[6 + i] = small_x[i % 6];
+    mn[6 + i] = 0.0f;
+    scale[6 + i] = odd_scales[i % 5];
+  }
+  check_word<2>(x, mn, scale);
+  for (float sc : odd_scales) CHECK(std::isnan(minikv::quantize_reciprocal(sc)));
+}
+
 TEST_CASE("the prefill's store kernel run by the warp emulator stores the CPU backend's bytes") {
   const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
   // {key bits, value bits, G, head_dim, n_rep, dtype, sinks, R, kernels (unused)}
