@@ -251,8 +251,8 @@ class CudaBackend final : public Backend {
         fail(MINIKV_ERR_UNSUPPORTED,
              "minikv_cache_create: MINIKV_DECODE_KERNEL=%s cannot decode this configuration "
              "(fast: 2-bit keys and values, G 16, no sinks, n_rep 1/2/4/8; k4v2: 4-bit keys, "
-             "2-bit values, G 32, head_dim 64/128, sm_90; k4v2-warp: the same, 2-, 4- or 8-bit "
-             "keys and values of equal width or 8-bit keys with 2- or 4-bit values at G 32, or "
+             "2-bit values, G 32, head_dim 64/128, sm_90; k4v2-warp: the same at head_dim 64/128/256, "
+             "2-, 4- or 8-bit keys and values of equal width or 8-bit keys with 2- or 4-bit values at G 32, or "
              "4-bit keys + 2-bit values and 2-bit both at G 64/128; "
              "mma: G >= 16 with head_dim / G <= 8; generic: any)",
              forced);

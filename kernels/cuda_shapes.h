@@ -21,6 +21,7 @@ using FastDecodeHeadDims = HeadDimList<64, 128>;  // decode_fast.cu (2-bit, G = 
 using WgmmaHeadDims = HeadDimList<64, 128>;       // prefill_wgmma.cu (sm_90a)
 using MmaDecodeHeadDims = HeadDimList<64, 128, 256>;  // decode_mma.cu (tensor cores)
 using K4V2DecodeHeadDims = HeadDimList<64, 128>;      // decode_k4v2.cu (default storage, sm_90)
+using K4V2WarpHeadDims = HeadDimList<64, 128, 256>;   // decode_k4v2_warp.cu (sm_90)
 
 // The head_dim values of this build. A build may leave some out (less compile time):
 // CMake's MINIKV_CUDA_HEAD_DIMS="64;128" defines MINIKV_NO_HEAD_DIM_<D> for the others.

@@ -204,13 +204,17 @@ __device__ __forceinline__ void store_merged_head(const DecodeParams &p, uint64_
   for (uint32_t s = 0; s < S; ++s) {
     const float ws = w_s[s];
     const float *po = p.part_o + (part0 + s) * D + lane * kCh;
-    if constexpr (kCh == 4) {
-      const float4 v = __ldcg(reinterpret_cast<const float4 *>(po));
-      o[0] = fmaf(ws, v.x, o[0]);
-      o[1] = fmaf(ws, v.y, o[1]);
-      o[2] = fmaf(ws, v.z, o[2]);
-      o[3] = fmaf(ws, v.w, o[3]);
+    if constexpr (kCh % 4 == 0) {  // head_dim 128 and 256
+#pragma unroll
+      for (int c = 0; c < kCh; c += 4) {
+        const float4 v = __ldcg(reinterpret_cast<const float4 *>(po + c));
+        o[c] = fmaf(ws, v.x, o[c]);
+        o[c + 1] = fmaf(ws, v.y, o[c + 1]);
+        o[c + 2] = fmaf(ws, v.z, o[c + 2]);
+        o[c + 3] = fmaf(ws, v.w, o[c + 3]);
+      }
     } else {
+      static_assert(kCh == 2, "head_dim 64, 128 or 256");
       const float2 v = __ldcg(reinterpret_cast<const float2 *>(po));
       o[0] = fmaf(ws, v.x, o[0]);
       o[1] = fmaf(ws, v.y, o[1]);

@@ -76,7 +76,11 @@ __device__ __forceinline__ void load_key_quarter(const uint8_t *p, uint32_t (&w)
 template <int VG>
 __device__ __forceinline__ void load_value_scales(const uint8_t *vs, const uint8_t *vm, uint32_t (&s)[(VG + 1) / 2],
                                                   uint32_t (&m)[(VG + 1) / 2]) {
-  if constexpr (VG == 4) {
+  if constexpr (VG == 8) {
+    const uint4 s8 = *reinterpret_cast<const uint4 *>(vs), m8 = *reinterpret_cast<const uint4 *>(vm);
+    s[0] = s8.x; s[1] = s8.y; s[2] = s8.z; s[3] = s8.w;
+    m[0] = m8.x; m[1] = m8.y; m[2] = m8.z; m[3] = m8.w;
+  } else if constexpr (VG == 4) {
     const uint2 s4 = *reinterpret_cast<const uint2 *>(vs), m4 = *reinterpret_cast<const uint2 *>(vm);
     s[0] = s4.x; s[1] = s4.y;
     m[0] = m4.x; m[1] = m4.y;
@@ -84,7 +88,7 @@ __device__ __forceinline__ void load_value_scales(const uint8_t *vs, const uint8
     s[0] = lds32(vs);
     m[0] = lds32(vm);
   } else {
-    static_assert(VG == 1, "1, 2 or 4 value groups");
+    static_assert(VG == 1, "1, 2, 4 or 8 value groups");
     s[0] = *reinterpret_cast<const uint16_t *>(vs);
     m[0] = *reinterpret_cast<const uint16_t *>(vm);
   }

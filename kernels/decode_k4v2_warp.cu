@@ -109,7 +109,8 @@ constexpr bool k4v2_warp_layout_ok() {
 static_assert(kK4V2RowTile <= 32, "a 16-bit tile is at most two 16-row M-tiles");
 template <uint32_t KB, uint32_t VB, uint32_t G> constexpr bool k4v2_warp_layouts_ok() {
   bool ok = k4v2_warp_layout_ok<128, 1, KB, VB, G>() && k4v2_warp_layout_ok<128, 2, KB, VB, G>() &&
-            k4v2_warp_layout_ok<128, 4, KB, VB, G>();
+            k4v2_warp_layout_ok<128, 4, KB, VB, G>() && k4v2_warp_layout_ok<256, 1, KB, VB, G>() &&
+            k4v2_warp_layout_ok<256, 2, KB, VB, G>() && k4v2_warp_layout_ok<256, 4, KB, VB, G>();
   if constexpr (64 % G == 0)
     ok = ok && k4v2_warp_layout_ok<64, 1, KB, VB, G>() && k4v2_warp_layout_ok<64, 2, KB, VB, G>() &&
          k4v2_warp_layout_ok<64, 4, KB, VB, G>();
@@ -219,7 +220,7 @@ __device__ __forceinline__ void k4v2_warp_merge_if_last(const DecodeParams &p, u
 }
 
 /// \tparam T  dtype of q/out, scales and 16-bit rows (__half or __nv_bfloat16)
-/// \tparam D  head_dim (64 or 128)
+/// \tparam D  head_dim (64, 128 or 256)
 /// \tparam NH query-head slots of the CTA (1, 2 or 4): lane (g, i) owns slot i % NH
 /// \tparam KB key bits (2, 4 or 8); VB value bits (2, 4 or 8)
 /// \tparam G  the group: key groups of G tokens, value groups of G channels (32, 64, 128)
@@ -240,7 +241,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   // The tile walks keys in groups of 32 tokens whatever G is: group v's scales and minima are
   // those of key group v · 32 / G (a larger G repeats them), so that every lane keeps logits.
   auto key_group = [](uint32_t v) { return v * 32 / G; };
-  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static_assert(NH == 1 || NH == 2 || NH == 4, "1, 2 or 4 head slots");
   static_assert((KB == 2 || KB == 4 || KB == 8) && (VB == 2 || VB == 4 || VB == 8), "2-, 4- or 8-bit codes");
   static_assert((G == 32 || G == 64 || G == 128) && D % G == 0, "G of 32, 64 or 128 dividing head_dim");
@@ -749,7 +750,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 // fn(kernel, its dynamic shared memory) of (dtype, head_dim, head slots, storage).
 template <typename Fn>
 void dispatch_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t slots, Fn &&fn) {
-  dispatch_dtype_head_dim<K4V2DecodeHeadDims>(dtype, bl.head_dim, "minikv_decode", [&](auto tag, auto hd) {
+  dispatch_dtype_head_dim<K4V2WarpHeadDims>(dtype, bl.head_dim, "minikv_decode", [&](auto tag, auto hd) {
     dispatch_k4v2_warp_storage(bl.key_bits, bl.value_bits, bl.group, [&](auto kb, auto vb, auto g) {
       using T = decltype(tag);
       constexpr int D = decltype(hd)::value, KB = decltype(kb)::value, VB = decltype(vb)::value,
@@ -769,7 +770,7 @@ void dispatch_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t slot
 #ifndef MINIKV_WARP_EMULATION
 bool decode_k4v2_warp_path(const BlockLayout &bl, uint32_t n_rep) {
   return n_rep >= 1 && bl.elem_bytes == 2 && k4v2_warp_storage(bl.key_bits, bl.value_bits, bl.group) &&
-         bl.head_dim % bl.group == 0 && in_list(K4V2DecodeHeadDims{}, bl.head_dim) && head_dim_compiled(bl.head_dim);
+         bl.head_dim % bl.group == 0 && in_list(K4V2WarpHeadDims{}, bl.head_dim) && head_dim_compiled(bl.head_dim);
 }
 
 uint32_t decode_k4v2_warp_heads_per_cta(uint32_t n_rep) { return k4v2_warp_slots(n_rep); }

@@ -26,7 +26,7 @@ template <int KB, int VB, int G = 32> Kernel one_warp_kernel() {
             REQUIRE(cfg.value_bits == uint32_t(VB));
             REQUIRE(cfg.group_size == uint32_t(G));
             const k::K4V2Args args = k4v2_args(p);
-            dispatch_dtype_head_dim<64, 128>(cfg, [&](auto t, auto d) {
+            dispatch_dtype_head_dim<64, 128, 256>(cfg, [&](auto t, auto d) {
               using T = decltype(t);
               constexpr int D = decltype(d)::value;
               auto go = [&](size_t smem, const std::function<void()> &thread) { emulate(p, 32, smem, landing, thread); };

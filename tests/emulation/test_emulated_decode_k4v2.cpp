@@ -3,7 +3,7 @@
 // emulator against the CPU backend (decode_harness.hpp): decode_k4v2_warp_kernel (sm_90, one
 // warp, groups of up to four heads: what the plan picks there), decode_k4v2_kernel (sm_90, four
 // warps, larger groups) and the tensor-core kernel's instance for this storage (decode_mma.cuh,
-// sm_80+). head_dim 64 and 128, MHA and groups of 2 to 12 (one, two, four and eight head
+// sm_80+). head_dim 64 and 128 (and 256 for the one-warp kernel), MHA and groups of 2 to 12 (one, two, four and eight head
 // slots; several chunks), fp16 and bf16, 0, 4 and 17-20 sinks (a sink tile of two M-tiles next
 // to quantized tiles: where one tile's refill may land on another's bytes), tiles of 128, 64
 // and 32 tokens (R 128, 64, 96).
@@ -65,6 +65,9 @@ TEST_CASE("the default storage's decode kernels run by the warp emulator match t
       {4, 2, 32, 64, 6, BF16, 4, 128, Four}, {4, 2, 32, 128, 12, F16, 4, 96, Four},
       // The tensor-core kernel's instance for this storage (MINIKV_DECODE_KERNEL=mma).
       {4, 2, 32, 128, 1, BF16, 4, 128, Mma}, {4, 2, 32, 64, 4, F16, 20, 96, Mma}, {4, 2, 32, 128, 5, F16, 0, 64, Mma},
+      // head_dim 256 (Gemma): the one-warp kernel's four 64-channel spans and eight value groups.
+      {4, 2, 32, 256, 1, F16, 4, 128, One}, {4, 2, 32, 256, 1, BF16, 20, 96, One}, {4, 2, 32, 256, 2, BF16, 0, 64, One},
+      {4, 2, 32, 256, 4, F16, 17, 128, One}, {4, 2, 32, 256, 3, BF16, 4, 64, One},
   };
   run_shapes(shapes, {kOneWarp, kFourWarps, kMma});
 }

@@ -4,7 +4,7 @@
 // 4- or 2-bit values, at G = 32; 4-bit keys + 2-bit values and 2-bit both at G = 64 and 128),
 // run by the warp emulator against the CPU
 // backend (decode_harness.hpp): MINIKV_DECODE_KERNEL=k4v2-warp's kernel there. Each at
-// head_dim 64 and 128 (128 only for G = 128), one, two and four head slots, fp16 and bf16,
+// head_dim 64, 128 and 256 (64 not for G = 128), one, two and four head slots, fp16 and bf16,
 // with and without sinks, tiles of 128, 64 and 32 tokens.
 #include "k4v2_kernels.hpp"
 
@@ -39,6 +39,11 @@ TEST_CASE("the one-warp decode kernel on 2-bit and 4-bit and 8-bit storage and l
       // 8-bit keys with narrower values.
       {8, 4, 32, 128, 1, BF16, 4, 128, K8V4}, {8, 4, 32, 64, 4, F16, 0, 96, K8V4},
       {8, 2, 32, 128, 2, F16, 20, 64, K8V2}, {8, 2, 32, 64, 1, BF16, 4, 128, K8V2},
+      // head_dim 256: eight value groups at G = 32, four at 64 (two spans each), two at 128.
+      {2, 2, 32, 256, 4, BF16, 4, 128, K2V2},  {4, 4, 32, 256, 2, F16, 20, 64, K4V4}, {8, 8, 32, 256, 1, BF16, 0, 128, K8V8},
+      {4, 2, 64, 256, 4, BF16, 17, 128, K4V2G64}, {2, 2, 64, 256, 1, F16, 4, 64, K2V2G64},
+      {4, 2, 128, 256, 2, BF16, 4, 128, K4V2G128}, {2, 2, 128, 256, 4, F16, 0, 256, K2V2G128},
+      {8, 4, 32, 256, 3, F16, 4, 96, K8V4}, {8, 2, 32, 256, 1, BF16, 20, 128, K8V2},
   };
   run_shapes(shapes, kKernels);
 }

@@ -76,6 +76,10 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
       {8, 8, 32, 128, 3, BF16, 0, 96}, {4, 2, 64, 64, 4, BF16, 4, 128}, {4, 2, 64, 128, 1, F16, 0, 192},
       {2, 2, 128, 128, 3, F16, 20, 256}, {4, 2, 128, 128, 2, BF16, 4, 128}, {8, 4, 32, 128, 2, F16, 4, 128},
       {8, 2, 32, 64, 4, BF16, 0, 96},  {4, 4, 32, 128, 8, F16, 4, 128}, {8, 4, 32, 64, 7, BF16, 0, 64},
+      // The one-warp kernel at head_dim 256 (four value spans, eight value groups at G = 32).
+      {4, 2, 32, 256, 4, F16, 4, 128}, {2, 2, 32, 256, 2, BF16, 0, 96}, {4, 2, 64, 256, 1, F16, 17, 128},
+      {8, 8, 32, 256, 3, BF16, 4, 64}, {2, 2, 128, 256, 4, F16, 0, 256}, {4, 4, 32, 256, 1, BF16, 20, 128},
+      {8, 4, 32, 256, 8, F16, 4, 128},
   };
   for (const Shape &s : shapes) {
     if (!minikv::kernels::head_dim_compiled(s.head_dim)) continue;  // MINIKV_CUDA_HEAD_DIMS
@@ -94,7 +98,8 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
     namespace mk = minikv::kernels;
     const bool hd = s.head_dim == 64 || s.head_dim == 128;
     const bool k4v2 = hd && s.group == 32 && s.key_bits == 4 && s.value_bits == 2;
-    const bool warp_bits = hd && s.head_dim % s.group == 0 && mk::k4v2_warp_storage(s.key_bits, s.value_bits, s.group);
+    const bool warp_bits = (hd || s.head_dim == 256) && s.head_dim % s.group == 0 &&
+                           mk::k4v2_warp_storage(s.key_bits, s.value_bits, s.group);
     const bool warp_planned = mk::k4v2_warp_planned(s.key_bits, s.value_bits, s.n_rep);
     const char *unplanned = warp_planned ? "k4v2" : "k4v2-warp";
     const char *warp_other = warp_planned ? "mma" : "k4v2-warp";
