@@ -135,6 +135,9 @@ void run_store(const Shape &s, minikv_score_mode mode, bool special = false) {
   CHECK(quantized > 0);  // the case stores blocks, not only the residual
 }
 
+// Scales quantize_reciprocal has no reciprocal for: the store divides there.
+const float kScalesWithoutReciprocal[] = {0.0f, 1e-40f, 1e-45f, 0x1p127f, INFINITY};
+
 // pack_word's word against quantize_code element by element; each element has its own group
 // (mn, scale), as a key word's channels do.
 template <uint32_t BITS>
@@ -160,7 +163,6 @@ void check_word(const float (&x)[32 / BITS], const float (&mn)[32 / BITS], const
 // lay within 0.05 of a boundary.
 template <uint32_t BITS> uint64_t check_pack_word(test::Rng &rng) {
   constexpr uint32_t P = 32 / BITS, kLevels = (1u << BITS) - 1u;
-  const float odd_scales[] = {0.0f, 1e-40f, 1e-45f, 0x1p127f, INFINITY, NAN};
   const float odd_x[] = {NAN, INFINITY, -INFINITY, -0.0f};
   uint64_t near_half = 0;
   for (uint32_t w = 0; w < 200000 / P; ++w) {
@@ -168,7 +170,12 @@ template <uint32_t BITS> uint64_t check_pack_word(test::Rng &rng) {
     for (uint32_t j = 0; j < P; ++j) {
       const float mag = std::ldexp(1.0f, int(rng.uniform() * 200.0) - 100);
       mn[j] = float(rng.normal()) * mag;
-      scale[j] = rng.below(64) == 0 ? odd_scales[rng.below(6)] : float(std::fabs(rng.normal()) + 1e-3) * mag;
+      if (rng.below(64) == 0) {
+        const uint32_t i = rng.below(6);
+        scale[j] = i < 5 ? kScalesWithoutReciprocal[i] : NAN;
+      } else {
+        scale[j] = float(std::fabs(rng.normal()) + 1e-3) * mag;
+      }
       switch (rng.below(5)) {
         case 0: x[j] = mn[j] + scale[j] * float(rng.uniform() * 1.4 * kLevels - 0.2); break;
         case 1: {  // on a boundary, then nudged by up to 3 ulp either way
@@ -200,15 +207,14 @@ TEST_CASE("the store's packed codes equal quantize_code for every input") {
   // without a reciprocal against values down to the smallest subnormal, in one 2-bit word.
   float x[16] = {0.5f, 1.5f, 2.5f, 2.5000002f, -5.0f, 3e38f}, mn[16] = {0, 0, 0, 0, 0, -3e38f},
         scale[16] = {1, 1, 1, 1, 1, 1e38f};
-  const float odd_scales[] = {0.0f, 1e-40f, 1e-45f, 0x1p127f, INFINITY};
   const float small_x[] = {0.0f, 1e-45f, 3e-45f, 1e-40f, 1.0f, 3e38f};
   for (uint32_t i = 0; i < 10; ++i) {
     x[6 + i] = small_x[i % 6];
     mn[6 + i] = 0.0f;
-    scale[6 + i] = odd_scales[i % 5];
+    scale[6 + i] = kScalesWithoutReciprocal[i % 5];
   }
   check_word<2>(x, mn, scale);
-  for (float sc : odd_scales) CHECK(std::isnan(minikv::quantize_reciprocal(sc)));
+  for (float sc : kScalesWithoutReciprocal) CHECK(std::isnan(minikv::quantize_reciprocal(sc)));
 }
 
 TEST_CASE("the prefill's store kernel run by the warp emulator stores the CPU backend's bytes") {
