@@ -227,15 +227,20 @@ class CudaBackend final : public Backend {
     // 4/2 and 2/2 at G = 64 and 128) under the same rule: for groups of up to four heads it
     // read 1.2-4.2x faster than decode_mma or the generic kernel (B 8 and 1, L 32K and 128K,
     // H100). For groups of 7 and 8 it tied decode_mma or lost (8-bit keys: 0.77-0.90x),
-    // except at 4/4 bits (1.18-1.22x faster).
+    // except at 4/4 bits (1.18-1.22x faster) at G = 32, not at G = 16 (64/8: 1.12x slower).
+    // At G = 16 (2/2 and 4/4 bits) it took 0.39-0.59x decode_mma's time for groups of 1, 2
+    // and 4 (H200, B 8, 32K; B 1 0.50x and 0.73x).
     const bool k4v2_path = decode_k4v2_path(spec.block, n_rep);
     const bool k4v2_warp_path = decode_k4v2_warp_path(spec.block, n_rep);
     const uint32_t k4v2_heads = decode_mma_heads_per_cta(n_rep);
     const uint32_t k4v2_ctas = k4v2_path ? configure_decode_k4v2(cfg_.dtype, spec.block, k4v2_heads) : 0;
     const uint32_t k4v2_warp_ctas = k4v2_warp_path ? configure_decode_k4v2_warp(cfg_.dtype, spec.block, n_rep) : 0;
     const bool k4v2_ok = k4v2_ctas > 0, k4v2_warp_ok = k4v2_warp_ctas > 0;
-    const bool k4v2_warp_first = k4v2_warp_planned(spec.block.key_bits, spec.block.value_bits, n_rep);
-    decode_kernel_ = fast_ok                           ? DecodeKernel::kFast
+    const bool k4v2_warp_first = k4v2_warp_planned(spec.block.key_bits, spec.block.value_bits, spec.block.group, n_rep);
+    // The paper's storage takes the one-warp kernel where it read faster than the fast one
+    // (k4v2_warp_before_fast: groups of two; four at head_dim 64).
+    const bool fast_first = fast_ok && !(k4v2_warp_ok && k4v2_warp_before_fast(n_rep, D));
+    decode_kernel_ = fast_first                        ? DecodeKernel::kFast
                      : k4v2_warp_ok && k4v2_warp_first ? DecodeKernel::kK4V2Warp
                      : k4v2_ok                         ? DecodeKernel::kK4V2
                      : mma_ok && mma_first             ? DecodeKernel::kMma
@@ -253,7 +258,8 @@ class CudaBackend final : public Backend {
              "(fast: 2-bit keys and values, G 16, no sinks, n_rep 1/2/4/8; k4v2: 4-bit keys, "
              "2-bit values, G 32, head_dim 64/128, sm_90; k4v2-warp: the same at head_dim 64/128/256, "
              "2-, 4- or 8-bit keys and values of equal width or 8-bit keys with 2- or 4-bit values at G 32, or "
-             "4-bit keys + 2-bit values and 2-bit both at G 64/128; "
+             "4-bit keys + 2-bit values and 2-bit both at G 64/128, or 2/2 and 4/4 bits at G 16 "
+             "(head_dim 64/128); "
              "mma: G >= 16 with head_dim / G <= 8; generic: any)",
              forced);
     }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda_shapes.h"      // K4V2WarpHeadDims
 #include "decode_mma_plan.h"  // FastDivU32, generic_pow2_divisor
 
 namespace minikv {
@@ -100,17 +101,34 @@ constexpr uint32_t k4v2_head_slots(uint32_t heads_per_cta) { return heads_per_ct
 // The storage (key bits, value bits, group) that the one-warp kernel (decode_k4v2_warp.cu) is
 // compiled for: at G = 32 the default storage, MINIKV_PRESET_QUALITY's, 2- and 4-bit keys and
 // values, and 8-bit keys with 2- or 4-bit values (keys are the sensitive side); at G = 64 and
-// 128 (fewer scale bytes) 4-bit keys + 2-bit values and 2-bit both.
+// 128 (fewer scale bytes) 4-bit keys + 2-bit values and 2-bit both; at G = 16 the paper's
+// 2-bit keys and values, and 4-bit both.
 constexpr bool k4v2_warp_storage(uint32_t key_bits, uint32_t value_bits, uint32_t group) {
   const bool low = (key_bits == 4 || key_bits == 2) && value_bits == 2;
+  if (group == 16) return key_bits == value_bits && (key_bits == 2 || key_bits == 4);
   if (group == 32) return low || (key_bits == 8 && value_bits <= 8) || (key_bits == 4 && value_bits == 4);
   return (group == 64 || group == 128) && low;
 }
+// Whether the one-warp kernel has an instance for that storage at head_dim D: one of
+// K4V2WarpHeadDims split into whole groups, G = 16 up to 128 only (at 256 a token's sixteen
+// value groups would outgrow the registers).
+constexpr bool k4v2_warp_instance(uint32_t key_bits, uint32_t value_bits, uint32_t group, uint32_t head_dim) {
+  return k4v2_warp_storage(key_bits, value_bits, group) && in_list(K4V2WarpHeadDims{}, head_dim) &&
+         head_dim % group == 0 && (group > 16 || head_dim <= 128);
+}
 // Whether the decode plan takes the one-warp kernel for its storage at a GQA group of n_rep
-// query heads: groups of up to four, and 4/4 bits at any group (the measurements behind it:
-// kernels/cuda_backend.cpp); otherwise the four-warp kernel (default storage) or decode_mma.
-constexpr bool k4v2_warp_planned(uint32_t key_bits, uint32_t value_bits, uint32_t n_rep) {
-  return n_rep <= 4 || (key_bits == 4 && value_bits == 4);
+// query heads: groups of up to four, and 4/4 bits at G ≥ 32 at any group (the measurements
+// behind it: kernels/cuda_backend.cpp); otherwise the four-warp kernel (default storage) or
+// decode_mma.
+constexpr bool k4v2_warp_planned(uint32_t key_bits, uint32_t value_bits, uint32_t group, uint32_t n_rep) {
+  return n_rep <= 4 || (key_bits == 4 && value_bits == 4 && group >= 32);
+}
+// Whether the paper's storage (decode_fast_path's) takes the one-warp kernel rather than the
+// fast kernel: for groups of two, and of four at head_dim 64 (H100, 32K and 128K, same run:
+// 0.85-0.88x the fast kernel's time at 16/8, 0.68x at 32/8 head_dim 64; at 32/8 head_dim 128
+// 1.01x at 32K and 1.13x at 128K, under MHA 1.07x at B 1, at 64/8 1.18x).
+constexpr bool k4v2_warp_before_fast(uint32_t n_rep, uint32_t head_dim) {
+  return n_rep == 2 || (n_rep == 4 && head_dim == 64);
 }
 // fn(key bits, value bits, group) as integral constants, for one of k4v2_warp_storage's.
 template <typename Fn>
@@ -119,7 +137,10 @@ void dispatch_k4v2_warp_storage(uint32_t key_bits, uint32_t value_bits, uint32_t
   using I4 = std::integral_constant<int, 4>;
   using I8 = std::integral_constant<int, 8>;
   auto bits = [&](auto g) {
-    if (key_bits == 4 && value_bits == 2) fn(I4{}, I2{}, g);
+    if constexpr (decltype(g)::value == 16) {
+      if (key_bits == 2 && value_bits == 2) fn(I2{}, I2{}, g);
+      else if (key_bits == 4 && value_bits == 4) fn(I4{}, I4{}, g);
+    } else if (key_bits == 4 && value_bits == 2) fn(I4{}, I2{}, g);
     else if (key_bits == 2 && value_bits == 2) fn(I2{}, I2{}, g);
     else if constexpr (decltype(g)::value == 32) {
       if (key_bits == 8 && value_bits == 8) fn(I8{}, I8{}, g);
@@ -128,7 +149,8 @@ void dispatch_k4v2_warp_storage(uint32_t key_bits, uint32_t value_bits, uint32_t
       else if (key_bits == 8 && value_bits == 2) fn(I8{}, I2{}, g);
     }
   };
-  if (group == 32) bits(std::integral_constant<int, 32>{});
+  if (group == 16) bits(std::integral_constant<int, 16>{});
+  else if (group == 32) bits(std::integral_constant<int, 32>{});
   else if (group == 64) bits(std::integral_constant<int, 64>{});
   else if (group == 128) bits(std::integral_constant<int, 128>{});
 }

@@ -25,6 +25,9 @@
 //   codes as fp16 subnormals (one LOP3 per pair); B = fp16(p · s_v · 2^Sv) (the one rounding
 //   MINIKV.md allows), written by the lanes that hold p; Σ p · m_v on the CUDA cores. Every
 //   lane's C columns 2i, 2i + 1 are its head slot's two value groups.
+// G = 16: keys walk 16-token units (one M-tile and key group each), and a span's four value
+//   groups make P·V's N 4 · NH columns: B rows laid out so that a lane's columns stay its
+//   head slot's, two n-tiles at four slots (their B rows unpadded and swizzled: bpv_offset).
 // 16-bit rows (sinks, residual; tiles of kK4V2RowTile ≤ 32 rows) on the tensor cores too: QK
 //   an mma<T> of the K rows (M = rows) against q (column n = head slot (n / 2) mod NH), exact
 //   products, so each lane's logits are the quantized tiles' (head slot hh, rows g and g + 8);
@@ -84,8 +87,13 @@ template <uint32_t D, uint32_t NH, uint32_t KB = 4, uint32_t VB = 2, uint32_t G 
   static constexpr uint32_t kRowP = 0;
   // P·V's B: [span][(head slot, value group of the span) rows][k position] fp16, over the key
   // codes, scales and minima of the stage (the logits are done with them when it is written).
-  static constexpr uint32_t kBpvStride = k4v2_odd_stride(kMaxTile * 2);
-  static constexpr uint32_t kBpvSpan = 2 * NH * kBpvStride;
+  // Rows of an odd number of 16-byte units (ldmatrix without conflicts), except at G = 16 with
+  // four head slots: 16 rows a span, whose padding would outgrow the key regions at 2-bit keys,
+  // are unpadded with their units swizzled instead (bpv_offset).
+  static constexpr bool kBpvSwizzled = G == 16 && NH == 4;
+  static constexpr uint32_t kBpvStride = kBpvSwizzled ? kMaxTile * 2 : k4v2_odd_stride(kMaxTile * 2);
+  static constexpr uint32_t kBpvRows = G == 16 ? 4 : 2;  // B rows per head slot: value groups of a span, ≥ 2
+  static constexpr uint32_t kBpvSpan = kBpvRows * NH * kBpvStride;
   static constexpr uint32_t kBpv = kKCodes;
   // At the end, the 16-bit rows' P·V ([slot][D] fp32) and then each slot's (max, sum), over
   // the stage.
@@ -116,6 +124,13 @@ template <uint32_t KB, uint32_t VB, uint32_t G> constexpr bool k4v2_warp_layouts
          k4v2_warp_layout_ok<64, 4, KB, VB, G>();
   return ok;
 }
+template <uint32_t KB, uint32_t VB> constexpr bool k4v2_warp_layouts_g16_ok() {  // head_dim 64 and 128 only
+  return k4v2_warp_layout_ok<128, 1, KB, VB, 16>() && k4v2_warp_layout_ok<128, 2, KB, VB, 16>() &&
+         k4v2_warp_layout_ok<128, 4, KB, VB, 16>() && k4v2_warp_layout_ok<64, 1, KB, VB, 16>() &&
+         k4v2_warp_layout_ok<64, 2, KB, VB, 16>() && k4v2_warp_layout_ok<64, 4, KB, VB, 16>();
+}
+static_assert(k4v2_warp_layouts_g16_ok<2, 2>() && k4v2_warp_layouts_g16_ok<4, 4>(),
+              "decode_k4v2_warp's shared-memory layout at G = 16");
 static_assert(k4v2_warp_layouts_ok<4, 2, 32>() && k4v2_warp_layouts_ok<2, 2, 32>() &&
                   k4v2_warp_layouts_ok<4, 4, 32>() && k4v2_warp_layouts_ok<8, 8, 32>() &&
                   k4v2_warp_layouts_ok<8, 4, 32>() && k4v2_warp_layouts_ok<8, 2, 32>() &&
@@ -136,7 +151,8 @@ static_assert(k4v2_warp_fits<4, 2>(12, 11) && k4v2_warp_fits<2, 2>(12, 11) && k4
                   k4v2_warp_fits<8, 8>(11, 10) && k4v2_warp_fits<8, 4>(12, 11) && k4v2_warp_fits<8, 2>(12, 11) &&
                   k4v2_warp_fits<4, 2, 64>(12, 11) &&
                   k4v2_warp_fits<2, 2, 64>(12, 11) && k4v2_warp_fits<4, 2, 128>(12, 11) &&
-                  k4v2_warp_fits<2, 2, 128>(12, 11),
+                  k4v2_warp_fits<2, 2, 128>(12, 11) && k4v2_warp_fits<2, 2, 16>(12, 11) &&
+                  k4v2_warp_fits<4, 4, 16>(12, 11),
               "decode_k4v2_warp's shared memory grew");
 
 // The head slots of a CTA for a GQA group of n_rep.
@@ -223,7 +239,8 @@ __device__ __forceinline__ void k4v2_warp_merge_if_last(const DecodeParams &p, u
 /// \tparam D  head_dim (64, 128 or 256)
 /// \tparam NH query-head slots of the CTA (1, 2 or 4): lane (g, i) owns slot i % NH
 /// \tparam KB key bits (2, 4 or 8); VB value bits (2, 4 or 8)
-/// \tparam G  the group: key groups of G tokens, value groups of G channels (32, 64, 128)
+/// \tparam G  the group: key groups of G tokens, value groups of G channels (16 at head_dim ≤ 128;
+///            32, 64, 128)
 template <typename T, int D, int NH, int KB = 4, int VB = 2, int G = int(kK4V2Group)>
 __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_constant__ K4V2Args a) {
 #if __CUDA_ARCH__ >= 900 || defined(MINIKV_WARP_EMULATION)
@@ -234,17 +251,36 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   constexpr int VG = D / G;           // value groups of a token
   constexpr int QP = D / 8;           // key pairs in a quarter of a key row
   constexpr int MR = D / 16;          // 16-channel M-tiles of the 16-bit rows' P·V
-  constexpr int kBatch = 4 / NH;      // key groups per QK B operand (NH operands per tile)
+  constexpr int kBatch = 4 / NH;      // key units per QK B operand
   constexpr int E = 16 / VB;          // value channels in an fp16 half of a code word
-  // Value groups of a 64-channel span: B rows per head slot (2 at G = 32, else 1).
-  constexpr int RP = G == 32 ? 2 : 1;
-  // The tile walks keys in groups of 32 tokens whatever G is: group v's scales and minima are
-  // those of key group v · 32 / G (a larger G repeats them), so that every lane keeps logits.
-  auto key_group = [](uint32_t v) { return v * 32 / G; };
+  // Value groups of a 64-channel span: B rows per head slot (4 at G = 16, 2 at 32, else 1).
+  constexpr int RP = G <= 32 ? 64 / G : 1;
+  // The tile walks keys in units of KU tokens (32, or G = 16: one M-tile per key group): unit
+  // v's scales and minima are those of key group v · KU / G (a larger G repeats them), so
+  // that every lane keeps logits. MPU M-tiles a unit; NB B operands a tile.
+  constexpr int KU = G < 32 ? G : 32, MPU = KU / 16;
+  constexpr int NB = (int(L::kMaxTile) / KU + kBatch - 1) / kBatch;
+  auto key_group = [](uint32_t v) { return v * KU / G; };
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static_assert(NH == 1 || NH == 2 || NH == 4, "1, 2 or 4 head slots");
   static_assert((KB == 2 || KB == 4 || KB == 8) && (VB == 2 || VB == 4 || VB == 8), "2-, 4- or 8-bit codes");
-  static_assert((G == 32 || G == 64 || G == 128) && D % G == 0, "G of 32, 64 or 128 dividing head_dim");
+  static_assert((G == 16 || G == 32 || G == 64 || G == 128) && D % G == 0, "G of 16 to 128 dividing head_dim");
+  // P·V's n-tiles: N = (head slot, value group of the span) is 4 · NH columns at G = 16, two
+  // n-tiles at four head slots (n-tile t: the span's value groups 2t, 2t + 1); else one.
+  constexpr int NT = L::kBpvSwizzled ? 2 : 1;
+  // Byte offset of P·V's B element (row, k position kp) from its span. Swizzled, 16-byte unit u
+  // of row r lies at u ^ f(r), f(r) = r mod 2 + 2 (r / 4 mod 4): the eight rows 4 slot + 2t + b
+  // that one ldmatrix reads have distinct f, and so do the lanes of one store (distinct slots
+  // and units): no bank conflicts, as with the padded rows.
+  auto bpv_offset = [](uint32_t row, uint32_t kp) {
+    const uint32_t byte = 2 * kp;
+    if constexpr (L::kBpvSwizzled) {
+      const uint32_t f = (row & 1u) | ((row >> 1) & 6u);
+      return row * L::kBpvStride + ((((byte >> 4) ^ f) << 4) | (byte & 15u));
+    } else {
+      return row * L::kBpvStride + byte;
+    }
+  };
 
   MINIKV_DYNAMIC_SMEM(smem, 128);
   const uint32_t smem_s = smem_addr(smem);
@@ -324,13 +360,15 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   // l_q the sum of head slot hh's probabilities (quantized and 16-bit rows) over the lane's
   // tokens. 16-bit rows' values, head slot hh: acc16[m][r] = channel 16m + g + 8r in units of
   // 1 / ProbOperand<T>::kScale.
-  float acc[S][4][4], acc16[MR][2], vb[VG];
+  float acc[S][4][NT][4], acc16[MR][2], vb[VG];
 #pragma unroll
   for (int s = 0; s < S; ++s)
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[s][j][c] = 0.0f;
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[s][j][t][c] = 0.0f;
 #pragma unroll
   for (int m = 0; m < MR; ++m) acc16[m][0] = acc16[m][1] = 0.0f;
 #pragma unroll
@@ -360,7 +398,9 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) acc[s][j][c] *= cq;
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[s][j][t][c] *= cq;
 #pragma unroll
     for (int j = 0; j < VG; ++j) vb[j] *= corr;
 #pragma unroll
@@ -382,7 +422,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
     const uint32_t count = tr.count;
 
     if (tr.segment == kSegQuantized) {
-      const uint32_t groups = count / 32;
+      const uint32_t groups = count / KU;  // key units of the tile
       // 1. The bias q · m_k of every (key group, head): A rows = the groups' minima, B
       //    column n = q of head slot n % NH; C[g][n] lands in lane (g, n / 2).
       float cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -402,7 +442,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       //     quarter i of group g / 2 and the even g write s' over the scales they read.
       [[maybe_unused]] float us_tile = 1.0f;  // 2^(12 − ks) of group g / 2
       if constexpr (NH > 1) {
-        const uint32_t kg = gq >> 1;
+        const uint32_t kg = gq / MPU;  // unit kg's quarter i: lanes (MPU kg .. MPU kg + MPU − 1, i)
         const bool kg_live = kg < groups;
         uint8_t *sp = stage + L::kKScale + (kg_live ? key_group(kg) : 0) * D * 2 + qi * (D / 4) * 2;
         uint32_t sw[D / 8], s2[QP];  // quarter i of the group's key scales (dtype pairs); s'
@@ -411,7 +451,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
         us_tile = pow2i(12 - ks);
         scaled_key_scales<T, KB>(sw, ks, s2);
         __syncwarp();  // the odd g (and at G > 32 other groups' lanes) have read the same words
-        if (kg_live && (gq & 1) == 0) store_words(sp, s2);
+        if (kg_live && gq % MPU == 0) store_words(sp, s2);
         __syncwarp();
       }
       // 2. Logits, one B operand per batch of kBatch key groups: lane (g, i) builds column g
@@ -420,15 +460,16 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       //    columns 2i, 2i + 1: rows g and g + 8 of the batch's M-tiles of key group i / NH.
       //    A batch whose 32-token groups lie in the key groups of the batch before (G > 32,
       //    more than one batch) has that batch's operand: it is built once per key group.
-      float lg[NH][2][2];
+      float lg[NB][MPU][2];
       uint32_t bq[KS][2];
 #pragma unroll
-      for (int bt = 0; bt < NH; ++bt) {
-        lg[bt][0][0] = lg[bt][0][1] = lg[bt][1][0] = lg[bt][1][1] = -INFINITY;
+      for (int bt = 0; bt < NB; ++bt) {
+#pragma unroll
+        for (int mm = 0; mm < MPU; ++mm) lg[bt][mm][0] = lg[bt][mm][1] = -INFINITY;
         const uint32_t kg0 = bt * kBatch;
         if (kg0 >= groups) continue;
         float us = 1.0f;
-        if ((bt * kBatch * 32) % G == 0) {
+        if ((bt * kBatch * KU) % G == 0) {
           // Four slots: a batch is one group, live past the guard above.
           const uint32_t kg = NH == 4 ? kg0 : kg0 + gq / (2 * NH), hc = (gq >> 1) % NH;
           const bool kg_live = NH == 4 || kg < groups;
@@ -454,16 +495,16 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
         }
         const uint32_t kg = kg0 + kgl;  // the key group of the lane's logits
         // A lane that prepared that group's s' (NH > 1) or built its columns.
-        if constexpr (NH > 1) us = __shfl_sync(kFull, us_tile, 8 * kg);
+        if constexpr (NH > 1) us = __shfl_sync(kFull, us_tile, 4 * MPU * kg);
         else us = __shfl_sync(kFull, us, 8 * NH * kgl);
         // Its bias: C[kg][2 (hh / 2) + hh % 2] of step 1.
         const float b0 = __shfl_sync(kFull, cb[0], 4 * (kg & 7) + (hh >> 1));
         const float b1 = __shfl_sync(kFull, cb[1], 4 * (kg & 7) + (hh >> 1));
         const float un = uq * us * p.scale_log2, bl2 = (hh & 1 ? b1 : b0) * p.scale_log2;
 #pragma unroll
-        for (int x = 0; x < 2 * kBatch; ++x) {
-          const uint32_t m = 2 * kg0 + x;  // M-tile: tokens 16m .. 16m + 15, key group m / 2
-          if (m >= 2 * groups) break;
+        for (int x = 0; x < MPU * kBatch; ++x) {
+          const uint32_t m = MPU * kg0 + x;  // M-tile: tokens 16m .. 16m + 15, key unit m / MPU
+          if (m >= MPU * groups) break;
           constexpr int PW = KP::kPerWord;  // key pairs per word
           uint32_t w0[D * KB / 128], w1[D * KB / 128];
           load_key_quarter<D, KB>(stage + L::kKCodes + (16 * m + gq) * L::kKRow + qi * (L::kKRow / 4), w0);
@@ -476,9 +517,9 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
                                     KP::code_pair(w1[(2 * k + 1) / PW], 2 * k + 1)};
             mma_16816<__half>(d[k & 1], av, bq[k][0], bq[k][1]);
           }
-          if (uint32_t(x >> 1) == kgl) {  // columns 2i, 2i + 1: the lane's head, hi + lo
-            lg[bt][x & 1][0] = fmaf((d[0][0] + d[0][1]) + (d[1][0] + d[1][1]), un, bl2);
-            lg[bt][x & 1][1] = fmaf((d[0][2] + d[0][3]) + (d[1][2] + d[1][3]), un, bl2);
+          if (uint32_t(x / MPU) == kgl) {  // columns 2i, 2i + 1: the lane's head, hi + lo
+            lg[bt][x % MPU][0] = fmaf((d[0][0] + d[0][1]) + (d[1][0] + d[1][1]), un, bl2);
+            lg[bt][x % MPU][1] = fmaf((d[0][2] + d[0][3]) + (d[1][2] + d[1][3]), un, bl2);
           }
         }
       }
@@ -504,8 +545,9 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       }
       float tmax = -INFINITY;
 #pragma unroll
-      for (int bt = 0; bt < NH; ++bt)
-        tmax = fmaxf(tmax, fmaxf(fmaxf(lg[bt][0][0], lg[bt][0][1]), fmaxf(lg[bt][1][0], lg[bt][1][1])));
+      for (int bt = 0; bt < NB; ++bt)
+#pragma unroll
+        for (int mm = 0; mm < MPU; ++mm) tmax = fmaxf(tmax, fmaxf(lg[bt][mm][0], lg[bt][mm][1]));
       const float base = rescale_to(fmaxf(m_run, head_max(tmax)), rescale);
 
       // 4. P·V's B (k positions 2g, 2g + 1 of k-step m are tokens g, g + 8 of M-tile m), rows
@@ -515,12 +557,12 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       uint8_t *bpv = smem + buf * L::kStageBytes + L::kBpv;
       const float unit = pow2i(Sv);
 #pragma unroll
-      for (int bt = 0; bt < NH; ++bt) {
+      for (int bt = 0; bt < NB; ++bt) {
         const uint32_t kg = bt * kBatch + kgl;
         if (kg >= groups) continue;
 #pragma unroll
-        for (int mm = 0; mm < 2; ++mm) {
-          const uint32_t t0 = 16 * (2 * kg + mm) + gq;
+        for (int mm = 0; mm < MPU; ++mm) {
+          const uint32_t t0 = 16 * (MPU * kg + mm) + gq;
           const float p0 = ex2(lg[bt][mm][0] - base), p1 = ex2(lg[bt][mm][1] - base);
           l_q += p0 + p1;
           // p · 2^Sv once for all value groups: (p · 2^Sv) · s_v = p · (s_v · 2^Sv) exactly,
@@ -530,21 +572,30 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
           uint32_t sv0[(VG + 1) / 2], mv0[(VG + 1) / 2], sv1[(VG + 1) / 2], mv1[(VG + 1) / 2];
           load_value_scales<VG>(stage + L::kVScale + t0 * VG * 2, stage + L::kVMin + t0 * VG * 2, sv0, mv0);
           load_value_scales<VG>(stage + L::kVScale + (t0 + 8) * VG * 2, stage + L::kVMin + (t0 + 8) * VG * 2, sv1, mv1);
-          // B row (head slot, r) of span s takes value group (64 s + 32 r) / G: a group of 128
-          // channels serves both spans.
+          // B row (head slot, r) of span s takes value group (64 s + 64 r / RP) / G: a group
+          // of 128 channels serves both spans.
 #pragma unroll
           for (int s = 0; s < S; ++s)
 #pragma unroll
             for (int r = 0; r < RP; ++r) {
-              const int j = (64 * s + 32 * r) / G;
+              const int j = (64 * s + 64 / RP * r) / G;
               const float s0 = elem_to_float<T>(sv0[j / 2], j & 1), s1 = elem_to_float<T>(sv1[j / 2], j & 1);
-              sts32(bpv + s * L::kBpvSpan + (2 * hh + r) * L::kBpvStride + 2 * (16 * (2 * kg + mm) + 2 * gq),
+              sts32(bpv + s * L::kBpvSpan + bpv_offset(L::kBpvRows * hh + r, 16 * (MPU * kg + mm) + 2 * gq),
                     pack_f16(pu0 * s0, pu1 * s1));
             }
 #pragma unroll
           for (int j = 0; j < VG; ++j)
             vb[j] = fmaf(p0, elem_to_float<T>(mv0[j / 2], j & 1), fmaf(p1, elem_to_float<T>(mv1[j / 2], j & 1), vb[j]));
         }
+      }
+      if constexpr (G == 16) {
+        // An odd number of M-tiles (count a multiple of 16, not 32): step 5's last k-step pair
+        // reads one M-tile more, whose probabilities must be 0.
+        if (count % 32 != 0)
+          for (uint32_t x = lane; x < S * L::kBpvRows * NH * 8; x += 32) {
+            const uint32_t row = x / 8 % (L::kBpvRows * NH);
+            sts32(bpv + x / 8 / (L::kBpvRows * NH) * L::kBpvSpan + bpv_offset(row, count + 2 * (x % 8)), 0u);
+          }
       }
       __syncwarp();
 
@@ -560,14 +611,22 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
         const uint32_t mi = lane >> 3, pp = (mi & 1) * 8 + (lane & 7);
         const uint32_t tok = (pp & 1) ? pp / 2 + 8 : pp / 2;
         const uint8_t *vaddr = vc + tok * L::kVRow + (NC > 1 ? (mi >> 1) * 16 : 0);
-        // B row n = (head slot (n / 2) mod NH, value group n % 2 of the span): every lane's C
-        // columns 2i, 2i + 1 are its head's two value groups.
-        const uint32_t n = lane & 7;
-        const uint8_t *baddr = bpv + (2 * ((n >> 1) % NH) + (n & 1)) * L::kBpvStride + 8 * (lane >> 3) * 2;
-        for (uint32_t kk = 0; kk < count / 16; kk += 2) {
-          uint32_t b[S][4];
+        // B row n of n-tile t: every lane's C columns 2i, 2i + 1 are two value groups of its own
+        // head slot i mod NH: (slot (n / 2) mod NH, group n mod 2) of a span's two groups, or
+        // at G = 16 (four groups a span) groups 2 ((n / 2) / NH mod 2) + n mod 2, and with four
+        // slots (two n-tiles) groups 2t + n mod 2.
+        const uint32_t n = lane & 7, slot = (n >> 1) % NH;
+        uint32_t brow[NT];
 #pragma unroll
-          for (int s = 0; s < S; ++s) ldmatrix_x4(b[s], baddr + s * L::kBpvSpan + 16 * kk * 2);
+        for (int t = 0; t < NT; ++t)
+          brow[t] = G == 16 ? 4 * slot + 2 * ((n >> 1) / NH % 2 + t) + (n & 1) : 2 * slot + (n & 1);
+        for (uint32_t kk = 0; kk < count / 16; kk += 2) {
+          uint32_t b[S][NT][4];
+#pragma unroll
+          for (int s = 0; s < S; ++s)
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+              ldmatrix_x4(b[s][t], bpv + s * L::kBpvSpan + bpv_offset(brow[t], 16 * kk + 8 * (lane >> 3)));
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
             uint32_t R[NX][4];
@@ -581,7 +640,8 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
                 const uint32_t lo = R[chunk / 2][2 * (chunk & 1)], hi = R[chunk / 2][2 * (chunk & 1) + 1];
                 const uint32_t av[4] = {value_codes<VB>(lo, 2 * jj), value_codes<VB>(lo, 2 * jj + 1),
                                         value_codes<VB>(hi, 2 * jj), value_codes<VB>(hi, 2 * jj + 1)};
-                mma_16816<__half>(acc[s][j], av, b[s][2 * h2], b[s][2 * h2 + 1]);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) mma_16816<__half>(acc[s][j][t], av, b[s][t][2 * h2], b[s][t][2 * h2 + 1]);
               }
             }
           }
@@ -711,7 +771,41 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   // h < NH (slot h) adds its head's max and sum. Then whole rows go out with 16-byte stores:
   // the owners' channels lie 8 apart, so stored from the fragments every 4 bytes took a
   // 32-byte sector of its own.
-  if (hh < nh) {
+  if constexpr (G == 16) {
+    // Four value groups a span: lane (g, i) holds value groups 2 pair + {0, 1} of its head slot
+    // (step 5's B rows), pair = (i / NH) mod 2 with one n-tile, both pairs (n-tile t = pair)
+    // with two. The lanes that hold a channel's group (one at NH = 2 and 4, two at NH = 1,
+    // which split the subsets j) complete it.
+    if (hh < nh) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t pair = VB == 2 ? gq >> 2 : uint32_t(j) >> 1;  // of the channel's group
+        const bool holds = NT == 2 || pair == ((qi / NH) & 1);
+        const bool mine = NH >= 2 || (VB == 2 ? uint32_t(j) >> 1 : uint32_t(j) & 1) == (qi >> 1);
+        if (!holds || !mine) continue;
+        const uint32_t t = NT == 2 ? pair : 0;
+        const uint32_t col = VB == 2 ? (gq >> 1) & 1 : VB == 4 ? gq >> 2 : uint32_t(j) & 1;
+        const int chunk = j / (E / 2), jj = j % (E / 2);
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            // n-tile t selected, not indexed (t follows the lane at 2-bit values: an index would
+            // put acc in local memory).
+            float q = col ? acc[s][j][0][2 * r + 1] : acc[s][j][0][2 * r];
+            if constexpr (NT == 2) q = t ? (col ? acc[s][j][NT - 1][2 * r + 1] : acc[s][j][NT - 1][2 * r]) : q;
+            const uint32_t ch = 64 * s + (128 / VB) * chunk + E * gq + 2 * jj + r;
+            const int off = (2 * jj + r) * VB % 8;
+            float &o = out16[hh * D + ch];
+            // Value group 4 s + 2 pair + col, selected (an index by lane would put vb_sum in
+            // local memory).
+            const float bias = pair ? (col ? vb_sum[4 * s + 3] : vb_sum[4 * s + 2])
+                                    : (col ? vb_sum[4 * s + 1] : vb_sum[4 * s]);
+            o = fmaf(q, pow2i(24 - off - Sv), bias + o);
+          }
+      }
+    }
+  } else if (hh < nh) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (uint32_t(j % kBatch) != kgl) continue;
@@ -722,7 +816,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       for (int s = 0; s < S; ++s)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float q = col ? acc[s][j][2 * r + 1] : acc[s][j][2 * r];
+          const float q = col ? acc[s][j][0][2 * r + 1] : acc[s][j][0][2 * r];
           const uint32_t ch = 64 * s + (128 / VB) * chunk + E * gq + 2 * jj + r;
           const int off = (2 * jj + r) * VB % 8;  // the code's bit offset in its fp16 half
           float &o = out16[hh * D + ch];
@@ -755,7 +849,7 @@ void dispatch_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t slot
       using T = decltype(tag);
       constexpr int D = decltype(hd)::value, KB = decltype(kb)::value, VB = decltype(vb)::value,
                     G = decltype(g)::value;
-      if constexpr (D % G == 0) {
+      if constexpr (k4v2_warp_instance(KB, VB, G, D)) {
         if (slots == 1) fn(decode_k4v2_warp_kernel<T, D, 1, KB, VB, G>, K4V2WarpLayout<D, 1, KB, VB, G>::kTotal);
         else if (slots == 2) fn(decode_k4v2_warp_kernel<T, D, 2, KB, VB, G>, K4V2WarpLayout<D, 2, KB, VB, G>::kTotal);
         else fn(decode_k4v2_warp_kernel<T, D, 4, KB, VB, G>, K4V2WarpLayout<D, 4, KB, VB, G>::kTotal);
@@ -769,8 +863,8 @@ void dispatch_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t slot
 
 #ifndef MINIKV_WARP_EMULATION
 bool decode_k4v2_warp_path(const BlockLayout &bl, uint32_t n_rep) {
-  return n_rep >= 1 && bl.elem_bytes == 2 && k4v2_warp_storage(bl.key_bits, bl.value_bits, bl.group) &&
-         bl.head_dim % bl.group == 0 && in_list(K4V2WarpHeadDims{}, bl.head_dim) && head_dim_compiled(bl.head_dim);
+  return n_rep >= 1 && bl.elem_bytes == 2 && k4v2_warp_instance(bl.key_bits, bl.value_bits, bl.group, bl.head_dim) &&
+         head_dim_compiled(bl.head_dim);
 }
 
 uint32_t decode_k4v2_warp_heads_per_cta(uint32_t n_rep) { return k4v2_warp_slots(n_rep); }

@@ -30,7 +30,7 @@ template <int KB, int VB, int G = 32> Kernel one_warp_kernel() {
               using T = decltype(t);
               constexpr int D = decltype(d)::value;
               auto go = [&](size_t smem, const std::function<void()> &thread) { emulate(p, 32, smem, landing, thread); };
-              if constexpr (D % G != 0) {
+              if constexpr (!k::k4v2_warp_instance(KB, VB, G, D)) {
                 FAIL("head_dim " << D << " with G " << G);
               } else if (p.heads_per_cta == 1) {
                 go(k::K4V2WarpLayout<D, 1, KB, VB, G>::kTotal, [&] { k::decode_k4v2_warp_kernel<T, D, 1, KB, VB, G>(args); });

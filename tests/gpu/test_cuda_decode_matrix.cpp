@@ -80,6 +80,11 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
       {4, 2, 32, 256, 4, F16, 4, 128}, {2, 2, 32, 256, 2, BF16, 0, 96}, {4, 2, 64, 256, 1, F16, 17, 128},
       {8, 8, 32, 256, 3, BF16, 4, 64}, {2, 2, 128, 256, 4, F16, 0, 256}, {4, 4, 32, 256, 1, BF16, 20, 128},
       {8, 4, 32, 256, 8, F16, 4, 128},
+      // The one-warp kernel at G = 16 (one, two and four head slots): the paper's storage with
+      // sinks (its exact storage stays on the fast path), and 4/4 bits.
+      {4, 4, 16, 128, 1, F16, 4, 128}, {4, 4, 16, 64, 2, BF16, 0, 64}, {2, 2, 16, 128, 2, BF16, 4, 96},
+      {2, 2, 16, 64, 1, F16, 17, 128}, {2, 2, 16, 128, 4, F16, 4, 128}, {4, 4, 16, 64, 4, BF16, 0, 96},
+      {4, 4, 16, 128, 8, F16, 20, 128}, {2, 2, 16, 64, 3, BF16, 17, 64},
   };
   for (const Shape &s : shapes) {
     if (!minikv::kernels::head_dim_compiled(s.head_dim)) continue;  // MINIKV_CUDA_HEAD_DIMS
@@ -98,9 +103,8 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
     namespace mk = minikv::kernels;
     const bool hd = s.head_dim == 64 || s.head_dim == 128;
     const bool k4v2 = hd && s.group == 32 && s.key_bits == 4 && s.value_bits == 2;
-    const bool warp_bits = (hd || s.head_dim == 256) && s.head_dim % s.group == 0 &&
-                           mk::k4v2_warp_storage(s.key_bits, s.value_bits, s.group);
-    const bool warp_planned = mk::k4v2_warp_planned(s.key_bits, s.value_bits, s.n_rep);
+    const bool warp_bits = mk::k4v2_warp_instance(s.key_bits, s.value_bits, s.group, s.head_dim);
+    const bool warp_planned = mk::k4v2_warp_planned(s.key_bits, s.value_bits, s.group, s.n_rep);
     const char *unplanned = warp_planned ? "k4v2" : "k4v2-warp";
     const char *warp_other = warp_planned ? "mma" : "k4v2-warp";
     const char *forced[3] = {nullptr, k4v2 ? "mma" : warp_bits ? warp_other : nullptr, k4v2 ? unplanned : nullptr};

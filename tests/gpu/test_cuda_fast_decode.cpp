@@ -4,13 +4,16 @@
 // including 1-token prompts, both score modes; bf16 and fp16 at head_dim 64 and 128 with GQA
 // groups 1, 2, 4 and 8; fp16 decode queries of extreme magnitude (std 2^-12: a fifth of them
 // fp16 subnormals, the largest per-column prescale of the fp16 QK pieces; std 8: logits in the
-// hundreds). Skipped when no CUDA device is present.
+// hundreds). The fast kernel is forced; where the plan takes the one-warp kernel for this
+// storage (groups of 2 to 4 heads) the plan runs too. Skipped when no CUDA device is present.
 #include <doctest/doctest.h>
 
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <string>
 
+#include "../../kernels/decode_k4v2_plan.h"
 #include "cpu_gpu_pair.h"
 
 namespace {
@@ -60,8 +63,18 @@ TEST_CASE("fast decode path matches the CPU backend in bf16 and fp16 across resi
       {"f16 hd128 gqa4 large queries", F16, 128, 8, 2, CUM, 2, 2, 16, 128, UNI, 0.25f, 0.25f,
        {1600, 200}, 20, 8.0f},
   };
+  // The fast kernel forced in every case, and the plan's where it takes the one-warp kernel
+  // for this storage instead (k4v2_warp_before_fast).
   for (const Case &c : cases) {
-    SUBCASE(c.name) { run_case(c); }
+    const uint32_t n_rep = c.heads / c.kv_heads;
+    for (const char *kernel : {"fast", static_cast<const char *>(nullptr)}) {
+      if (!kernel && !minikv::kernels::k4v2_warp_before_fast(n_rep, c.head_dim)) continue;
+      const std::string name = std::string(c.name) + (kernel ? " (fast)" : " (plan)");
+      SUBCASE(name.c_str()) {
+        const gt::DecodeKernelChoice choice(kernel);
+        run_case(c);
+      }
+    }
   }
 }
 
