@@ -5,7 +5,13 @@ over cuDNN attention on the full fp16 cache, per storage configuration (bars) an
 issue's target: 85% of cuDNN's bytes/s, i.e. a speed-up of 0.85 x (full bytes / compressed
 bytes), drawn per bar as a tick.
 
-  python3 bench/plot_decode_matrix.py RESULTS.json [--kernel best] [--label TEXT] [--out FIG.png]
+  python3 bench/plot_decode_matrix.py RESULTS.json [MORE.json ...] [--take FILE STORAGE ...]
+      [--kernel best] [--label TEXT] [--out FIG.png]
+
+Several files (e.g. a run's 32K and 128K parts) are read in order, and a later file's cell
+(storage, shape, kernel) replaces an earlier one's; --take FILE STORAGE (repeatable) takes
+only that storage's cells from FILE, e.g. one row rerun after a kernel change. Each cell
+keeps its own run's cuDNN baseline; the title names the first file's run.
 
 --kernel best takes the fastest kernel measured per cell: what the decode plan picks (the plan
 was set from these runs: kernels/cuda_backend.cpp).
@@ -21,14 +27,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("json")
+    ap.add_argument("json", nargs="+")
+    ap.add_argument("--take", nargs=2, action="append", default=[], metavar=("FILE", "STORAGE"),
+                    help="replace STORAGE's cells by FILE's")
     ap.add_argument("--kernel", default="best", help="which kernel's rows (best, auto, mma, ...)")
     ap.add_argument("--label", help="the run's name in the title (default: its meta commit)")
     ap.add_argument("--out", help="PNG path (default: the JSON's, .png)")
     a = ap.parse_args()
-    d = json.load(open(a.json))
-    rows = [r for r in d["results"] if r["kind"] == "decode" and "minikv_ms" in r  # error rows: not built
-            and (a.kernel == "best" or r["kernel"] == a.kernel)]
+    d = json.load(open(a.json[0]))
+    cells = {}
+    sources = [(f, None) for f in a.json] + [(f, st) for f, st in a.take]
+    for f, only in sources:
+        for r in json.load(open(f))["results"]:
+            if r["kind"] == "decode" and "minikv_ms" in r and (only is None or r["storage"] == only):  # error rows: not built
+                cells[(r["storage"], r["B"], r["H"], r["Hkv"], r["D"], r["L"], r["kernel"], r["dtype"])] = r
+    rows = [r for r in cells.values() if a.kernel == "best" or r["kernel"] == a.kernel]
     if a.kernel == "best":
         best = {}
         for r in rows:
@@ -64,7 +77,7 @@ def main():
     ax.legend(fontsize=7, ncol=(len(storages) + 1) // 2, loc="lower center", bbox_to_anchor=(0.5, 1.1),
               frameon=False)
     fig.tight_layout()
-    out = a.out or a.json.rsplit(".", 1)[0] + ".png"
+    out = a.out or a.json[0].rsplit(".", 1)[0] + ".png"
     fig.savefig(out, dpi=120)
     print("wrote", out)
 
