@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kScThreads, 2)
 #ifndef MINIKV_WARP_EMULATION  // a CPU emulation (tests/emulation) runs the kernel itself
 bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 #if defined(MINIKV_BUILD_SM90A)
-  return sm90a_prefill_usable(dtype, head_dim, [](auto tag, auto hd) {
+  return sm90a_prefill_usable<WgmmaScoreHeadDims, WgmmaScoreHeadDims>(dtype, head_dim, [](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
     return std::make_pair(prefill_scores_wgmma_kernel<T, D>, ScSmem<T, D>::kLaunchBytes);
@@ -262,7 +262,7 @@ bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 
 void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim,
                                  const PrefillScoreParams &p, cudaStream_t stream) {
-  dispatch_dtype_head_dim<WgmmaHeadDims>(dtype, head_dim, "minikv_prefill",
+  dispatch_dtype_head_dim<WgmmaScoreHeadDims>(dtype, head_dim, "minikv_prefill",
                                          [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;

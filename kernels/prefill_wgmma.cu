@@ -3,10 +3,10 @@
 //
 // One CTA = 128 query rows of one query head, three warpgroups:
 //   - a producer (warp 0 of warpgroup 0; the other three warps leave at once) that loads Q
-//     once and the K/V tiles of 128 keys by TMA (cp.async.bulk.tensor, tensor maps made on
-//     the host per launch) into a ring of kStages stages, with mbarriers: full[stage] counts
-//     the bytes landed, empty[stage] the consumer warps done with it (K and V separately, so
-//     a K stage refills while its V is still being read);
+//     once and the K/V tiles of 128 keys (64 at head_dim 256) by TMA (cp.async.bulk.tensor,
+//     tensor maps made on the host per launch) into a ring of kStages stages, with
+//     mbarriers: full[stage] counts the bytes landed, empty[stage] the consumer warps done
+//     with it (K and V separately, so a K stage refills while its V is still being read);
 //   - two consumer warpgroups, 64 query rows each. Per K/V tile j, a warpgroup issues
 //     S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} together (asynchronous wgmma), waits for S_j
 //     only, runs the softmax of S_j while its P·V is still on the tensor cores, then rescales
@@ -14,8 +14,8 @@
 //     turns to issue their GEMMs (named barriers, "ping-pong"), so one's softmax runs under
 //     the other's GEMMs.
 // setmaxnreg moves registers from the producer (24) to the consumers (240).
-// Shared memory: Q [128][D] and the K and V stages [128][D], each as D / 64 column blocks of
-// [128 rows][64 elements] in the 128-byte swizzle that both TMA (CU_TENSOR_MAP_SWIZZLE_128B)
+// Shared memory: Q [128][D] and the K and V stages [keys][D], each as D / 64 column blocks of
+// [rows][64 elements] in the 128-byte swizzle that both TMA (CU_TENSOR_MAP_SWIZZLE_128B)
 // and the wgmma descriptors use: 16-byte chunk c of row r at chunk c ^ (r mod 8).
 //
 // Ragged batches: the tensor maps span the launch's packed rows; a tile's rows past its
@@ -42,7 +42,6 @@ namespace kernels {
 namespace {
 
 constexpr int kFaRows = 128;      // query rows per CTA
-constexpr int kFaKeys = 128;      // keys per K/V tile
 constexpr int kFaThreads = 384;   // producer warpgroup + two consumer warpgroups
 static_assert(kPrefillQueryTile == kFaRows, "one CTA per host query tile");
 
@@ -51,10 +50,14 @@ struct FaMaps {
   CUtensorMap q, k, v;
 };
 
-/// \tparam D head_dim (64 or 128)
+/// \tparam D head_dim (64, 128 or 256)
 template <int D> struct FaSmem {
-  static constexpr int kStages = D == 128 ? 2 : 4;
-  static constexpr int kTile = kFaKeys * D * 2;  // one K or V tile, 16-bit elements
+  // Keys per K/V tile: 128, and 64 at head_dim 256, where a 128-key tile's scores (64 floats
+  // a thread) beside O (128) would outgrow a consumer thread's 240 registers.
+  static constexpr int kKeys = D == 256 ? 64 : 128;
+  static constexpr int kStages = D == 64 ? 4 : 2;
+  static constexpr int kTileColBlock = kKeys * 128;  // one [kKeys rows][64 elements] column block
+  static constexpr int kTile = kKeys * D * 2;    // one K or V tile, 16-bit elements
   static constexpr int kK = kFaRows * D * 2;     // Q first, at 0
   static constexpr int kV = kK + kStages * kTile;
   static constexpr int kBars = kV + kStages * kTile;
@@ -70,7 +73,7 @@ template <int D> struct FaSmem {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 
 constexpr int kFaWgRows = 64;     // query rows per consumer warpgroup
-constexpr int kFaColBlock = 128 * 128;  // bytes of one [128 rows][64 elements] column block
+constexpr int kFaColBlock = kFaRows * 128;  // bytes of one column block of Q
 constexpr int kFaEmptyArrivals = 8;     // consumer warps releasing a stage
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // setmaxnreg: 24·128 + 240·256 ≤ 64K
 // Named barriers (0 is __syncthreads): the consumers' turns to issue GEMMs, one each, and
@@ -105,31 +108,42 @@ template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
 }
 #endif
 
-// S = Q·K_tileᵀ for a warpgroup's 64 rows: D / 16 k-steps of m64n128k16 (issued and
-// committed, not waited). q_addr: the warpgroup's first row in Q's column block 0.
+// S = Q·K_tileᵀ for a warpgroup's 64 rows: D / 16 k-steps of m64n128k16 (m64n64k16 for the
+// 64-key tiles of head_dim 256), issued and committed, not waited. q_addr: the warpgroup's
+// first row in Q's column block 0.
 template <typename T, int D>
-__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+__device__ __forceinline__ void issue_qk(float (&s)[FaSmem<D>::kKeys / 2], uint32_t q_addr, uint32_t k_addr) {
+  constexpr int kKeys = FaSmem<D>::kKeys;
   wg::fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    const uint32_t off = uint32_t((kk / 4) * kFaColBlock + (kk % 4) * 32);  // column block, +32 B
-    wg::ss_m64n128k16<T>(s, wg::sw128_desc(q_addr + off, 16, 1024),
-                           wg::sw128_desc(k_addr + off, 16, 1024), kk > 0);
+    const uint64_t qd = wg::kmajor_desc<kFaRows>(q_addr, kk), kd = wg::kmajor_desc<kKeys>(k_addr, kk);
+    if constexpr (kKeys == 128) wg::ss_m64n128k16<T>(s, qd, kd, kk > 0);
+    else wg::ss_m64n64k16<T>(s, qd, kd, kk > 0);
   }
   wg::commit();
 }
 
-// O += P·V_tile: 8 k-steps of 16 keys; V is [128 keys][D] swizzled = MN-major B with the
-// next 64 channels one column block on (LBO) and the next 8 keys 1 KB on (SBO). p holds P
-// packed as the A fragments: p[4kc + i] is k-step kc's register i.
+// O += P·V_tile: k-steps of 16 keys; V is [keys][D] swizzled = MN-major B with the next 64
+// channels one column block on (LBO) and the next 8 keys 1 KB on (SBO); head_dim 256 takes
+// its 256 channels as two products of 128. p holds P packed as the A fragments: p[4kc + i]
+// is k-step kc's register i.
 template <typename T, int D>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[32], uint32_t v_addr) {
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[FaSmem<D>::kKeys / 4],
+                                         uint32_t v_addr) {
+  using Sm = FaSmem<D>;
   wg::fence();
 #pragma unroll
-  for (int kc = 0; kc < kFaKeys / 16; ++kc) {
-    const uint64_t desc = wg::sw128_desc(v_addr + kc * 2048, kFaColBlock, 1024);
-    if constexpr (D == 128) wg::rs_m64n128k16_mn<T>(o, p + 4 * kc, desc);
-    else wg::rs_m64n64k16<T, 1>(o, p + 4 * kc, desc, 1);
+  for (int kc = 0; kc < Sm::kKeys / 16; ++kc) {
+    const uint32_t keys = v_addr + kc * 2048;  // 16 rows of 128 B into each column block
+    if constexpr (D == 64) {
+      wg::rs_m64n64k16<T, 1>(o, p + 4 * kc, wg::sw128_desc(keys, Sm::kTileColBlock, 1024), 1);
+    } else {
+#pragma unroll
+      for (int half = 0; half < D / 128; ++half)  // channels [128 half, 128 half + 128)
+        wg::rs_m64n128k16_mn<T>(*reinterpret_cast<float(*)[64]>(o + 64 * half), p + 4 * kc,
+                                wg::sw128_desc(keys + 2 * half * Sm::kTileColBlock, Sm::kTileColBlock, 1024));
+    }
   }
   wg::commit();
 }
@@ -137,14 +151,14 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[
 #endif  // sm_90a helpers
 
 /// \tparam T dtype of q/k/v/out (__half or __nv_bfloat16)
-/// \tparam D head_dim (64 or 128)
+/// \tparam D head_dim (64, 128 or 256)
 template <typename T, int D>
 __global__ void __launch_bounds__(kFaThreads, 1)
     prefill_wgmma_kernel(const __grid_constant__ PrefillAttnParams p,
                          const __grid_constant__ FaMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(MINIKV_WARP_EMULATION)
   using Sm = FaSmem<D>;
-  constexpr int S = Sm::kStages;
+  constexpr int S = Sm::kStages, kKeys = Sm::kKeys;
   // The swizzle pattern repeats on 1024-byte boundaries: the base is rounded up to one (the
   // launch asks for Sm::kBytes + 1024).
   MINIKV_DYNAMIC_SMEM(smem_dyn, 16);
@@ -172,7 +186,7 @@ __global__ void __launch_bounds__(kFaThreads, 1)
   const int kvh = h / (p.num_heads / p.num_kv_heads);
   // Key tiles up to the diagonal of the CTA's last row (or the last key): the same count for
   // both consumer warpgroups, which keeps their turns and the stage releases paired.
-  const int n_kv = min(qa + kFaRows - 1, L - 1) / kFaKeys + 1;
+  const int n_kv = min(qa + kFaRows - 1, L - 1) / kKeys + 1;
 
   if (threadIdx.x == 0) {
     mbar_init(bar_q, 1);
@@ -204,21 +218,21 @@ __global__ void __launch_bounds__(kFaThreads, 1)
         tma_load_3d(q_addr + cb * kFaColBlock, &maps.q, bar_q, 64 * cb, h, q_row);
     }
     for (int j = 0; j < n_kv; ++j) {
-      const int st = j % S, k0 = j * kFaKeys;
+      const int st = j % S, k0 = j * kKeys;
       const uint32_t free_parity = ((j / S) & 1) ^ 1;
       // The tile that holds the last key and rows past it (only the last tile can).
-      const bool tail = k0 + kFaKeys > L;
+      const bool tail = k0 + kKeys > L;
       if (lane == 0) {
         mbar_wait(bar_k_empty(st), free_parity);
         mbar_arrive_expect_tx(bar_k_full(st), kTileBytes);
         for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_3d(k_addr0 + st * Sm::kTile + cb * kFaColBlock, &maps.k, bar_k_full(st),
+          tma_load_3d(k_addr0 + st * Sm::kTile + cb * Sm::kTileColBlock, &maps.k, bar_k_full(st),
                       64 * cb, kvh, kv_row + k0);
         mbar_wait(bar_v_empty(st), free_parity);
         const uint32_t bar = tail ? bar_v_tail : bar_v_full(st);
         mbar_arrive_expect_tx(bar, kTileBytes);
         for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_3d(v_addr0 + st * Sm::kTile + cb * kFaColBlock, &maps.v, bar, 64 * cb, kvh,
+          tma_load_3d(v_addr0 + st * Sm::kTile + cb * Sm::kTileColBlock, &maps.v, bar, 64 * cb, kvh,
                       kv_row + k0);
       }
       if (tail) {
@@ -226,9 +240,9 @@ __global__ void __launch_bounds__(kFaThreads, 1)
         mbar_wait(bar_v_tail, 0);
         const int first = L - k0;
         uint8_t *const vt = smem + Sm::kV + st * Sm::kTile;
-        for (int i = lane; i < (kFaKeys - first) * 8 * (D / 64); i += 32) {
-          const int cb = i / ((kFaKeys - first) * 8), rest = i % ((kFaKeys - first) * 8);
-          *reinterpret_cast<uint4 *>(vt + cb * kFaColBlock + (first + rest / 8) * 128 +
+        for (int i = lane; i < (kKeys - first) * 8 * (D / 64); i += 32) {
+          const int cb = i / ((kKeys - first) * 8), rest = i % ((kKeys - first) * 8);
+          *reinterpret_cast<uint4 *>(vt + cb * Sm::kTileColBlock + (first + rest / 8) * 128 +
                                      (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
         }
         fence_proxy_async_shared();
@@ -251,20 +265,20 @@ __global__ void __launch_bounds__(kFaThreads, 1)
     if (lane == 0) mbar_arrive(bar);
   };
   // Mask where the tile reaches past this warp's first row or past L.
-  auto mask = [&](float (&s)[64], int k0) {
-    if (k0 + kFaKeys - 1 > row0 || k0 + kFaKeys > L) mask_mtile(s, row0, k0, L, g, tq);
+  auto mask = [&](float (&s)[kKeys / 2], int k0) {
+    if (k0 + kKeys - 1 > row0 || k0 + kKeys > L) mask_mtile(s, row0, k0, L, g, tq);
   };
-  auto pack = [&](uint32_t (&pk)[32], const float (&s)[64]) {
+  auto pack = [&](uint32_t (&pk)[kKeys / 4], const float (&s)[kKeys / 2]) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) pk[i] = DType<T>::pack2(s[2 * i], s[2 * i + 1]);
+    for (int i = 0; i < kKeys / 4; ++i) pk[i] = DType<T>::pack2(s[2 * i], s[2 * i + 1]);
   };
 
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g, g + 8 of the warp
-  float s[64], corr[2];
-  uint32_t pk[32];
+  float s[kKeys / 2], corr[2];
+  uint32_t pk[kKeys / 4];
 
   // Turns: warpgroup 0 issues first; warpgroup 1 signals it once here and after each of its
   // own turns but the last, so that every bar.sync meets exactly one bar.arrive.
@@ -292,7 +306,7 @@ __global__ void __launch_bounds__(kFaThreads, 1)
     wg::wait<1>();  // S_j (P_{j-1}·V_{j-1} may still run)
     wg::fence_regs(s);
     release(bar_k_empty(st));
-    mask(s, j * kFaKeys);
+    mask(s, j * kKeys);
     const bool moved = softmax_mtile(s, m, l, scale, corr);
     wg::wait<0>();
     wg::fence_regs(o);
@@ -395,7 +409,7 @@ CUtensorMap rows_tensor_map(minikv_dtype dtype, const void *base, uint32_t heads
 
 bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 #if defined(MINIKV_BUILD_SM90A)
-  return sm90a_prefill_usable(dtype, head_dim, [](auto tag, auto hd) {
+  return sm90a_prefill_usable<WgmmaHeadDims, WgmmaDefaultHeadDims>(dtype, head_dim, [](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
     return std::make_pair(prefill_wgmma_kernel<T, D>, FaSmem<D>::kLaunchBytes);
@@ -419,8 +433,8 @@ void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAt
       kv_rows = std::max<uint64_t>(kv_rows, uint64_t(p.keys.kv_begin[i]) + p.keys.q_pos[i] + p.seqs.len[i]);
     FaMaps maps;
     maps.q = rows_tensor_map(dtype, p.q, p.num_heads, D, launch_query_rows(p.seqs), kFaRows);
-    maps.k = rows_tensor_map(dtype, p.k, p.num_kv_heads, D, kv_rows, kFaKeys);
-    maps.v = rows_tensor_map(dtype, p.v, p.num_kv_heads, D, kv_rows, kFaKeys);
+    maps.k = rows_tensor_map(dtype, p.k, p.num_kv_heads, D, kv_rows, FaSmem<D>::kKeys);
+    maps.v = rows_tensor_map(dtype, p.v, p.num_kv_heads, D, kv_rows, FaSmem<D>::kKeys);
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads;
     prefill_wgmma_kernel<T, D><<<grid, kFaThreads, FaSmem<D>::kLaunchBytes, stream>>>(p, maps);
     check_launch_error("prefill_wgmma_kernel");

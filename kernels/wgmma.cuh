@@ -115,6 +115,24 @@ __device__ __forceinline__ void ss_m64n128k16(float (&d)[64], uint64_t desc_a, u
 #endif
 }
 
+// d (+)= A · Bᵀ, A = 64×16 and B = 64×16, both K-major in shared memory (descriptors): the
+// forward's S at head_dim 256, whose K/V tiles hold 64 keys.
+#define MINIKV_WGMMA_SS_M64N64K16(TN)                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                              \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TN "." TN " {" MINIKV_REGS32 \
+               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                       \
+               : MINIKV_ACC32(0)                                                         \
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+template <typename T>
+__device__ __forceinline__ void ss_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+#ifdef MINIKV_WARP_EMULATION
+  emulation::wgmma(d, 64, nullptr, desc_a, desc_b, accumulate != 0, false, !std::is_same<T, __half>::value);
+#else
+  if constexpr (std::is_same<T, __half>::value) MINIKV_WGMMA_SS_M64N64K16("f16");
+  else MINIKV_WGMMA_SS_M64N64K16("bf16");
+#endif
+}
+
 // d += A · B, A in registers, B = 16×128 MN-major in shared memory (descriptor, transposed).
 #define MINIKV_WGMMA_RS_M64N128K16_MNMAJOR(TN)                                           \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                              \
@@ -133,6 +151,7 @@ __device__ __forceinline__ void rs_m64n128k16_mn(float (&d)[64], const uint32_t 
 }
 #undef MINIKV_WGMMA_RS_M64N64K16
 #undef MINIKV_WGMMA_SS_M64N128K16
+#undef MINIKV_WGMMA_SS_M64N64K16
 #undef MINIKV_WGMMA_RS_M64N128K16_MNMAJOR
 #undef MINIKV_ACC32
 #undef MINIKV_REGS32

@@ -26,11 +26,12 @@ struct Seq {
 };
 
 // The kernels under test: the mma.sync forward with prefill_scores_kernel or with
-// prefill_window_scores_kernel, or the sm_90a forward and score pass (prefill_wgmma_kernel,
-// prefill_scores_wgmma_kernel: head_dim 64 and 128; TMA, wgmma and named barriers emulated).
+// prefill_window_scores_kernel, or the sm_90a forward (prefill_wgmma_kernel: head_dim 64, 128
+// and 256) with the sm_90a score pass (prefill_scores_wgmma_kernel: head_dim 64 and 128; at
+// 256 the mma.sync one, as the backend pairs them); TMA, wgmma and named barriers emulated.
 enum class Pass { kMma, kWindow, kWgmma };
 const char *pass_name(Pass pass) {
-  return pass == Pass::kMma ? "mma.sync" : pass == Pass::kWindow ? "mma.sync, window scores" : "sm_90a wgmma";
+  return pass == Pass::kMma ? "mma.sync" : pass == Pass::kWindow ? "mma.sync, window scores" : "sm_90a forward";
 }
 
 // rows_tensor_map's map (kernels/prefill_wgmma.cu) in the emulation's encoding: [rows][heads][D]
@@ -146,12 +147,12 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
       for (uint32_t j = 0; j < s.col_done; ++j) scores[size_t(h) * cols + score_offset[b] + j] = kEarlier;
   }
 
-  if constexpr (D == 64 || D == 128) {
+  if constexpr (D == 64 || D == 128 || D == 256) {
     if (pass == Pass::kWgmma) {  // launch_prefill_wgmma
       k::FaMaps maps;
       maps.q = emulated_rows_map(q.data(), H, D, k::launch_query_rows(attn.seqs), k::kFaRows);
-      maps.k = emulated_rows_map(kb.data(), Hkv, D, uint64_t(kv_rows), k::kFaKeys);
-      maps.v = emulated_rows_map(vb.data(), Hkv, D, uint64_t(kv_rows), k::kFaKeys);
+      maps.k = emulated_rows_map(kb.data(), Hkv, D, uint64_t(kv_rows), k::FaSmem<D>::kKeys);
+      maps.v = emulated_rows_map(vb.data(), Hkv, D, uint64_t(kv_rows), k::FaSmem<D>::kKeys);
       minikv::emulation::launch(dim3(attn.seqs.tile_begin[B] * H), dim3(k::kFaThreads), k::FaSmem<D>::kLaunchBytes,
                                 landing, [&] { k::prefill_wgmma_kernel<T, D>(attn, maps); });
     }
@@ -177,15 +178,13 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
     const k::WindowScoreArgs args{sc, per_cta, rows_cap};
     minikv::emulation::launch(dim3(grid, Hkv), dim3(k::kWinThreads), k::window_scores_smem<T, D>(rows_cap), landing,
                               [&] { k::prefill_window_scores_kernel<T, D>(args); });
-  } else if (pass == Pass::kWgmma) {
+  } else if (pass == Pass::kWgmma && (D == 64 || D == 128)) {
     // launch_prefill_scores_wgmma.
     if constexpr (D == 64 || D == 128) {
       k::ScMaps maps;
       maps.q = emulated_rows_map(q.data(), H, D, k::launch_query_rows(sc.seqs), k::kScQueries);
       minikv::emulation::launch(dim3(sc.seqs.tile_begin[B] * Hkv), dim3(k::kScThreads), k::ScSmem<T, D>::kLaunchBytes,
                                 landing, [&] { k::prefill_scores_wgmma_kernel<T, D>(sc, maps); });
-    } else {
-      FAIL("the wgmma score pass takes head_dim 64 and 128");
     }
   } else {
     minikv::emulation::launch(dim3(sc.seqs.tile_begin[B] * Hkv), dim3(Tl::kThreads), k::scores_smem<T, D>(), landing,
@@ -263,7 +262,7 @@ TEST_CASE("the prefill kernels run by the warp emulator match a float64 attentio
       for (CopyLanding landing : {CopyLanding::kAtIssue, CopyLanding::kAtWait}) {
         const PrefillShape &sh = shapes[i];
         if (kSanitized && landing == CopyLanding::kAtWait) continue;
-        if (pass == Pass::kWgmma && sh.head_dim != 64 && sh.head_dim != 128) continue;
+        if (pass == Pass::kWgmma && sh.head_dim != 64 && sh.head_dim != 128 && sh.head_dim != 256) continue;
         const std::string name = std::string(sh.dtype == F16 ? "f16" : "bf16") + " hd" + std::to_string(sh.head_dim) +
                                  " n_rep " + std::to_string(sh.n_rep) + ", " + pass_name(pass) +
                                  (landing == CopyLanding::kAtIssue ? ", at issue" : ", at wait");

@@ -86,7 +86,8 @@ TEST_CASE("CUDA matches CPU on prefill + selection + decode across flushes") {
 TEST_CASE("CUDA matches CPU on prefill at every head_dim") {
   GPU_OR_SKIP();
   // Each head_dim in both dtypes, MHA and GQA, both score modes: prompts of 1 token, around
-  // the forwards' key tiles (mma.sync: 32 keys at head_dim 256, else 64; sm_90a: 128) and
+  // the forwards' key tiles (mma.sync: 32 keys at head_dim 256, else 64; sm_90a: 64 at
+  // head_dim 256, else 128) and
   // query tiles (128 rows), and long enough for several score-pass tiles; then decode steps
   // across a flush.
   const std::vector<uint32_t> lens = {1, 31, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300, 1000};
