@@ -18,9 +18,8 @@ template <int... Ds> struct HeadDimList {};
 using KernelHeadDims = HeadDimList<64, 80, 96, 128, 256>;
 // Narrower families; a shape outside them takes the kernel above (see the plans).
 using FastDecodeHeadDims = HeadDimList<64, 128>;  // decode_fast.cu (2-bit, G = 16)
-using WgmmaHeadDims = HeadDimList<64, 128, 256>;  // prefill_wgmma.cu (sm_90a forward)
-using WgmmaScoreHeadDims = HeadDimList<64, 128>;  // prefill_scores_wgmma.cu (sm_90a score pass)
-// The forward's head_dim values taken by default: 256 waits for its first GPU measurement
+using WgmmaHeadDims = HeadDimList<64, 128, 256>;  // prefill_wgmma.cu, prefill_scores_wgmma.cu (sm_90a)
+// Those the plan takes by default: 256 waits for its first GPU measurement
 // (MINIKV_PREFILL_KERNEL=wgmma takes it; docs/kernels.md).
 using WgmmaDefaultHeadDims = HeadDimList<64, 128>;
 using MmaDecodeHeadDims = HeadDimList<64, 128, 256>;  // decode_mma.cu (tensor cores)

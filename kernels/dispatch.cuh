@@ -61,23 +61,23 @@ void dispatch_dtype_head_dim(minikv_dtype dtype, uint32_t head_dim, const char *
 }
 
 // Whether an sm_90a prefill kernel (the forward or the score pass) of (dtype, head_dim) runs
-// here, raising its dynamic shared memory limit if so: head_dim in Dims (the kernel's list;
-// other values run the mma.sync kernels) and in Default, the driver able to encode their TMA
-// tensor maps, and their sm_90a image the one this device loads (compute capability 9.0).
+// here, raising its dynamic shared memory limit if so: head_dim in WgmmaDefaultHeadDims
+// (other values run the mma.sync kernels), the driver able to encode their TMA tensor maps,
+// and their sm_90a image the one this device loads (compute capability 9.0).
 // MINIKV_PREFILL_KERNEL, a debug knob for comparisons: "mma" forces the sm_80 kernels,
-// "wgmma" takes every head_dim of Dims, Default or not.
+// "wgmma" takes every head_dim of WgmmaHeadDims.
 // kernel_of(T{}, HeadDim<D>{}) returns {the kernel, its dynamic shared memory bytes}.
-template <typename Dims, typename Default, typename KernelOf>
+template <typename KernelOf>
 bool sm90a_prefill_usable(minikv_dtype dtype, uint32_t head_dim, KernelOf &&kernel_of) {
   bool every = false;
   if (const char *e = std::getenv("MINIKV_PREFILL_KERNEL")) {
     if (std::strcmp(e, "mma") == 0) return false;
     every = std::strcmp(e, "wgmma") == 0;
   }
-  if (!in_list(Dims{}, head_dim) || !(every || in_list(Default{}, head_dim)) || !tensor_maps_available())
-    return false;
+  const bool listed = every ? in_list(WgmmaHeadDims{}, head_dim) : in_list(WgmmaDefaultHeadDims{}, head_dim);
+  if (!listed || !tensor_maps_available()) return false;
   bool usable = false;
-  dispatch_dtype_head_dim<Dims>(dtype, head_dim, "minikv_cache_create",
+  dispatch_dtype_head_dim<WgmmaHeadDims>(dtype, head_dim, "minikv_cache_create",
                                          [&](auto tag, auto hd) {
     const auto k = kernel_of(tag, hd);
     cudaFuncAttributes attr{};

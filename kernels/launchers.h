@@ -37,7 +37,7 @@ bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim);
 void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
                           cudaStream_t stream);
 // prefill_scores_wgmma.cu: the same score pass as launch_prefill_scores on Hopper warpgroup
-// MMA, under the same conditions as the wgmma forward (head_dim 64/128: WgmmaScoreHeadDims,
+// MMA, under the same conditions as the wgmma forward (head_dim 64/128, 256 under the knob,
 // an sm_90a image the device loads, MINIKV_PREFILL_KERNEL not "mma"); raises its
 // shared-memory limit when usable.
 bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim);

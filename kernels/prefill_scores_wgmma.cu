@@ -1,5 +1,6 @@
 // Importance scores on Hopper warpgroup MMA (wgmma, sm_90a): the same column sums as
-// prefill_scores_kernel (kernels/prefill_attention.cu), for H100/H200 at head_dim 64 and 128.
+// prefill_scores_kernel (kernels/prefill_attention.cu), for H100/H200 at head_dim 64, 128 and
+// 256.
 //
 // One CTA = 128 key columns of one KV head (the host's key tile) = two warpgroups of 64 keys.
 // Each warpgroup keeps its keys in registers for the CTA's lifetime, as the A operand of
@@ -50,10 +51,14 @@ template <typename T, int D> struct ScSmem {
   static constexpr int kLaunchBytes = kBytes + 1024;  // + the alignment slack
 };
 
+// Resident CTAs per SM: two, and one at head_dim 256, whose keys (64 registers a thread) and
+// two Sᵀ tiles (64) do not fit two CTAs' 128 registers a thread.
+constexpr int sc_ctas_per_sm(int D) { return D == 256 ? 1 : 2; }
+
 /// \tparam T dtype of q/k (__half or __nv_bfloat16)
-/// \tparam D head_dim (64 or 128)
+/// \tparam D head_dim (64, 128 or 256)
 template <typename T, int D>
-__global__ void __launch_bounds__(kScThreads, 2)
+__global__ void __launch_bounds__(kScThreads, sc_ctas_per_sm(D))
     prefill_scores_wgmma_kernel(const __grid_constant__ PrefillScoreParams p, const __grid_constant__ ScMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(MINIKV_WARP_EMULATION)
   using Sm = ScSmem<T, D>;
@@ -248,7 +253,7 @@ __global__ void __launch_bounds__(kScThreads, 2)
 #ifndef MINIKV_WARP_EMULATION  // a CPU emulation (tests/emulation) runs the kernel itself
 bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 #if defined(MINIKV_BUILD_SM90A)
-  return sm90a_prefill_usable<WgmmaScoreHeadDims, WgmmaScoreHeadDims>(dtype, head_dim, [](auto tag, auto hd) {
+  return sm90a_prefill_usable(dtype, head_dim, [](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
     return std::make_pair(prefill_scores_wgmma_kernel<T, D>, ScSmem<T, D>::kLaunchBytes);
@@ -262,7 +267,7 @@ bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 
 void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim,
                                  const PrefillScoreParams &p, cudaStream_t stream) {
-  dispatch_dtype_head_dim<WgmmaScoreHeadDims>(dtype, head_dim, "minikv_prefill",
+  dispatch_dtype_head_dim<WgmmaHeadDims>(dtype, head_dim, "minikv_prefill",
                                          [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;

@@ -409,7 +409,7 @@ CUtensorMap rows_tensor_map(minikv_dtype dtype, const void *base, uint32_t heads
 
 bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 #if defined(MINIKV_BUILD_SM90A)
-  return sm90a_prefill_usable<WgmmaHeadDims, WgmmaDefaultHeadDims>(dtype, head_dim, [](auto tag, auto hd) {
+  return sm90a_prefill_usable(dtype, head_dim, [](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
     return std::make_pair(prefill_wgmma_kernel<T, D>, FaSmem<D>::kLaunchBytes);

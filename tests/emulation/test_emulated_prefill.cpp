@@ -26,9 +26,9 @@ struct Seq {
 };
 
 // The kernels under test: the mma.sync forward with prefill_scores_kernel or with
-// prefill_window_scores_kernel, or the sm_90a forward (prefill_wgmma_kernel: head_dim 64, 128
-// and 256) with the sm_90a score pass (prefill_scores_wgmma_kernel: head_dim 64 and 128; at
-// 256 the mma.sync one, as the backend pairs them); TMA, wgmma and named barriers emulated.
+// prefill_window_scores_kernel, or the sm_90a forward and score pass (prefill_wgmma_kernel,
+// prefill_scores_wgmma_kernel: head_dim 64, 128 and 256; TMA, wgmma and named barriers
+// emulated).
 enum class Pass { kMma, kWindow, kWgmma };
 const char *pass_name(Pass pass) {
   return pass == Pass::kMma ? "mma.sync" : pass == Pass::kWindow ? "mma.sync, window scores" : "sm_90a forward";
@@ -147,7 +147,8 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
       for (uint32_t j = 0; j < s.col_done; ++j) scores[size_t(h) * cols + score_offset[b] + j] = kEarlier;
   }
 
-  if constexpr (D == 64 || D == 128 || D == 256) {
+  constexpr bool kSm90aHeadDim = D == 64 || D == 128 || D == 256;
+  if constexpr (kSm90aHeadDim) {
     if (pass == Pass::kWgmma) {  // launch_prefill_wgmma
       k::FaMaps maps;
       maps.q = emulated_rows_map(q.data(), H, D, k::launch_query_rows(attn.seqs), k::kFaRows);
@@ -178,9 +179,9 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
     const k::WindowScoreArgs args{sc, per_cta, rows_cap};
     minikv::emulation::launch(dim3(grid, Hkv), dim3(k::kWinThreads), k::window_scores_smem<T, D>(rows_cap), landing,
                               [&] { k::prefill_window_scores_kernel<T, D>(args); });
-  } else if (pass == Pass::kWgmma && (D == 64 || D == 128)) {
+  } else if (pass == Pass::kWgmma) {
     // launch_prefill_scores_wgmma.
-    if constexpr (D == 64 || D == 128) {
+    if constexpr (kSm90aHeadDim) {
       k::ScMaps maps;
       maps.q = emulated_rows_map(q.data(), H, D, k::launch_query_rows(sc.seqs), k::kScQueries);
       minikv::emulation::launch(dim3(sc.seqs.tile_begin[B] * Hkv), dim3(k::kScThreads), k::ScSmem<T, D>::kLaunchBytes,
