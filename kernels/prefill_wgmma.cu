@@ -58,6 +58,7 @@ template <int D> struct FaSmem {
   static constexpr int kStages = D == 64 ? 4 : 2;
   static constexpr int kTileColBlock = kKeys * 128;  // one [kKeys rows][64 elements] column block
   static constexpr int kTile = kKeys * D * 2;    // one K or V tile, 16-bit elements
+  static_assert(kTile == kTileColBlock * (D / 64), "a tile is D / 64 column blocks");
   static constexpr int kK = kFaRows * D * 2;     // Q first, at 0
   static constexpr int kV = kK + kStages * kTile;
   static constexpr int kBars = kV + kStages * kTile;
