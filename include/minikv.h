@@ -392,9 +392,8 @@ MINIKV_API minikv_status minikv_cache_backend(const minikv_cache *cache, minikv_
  *  and stores them quantized (tail of < group_size tokens in the 16-bit residual).
  *  The selection is final: later tokens are appended, never evicted.
  *  CUDA: on an H100/H200 with the library's sm_90a image the attention runs on warpgroup
- *  MMA, elsewhere on mma.sync; the environment variable MINIKV_PREFILL_KERNEL=mma (read at
- *  minikv_cache_create) selects the latter everywhere. Both agree to fp32 rounding, and
- *  each is deterministic.
+ *  MMA, elsewhere on mma.sync, chosen once at minikv_cache_create. Both agree to fp32
+ *  rounding, and each is deterministic.
  *  @param layer      in [0, num_layers); each (sequence, layer) is prefilled once.
  *  @param n_seqs     >= 1 sequences in the batch.
  *  @param seq_ids    host [n_seqs], distinct slots in [0, max_sequences).
