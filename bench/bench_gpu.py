@@ -20,10 +20,14 @@ kernel must read: the compressed cache (used_bytes of the layer) plus q and out.
   python3 bench/bench_gpu.py --out bench/results/x.json [--quick] [--dtype f16|bf16]
   python3 bench/bench_gpu.py --out x.json --no-decode --lengths 32768 --chunk 4096
       [--head-dims 64,128,256]   (decode and prefill at each head_dim; default 128)
+      [--prefill-kernels auto,wgmma,mma]   (each prefill shape once per MINIKV_PREFILL_KERNEL
+      value, a debug knob read at cache create (docs/kernels.md); the baselines are timed once
+      a shape and shared)
 """
 import argparse
 import ctypes
 import datetime
+import itertools
 import os
 import statistics
 import sys
@@ -155,12 +159,19 @@ def bench_decode(dtype, tdtype, B, H, Hkv, D, L, copy_gbs):
                 sdpa_GBps=full_bytes / (t_sdpa * 1e-3) / 1e9)
 
 
-def bench_prefill(dtype, tdtype, B, H, Hkv, D, L, chunk=0):
+def bench_prefill(dtype, tdtype, B, H, Hkv, D, L, chunk=0, kernel="auto", baselines=None):
+    """One prefill shape with the prefill kernels MINIKV_PREFILL_KERNEL=`kernel` selects
+    ("auto": unset). `baselines`: an earlier row of the same shape whose SDPA and cuDNN times
+    this row reuses instead of timing them again."""
+    if kernel == "auto":
+        os.environ.pop("MINIKV_PREFILL_KERNEL", None)
+    else:
+        os.environ["MINIKV_PREFILL_KERNEL"] = kernel  # read by minikv_cache_create
     q = rand((B * L, H, D), tdtype)
     k = rand((B * L, Hkv, D), tdtype)
     v = rand((B * L, Hkv, D), tdtype)
     out = torch.empty_like(q)
-    res = dict(kind="prefill", dtype=dtype, B=B, H=H, Hkv=Hkv, D=D, L=L)
+    res = dict(kind="prefill", dtype=dtype, B=B, H=H, Hkv=Hkv, D=D, L=L, prefill_kernel=kernel)
     lib = minikv.load()
     ids_c = (ctypes.c_uint32 * B)(*range(B))
     cu_c = (ctypes.c_int32 * (B + 1))(*[i * L for i in range(B + 1)])
@@ -197,12 +208,17 @@ def bench_prefill(dtype, tdtype, B, H, Hkv, D, L, chunk=0):
     flops = 4.0 * B * H * D * L * L / 2
     # Baselines: flash SDPA (key "sdpa") and cuDNN attention (key "cudnn").
     for key, backend in (("sdpa", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-        try:
-            ms = median_ms(lambda: sdpa(backend, qs, ks, vs, True), calls_per_sample=1,
-                           samples=5, warmup=1)
-        except RuntimeError as e:  # backend refused the shape: recorded, not fatal
-            res[f"{key}_error"] = str(e).splitlines()[0][:200]
-            continue
+        if baselines is not None:
+            if f"{key}_ms" not in baselines:
+                continue
+            ms = baselines[f"{key}_ms"]
+        else:
+            try:
+                ms = median_ms(lambda: sdpa(backend, qs, ks, vs, True), calls_per_sample=1,
+                               samples=5, warmup=1)
+            except RuntimeError as e:  # backend refused the shape: recorded, not fatal
+                res[f"{key}_error"] = str(e).splitlines()[0][:200]
+                continue
         res[f"{key}_ms"] = ms
         res[f"{key}_TFLOPs"] = flops / (ms * 1e-3) / 1e12
         for mode in ("cumulative", "window"):
@@ -260,6 +276,9 @@ def main():
                          "(minikv_prefill_chunk) against one call")
     ap.add_argument("--head-dims", default="128",
                     help="comma-separated head_dim values (64, 80, 96, 128, 256)")
+    ap.add_argument("--prefill-kernels", default="auto",
+                    help="comma-separated MINIKV_PREFILL_KERNEL values to time each prefill "
+                         "shape with: auto (unset), wgmma, mma")
     ap.add_argument("--queued", action="store_true",
                     help="start each timed sample behind ~5 ms of GPU work, so that the host's "
                          "part of every call (libminikv's and the baselines') overlaps it as "
@@ -297,11 +316,13 @@ def main():
                         torch.cuda.empty_cache()
                         save()
             for L in ([] if args.no_prefill else lengths):
-                for (H, Hkv) in ((32, 32), (32, 8)):
-                    r = bench_prefill(dtype, tdtype, 1, H, Hkv, D, L, args.chunk)
+                for (H, Hkv), kernel in itertools.product(((32, 32), (32, 8)), args.prefill_kernels.split(",")):
+                    first = kernel == args.prefill_kernels.split(",")[0]
+                    r = bench_prefill(dtype, tdtype, 1, H, Hkv, D, L, args.chunk, kernel,
+                                      None if first else rows[-1])
                     rows.append(r)
                     nan = float("nan")
-                    print(f"prefill {dtype:4} B=1 H={H} Hkv={Hkv:2} D={D:3} L={L:6}: "
+                    print(f"prefill {dtype:4} B=1 H={H} Hkv={Hkv:2} D={D:3} L={L:6} kernels {kernel}: "
                           f"cumulative {r['minikv_cumulative_ms']:.2f} ms "
                           f"({r.get('cumulative_over_cudnn', nan):.2f}x cudnn, "
                           f"{r.get('cumulative_over_sdpa', nan):.2f}x sdpa)  "
