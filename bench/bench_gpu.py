@@ -228,6 +228,7 @@ def bench_prefill(dtype, tdtype, B, H, Hkv, D, L, chunk=0, kernel="auto", baseli
     if res.get("forward_ms"):
         res["forward_TFLOPs"] = flops / (res["forward_ms"] * 1e-3) / 1e12
     del q, k, v, out
+    os.environ.pop("MINIKV_PREFILL_KERNEL", None)  # the caches of this row are created
     return res
 
 
