@@ -35,10 +35,11 @@ template <int ROWS> __device__ __forceinline__ uint64_t kmajor_desc(uint32_t sme
 }
 
 #ifdef MINIKV_WARP_EMULATION
-// The CPU emulation (tests/emulation) completes each product at issue: nothing to order.
+// The CPU emulation (tests/emulation) lands each product at the wait that covers it, and
+// checks that nothing reads or changes its registers before: the fences have nothing to do.
 __device__ __forceinline__ void fence() {}
-__device__ __forceinline__ void commit() {}
-template <int N> __device__ __forceinline__ void wait() {}
+__device__ __forceinline__ void commit() { emulation::wgmma_commit(); }
+template <int N> __device__ __forceinline__ void wait() { emulation::wgmma_wait(N); }
 template <typename R, int N> __device__ __forceinline__ void fence_regs(R (&)[N]) {}
 #else
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <vector>
@@ -78,6 +79,19 @@ struct PendingCopy {
   const void *src;  // nullptr: zero fill
 };
 
+// A wgmma issued and not waited for yet: its product, computed at issue, lands in d at the
+// wgmma.wait_group that covers its commit group. Until then d reads NaN and the A registers
+// it read must keep their values (the hardware reads both asynchronously).
+struct PendingWgmma {
+  float *d;
+  std::vector<float> result;
+  const uint32_t *a;  // nullptr: A from shared memory
+  std::array<uint32_t, 4> a_bits;
+  // The shared-memory operand elements this thread's part of the product read (swizzled
+  // addresses, bits), which must not change before the wait either.
+  std::vector<std::pair<uint32_t, uint16_t>> smem_read;
+};
+
 struct Thread {
   ucontext_t ctx{};  // its start
   jmp_buf resume;    // where it blocked
@@ -92,6 +106,8 @@ struct Thread {
   uint32_t wait_bar = 0;  // kNamed: the barrier
   std::vector<PendingCopy> open_group;          // cp.async not committed yet
   std::deque<std::vector<PendingCopy>> groups;  // committed, not landed (oldest first)
+  std::vector<PendingWgmma> wg_open;                // wgmma not committed yet
+  std::deque<std::vector<PendingWgmma>> wg_groups;  // committed, not waited for (oldest first)
 };
 
 // A warp's collective in progress: each lane's inputs, then its outputs.
@@ -304,6 +320,7 @@ void thread_entry() {
   asan_switch_finish(nullptr, &l.sched_bottom, &l.sched_size);
   (*l.body)();
   Thread &t = self();
+  if (!t.wg_open.empty() || !t.wg_groups.empty()) die("wgmma: a thread ended before waiting for its products");
   t.done = true;
   l.progress = true;
   Warp &w = l.warps[t.warp];
@@ -351,6 +368,8 @@ void run_cta(Launch &l) {
     t.started = false;
     t.open_group.clear();
     t.groups.clear();
+    t.wg_open.clear();
+    t.wg_groups.clear();
     t.wait = Thread::Wait::kNone;
     getcontext(&t.ctx);
     t.ctx.uc_stack.ss_sp = t.stack.get();
@@ -711,11 +730,14 @@ void wgmma(float *d, uint32_t n, const uint32_t *a, uint64_t desc_a, uint64_t de
     return Desc{uint32_t(desc & 0x3FFF) << 4, uint32_t((desc >> 16) & 0x3FFF) << 4, uint32_t((desc >> 32) & 0x3FFF) << 4};
   };
   const Desc da = decode(desc_a), db = decode(desc_b);
+  PendingWgmma op{d, std::vector<float>(n / 2), a, {}, {}};
+  if (a != nullptr) std::memcpy(op.a_bits.data(), a, sizeof op.a_bits);
   auto smem_value = [&](uint32_t address) {
     const uint32_t at = swizzle_128b(address);
     check_shared(at, 2, 2, "wgmma: an operand outside shared memory");
     uint16_t bits;
     std::memcpy(&bits, shared_pointer(at), 2);
+    op.smem_read.emplace_back(at, bits);
     return operand_value(bits, bf16);
   };
   auto a_at = [&](uint32_t row, uint32_t k) {
@@ -727,15 +749,56 @@ void wgmma(float *d, uint32_t n, const uint32_t *a, uint64_t desc_a, uint64_t de
     return smem_value(b_mn_major ? db.start + (col / 64) * db.lbo + (k / 8) * db.sbo + (k % 8) * 128 + 2 * (col % 64)
                                  : db.start + (col / 8) * db.sbo + (col % 8) * 128 + 2 * k);
   };
+  // The accumulator's value as issued: a pending product into the same registers (the
+  // hardware chains those in issue order), else d itself.
+  const float *in = d;
+  auto find_in = [&](const std::vector<PendingWgmma> &ops) {
+    for (const PendingWgmma &op : ops) {
+      if (op.d == d && op.result.size() == n / 2) in = op.result.data();
+      else if (op.d < d + n / 2 && d < op.d + op.result.size()) die("wgmma: accumulators overlap a pending product's");
+    }
+  };
+  for (const std::vector<PendingWgmma> &g : t.wg_groups) find_in(g);
+  find_in(t.wg_open);
   const uint32_t w = (tid / 32) % 4, lane = t.lane;
   for (uint32_t e = 0; e < n / 2; ++e) {
     const uint32_t i = e / 4, r = (e / 2) % 2, c = e % 2;
     const uint32_t row = 16 * w + lane / 4 + 8 * r, col = 8 * i + 2 * (lane % 4) + c;
-    double s = accumulate ? d[e] : 0.0;
+    double s = accumulate ? in[e] : 0.0;
     for (uint32_t k = 0; k < 16; ++k) s += a_at(row, k) * b_at(k, col);
-    d[e] = float(s);
+    op.result[e] = float(s);
   }
+  t.wg_open.push_back(std::move(op));
+  std::fill(d, d + n / 2, std::numeric_limits<float>::quiet_NaN());  // unreadable until the wait
   barrier_sync(16 + group, 128);  // every thread is past its reads of the A fragments
+}
+
+void wgmma_commit() {
+  Thread &t = self();
+  t.wg_groups.push_back(std::move(t.wg_open));
+  t.wg_open.clear();
+}
+
+void wgmma_wait(int newest_pending) {
+  Thread &t = self();
+  if (t.wg_groups.size() <= size_t(newest_pending)) return;
+  // Every other thread gets a turn first: what they do while the products are in flight (a
+  // stage released too early and refilled) shows in the checks below.
+  block(Thread::Wait::kSpin, 0);
+  L().progress = true;
+  while (t.wg_groups.size() > size_t(newest_pending)) {
+    for (const PendingWgmma &op : t.wg_groups.front()) {
+      if (op.a != nullptr && std::memcmp(op.a, op.a_bits.data(), sizeof op.a_bits) != 0)
+        die("wgmma: its A registers changed before the wgmma.wait_group that covers it");
+      for (const auto &[at, bits] : op.smem_read) {
+        uint16_t now;
+        std::memcpy(&now, shared_pointer(at), 2);
+        if (now != bits) die("wgmma: a shared-memory operand changed before the wgmma.wait_group that covers it");
+      }
+      std::copy(op.result.begin(), op.result.end(), op.d);
+    }
+    t.wg_groups.pop_front();
+  }
 }
 
 uint32_t hmul2(uint32_t a, uint32_t b) {

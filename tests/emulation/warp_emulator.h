@@ -118,11 +118,17 @@ void tma_load_3d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1, in
 // operand (desc_a); B = 16 x N from shared memory (desc_b), K-major or MN-major (b_mn_major:
 // element (k, n) at (n / 64) LBO + (k / 8) SBO + (k % 8) 128 B + 2 (n % 64)). Operands are
 // 128-byte swizzled. The warpgroup's 128 threads meet, and each thread's d[4i + 2r + c] (row
-// 16 warp + lane / 4 + 8r, column 8i + 2 (lane % 4) + c) becomes (accumulate ? d : 0) + A · B
-// in double, rounded to float, when the last one arrives. The product is complete at issue:
-// a read of d before wgmma.wait is not caught.
+// 16 warp + lane / 4 + 8r, column 8i + 2 (lane % 4) + c) is to become (accumulate ? d : 0) +
+// A · B in double, rounded to float (d as issued: a pending product into the same registers
+// counts, as the hardware chains them). The product is computed when the last thread
+// arrives, from the shared memory of that moment, but lands in d only at the thread's
+// wgmma_wait that covers its commit group (wgmma_commit): until then d reads NaN, and a
+// thread whose A registers, or shared-memory operand elements, change before that wait, or
+// that ends with a product not waited for, aborts.
 void wgmma(float *d, uint32_t n, const uint32_t *a, uint64_t desc_a, uint64_t desc_b, bool accumulate,
            bool b_mn_major, bool bf16);
+void wgmma_commit();                    // wgmma.commit_group
+void wgmma_wait(int newest_pending);    // wgmma.wait_group newest_pending
 
 // Scalar bit helpers of PTX.
 inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
