@@ -20,7 +20,7 @@ kernel must read: the compressed cache (used_bytes of the layer) plus q and out.
   python3 bench/bench_gpu.py --out bench/results/x.json [--quick] [--dtype f16|bf16]
   python3 bench/bench_gpu.py --out x.json --no-decode --lengths 32768 --chunk 4096
       [--head-dims 64,128,256]   (decode and prefill at each head_dim; default 128)
-      [--prefill-kernels auto,wgmma,mma]   (each prefill shape once per MINIKV_PREFILL_KERNEL
+      [--prefill-kernels auto,mma]   (each prefill shape once per MINIKV_PREFILL_KERNEL
       value, a debug knob read at cache create (docs/kernels.md); the baselines are timed once
       a shape and shared)
 """
@@ -279,7 +279,7 @@ def main():
                     help="comma-separated head_dim values (64, 80, 96, 128, 256)")
     ap.add_argument("--prefill-kernels", default="auto",
                     help="comma-separated MINIKV_PREFILL_KERNEL values to time each prefill "
-                         "shape with: auto (unset), wgmma, mma")
+                         "shape with: auto (unset), mma")
     ap.add_argument("--queued", action="store_true",
                     help="start each timed sample behind ~5 ms of GPU work, so that the host's "
                          "part of every call (libminikv's and the baselines') overlaps it as "

@@ -19,9 +19,6 @@ using KernelHeadDims = HeadDimList<64, 80, 96, 128, 256>;
 // Narrower families; a shape outside them takes the kernel above (see the plans).
 using FastDecodeHeadDims = HeadDimList<64, 128>;  // decode_fast.cu (2-bit, G = 16)
 using WgmmaHeadDims = HeadDimList<64, 128, 256>;  // prefill_wgmma.cu, prefill_scores_wgmma.cu (sm_90a)
-// Those the plan takes by default: 256 waits for its first GPU measurement
-// (MINIKV_PREFILL_KERNEL=wgmma takes it; docs/kernels.md).
-using WgmmaDefaultHeadDims = HeadDimList<64, 128>;
 using MmaDecodeHeadDims = HeadDimList<64, 128, 256>;  // decode_mma.cu (tensor cores)
 using K4V2DecodeHeadDims = HeadDimList<64, 128>;      // decode_k4v2.cu (default storage, sm_90)
 using K4V2WarpHeadDims = HeadDimList<64, 128, 256>;   // decode_k4v2_warp.cu (sm_90)

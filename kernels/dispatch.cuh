@@ -61,21 +61,17 @@ void dispatch_dtype_head_dim(minikv_dtype dtype, uint32_t head_dim, const char *
 }
 
 // Whether an sm_90a prefill kernel (the forward or the score pass) of (dtype, head_dim) runs
-// here, raising its dynamic shared memory limit if so: head_dim in WgmmaDefaultHeadDims
-// (other values run the mma.sync kernels), the driver able to encode their TMA tensor maps,
-// and their sm_90a image the one this device loads (compute capability 9.0).
-// MINIKV_PREFILL_KERNEL, a debug knob for comparisons: "mma" forces the sm_80 kernels,
-// "wgmma" takes every head_dim of WgmmaHeadDims.
+// here, raising its dynamic shared memory limit if so: not forced to the sm_80 kernels by
+// MINIKV_PREFILL_KERNEL=mma (a debug knob, for comparisons), head_dim in WgmmaHeadDims (other
+// values run the mma.sync kernels), the driver able to encode their TMA tensor maps, and
+// their sm_90a image the one this device loads (compute capability 9.0).
 // kernel_of(T{}, HeadDim<D>{}) returns {the kernel, its dynamic shared memory bytes}.
 template <typename KernelOf>
 bool sm90a_prefill_usable(minikv_dtype dtype, uint32_t head_dim, KernelOf &&kernel_of) {
-  bool every = false;
   if (const char *e = std::getenv("MINIKV_PREFILL_KERNEL")) {
-    if (std::strcmp(e, "mma") == 0) return false;
-    every = std::strcmp(e, "wgmma") == 0;
+    if (std::strcmp(e, "mma") == 0) return false;  // the sm_80 kernels, for comparisons
   }
-  const bool listed = every ? in_list(WgmmaHeadDims{}, head_dim) : in_list(WgmmaDefaultHeadDims{}, head_dim);
-  if (!listed || !tensor_maps_available()) return false;
+  if (!in_list(WgmmaHeadDims{}, head_dim) || !tensor_maps_available()) return false;
   bool usable = false;
   dispatch_dtype_head_dim<WgmmaHeadDims>(dtype, head_dim, "minikv_cache_create",
                                          [&](auto tag, auto hd) {

@@ -29,17 +29,16 @@ bool prefill_window_scores_fit(uint32_t head_dim, uint32_t n_rep, uint32_t windo
 void launch_prefill_window_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
                                   uint32_t num_sms, cudaStream_t stream);
 // prefill_wgmma.cu: the same forward as launch_prefill_attention on Hopper warpgroup MMA.
-// Usable for head_dim 64 and 128 (WgmmaDefaultHeadDims; 256 too under
-// MINIKV_PREFILL_KERNEL=wgmma) when the library carries an sm_90a image and the current
-// device loads it (and MINIKV_PREFILL_KERNEL is not "mma"); raises the kernel's shared-memory
-// limit when it is. Otherwise the mma.sync forward runs.
+// Usable for head_dim 64, 128 and 256 (WgmmaHeadDims) when the library carries an sm_90a
+// image and the current device loads it (and MINIKV_PREFILL_KERNEL is not "mma"); raises the
+// kernel's shared-memory limit when it is. Otherwise the mma.sync forward runs.
 bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim);
 void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
                           cudaStream_t stream);
 // prefill_scores_wgmma.cu: the same score pass as launch_prefill_scores on Hopper warpgroup
-// MMA, under the same conditions as the wgmma forward (head_dim 64/128, 256 under the knob,
-// an sm_90a image the device loads, MINIKV_PREFILL_KERNEL not "mma"); raises its
-// shared-memory limit when usable.
+// MMA, under the same conditions as the wgmma forward (head_dim 64/128/256, an sm_90a image
+// the device loads, MINIKV_PREFILL_KERNEL not "mma"); raises its shared-memory limit when
+// usable.
 bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim);
 void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim,
                                  const PrefillScoreParams &p, cudaStream_t stream);
