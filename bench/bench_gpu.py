@@ -289,6 +289,7 @@ def main():
     if args.queued:
         QUEUED_SLEEP_CYCLES = 10_000_000  # ~5 ms at the H200's ~2 GHz
     head_dims = [int(d) for d in args.head_dims.split(",")]
+    prefill_kernels = args.prefill_kernels.split(",")
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [4096, 32768] if args.quick else [4096, 32768, 131072])
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -317,10 +318,10 @@ def main():
                         torch.cuda.empty_cache()
                         save()
             for L in ([] if args.no_prefill else lengths):
-                for (H, Hkv), kernel in itertools.product(((32, 32), (32, 8)), args.prefill_kernels.split(",")):
-                    first = kernel == args.prefill_kernels.split(",")[0]
+                for (H, Hkv), kernel in itertools.product(((32, 32), (32, 8)), prefill_kernels):
+                    # The shape's first kernel times the baselines; the others reuse its row's.
                     r = bench_prefill(dtype, tdtype, 1, H, Hkv, D, L, args.chunk, kernel,
-                                      None if first else rows[-1])
+                                      None if kernel == prefill_kernels[0] else rows[-1])
                     rows.append(r)
                     nan = float("nan")
                     print(f"prefill {dtype:4} B=1 H={H} Hkv={Hkv:2} D={D:3} L={L:6} kernels {kernel}: "

@@ -147,7 +147,7 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
       for (uint32_t j = 0; j < s.col_done; ++j) scores[size_t(h) * cols + score_offset[b] + j] = kEarlier;
   }
 
-  constexpr bool kSm90aHeadDim = D == 64 || D == 128 || D == 256;
+  constexpr bool kSm90aHeadDim = k::in_list(k::WgmmaHeadDims{}, D);
   if constexpr (kSm90aHeadDim) {
     if (pass == Pass::kWgmma) {  // launch_prefill_wgmma
       k::FaMaps maps;
@@ -263,7 +263,7 @@ TEST_CASE("the prefill kernels run by the warp emulator match a float64 attentio
       for (CopyLanding landing : {CopyLanding::kAtIssue, CopyLanding::kAtWait}) {
         const PrefillShape &sh = shapes[i];
         if (kSanitized && landing == CopyLanding::kAtWait) continue;
-        if (pass == Pass::kWgmma && sh.head_dim != 64 && sh.head_dim != 128 && sh.head_dim != 256) continue;
+        if (pass == Pass::kWgmma && !k::in_list(k::WgmmaHeadDims{}, sh.head_dim)) continue;
         const std::string name = std::string(sh.dtype == F16 ? "f16" : "bf16") + " hd" + std::to_string(sh.head_dim) +
                                  " n_rep " + std::to_string(sh.n_rep) + ", " + pass_name(pass) +
                                  (landing == CopyLanding::kAtIssue ? ", at issue" : ", at wait");
