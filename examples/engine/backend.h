@@ -62,6 +62,7 @@ struct backend {
   double step_host_seconds; /* CUDA: host time spent recording, capturing, updating and
                                launching decode steps, summed (the GPU idles when a step's
                                exceeds the GPU time of the step before) */
+  double step_host_max_seconds; /* CUDA: the longest of those steps */
   progress_fn progress;
   void *progress_ctx;
 

@@ -68,6 +68,8 @@ typedef struct throughput_row {
   const char *model, *setting;
   uint32_t batch, batch_planned;
   double prefill_s, decode_s, decode_tps, total_tps, step_ms, expected_step_ms, dense_ms;
+  double host_ms, host_max_ms;           /* host time a step takes to record, capture and launch */
+  uint64_t graph_updates, graph_instantiations; /* of the timed decode */
   uint64_t weight_bytes, buffer_bytes, pool_bytes, workspace_bytes, cache_used_bytes, peak_device_bytes;
   uint64_t blocks_per_seq;
   bool fits;
@@ -399,6 +401,9 @@ static bool throughput(bench_state *st, const model_config *m, const model_sourc
   const double dense_s = ok && n > 0 ? b->dense_step_seconds(b, n, 16) : 0.0;
   ok = ok && n > 0 && dense_s > 0 && cache_stats(b, &mid);
   uint64_t peak = ok ? b->device_used(b) : 0;
+  const double host_before = b->step_host_seconds;
+  b->step_host_max_seconds = 0;
+  const uint64_t updates_before = b->graph_updates, instantiations_before = b->graph_instantiations;
   ok = ok && b->greedy(b, n, ids, first, pos, steps, out, secs) && cache_stats(b, &end);
   if (ok) {
     const uint64_t used = b->device_used(b);
@@ -415,6 +420,10 @@ static bool throughput(bench_state *st, const model_config *m, const model_sourc
     r->peak_device_bytes = peak;
     r->expected_step_ms = 1e3 * (double)(weights_read(b) + r->cache_used_bytes) / (st->copy_gbs * 1e9);
     r->dense_ms = 1e3 * dense_s;
+    r->host_ms = 1e3 * (b->step_host_seconds - host_before) / steps;
+    r->host_max_ms = 1e3 * b->step_host_max_seconds;
+    r->graph_updates = b->graph_updates - updates_before;
+    r->graph_instantiations = b->graph_instantiations - instantiations_before;
     fprintf(stderr, "throughput %s %s: batch %u (planned %u), %.0f tokens/s decoding\n", model, setting, n, batch,
             r->decode_tps);
     st->graph_updates += b->graph_updates;
@@ -523,10 +532,12 @@ static bool write_json(const bench_state *st, const char *path, const char *date
     json_string(f, r->setting);
     fprintf(f, ", \"fits\": %s, \"batch\": %u, \"batch_planned\": %u, \"blocks_per_sequence\": %llu, "
                "\"prefill_s\": %.3f, \"decode_s\": %.3f, \"decode_tokens_per_s\": %.1f, \"tokens_per_s\": %.1f, "
-               "\"step_ms\": %.4f, \"expected_step_ms\": %.4f, \"dense_step_ms\": %.4f, \"weight_bytes\": %llu, \"buffer_bytes\": %llu, "
+               "\"step_ms\": %.4f, \"expected_step_ms\": %.4f, \"dense_step_ms\": %.4f, \"host_ms\": %.4f, \"host_max_ms\": %.4f, "
+               "\"graph_updates\": %llu, \"graph_instantiations\": %llu, \"weight_bytes\": %llu, \"buffer_bytes\": %llu, "
                "\"pool_bytes\": %llu, \"workspace_bytes\": %llu, \"cache_used_bytes\": %llu, \"peak_device_bytes\": %llu}",
             r->fits ? "true" : "false", r->batch, r->batch_planned, (unsigned long long)r->blocks_per_seq, r->prefill_s,
-            r->decode_s, r->decode_tps, r->total_tps, r->step_ms, r->expected_step_ms, r->dense_ms,
+            r->decode_s, r->decode_tps, r->total_tps, r->step_ms, r->expected_step_ms, r->dense_ms, r->host_ms,
+            r->host_max_ms, (unsigned long long)r->graph_updates, (unsigned long long)r->graph_instantiations,
             (unsigned long long)r->weight_bytes, (unsigned long long)r->buffer_bytes, (unsigned long long)r->pool_bytes,
             (unsigned long long)r->workspace_bytes, (unsigned long long)r->cache_used_bytes,
             (unsigned long long)r->peak_device_bytes);
@@ -565,8 +576,11 @@ int bench_main(int argc, char **argv) {
   if (ok && o.throughput) {
     printf("\nthroughput: %u-token prompts + %u generated tokens each, at the largest batch within %.2f GB\n"
            "(step ms: mean decode step; dense: the same step without attention; weights+buffers+cache: what the\n"
-           "engine allocates, within the limit; peak device: the whole GPU's use, CUDA context included)\n"
-           "  model      cache                  batch decode t/s  total t/s   step ms  expected    dense  weights+buffers+cache  peak device  prefill\n",
+           "engine allocates, within the limit; peak device: the whole GPU's use, CUDA context included; host: ms\n"
+           "a step takes the host to record, capture and launch (mean, longest), and how many steps needed a new\n"
+           "graph)\n"
+           "  model      cache                  batch decode t/s  total t/s   step ms  expected    dense  weights+buffers+cache  peak device  prefill"
+           "    host (longest)  new graphs\n",
            o.tp_prompt, o.tp_gen, o.memory_limit / 1e9);
     for (size_t i = 0; i < st->n_tp; ++i) {
       const throughput_row *r = &st->tp[i];
@@ -577,9 +591,10 @@ int bench_main(int argc, char **argv) {
       const double accounted = (double)(r->weight_bytes + r->buffer_bytes + r->pool_bytes + r->workspace_bytes);
       char peak[32] = "        -";
       if (r->peak_device_bytes) snprintf(peak, sizeof peak, "%8.2f GB", (double)r->peak_device_bytes / 1e9);
-      printf("  %-10s %-22s %5u %10.0f %10.0f %9.2f %9.2f %8.2f   %17.2f GB  %s  %6.1f s\n", r->model, r->setting,
-             r->batch, r->decode_tps, r->total_tps, r->step_ms, r->expected_step_ms, r->dense_ms, accounted / 1e9,
-             peak, r->prefill_s);
+      printf("  %-10s %-22s %5u %10.0f %10.0f %9.2f %9.2f %8.2f   %17.2f GB  %s  %6.1f s  %6.2f (%6.2f)  %5llu/%llu\n", r->model,
+             r->setting, r->batch, r->decode_tps, r->total_tps, r->step_ms, r->expected_step_ms, r->dense_ms,
+             accounted / 1e9, peak, r->prefill_s, r->host_ms, r->host_max_ms, (unsigned long long)r->graph_instantiations,
+             (unsigned long long)(r->graph_instantiations + r->graph_updates));
     }
   }
   if (ok && st->graph_updates + st->graph_instantiations > 0)

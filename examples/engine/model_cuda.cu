@@ -620,7 +620,9 @@ static bool capture_and_launch_step(cuda_backend *c, int slot, uint32_t n, const
 static bool launch_step(cuda_backend *c, int slot, uint32_t n, const uint32_t *seq_ids, int32_t *history) {
   const double t0 = now_seconds();
   const bool ok = capture_and_launch_step(c, slot, n, seq_ids, history);
-  c->base.step_host_seconds += now_seconds() - t0;
+  const double dt = now_seconds() - t0;
+  c->base.step_host_seconds += dt;
+  if (dt > c->base.step_host_max_seconds) c->base.step_host_max_seconds = dt;
   return ok;
 }
 
