@@ -16,6 +16,13 @@ A rotation multiplies each head's keys (or values) by the orthonormal Hadamard m
 before quantizing and by Hᵀ after, which the library would fold into q (keys: q·Hᵀ k = (q H)·k
 for H orthonormal) and into the output (values).
 
+The residual (rows marked "R = …"): the chunk's own keys and values pass through the 16-bit
+residual as decode appends them one at a time, instead of staying exact. A flush quantizes
+the residual's oldest F tokens (whole groups) once it holds R: F = R is the library's flush
+(MINIKV.md §4; the token that fills it attends to its own quantized K/V), F < R a sliding
+residual that always keeps the newest R − F tokens in 16 bits. Each chunk query reads a key
+quantized or exact as the flushes up to its own append left it.
+
 The tensor-core roundings (rows marked "p·s_v" and "q ⊙ s_k"): the decode attention computed
 from the codes, as the CUDA kernels do, instead of SDPA over the dequantized cache. "p·s_v":
 each probability times its value group's scale, and each 16-bit row's probability, rounded to
@@ -38,6 +45,7 @@ Needs torch, transformers and the GGUF (scripts/fetch-model.sh), like eval_accur
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import datetime
 import inspect
@@ -60,7 +68,19 @@ from eval_accuracy import DEFAULT_CORPUS, Corpus, batches  # noqa: E402
 from minikv.gguf_llama import default_model_path, load_gguf_llama  # noqa: E402
 from results import git_commit  # noqa: E402
 
-# (name, key bits, value bits, G, sinks, rotate keys, rotate values); bits 16 = exact.
+class Residual(collections.namedtuple("Residual", "length flush")):
+    """The decode chunk through a 16-bit residual of `length` tokens that quantizes its
+    oldest `flush` tokens when full."""
+
+    def quantized(self, tail, appended):
+        """Tokens flushed out of the residual after `appended` appends to one that held
+        `tail` after the prefill."""
+        held = tail + appended
+        return 0 if held < self.length else self.flush * ((held - self.length) // self.flush + 1)
+
+
+# (name, key bits, value bits, G, sinks, rotate keys, rotate values[, operand roundings or a
+# Residual]); bits 16 = exact.
 SETTINGS = [
     ("K2V2 G16 (paper)", 2, 2, 16, 0, False, False),
     ("K2V2 G16 rot K+V", 2, 2, 16, 0, True, True),
@@ -74,6 +94,13 @@ SETTINGS = [
     ("K4V2 G32 +4 sinks, from the codes", 4, 2, 32, 4, False, False, ""),
     ("K4V2 G32 +4 sinks, p·s_v fp16", 4, 2, 32, 4, False, False, "pv"),
     ("K4V2 G32 +4 sinks, p·s_v + q ⊙ s_k fp16", 4, 2, 32, 4, False, False, "pv+qk"),
+    ("K4V2 G32 +4 sinks, no flush", 4, 2, 32, 4, False, False, Residual(1 << 30, 1 << 30)),
+    ("K4V2 G32 +4 sinks, R = 128", 4, 2, 32, 4, False, False, Residual(128, 128)),
+    ("K4V2 G32 +4 sinks, R = 64", 4, 2, 32, 4, False, False, Residual(64, 64)),
+    ("K4V2 G32 +4 sinks, R = 32", 4, 2, 32, 4, False, False, Residual(32, 32)),
+    ("K4V2 G32 +4 sinks, R = 128 sliding 32", 4, 2, 32, 4, False, False, Residual(128, 32)),
+    ("K4V2 G32 +4 sinks, R = 96 sliding 32", 4, 2, 32, 4, False, False, Residual(96, 32)),
+    ("K4V2 G32 +4 sinks, R = 64 sliding 32", 4, 2, 32, 4, False, False, Residual(64, 32)),
 ]
 
 
@@ -176,6 +203,38 @@ def fake_cache(k, v, kb, vb, G, sinks, rot_k, rot_v, H):
     return k, v
 
 
+def attend_through_residual(query, key, value, P, setting, scaling):
+    """The decode chunk's attention (queries [B, H, Tq, D] at positions P..P+Tq-1; key and
+    value [B, Hkv, P + Tq, D]) with the chunk's tokens appended to the residual one at a time
+    (setting[7], a Residual): query i reads the keys and values that the flushes up to its
+    own append have quantized, the others exact. Quantized tokens dequantized (fake
+    quantization, no operand roundings), groups aligned at the sinks as the library stores
+    them."""
+    _, kb, vb, G, sinks, _, _, res = setting
+    B, H, Tq, D = query.shape
+    n_rep = H // key.shape[1]
+    total = key.shape[2]
+    q_end = sinks + (P - sinks) // G * G
+    top = sinks + (total - sinks) // G * G  # whole groups only: a flush takes whole groups
+    kq, vq = key.clone(), value.clone()
+    if top > sinks:
+        Hkv, n = key.shape[1], top - sinks
+        ks, vs = key[:, :, sinks:top], value[:, :, sinks:top]
+        kq[:, :, sinks:top] = quantize(ks.reshape(B, Hkv, n // G, G, D), kb, 3).reshape(B, Hkv, n, D)
+        vq[:, :, sinks:top] = quantize(vs.reshape(B, Hkv, n, D // G, G), vb, 4).reshape(B, Hkv, n, D)
+    # quantized[i, j]: key j read quantized by query i (flushes up to and with its own append)
+    ends = torch.tensor([q_end + res.quantized(P - q_end, i + 1) for i in range(Tq)])
+    j = torch.arange(total)
+    quantized = (j[None, :] >= sinks) & (j[None, :] < ends[:, None])
+    causal = j[None, :] <= P + torch.arange(Tq)[:, None]
+    rep = lambda t: t.repeat_interleave(n_rep, 1)  # noqa: E731
+    exact_logits, quant_logits = query @ rep(key).transpose(2, 3), query @ rep(kq).transpose(2, 3)
+    logits = torch.where(quantized, quant_logits, exact_logits).masked_fill(~causal, float("-inf"))
+    p = torch.softmax(logits * scaling, 3)
+    zero = torch.zeros((), dtype=p.dtype)
+    return torch.where(quantized, p, zero) @ rep(vq) + torch.where(quantized, zero, p) @ rep(value)
+
+
 class Sim:
     """An attention function for transformers: exact, except that the queries of a decode
     chunk read the prefill's keys and values through fake_cache."""
@@ -188,7 +247,8 @@ class Sim:
     def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
         n_rep = query.shape[1] // key.shape[1]
         if self.setting is not None and len(self.setting) > 7 and key.shape[2] > query.shape[2]:
-            out = attend_from_codes(query, key, value, self.prefill_len, self.setting, scaling)
+            attend = attend_through_residual if isinstance(self.setting[7], Residual) else attend_from_codes
+            out = attend(query, key, value, self.prefill_len, self.setting, scaling)
             return out.transpose(1, 2).contiguous(), None
         if self.setting is not None and key.shape[2] > query.shape[2]:
             _, kb, vb, G, sinks, rot_k, rot_v = self.setting[:7]
@@ -274,9 +334,12 @@ def main():
             row = dict(setting=name, ctx=ctx, nll=m, ppl=math.exp(m), delta_ppl=math.exp(m - ref) - 1)
             if s:
                 _, kb, vb, G, sinks, rk, rv = s[:7]
+                extra = s[7] if len(s) > 7 else ""
                 row.update(key_bits=kb, value_bits=vb, group=G, sinks=sinks, rotate_keys=rk,
                            rotate_values=rv, bits_per_element=(kb + vb) / 2 + 32 / G,
-                           operand_roundings=s[7] if len(s) > 7 else "")
+                           operand_roundings=extra if isinstance(extra, str) else "")
+                if isinstance(extra, Residual):
+                    row.update(residual_length=extra.length, flush_tokens=extra.flush)
             rows.append(row)
             print(f"  {name:40s} ppl {row['ppl']:8.3f}  delta {100 * row['delta_ppl']:+6.2f}%"
                   + (f"  {row['bits_per_element']:.2f} bits/elt" if s else ""), flush=True)
@@ -287,10 +350,14 @@ def main():
             # the attention from the codes without roundings is the fake-quantized cache's
             codes_gap = max(abs(a - b) for a, b in zip(nll["K4V2 G32 +4 sinks (default)"],
                                                        nll["K4V2 G32 +4 sinks, from the codes"]))
+            # the chunk through a residual that never flushes is the chunk read exact
+            residual_gap = max(abs(a - b) for a, b in zip(nll["K4V2 G32 +4 sinks (default)"],
+                                                          nll["K4V2 G32 +4 sinks, no flush"]))
             finite = all(math.isfinite(v) for vs in nll.values() for v in vs)
             print(f"check ctx {ctx}: chunked vs one forward max |dnll| {gap:.2e}, from the codes vs "
-                  f"dequantized {codes_gap:.2e}, losses finite: {finite}")
-            if gap > 1e-4 or codes_gap > 1e-4 or not finite:
+                  f"dequantized {codes_gap:.2e}, no flush vs exact chunk {residual_gap:.2e}, losses "
+                  f"finite: {finite}")
+            if gap > 1e-4 or codes_gap > 1e-4 or residual_gap > 1e-4 or not finite:
                 return 1
     return 0
 

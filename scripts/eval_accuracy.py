@@ -121,6 +121,7 @@ CONFIGS = {
     "balanced-cumulative-pyramid": ("pyramid 50%, K4V2 G32 + 4 sinks, cumulative scores",
                                     setting("balanced", score_mode="cumulative")),
     # The residual length: how many generated tokens wait in 16 bits before a flush.
+    "balanced-r96": ("BALANCED with residual_length 96", setting("balanced", residual_length=96)),
     "balanced-r64": ("BALANCED with residual_length 64", setting("balanced", residual_length=64)),
     "balanced-r32": ("BALANCED with residual_length 32", setting("balanced", residual_length=32)),
     "uniform-50-k4v2-g32": ("uniform 50%, K4V2 G32, no sinks", quant(4, 2, 32, **budget(0.50))),
