@@ -215,13 +215,8 @@ def attend_through_residual(query, key, value, P, setting, scaling):
     n_rep = H // key.shape[1]
     total = key.shape[2]
     q_end = sinks + (P - sinks) // G * G
-    top = sinks + (total - sinks) // G * G  # whole groups only: a flush takes whole groups
-    kq, vq = key.clone(), value.clone()
-    if top > sinks:
-        Hkv, n = key.shape[1], top - sinks
-        ks, vs = key[:, :, sinks:top], value[:, :, sinks:top]
-        kq[:, :, sinks:top] = quantize(ks.reshape(B, Hkv, n // G, G, D), kb, 3).reshape(B, Hkv, n, D)
-        vq[:, :, sinks:top] = quantize(vs.reshape(B, Hkv, n, D // G, G), vb, 4).reshape(B, Hkv, n, D)
+    # Every whole group quantized (a flush takes whole groups), as fake_cache stores the prefill.
+    kq, vq = fake_cache(key, value, kb, vb, G, sinks, False, False, None)
     # quantized[i, j]: key j read quantized by query i (flushes up to and with its own append)
     ends = torch.tensor([q_end + res.quantized(P - q_end, i + 1) for i in range(Tq)])
     j = torch.arange(total)
