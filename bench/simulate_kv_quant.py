@@ -211,7 +211,7 @@ def attend_through_residual(query, key, value, P, setting, scaling):
     quantization, no operand roundings), groups aligned at the sinks as the library stores
     them."""
     _, kb, vb, G, sinks, _, _, res = setting
-    B, H, Tq, D = query.shape
+    _, H, Tq, _ = query.shape
     n_rep = H // key.shape[1]
     total = key.shape[2]
     q_end = sinks + (P - sinks) // G * G
