@@ -279,8 +279,22 @@ typedef struct minikv_config {
                                      (struct_size 104 either way): a library older than it
                                      reads the slot as a reserved field that must be 0 and
                                      rejects a non-zero value (MINIKV_ERR_VERSION_MISMATCH)
-                                     instead of ignoring it; the next field appended makes
-                                     the struct larger. */
+                                     instead of ignoring it. */
+  /* ---- appended after the second version (struct_size 104) ---- */
+  uint32_t flush_tokens;        /**< F: how many tokens a flush quantizes. When the residual
+                                     holds residual_length tokens (the new one included),
+                                     its oldest F are quantized into the pool and the newest
+                                     R - F stay 16-bit, so the last R - F tokens are always
+                                     exact (a sliding flush). A multiple of group_size, at
+                                     most residual_length; 0 = residual_length, the whole
+                                     residual (the MiniKV reference). Smaller F flushes more
+                                     often (every F tokens) and keeps more 16-bit rows on
+                                     average; docs/algorithm.md §4 gives the accuracy it
+                                     buys. 0. A caller whose struct ends before this field
+                                     gets 0. */
+  uint32_t reserved_v3_;        /**< tail padding; must be 0 (the slot of a future field:
+                                     this library rejects a non-zero value with
+                                     MINIKV_ERR_VERSION_MISMATCH instead of ignoring it) */
 } minikv_config;
 
 /** Fills the first `struct_size` bytes of `*cfg` with the defaults (see the field
@@ -476,9 +490,10 @@ MINIKV_API minikv_status minikv_prefill_chunk(minikv_cache *cache, uint32_t laye
                                               void *stream);
 
 /** METHOD: appends one new token's K/V (for one layer) to each sequence of the batch. The
- *  token goes to the 16-bit residual; when the residual holds residual_length tokens they
- *  are quantized into the pool as one flush, before the token's decode (as the reference
- *  implementation does).
+ *  token goes to the 16-bit residual; when the residual holds residual_length tokens, the
+ *  oldest flush_tokens of them (all of them by default) are quantized into the pool as one
+ *  flush, before the token's decode (as the reference implementation does), and the rest
+ *  move to the front of the residual.
  *  @param k,v  backend memory [n_seqs, num_kv_heads, head_dim].
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (also a misaligned tensor or, with
  *          the CPU backend, a non-finite k/v); MINIKV_ERR_BAD_STATE (layer not prefilled

@@ -1,6 +1,7 @@
 // Append of one token's K/V per sequence into its 16-bit residual slot and, when the slot
-// becomes full, the flush: the R residual tokens are quantized into pool blocks (the same
-// store_group as the prefill, so the bytes equal the CPU backend's) in the same launch.
+// becomes full, the flush in the same launch: the oldest F of its R tokens are quantized into
+// pool blocks (the same store_group as the prefill, so the bytes equal the CPU backend's) and
+// the other R - F move to the front of the slot.
 // One CTA per (sequence, KV head). The block-table mirror is updated by the launch itself
 // from its parameters, so the step stays capturable in a CUDA graph.
 #include "common.cuh"
@@ -38,13 +39,13 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
   if (!it.flush) return;
   __syncthreads();  // the full residual (this token included) is visible to the CTA
 
-  const uint32_t q = it.quantized;
+  const uint32_t q = it.quantized, F = p.flush_tokens;
   if (head == 0 && threadIdx.x == 0) {
     int32_t *table = p.st.block_table + uint64_t(it.slot) * p.st.max_blocks_per_seq;
     table[q / R] = it.block_lo;
-    table[(q + R - 1) / R] = it.block_hi;
+    table[(q + F - 1) / R] = it.block_hi;
   }
-  for (uint32_t g0 = 0; g0 < R; g0 += G) {
+  for (uint32_t g0 = 0; g0 < F; g0 += G) {
     const uint32_t t0 = q + g0;  // cached-token index of the group (groups never straddle blocks)
     const int32_t block_id = t0 / R == q / R ? it.block_lo : it.block_hi;
     uint8_t *block = p.st.pool + uint64_t(block_id) * bl.bytes;
@@ -52,6 +53,21 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
         bl, block, head, t0 % R, [&](uint32_t t) -> const T * { return k_res + uint64_t(g0 + t) * D; },
         [&](uint32_t t) -> const T * { return v_res + uint64_t(g0 + t) * D; },
         [&](uint32_t t) { return pos[g0 + t]; });
+  }
+  // store_group ends with a barrier: rows [0, F) are read. Rows [F, R) move down F rows at
+  // a time, in order: a step's source and destination never overlap (at most F rows), and
+  // the barrier orders its reads before the next step overwrites them.
+  const uint32_t vecs = D * sizeof(T) / sizeof(uint4);  // 16-byte vectors per row
+  uint4 *k_vec = reinterpret_cast<uint4 *>(k_res), *v_vec = reinterpret_cast<uint4 *>(v_res);
+  for (uint32_t first = 0; first + F < R; first += F) {
+    const uint32_t rows = min(F, R - F - first);
+    for (uint32_t i = threadIdx.x; i < rows * vecs; i += kAppendThreads) {
+      const uint64_t dst = uint64_t(first) * vecs + i, src = dst + uint64_t(F) * vecs;
+      k_vec[dst] = k_vec[src];
+      v_vec[dst] = v_vec[src];
+    }
+    for (uint32_t r = threadIdx.x; r < rows; r += kAppendThreads) pos[first + r] = pos[first + r + F];
+    __syncthreads();
   }
 }
 

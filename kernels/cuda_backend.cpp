@@ -439,11 +439,12 @@ class CudaBackend final : public Backend {
   // Append kernel launches for items (only those that flush when flushes_only).
   void launch_appends(const std::vector<AppendItem> &items, bool flushes_only, const void *k,
                       const void *v, cudaStream_t stream) {
-    const uint32_t R = cfg_.residual_length;
+    const uint32_t R = cfg_.residual_length, F = spec_.flush_tokens;
     AppendParams p{};
     p.k = k;
     p.v = v;
     p.st = st_;
+    p.flush_tokens = F;
     for (size_t i = 0; i < items.size(); ++i) {
       const AppendItem &it = items[i];
       if (flushes_only && !it.flush) continue;
@@ -455,7 +456,7 @@ class CudaBackend final : public Backend {
       ip.position = it.position;
       ip.flush = it.flush ? 1u : 0u;
       if (it.flush) {
-        const uint32_t lo = it.dst.quantized / R, hi = (it.dst.quantized + R - 1) / R;
+        const uint32_t lo = it.dst.quantized / R, hi = (it.dst.quantized + F - 1) / R;
         if (hi >= it.dst.num_blocks)
           fail(MINIKV_ERR_INTERNAL, "minikv_append: flush needs block %u of %u", hi, it.dst.num_blocks);
         ip.block_lo = static_cast<int32_t>(it.dst.blocks[lo]);

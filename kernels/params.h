@@ -126,12 +126,13 @@ struct AppendItemParams {
   uint32_t quantized;  // tokens in blocks before this append
   int32_t position;
   int32_t block_lo, block_hi;  // flush: pool blocks of logical blocks quantized/R and
-                               // (quantized+R-1)/R (the mirror is updated with them)
+                               // (quantized+F-1)/R (the mirror is updated with them)
   uint32_t flush;
 };
 struct AppendParams {
   const void *k, *v;  // the caller's [batch][num_kv_heads][head_dim]: item i reads row items[i].input
   DeviceStorage st;
+  uint32_t flush_tokens;  // F: the oldest residual rows a flush quantizes (<= R)
   uint32_t n;
   AppendItemParams items[kMaxAppendSeqs];
 };

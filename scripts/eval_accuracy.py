@@ -124,6 +124,14 @@ CONFIGS = {
     "balanced-r96": ("BALANCED with residual_length 96", setting("balanced", residual_length=96)),
     "balanced-r64": ("BALANCED with residual_length 64", setting("balanced", residual_length=64)),
     "balanced-r32": ("BALANCED with residual_length 32", setting("balanced", residual_length=32)),
+    # Sliding flushes: a full residual quantizes its oldest flush_tokens, the rest stay 16-bit.
+    "balanced-f32": ("BALANCED with a sliding flush of 32 (R 128)", setting("balanced", flush_tokens=32)),
+    "balanced-r64-f32": ("BALANCED with residual_length 64, sliding flush of 32",
+                         setting("balanced", residual_length=64, flush_tokens=32)),
+    "k4v2-g32-s4-f32": ("K4V2 G32 + 4 sinks, keep all, sliding flush of 32 (R 128)",
+                        quant(4, 2, 32, 4, flush_tokens=32, **KEEP_ALL)),
+    "k4v2-g32-s4-r64-f32": ("K4V2 G32 + 4 sinks, keep all, R 64, sliding flush of 32",
+                            quant(4, 2, 32, 4, residual_length=64, flush_tokens=32, **KEEP_ALL)),
     "uniform-50-k4v2-g32": ("uniform 50%, K4V2 G32, no sinks", quant(4, 2, 32, **budget(0.50))),
     "quality": ("uniform 50%, K8V8 G32 + 4 sinks (QUALITY preset)", setting("quality")),
     # Eviction alone.

@@ -24,6 +24,8 @@ struct StorageSpec {
   uint32_t num_blocks;       // pool blocks
   uint32_t residual_slots;   // max_sequences * num_layers
   uint32_t max_blocks_per_seq;  // blocks one (sequence, layer) can ever hold
+  uint32_t flush_tokens;     // F: the oldest tokens of a full residual a flush quantizes
+                             // (cfg.flush_tokens, 0 read as residual_length)
   uint64_t pool_bytes;       // num_blocks * block.bytes
   uint64_t residual_bytes;   // residual_slots * residual.bytes
   // Chunked prefill: every layer has a staging area of cfg.prefill_staging_tokens rows
@@ -73,7 +75,8 @@ inline bool chunk_scores(const minikv_config &cfg, const PrefillItem &it) {
 struct AppendItem {
   CacheView dst;        // state before the append; blocks already include a flush's new ones
   int32_t position = 0; // the token's position in its sequence
-  bool flush = false;   // the residual reaches R with this token: quantize it into blocks
+  bool flush = false;   // the residual reaches R with this token: quantize its oldest F
+                        // tokens into blocks and move the other R - F to its front
 };
 
 class Backend {

@@ -71,6 +71,7 @@ StorageSpec plan_storage(const minikv_config &cfg) {
   spec.num_blocks = static_cast<uint32_t>(blocks);
   spec.residual_slots = static_cast<uint32_t>(slots);
   spec.max_blocks_per_seq = static_cast<uint32_t>(table_len);
+  spec.flush_tokens = cfg.flush_tokens == 0 ? R : cfg.flush_tokens;
   spec.pool_bytes = checked_size(kCreate, "the block pool in bytes", {blocks, spec.block.bytes});
   spec.residual_bytes =
       checked_size(kCreate, "the residual slots in bytes", {slots, spec.residual.bytes});
@@ -486,7 +487,7 @@ void Cache::plan_append(const char *call, uint32_t layer, uint32_t n_seqs,
     items[i].position = static_cast<int32_t>(seen);
     items[i].flush = s.residual + 1 == cfg_.residual_length;
     if (items[i].flush) {
-      const uint32_t total = blocks_for(uint64_t(s.quantized) + cfg_.residual_length);
+      const uint32_t total = blocks_for(uint64_t(s.quantized) + spec_.flush_tokens);
       extra[i] = total - s.num_blocks;
       need += extra[i];
     }
@@ -505,11 +506,12 @@ void Cache::plan_append(const char *call, uint32_t layer, uint32_t n_seqs,
 }
 
 // One token more in a (sequence, layer)'s counts: into the residual, or, when the residual
-// becomes full with it, all R of them flushed into blocks. S is a LayerState or a CacheView.
-template <typename S> static void add_token(S &s, bool flush, uint32_t residual_length) {
+// becomes full (R tokens) with it, its oldest F flushed into blocks. S is a LayerState or a
+// CacheView.
+template <typename S> static void add_token(S &s, bool flush, const StorageSpec &spec) {
   if (flush) {
-    s.quantized += residual_length;
-    s.residual = 0;
+    s.quantized += spec.flush_tokens;
+    s.residual = spec.block.tokens - spec.flush_tokens;
   } else {
     s.residual += 1;
   }
@@ -524,7 +526,7 @@ void Cache::commit_append(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_i
   for (uint32_t i = 0; i < n_seqs; ++i) {
     LayerState &s = state(seq_ids[i], layer);
     s.generated += 1;
-    add_token(s, append_items_[i].flush, cfg_.residual_length);
+    add_token(s, append_items_[i].flush, spec_);
   }
 }
 
@@ -592,7 +594,7 @@ void Cache::append_decode(uint32_t layer, uint32_t n_seqs, const uint32_t *seq_i
   after.assign(n_seqs, CacheView());  // within the capacity reserved at create
   for (uint32_t i = 0; i < n_seqs; ++i) {
     after[i] = append_items_[i].dst;
-    add_token(after[i], append_items_[i].flush, cfg_.residual_length);
+    add_token(after[i], append_items_[i].flush, spec_);
   }
   try {
     backend_->append_decode(layer, append_items_, after, q, k, v, out, stream);

@@ -167,6 +167,10 @@ void validate(const minikv_config &c) {
                  c.residual_length, c.group_size);
   MINIKV_REQUIRE(c.sink_tokens <= kMaxSinkTokens, "sink_tokens (%u) must be in [0, %u]",
                  c.sink_tokens, kMaxSinkTokens);
+  MINIKV_REQUIRE(c.flush_tokens % c.group_size == 0 && c.flush_tokens <= c.residual_length,
+                 "flush_tokens (%u) must be 0 (the whole residual) or a multiple of group_size "
+                 "(%u) up to residual_length (%u)",
+                 c.flush_tokens, c.group_size, c.residual_length);
   // More staging could never be in use: each sequence stages at most one prompt.
   MINIKV_REQUIRE(c.prefill_staging_tokens <= uint64_t(c.max_sequences) * c.max_seq_len,
                  "prefill_staging_tokens (%u) must be at most max_sequences (%u) x max_seq_len "
@@ -199,6 +203,12 @@ minikv_config config_read(const minikv_config *user) {
   }
   minikv_config cfg = config_defaults();
   std::memcpy(&cfg, user, sizeof(minikv_config) < size ? sizeof(minikv_config) : size);
+  if (cfg.reserved_v3_ != 0) {
+    // A newer caller's field in the slot this library reserves: refuse rather than ignore.
+    fail(MINIKV_ERR_VERSION_MISMATCH,
+         "config reserved_v3_ (%u) must be 0: a field this library (version %s) does not know",
+         cfg.reserved_v3_, minikv_version_string());
+  }
   cfg.struct_size = sizeof(minikv_config);
   validate(cfg);
   return cfg;

@@ -18,7 +18,8 @@ static_assert(offsetof(minikv_config, reserved_v1_) == 92 &&
               "the first version of minikv_config is frozen: append fields, never insert");
 static_assert(offsetof(minikv_config, sink_tokens) == kConfigSizeV1 &&
                   offsetof(minikv_config, prefill_staging_tokens) == 100 &&
-                  sizeof(minikv_config) == 104,
+                  offsetof(minikv_config, flush_tokens) == 104 &&
+                  offsetof(minikv_config, reserved_v3_) == 108 && sizeof(minikv_config) == 112,
               "fields are appended after reserved_v1_, never inserted");
 constexpr uint32_t kMaxSinkTokens = 64;
 constexpr uint32_t kStatsSizeV1 = sizeof(minikv_memory_stats);

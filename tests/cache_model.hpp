@@ -2,8 +2,9 @@
 // the kept prompt tokens in ascending position order, of which the first min(S, L) are
 // 16-bit sinks (S = sink_tokens), the next (n_keep - sinks) rounded down to G are
 // quantized and the tail stays 16-bit in the residual; every
-// appended token goes to the residual, and when the residual reaches R tokens they are
-// quantized as one flush (before that token's decode). Decode oracles in float64 over the
+// appended token goes to the residual, and when the residual reaches R tokens its oldest F
+// (flush_tokens; R by default) are quantized as one flush (before that token's decode) and
+// the other R - F stay 16-bit. Decode oracles in float64 over the
 // exact rows or over the rows as the reference quantizer dequantizes them.
 #pragma once
 
@@ -17,13 +18,16 @@
 namespace test {
 
 struct SeqModel {
-  uint32_t Hkv = 0, D = 0, G = 16, R = 128, S = 0;
+  uint32_t Hkv = 0, D = 0, G = 16, R = 128, S = 0, F = 128;
   std::vector<std::vector<float>> k, v;  // [Hkv] -> rows [n][D], cache order, dtype values
   uint32_t n = 0, sinks = 0, quantized = 0, residual = 0;
 
   SeqModel() = default;
-  SeqModel(uint32_t hkv, uint32_t d, uint32_t g, uint32_t r, uint32_t sink_tokens = 0)
-      : Hkv(hkv), D(d), G(g), R(r), S(sink_tokens), k(hkv), v(hkv) {}
+  // flush_tokens 0: the whole residual, as in minikv_config.
+  SeqModel(uint32_t hkv, uint32_t d, uint32_t g, uint32_t r, uint32_t sink_tokens = 0,
+           uint32_t flush_tokens = 0)
+      : Hkv(hkv), D(d), G(g), R(r), S(sink_tokens), F(flush_tokens ? flush_tokens : r), k(hkv),
+        v(hkv) {}
 
   // kept[h]: kept prompt positions of KV head h (ascending, same count for every head);
   // k_in/v_in: the prompt's [L][Hkv][D] rows, starting at token `first`.
@@ -47,8 +51,8 @@ struct SeqModel {
     for (uint32_t h = 0; h < Hkv; ++h) push(h, k_in, v_in, row * Hkv + h);
     ++n;
     if (++residual == R) {
-      quantized += R;
-      residual = 0;
+      quantized += F;
+      residual = R - F;
     }
   }
 

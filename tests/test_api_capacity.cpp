@@ -215,9 +215,12 @@ TEST_CASE("capacity: the engine's count of a sequence's blocks at its end is exa
   struct Setting {
     uint32_t group, residual, sinks;
     minikv_budget_policy policy;
+    uint32_t flush;  // flush_tokens (0: the whole residual)
   };
-  const Setting settings[] = {{16, 16, 0, MINIKV_BUDGET_PYRAMID}, {16, 32, 4, MINIKV_BUDGET_PYRAMID},
-                              {32, 64, 3, MINIKV_BUDGET_UNIFORM}, {16, 48, 9, MINIKV_BUDGET_UNIFORM}};
+  const Setting settings[] = {{16, 16, 0, MINIKV_BUDGET_PYRAMID, 0}, {16, 32, 4, MINIKV_BUDGET_PYRAMID, 0},
+                              {32, 64, 3, MINIKV_BUDGET_UNIFORM, 0}, {16, 48, 9, MINIKV_BUDGET_UNIFORM, 0},
+                              {16, 32, 4, MINIKV_BUDGET_PYRAMID, 16}, {16, 48, 0, MINIKV_BUDGET_UNIFORM, 32},
+                              {32, 64, 3, MINIKV_BUDGET_UNIFORM, 32}};
   constexpr uint32_t kLayers = 3, kMaxPrompt = 150, kMaxAppends = 70;
   test::Rng rng{11};
   test::Buf q(kDt, kMaxPrompt * kH * kD), k(kDt, kMaxPrompt * kHkv * kD), v(kDt, kMaxPrompt * kHkv * kD),
@@ -234,12 +237,14 @@ TEST_CASE("capacity: the engine's count of a sequence's blocks at its end is exa
         CAPTURE(st.group);
         CAPTURE(st.residual);
         CAPTURE(st.sinks);
+        CAPTURE(st.flush);
         CAPTURE(prompt);
         CAPTURE(appends);
         minikv_config c = test::cpu_config(kLayers, kH, kHkv, kD, kDt);
         c.max_seq_len = kMaxPrompt + kMaxAppends;
         c.group_size = st.group;
         c.residual_length = st.residual;
+        c.flush_tokens = st.flush;
         c.sink_tokens = st.sinks;
         c.budget_policy = st.policy;
         const int32_t cu[2] = {0, static_cast<int32_t>(prompt)};

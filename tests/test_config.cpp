@@ -60,6 +60,8 @@ TEST_CASE("config: defaults are MINIKV_PRESET_BALANCED") {
   CHECK(c.residual_length == 128);
   CHECK(c.sink_tokens == 4);
   CHECK(c.prefill_staging_tokens == 0);
+  CHECK(c.flush_tokens == 0);
+  CHECK(c.reserved_v3_ == 0);
   CHECK(minikv_config_default(nullptr) == MINIKV_ERR_INVALID_ARGUMENT);  // and no crash
   // The same bytes as the BALANCED preset applied on top.
   minikv_config b = c;
@@ -335,6 +337,10 @@ TEST_CASE("config: every bad field gives INVALID_ARGUMENT naming it") {
       {"residual_length", [](minikv_config &c) { c.residual_length = 8; }},  // < G
       {"sink_tokens", [](minikv_config &c) { c.sink_tokens = 65; }},
       {"sink_tokens", [](minikv_config &c) { c.sink_tokens = UINT32_MAX; }},
+      {"flush_tokens", [](minikv_config &c) { c.flush_tokens = 8; }},  // not k*G (G = 16)
+      {"flush_tokens", [](minikv_config &c) { c.flush_tokens = 24; }},
+      {"flush_tokens", [](minikv_config &c) { c.flush_tokens = c.residual_length + c.group_size; }},
+      {"flush_tokens", [](minikv_config &c) { c.flush_tokens = UINT32_MAX; }},
   };
   for (const Bad &b : bad) {
     minikv_config c = valid();
@@ -400,6 +406,12 @@ TEST_CASE("config: accepted edge values") {
     c.pool_kernel = 1;
   }
   SUBCASE("sink_tokens 64, the largest") { c.sink_tokens = 64; }
+  SUBCASE("flush_tokens G and R") {
+    c.flush_tokens = c.group_size;
+    minikv_config d = valid();
+    d.flush_tokens = d.residual_length;
+    CHECK(create_status(d, "") == MINIKV_OK);
+  }
   SUBCASE("head_dim 16 and 256") {
     c.head_dim = 256;
     minikv_config d = valid();
@@ -453,6 +465,16 @@ TEST_CASE("config: struct_size versioning") {
     CHECK(create_status(big.cfg, "prefill_staging_tokens") == MINIKV_ERR_INVALID_ARGUMENT);
     big.cfg.struct_size = 100;  // a caller whose struct ends with sink_tokens: not read
     CHECK(create_status(big.cfg, "") == MINIKV_OK);
+  }
+  SUBCASE("flush_tokens is read only when struct_size covers it") {
+    big.cfg.flush_tokens = 8;
+    CHECK(create_status(big.cfg, "flush_tokens") == MINIKV_ERR_INVALID_ARGUMENT);
+    big.cfg.struct_size = 104;  // a caller whose struct ends with prefill_staging_tokens
+    CHECK(create_status(big.cfg, "") == MINIKV_OK);
+  }
+  SUBCASE("reserved_v3_ must be 0: a newer caller's field is refused, not ignored") {
+    big.cfg.reserved_v3_ = 1;
+    CHECK(create_status(big.cfg, "reserved_v3_") == MINIKV_ERR_VERSION_MISMATCH);
   }
   SUBCASE("a tail byte just past our struct counts") {
     big.cfg.struct_size = sizeof(minikv_config) + 1;

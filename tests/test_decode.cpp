@@ -24,6 +24,7 @@ struct Run {
   std::vector<uint32_t> lens = {37, 20};
   uint32_t steps = 70;
   uint32_t key_bits = 16, value_bits = 16, G = 16, R = 16;
+  uint32_t F = 0;  // flush_tokens (0: the whole residual)
   float heavy = 1.0f, recent = 0.25f;
   uint32_t sinks = 0;  // sink_tokens
   minikv_score_mode mode = MINIKV_SCORE_CUMULATIVE;
@@ -38,7 +39,8 @@ std::string describe(const Run &r) {
   return std::string(ref::dtype_label(r.dt)) + " H=" + std::to_string(r.H) + " Hkv=" +
          std::to_string(r.Hkv) + " D=" + std::to_string(r.D) + " bits=" +
          std::to_string(r.key_bits) + "/" + std::to_string(r.value_bits) + " G=" +
-         std::to_string(r.G) + " R=" + std::to_string(r.R) + " S=" + std::to_string(r.sinks) +
+         std::to_string(r.G) + " R=" + std::to_string(r.R) + " F=" + std::to_string(r.F) +
+         " S=" + std::to_string(r.sinks) +
          " h=" + std::to_string(r.heavy) +
          " lens=" + lens + (r.mode == MINIKV_SCORE_WINDOW ? "WINDOW" : "CUMULATIVE");
 }
@@ -57,6 +59,7 @@ minikv_config config_of(const Run &r) {
   c.value_bits = r.value_bits;
   c.group_size = r.G;
   c.residual_length = r.R;
+  c.flush_tokens = r.F;
   c.heavy_ratio = r.heavy;
   c.recent_ratio = r.recent;
   c.score_mode = r.mode;
@@ -85,7 +88,7 @@ double drive(const Run &r, uint64_t seed) {
                                 v.data(), out.data(), nullptr));
   std::vector<test::SeqModel> model;
   for (uint32_t i = 0; i < n; ++i) {
-    model.emplace_back(Hkv, D, r.G, r.R, r.sinks);
+    model.emplace_back(Hkv, D, r.G, r.R, r.sinks, r.F);
     std::vector<std::vector<int32_t>> kept(Hkv);
     for (uint32_t h = 0; h < Hkv; ++h) kept[h] = test::kept_positions(cache.get(), i, 0, h);
     model[i].prefill(kept, k, v, static_cast<size_t>(cu[i]));
@@ -210,6 +213,34 @@ TEST_CASE("decode: quantized cache equals the oracle on the dequantized cache") 
         r.dequantized_oracle = true;
         drive(r, 4000 + dt * 100 + b.k * 10 + b.v + G);
       }
+    }
+  }
+}
+
+TEST_CASE("decode: sliding flushes keep the newest R - F tokens 16-bit, at every step") {
+  // flush_tokens F < R: each flush quantizes the residual's oldest F tokens and the rest move
+  // to the slot's front. Exact attention with bits = 16 (the moved rows keep their values and
+  // order), and the dequantized oracle with 2/4/8 bits: F dividing R and not, F = G, F = R - G,
+  // sinks, every dtype, past several flushes.
+  struct Geo {
+    uint32_t kb, vb, G, R, F, sinks;
+  };
+  for (const Geo geo : {Geo{16, 16, 16, 64, 16, 0}, Geo{4, 2, 32, 128, 32, 4}, Geo{4, 2, 32, 64, 32, 4},
+                        Geo{2, 2, 16, 80, 48, 0}, Geo{8, 4, 16, 48, 32, 3}, Geo{2, 16, 16, 32, 16, 0}}) {
+    for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
+      Run r;
+      r.dt = dt;
+      r.key_bits = geo.kb;
+      r.value_bits = geo.vb;
+      r.G = geo.G;
+      r.R = geo.R;
+      r.F = geo.F;
+      r.sinks = geo.sinks;
+      r.heavy = geo.kb == 16 ? 1.0f : 0.25f;
+      r.lens = {100, 61, 5};
+      r.steps = geo.R + 3 * geo.F + 2;
+      r.dequantized_oracle = geo.kb != 16;
+      drive(r, 4100 + geo.R + geo.F + dt);
     }
   }
 }

@@ -99,6 +99,7 @@ static bool apply_item(minikv_config *kv, const char *key, const char *val) {
   else if (strcmp(key, "bits") == 0 && parse_uint(val, 64, &u)) kv->key_bits = kv->value_bits = (uint32_t)u;
   else if (strcmp(key, "group") == 0 && parse_uint(val, 1u << 20, &u)) kv->group_size = (uint32_t)u;
   else if (strcmp(key, "residual") == 0 && parse_uint(val, 1u << 20, &u)) kv->residual_length = (uint32_t)u;
+  else if (strcmp(key, "flush") == 0 && parse_uint(val, 1u << 20, &u)) kv->flush_tokens = (uint32_t)u;
   else if (strcmp(key, "window") == 0 && parse_uint(val, 1u << 30, &u)) kv->window_size = (uint32_t)u;
   else if (strcmp(key, "pool") == 0 && parse_uint(val, 1u << 20, &u)) kv->pool_kernel = (uint32_t)u;
   else if (strcmp(key, "sinks") == 0 && parse_uint(val, 1u << 20, &u)) kv->sink_tokens = (uint32_t)u;
@@ -133,7 +134,7 @@ bool engine_parse_kv(const char *text, minikv_config *kv) {
     *eq = '\0';
     if (!apply_item(kv, item, eq + 1))
       return fail("--kv: bad item %s=%s (fields: heavy, recent, key_bits, value_bits, bits, "
-                  "group, residual, sinks, policy=uniform|pyramid, depth, score=cumulative|window, "
+                  "group, residual, flush, sinks, policy=uniform|pyramid, depth, score=cumulative|window, "
                   "window, pool, max_tokens)", item, eq + 1);
   }
   return true;
@@ -143,9 +144,10 @@ const char *engine_describe_kv(const minikv_config *kv, char *buf, size_t size) 
   if (kv->key_bits == 16 && kv->value_bits == 16 && kv->heavy_ratio + kv->recent_ratio >= 1.0f)
     snprintf(buf, size, "full 16-bit cache (every token kept)");
   else
-    snprintf(buf, size, "MiniKV %u-bit keys, %u-bit values, group %u, residual %u; heavy %.2f + "
+    snprintf(buf, size, "MiniKV %u-bit keys, %u-bit values, group %u, residual %u (flush %u); heavy %.2f + "
              "recent %.2f of the prompt, %u sinks, %s budgets, %s scores",
              kv->key_bits, kv->value_bits, kv->group_size, kv->residual_length,
+             kv->flush_tokens ? kv->flush_tokens : kv->residual_length,
              (double)kv->heavy_ratio, (double)kv->recent_ratio, kv->sink_tokens,
              kv->budget_policy == MINIKV_BUDGET_PYRAMID ? "pyramid" : "uniform",
              kv->score_mode == MINIKV_SCORE_WINDOW ? "window" : "cumulative");

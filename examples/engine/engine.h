@@ -85,7 +85,7 @@ void engine_free_requests(request *reqs, size_t n);
      "minikv"    libminikv's defaults;
      "balanced", "paper", "quality", "eviction"  libminikv's presets (minikv_config_preset);
    any of them followed by ",field=value" items, or items alone (over the defaults):
-     heavy, recent, key_bits, value_bits, bits (both), group, residual, sinks, policy
+     heavy, recent, key_bits, value_bits, bits (both), group, residual, flush, sinks, policy
      (uniform|pyramid), depth, score (cumulative|window), window, pool, max_tokens.
    False with a message naming the bad item. */
 bool engine_parse_kv(const char *text, minikv_config *kv);

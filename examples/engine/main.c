@@ -54,7 +54,7 @@ static void usage(FILE *f) {
     "                        defaults) | balanced | paper | quality | eviction (its\n"
     "                        presets), optionally followed by ,field=value items (minikv)\n"
     "                        fields: heavy recent key_bits value_bits bits group residual\n"
-    "                        sinks policy=uniform|pyramid depth score=cumulative|window\n"
+    "                        flush sinks policy=uniform|pyramid depth score=cumulative|window\n"
     "                        window pool max_tokens\n"
     "  --backend cpu|cuda    where to compute (%s)\n"
     "  --dtype f16|bf16|f32  activations handed to libminikv (f16; f32 on the CPU only)\n"

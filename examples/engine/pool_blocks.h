@@ -15,13 +15,16 @@
    `prompt_len` tokens left it `cached` (minikv_sequence_length). As minikv.h describes the
    storage: min(sink_tokens, prompt_len) sinks sit apart from the blocks, the other kept
    tokens are stored in whole groups of group_size with the tail in the 16-bit residual, and
-   the residual goes into the blocks residual_length tokens at a time, filling them in order. */
+   each time the residual reaches residual_length tokens its oldest flush_tokens (all of them
+   when 0) go into the blocks, filling them in order. */
 static inline uint64_t engine_blocks_at_end(const minikv_config *kv, uint32_t prompt_len, uint64_t cached,
                                             uint64_t appends) {
-  const uint64_t G = kv->group_size, R = kv->residual_length;
+  const uint64_t G = kv->group_size, R = kv->residual_length, F = kv->flush_tokens ? kv->flush_tokens : R;
   const uint64_t sinks = kv->sink_tokens < prompt_len ? kv->sink_tokens : prompt_len;
   const uint64_t rest = cached > sinks ? cached - sinks : 0, tail = rest % G;
-  const uint64_t in_blocks = rest - tail + R * ((tail + appends) / R);
+  /* the first flush when the residual first holds R tokens, then one every F tokens */
+  const uint64_t flushes = tail + appends < R ? 0 : 1 + (tail + appends - R) / F;
+  const uint64_t in_blocks = rest - tail + F * flushes;
   return (in_blocks + R - 1) / R;
 }
 

@@ -462,15 +462,21 @@ class CpuBackend final : public Backend {
     words[i / per_word] |= code << ((i % per_word) * bits);
   }
 
-  // Quantizes the full residual (R tokens) of one head into the blocks after `quantized`.
+  // Quantizes the oldest F tokens of one head's full residual (R tokens) into the blocks
+  // after `quantized` and moves the other R - F to the front of the residual.
   template <typename T>
   void flush_residual(const CacheView &dst, uint32_t head, Scratch &ws) {
-    const uint32_t R = rl_.tokens, D = cfg_.head_dim;
+    const uint32_t R = rl_.tokens, F = spec_.flush_tokens, D = cfg_.head_dim;
     uint8_t *slot = residual_slot(dst.residual_slot);
-    cpu::to_floats(residual_row<T>(slot, rl_.k, head, 0), uint64_t(R) * D, ws.k.data());
-    cpu::to_floats(residual_row<T>(slot, rl_.v, head, 0), uint64_t(R) * D, ws.v.data());
-    store_tokens<T>(dst, head, dst.quantized, R, ws.k.data(), ws.v.data(),
-                    residual_positions(slot, head));
+    T *k_res = residual_row<T>(slot, rl_.k, head, 0);
+    T *v_res = residual_row<T>(slot, rl_.v, head, 0);
+    int32_t *positions = residual_positions(slot, head);
+    cpu::to_floats(k_res, uint64_t(F) * D, ws.k.data());
+    cpu::to_floats(v_res, uint64_t(F) * D, ws.v.data());
+    store_tokens<T>(dst, head, dst.quantized, F, ws.k.data(), ws.v.data(), positions);
+    std::memmove(k_res, k_res + uint64_t(F) * D, uint64_t(R - F) * D * sizeof(T));
+    std::memmove(v_res, v_res + uint64_t(F) * D, uint64_t(R - F) * D * sizeof(T));
+    std::memmove(positions, positions + F, uint64_t(R - F) * sizeof(int32_t));
   }
 
   // ---- decode -----------------------------------------------------------------------

@@ -43,11 +43,13 @@ PIN_OFFSET(minikv_config, residual_length, 88);
 PIN_OFFSET(minikv_config, reserved_v1_, 92);
 PIN_OFFSET(minikv_config, sink_tokens, 96);
 PIN_OFFSET(minikv_config, prefill_staging_tokens, 100);
+PIN_OFFSET(minikv_config, flush_tokens, 104);
+PIN_OFFSET(minikv_config, reserved_v3_, 108);
 
 #if defined(__x86_64__) || defined(__aarch64__) || defined(__powerpc64__) || \
     (defined(__riscv) && __riscv_xlen == 64)
 /* LP64 targets: 64-bit members are 8-aligned. */
-_Static_assert(sizeof(minikv_config) == 104, "minikv_config size changed");
+_Static_assert(sizeof(minikv_config) == 112, "minikv_config size changed");
 PIN_OFFSET(minikv_memory_stats, struct_size, 0);
 PIN_OFFSET(minikv_memory_stats, pool_bytes, 8);
 PIN_OFFSET(minikv_memory_stats, used_bytes, 16);

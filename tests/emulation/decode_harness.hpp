@@ -36,11 +36,13 @@ struct Shape {
   uint32_t key_bits, value_bits, group, head_dim, n_rep;
   minikv_dtype dtype;
   uint32_t sinks, residual;
-  uint32_t kernels;  // which of the test's kernels run it (bits of its list)
+  uint32_t kernels;    // which of the test's kernels run it (bits of its list)
+  uint32_t flush = 0;  // flush_tokens (0: the whole residual)
   std::string name() const {
     return "K" + std::to_string(key_bits) + "V" + std::to_string(value_bits) + " G" + std::to_string(group) + " hd" +
            std::to_string(head_dim) + " n_rep " + std::to_string(n_rep) + (dtype == MINIKV_DTYPE_F16 ? " f16" : " bf16") +
-           " sinks " + std::to_string(sinks) + " R " + std::to_string(residual);
+           " sinks " + std::to_string(sinks) + " R " + std::to_string(residual) +
+           (flush ? " F " + std::to_string(flush) : std::string());
   }
 };
 
@@ -220,6 +222,7 @@ inline minikv_config shape_config(const Shape &s, uint32_t B, uint32_t max_seq_l
   cfg.value_bits = s.value_bits;
   cfg.group_size = s.group;
   cfg.residual_length = s.residual;
+  cfg.flush_tokens = s.flush;
   cfg.sink_tokens = s.sinks;
   cfg.heavy_ratio = 0.25f;
   cfg.recent_ratio = 0.25f;

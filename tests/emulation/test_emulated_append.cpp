@@ -4,7 +4,8 @@
 // backend's storage: after every append, of a ragged batch across flushes, the pool and every
 // residual slot must be byte-identical to the CPU backend's (the contract the GPU tests check
 // for whole pools): key and value bits in {2, 4, 8, 16}, G 16 to 128, head_dim 64 to 256,
-// fp16 and bf16, with and without sinks.
+// fp16 and bf16, with and without sinks, whole and sliding flushes (flush_tokens < R: the
+// rows that stay move to the slot's front).
 #include "../../kernels/append_flush.cu"
 #include "decode_harness.hpp"
 
@@ -13,7 +14,8 @@ namespace {
 using namespace emu_test;
 
 void run_appends(const Shape &s) {
-  const uint32_t R = s.residual, steps = R + 3;
+  const uint32_t R = s.residual, F = s.flush ? s.flush : R;
+  const uint32_t steps = R + 2 * F + 3;  // the first flush and two sliding ones
   test::Rng rng(0xa99e + s.head_dim + s.key_bits * 5 + s.value_bits * 3 + s.group + R);
   Prefilled c = prefill_cache(s, steps, rng);
   const minikv::Cache &impl = c.cache->impl;
@@ -41,6 +43,7 @@ void run_appends(const Shape &s) {
     for (uint32_t b = 0; b < B; ++b) width = std::max(width, impl.view(b, 0).num_blocks);
     std::vector<int32_t> table(size_t(B) * width, -1);
     p.st = k::DeviceStorage{pool.data(), residual.data(), table.data(), bl, rl, width, 0};
+    p.flush_tokens = F;
     p.n = B;
     for (uint32_t b = 0; b < B; ++b) {
       const CacheView after = impl.view(b, 0);
@@ -53,7 +56,7 @@ void run_appends(const Shape &s) {
       it.flush = after.quantized != before[b].quantized ? 1u : 0u;
       if (it.flush) {
         it.block_lo = int32_t(after.blocks[before[b].quantized / R]);
-        it.block_hi = int32_t(after.blocks[(before[b].quantized + R - 1) / R]);
+        it.block_hi = int32_t(after.blocks[(before[b].quantized + F - 1) / R]);
         ++flushes;
       }
     }
@@ -69,9 +72,11 @@ void run_appends(const Shape &s) {
         const CacheView after = impl.view(b, 0);
         const uint32_t q = before[b].quantized;
         CHECK(table[size_t(p.items[b].slot) * width + q / R] == int32_t(after.blocks[q / R]));
+        CHECK(table[size_t(p.items[b].slot) * width + (q + F - 1) / R] ==
+              int32_t(after.blocks[(q + F - 1) / R]));
       }
   }
-  CHECK(flushes >= B);  // every sequence flushed at least once
+  CHECK(flushes >= B * (F < R ? 3 : 1));  // every sequence flushed (three times when sliding)
 }
 
 }  // namespace
@@ -84,6 +89,10 @@ TEST_CASE("the append kernel run by the warp emulator stores the CPU backend's b
       {4, 2, 32, 128, 1, F16, 4, 128, 1},  {2, 2, 16, 64, 1, BF16, 0, 32, 1},  {8, 8, 32, 128, 1, BF16, 0, 64, 1},
       {4, 4, 16, 80, 1, F16, 0, 64, 1},    {2, 4, 128, 128, 1, F16, 0, 128, 1}, {16, 2, 16, 96, 1, BF16, 4, 48, 1},
       {4, 16, 32, 256, 1, F16, 0, 96, 1},  {16, 16, 16, 64, 1, F16, 17, 32, 1}, {8, 2, 16, 128, 1, BF16, 0, 160, 1},
+      // Sliding flushes: F dividing R, F not dividing R, F = G, F = R - G (rows move in one step)
+      {4, 2, 32, 128, 1, F16, 4, 128, 1, 32}, {4, 2, 32, 64, 1, BF16, 4, 64, 1, 32},
+      {2, 2, 16, 64, 1, F16, 0, 80, 1, 48},   {16, 4, 16, 80, 1, BF16, 0, 48, 1, 16},
+      {8, 16, 32, 256, 1, F16, 0, 96, 1, 64},
   };
   for (const Shape &s : shapes) {
     SUBCASE(s.name().c_str()) { run_appends(s); }

@@ -83,6 +83,7 @@ class Harness {
     D_ = cfg.head_dim;
     G_ = cfg.group_size;
     R_ = cfg.residual_length;
+    F_ = cfg.flush_tokens ? cfg.flush_tokens : R_;
     esize_ = cfg.dtype == MINIKV_DTYPE_F32 ? 4 : 2;
     const uint64_t per_slot = (uint64_t(cfg.max_seq_len) + R_ - 1) / R_;
     num_blocks_ = cfg.max_tokens == 0 ? uint64_t(S_) * L_ * per_slot
@@ -723,7 +724,7 @@ class Harness {
           continue;
         }
         if (p.seen() >= cfg_.max_seq_len) faults |= bit(MINIKV_ERR_CAPACITY_EXCEEDED);
-        if (p.residual + 1 == R_) need += (p.quantized + R_ + R_ - 1) / R_ - (p.quantized + R_ - 1) / R_;
+        if (p.residual + 1 == R_) need += (p.quantized + F_ + R_ - 1) / R_ - (p.quantized + R_ - 1) / R_;
       }
       if (!all_prefilled) faults |= bit(MINIKV_ERR_BAD_STATE);
       if (all_prefilled && need > free_blocks()) faults |= bit(MINIKV_ERR_CAPACITY_EXCEEDED);
@@ -758,8 +759,8 @@ class Harness {
       Pair &p = pair(ids[i], layer);
       p.generated += 1;
       if (p.residual + 1 == R_) {
-        p.quantized += R_;
-        p.residual = 0;
+        p.quantized += F_;
+        p.residual = R_ - F_;
       } else {
         p.residual += 1;
       }
@@ -1040,7 +1041,7 @@ class Harness {
   bool extreme_;
   uint64_t seed_;
   minikv_cache *cache_ = nullptr;
-  uint32_t L_, S_, H_, Hkv_, D_, G_, R_, esize_;
+  uint32_t L_, S_, H_, Hkv_, D_, G_, R_, F_, esize_;
   uint64_t num_blocks_ = 0, pool_bytes_ = 0, workspace_bytes_ = 0;
   std::vector<double> ratios_;
   std::vector<Pair> pairs_;
@@ -1092,6 +1093,9 @@ minikv_config decode_config(fuzz::Input &in, bool &extreme) {
   static const uint32_t kStaging[4] = {0, 1, 2, 4};
   cfg.prefill_staging_tokens = std::min<uint32_t>(
       kStaging[(b9 >> 3) % 4] * cfg.max_seq_len / 2, cfg.max_sequences * cfg.max_seq_len);
+  // The whole residual per flush, or a sliding flush of 1 to R / G groups.
+  const uint32_t groups = cfg.residual_length / cfg.group_size;
+  cfg.flush_tokens = (b9 >> 5) & 1 ? cfg.group_size * (1 + (b9 >> 6) % groups) : 0;
   return cfg;
 }
 
@@ -1112,6 +1116,7 @@ void corrupted_create(fuzz::Input &in, const minikv_config &valid) {
       {offsetof(minikv_config, key_bits), 4, false},    {offsetof(minikv_config, value_bits), 4, false},
       {offsetof(minikv_config, group_size), 4, false},  {offsetof(minikv_config, residual_length), 4, true},
       {offsetof(minikv_config, sink_tokens), 4, true},  {offsetof(minikv_config, prefill_staging_tokens), 4, true},
+      {offsetof(minikv_config, flush_tokens), 4, true}, {offsetof(minikv_config, reserved_v3_), 4, false},
   };
   // The struct lives in a larger zeroed buffer, so a struct_size above sizeof still names
   // readable bytes (the caller's side of the contract).

@@ -67,6 +67,7 @@ bool documented_valid(const minikv_config &c) {
          (c.group_size == 16 || c.group_size == 32 || c.group_size == 64 || c.group_size == 128) &&
          (c.value_bits == 16 || c.head_dim % c.group_size == 0) && c.residual_length >= c.group_size &&
          c.residual_length % c.group_size == 0 && c.sink_tokens <= 64 &&
+         c.flush_tokens % c.group_size == 0 && c.flush_tokens <= c.residual_length &&
          uint64_t(c.prefill_staging_tokens) <= uint64_t(c.max_sequences) * c.max_seq_len;
 }
 
@@ -191,7 +192,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   minikv_config cfg;
   minikv_config_default(&cfg);
   std::memcpy(&cfg, buf, std::min<size_t>(struct_size, sizeof(cfg)));
-  const bool readable = struct_size >= kFirstVersion && !tail_set;
+  // reserved_v3_ is a future field's slot: non-zero is refused, not ignored.
+  const bool readable = struct_size >= kFirstVersion && !tail_set && cfg.reserved_v3_ == 0;
   // minikv_status_string takes any int a C caller passes (here: the first field, often far
   // outside the enum) without undefined behaviour (UBSan -fsanitize=enum in the clang build).
   {

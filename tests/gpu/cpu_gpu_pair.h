@@ -27,6 +27,7 @@ struct Case {
   float q_scale = 1.0f;  // std of the decode queries (extreme magnitudes: tiny or large logits)
   uint32_t sinks = 0;    // sink_tokens
   bool saturated = false;  // keys and values at two levels (Tensor::saturate)
+  uint32_t flush = 0;      // flush_tokens (0: the whole residual)
 };
 
 inline minikv_config make_config(const Case &c, minikv_backend backend) {
@@ -50,6 +51,7 @@ inline minikv_config make_config(const Case &c, minikv_backend backend) {
   cfg.heavy_ratio = c.heavy;
   cfg.recent_ratio = c.recent;
   cfg.sink_tokens = c.sinks;
+  cfg.flush_tokens = c.flush;
   return cfg;
 }
 

@@ -114,11 +114,11 @@ class Run {
   Run &operator=(const Run &) = delete;
 
   void go(const std::string &where) {
-    std::printf("%s: dtype %s D %u heads %u/%u bits %u/%u G %u R %u sinks %u seqs %u max_seq_len %u "
+    std::printf("%s: dtype %s D %u heads %u/%u bits %u/%u G %u R %u F %u sinks %u seqs %u max_seq_len %u "
                 "max_tokens %llu h %.2f r %.2f %s%s\n",
                 where.c_str(), cfg_.dtype == MINIKV_DTYPE_F16 ? "f16" : "bf16", cfg_.head_dim,
                 cfg_.num_heads, cfg_.num_kv_heads, cfg_.key_bits, cfg_.value_bits, cfg_.group_size,
-                cfg_.residual_length, cfg_.sink_tokens, cfg_.max_sequences, cfg_.max_seq_len,
+                cfg_.residual_length, cfg_.flush_tokens, cfg_.sink_tokens, cfg_.max_sequences, cfg_.max_seq_len,
                 (unsigned long long)cfg_.max_tokens, cfg_.heavy_ratio, cfg_.recent_ratio,
                 cfg_.score_mode == MINIKV_SCORE_WINDOW ? "window" : "cumulative",
                 generic_ ? " (generic decode kernel)" : "");
@@ -172,6 +172,8 @@ class Run {
     c.recent_ratio = kRatios[1 + below(4)];
     c.budget_policy = below(2) ? MINIKV_BUDGET_UNIFORM : MINIKV_BUDGET_PYRAMID;
     c.score_mode = below(2) ? MINIKV_SCORE_CUMULATIVE : MINIKV_SCORE_WINDOW;
+    // The whole residual per flush, or a sliding flush of 1 to R / G groups.
+    c.flush_tokens = below(2) ? 0 : c.group_size * (1 + below(c.residual_length / c.group_size));
     cfg_ = c;
     q_row_ = size_t(c.num_heads) * c.head_dim;
     kv_row_ = size_t(c.num_kv_heads) * c.head_dim;

@@ -32,6 +32,7 @@ struct Shape {
   std::vector<uint32_t> lens;
   uint32_t steps;
   const char *kernel = nullptr;  // MINIKV_DECODE_KERNEL (nullptr: the library's plan)
+  uint32_t flush = 0;            // flush_tokens (0: the whole residual)
 };
 
 minikv_config config_of(const Shape &s) {
@@ -50,6 +51,7 @@ minikv_config config_of(const Shape &s) {
   cfg.group_size = s.group;
   cfg.residual_length = s.residual;
   cfg.sink_tokens = s.sinks;
+  cfg.flush_tokens = s.flush;
   return cfg;
 }
 
@@ -201,6 +203,11 @@ TEST_CASE("append_decode equals append then decode bit for bit on CUDA") {
       {"generic f16 hd64 K4V2 gqa2 batch of 150", F16, 64, 4, 2, 4, 2, 16, 16, 4, many(150), 32, "generic"},
       {"k4v2-warp f16 hd128 G32 4 sinks gqa4 batch of 150", F16, 128, 8, 2, 4, 2, 32, 32, 4, many(150), 40},
       {"k4v2 f16 hd128 G32 4 sinks gqa8 batch of 300", F16, 128, 16, 2, 4, 2, 32, 32, 4, many(300), 40},
+      // sliding flushes (flush_tokens < R)
+      {"k4v2-warp f16 hd128 G32 4 sinks mha R64 F32", F16, 128, 4, 4, 4, 2, 32, 64, 4, {2, 200, 700}, 130, nullptr, 32},
+      {"k4v2 bf16 hd128 G32 4 sinks gqa8 R128 F32", BF16, 128, 16, 2, 4, 2, 32, 128, 4, {4000, 300}, 200, nullptr, 32},
+      {"fast f16 hd128 gqa4 R64 F16", F16, 128, 8, 2, 2, 2, 16, 64, 0, {1, 40, 300}, 130, nullptr, 16},
+      {"mma bf16 hd64 K8V8 gqa3 R48 F32", BF16, 64, 6, 2, 8, 8, 16, 48, 0, {60, 1}, 100, nullptr, 32},
   };
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -268,7 +275,7 @@ int run_graph_case(const Shape &s) {
     bool flushed = false;
     for (uint64_t &r : residual)
       if (++r == s.residual) {
-        r = 0;
+        r = s.flush ? s.residual - s.flush : 0;
         flushed = true;
       }
     flushing += flushed;
@@ -296,6 +303,10 @@ TEST_CASE("CUDA graph capture of append_decode replays the uncaptured calls") {
     // 300 sequences: three decode launches of 100 on their own streams, forked from the
     // captured stream and joined back into it (each with its own partials and counters).
     CHECK(run_graph_case({"graph default batch of 300", F16, 128, 8, 2, 4, 2, 32, 64, 4, many(300), 40}) >= 2);
+  }
+  SUBCASE("default storage with sliding flushes") {
+    // R = 64, F = 32: after a sequence's first flush, one every 32 steps.
+    CHECK(run_graph_case({"graph sliding", F16, 128, 8, 2, 4, 2, 32, 64, 4, {150, 77, 3}, 110, nullptr, 32}) >= 4);
   }
 }
 

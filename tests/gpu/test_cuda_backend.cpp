@@ -77,6 +77,18 @@ TEST_CASE("CUDA matches CPU on prefill + selection + decode across flushes") {
       // the default storage over three decode launches side by side (the one-warp kernel)
       {"f16 hd128 gqa4 4/2 G32 4 sinks batch of 300", F16, 128, 8, 2, CUM, 4, 2, 32, 64, UNI, 0.25f, 0.25f,
        batch_lens(300), 70, 1.0f, 4},
+      // sliding flushes (flush_tokens < R): the default storage with R = 64 and 128, F = 32
+      // (the one-warp and four-warp kernels), the paper's with F = G, F not dividing R
+      {"f16 hd128 gqa4 4/2 G32 4 sinks R64 F32", F16, 128, 8, 2, CUM, 4, 2, 32, 64, UNI, 0.25f, 0.25f,
+       {1, 4, 5, 300, 1000}, 140, 1.0f, 4, false, 32},
+      {"bf16 hd128 mha 4/2 G32 4 sinks R128 F32", BF16, 128, 4, 4, WIN, 4, 2, 32, 128, PYR, 0.25f, 0.25f,
+       {130, 700}, 200, 1.0f, 4, false, 32},
+      {"f16 hd128 gqa8 4/2 G32 R64 F32 batch of 300", F16, 128, 16, 2, CUM, 4, 2, 32, 64, UNI, 0.25f, 0.25f,
+       batch_lens(300), 100, 1.0f, 4, false, 32},
+      {"f16 hd64 gqa2 paper R64 F16", F16, 64, 4, 2, CUM, 2, 2, 16, 64, PYR, 0.25f, 0.25f,
+       {1, 64, 65, 300}, 120, 1.0f, 0, false, 16},
+      {"bf16 hd64 mha 8/8 G16 R80 F48", BF16, 64, 4, 4, CUM, 8, 8, 16, 80, UNI, 0.25f, 0.25f,
+       {200, 31}, 180, 1.0f, 0, false, 48},
   };
   for (const Case &c : cases) {
     SUBCASE(c.name) { run_case(c); }

@@ -33,6 +33,7 @@ struct WCase {
   std::vector<uint32_t> lens;
   uint32_t steps;
   uint32_t sinks = 0;
+  uint32_t flush = 0;  // flush_tokens (0: the whole residual)
 };
 
 
@@ -54,6 +55,7 @@ minikv_config make_config(const WCase &c, minikv_backend backend) {
   cfg.group_size = c.group;
   cfg.residual_length = c.residual;
   cfg.sink_tokens = c.sinks;
+  cfg.flush_tokens = c.flush;
   return minikv::config_read(&cfg);
 }
 
@@ -161,6 +163,11 @@ TEST_CASE("CUDA pool and residual bytes equal the CPU backend's") {
       {"f16 hd96 16/2 G16 R32", F16, 96, 4, 4, WIN, 16, 2, 16, 32, {150}, 40},
       {"f16 hd256 4/2 G32 R128 4 sinks", F16, 256, 4, 2, CUM, 4, 2, 32, 128, {300, 45}, 140, 4},
       {"bf16 hd256 2/2 G128 R128", BF16, 256, 2, 2, CUM, 2, 2, 128, 128, {500}, 130},
+      // Sliding flushes: the rows that stay move to the slot's front.
+      {"f16 hd128 4/2 G32 R64 F32 4 sinks", F16, 128, 8, 2, CUM, 4, 2, 32, 64, {300, 45, 3, 1}, 140, 4, 32},
+      {"bf16 hd128 4/2 G32 R128 F32", BF16, 128, 8, 8, WIN, 4, 2, 32, 128, {400}, 200, 0, 32},
+      {"f16 hd64 2/2 G16 R80 F48", F16, 64, 4, 2, CUM, 2, 2, 16, 80, {200, 97}, 180, 0, 48},
+      {"bf16 hd64 16/16 G16 R32 F16", BF16, 64, 4, 2, CUM, 16, 16, 16, 32, {150, 33}, 60, 0, 16},
   };
   for (const WCase &c : cases) {
     if (!minikv::kernels::head_dim_compiled(c.head_dim)) continue;  // MINIKV_CUDA_HEAD_DIMS
