@@ -290,8 +290,8 @@ typedef struct minikv_config {
                                      residual (the MiniKV reference). Smaller F flushes more
                                      often (every F tokens) and keeps more 16-bit rows on
                                      average; docs/algorithm.md §4 gives the accuracy it
-                                     buys. 0. A caller whose struct ends before this field
-                                     gets 0. */
+                                     buys. Default 0, also for a caller whose struct ends
+                                     before this field. */
   uint32_t reserved_v3_;        /**< tail padding; must be 0 (the slot of a future field:
                                      this library rejects a non-zero value with
                                      MINIKV_ERR_VERSION_MISMATCH instead of ignoring it) */

@@ -380,7 +380,8 @@ func quantizedBytes(cfg minikv.Config, n uint64) uint64 {
 
 // expectedUsed simulates the uniform-policy bookkeeping: the kept prompt tokens
 // (floor(h*L) + floor(r*L), or all), the first multiple of G quantized and the rest in
-// the 16-bit residual, then `steps` appends flushing R tokens when the residual fills.
+// the 16-bit residual, then `steps` appends flushing the oldest F (FlushTokens, 0 = R)
+// of the R residual tokens when the residual fills.
 func expectedUsed(cfg minikv.Config, prompt, steps int) (used, cached uint64) {
 	elem := uint64(2)
 	if cfg.Dtype == minikv.DtypeF32 {
@@ -410,12 +411,15 @@ func expectedUsed(cfg minikv.Config, prompt, steps int) (used, cached uint64) {
 	if keep >= uint64(prompt) {
 		keep = uint64(prompt)
 	}
-	G, R := uint64(cfg.GroupSize), uint64(cfg.ResidualLength)
+	G, R, F := uint64(cfg.GroupSize), uint64(cfg.ResidualLength), uint64(cfg.FlushTokens)
+	if F == 0 {
+		F = R
+	}
 	rest := keep - sinks
 	quantized, residual := rest-rest%G, rest%G
 	for i := 0; i < steps; i++ {
 		if residual+1 == R {
-			quantized, residual = quantized+R, 0
+			quantized, residual = quantized+F, R-F
 		} else {
 			residual++
 		}
@@ -484,10 +488,48 @@ func TestCompressionPaperSetting(t *testing.T) {
 // many flushes, per sequence and layer. Uniform budgets, the ones expectedUsed models
 // (the default's pyramid gives each layer its own).
 func TestCompressionRaggedDefaults(t *testing.T) {
+	cfg := raggedConfig()
+	cfg.ResidualLength = 32
+	checkRaggedCompression(t, cfg, 45)
+}
+
+// The same with a sliding flush: FlushTokens 32 of ResidualLength 64 quantizes the oldest
+// 32 residual tokens at each flush (the first at the residual's 64th token, then every 32)
+// and keeps the newest 32 16-bit.
+func TestCompressionSlidingFlush(t *testing.T) {
+	cfg := raggedConfig()
+	cfg.ResidualLength, cfg.FlushTokens = 64, 32
+	const steps = 100
+	checkRaggedCompression(t, cfg, steps)
+	// The accounting checked differs from a whole flush's (FlushTokens ignored) for some
+	// sequence, so the check above tells them apart.
+	whole := cfg
+	whole.FlushTokens = 0
+	differ := false
+	for _, l := range []int{100, 37, 258} {
+		a, _ := expectedUsed(cfg, l, steps)
+		b, _ := expectedUsed(whole, l, steps)
+		differ = differ || a != b
+	}
+	if !differ {
+		t.Fatal("the sliding and whole flushes give the same bytes: the test cannot tell them apart")
+	}
+}
+
+// raggedConfig is the default storage on the CPU with uniform budgets and the test
+// dimensions (head_dim 64), for checkRaggedCompression.
+func raggedConfig() minikv.Config {
 	cfg := minikv.DefaultConfig()
 	cfg.Backend, cfg.BudgetPolicy = minikv.BackendCPU, minikv.BudgetUniform
 	cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim = tLayers, tH, tHkv, 64
-	cfg.MaxSequences, cfg.MaxSeqLen, cfg.ResidualLength = 3, 512, 32
+	cfg.MaxSequences, cfg.MaxSeqLen = 3, 512
+	return cfg
+}
+
+// checkRaggedCompression runs a ragged batch of three prompts and `steps` appends on cfg
+// (from raggedConfig) and checks the memory stats against expectedUsed.
+func checkRaggedCompression(t *testing.T, cfg minikv.Config, steps int) {
+	t.Helper()
 	c := mustNew(t, cfg)
 	defer c.Close()
 	rng := rand.New(rand.NewSource(4))
@@ -497,7 +539,6 @@ func TestCompressionRaggedDefaults(t *testing.T) {
 		cu = append(cu, cu[len(cu)-1]+int32(l))
 	}
 	total := int(cu[3])
-	const steps = 45
 	for layer := 0; layer < tLayers; layer++ {
 		out := make([]uint16, total*tH*64)
 		if err := c.Prefill16(layer, seqs, cu, u16tensor(rng, total*tH*64), u16tensor(rng, total*tHkv*64),
@@ -550,6 +591,11 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{"group_size (24)", func(c *minikv.Config) { c.GroupSize = 24 }},
 		{"heavy_ratio", func(c *minikv.Config) { c.HeavyRatio = 1.5 }},
 		{"num_layers (0)", func(c *minikv.Config) { c.NumLayers = 0 }},
+		// exactConfig has GroupSize = ResidualLength = 16.
+		{"flush_tokens (8) must be 0 (the whole residual) or a multiple of group_size (16)",
+			func(c *minikv.Config) { c.FlushTokens = 8 }},
+		{"flush_tokens (32)", func(c *minikv.Config) { c.FlushTokens = 32 }},
+		{"flush_tokens (48)", func(c *minikv.Config) { c.GroupSize, c.ResidualLength, c.FlushTokens = 32, 64, 48 }},
 	}
 	for _, tc := range cases {
 		cfg := base

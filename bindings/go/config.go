@@ -116,6 +116,12 @@ type Config struct {
 	// prompt tokens in flight at once across sequences (their K/V wait there, every layer);
 	// 0 = off (every prompt in one call). At most MaxSequences x MaxSeqLen.
 	PrefillStagingTokens uint32
+	// FlushTokens is F, how many tokens a flush quantizes: when the residual holds
+	// ResidualLength tokens (the new one included), its oldest F are quantized and the
+	// newest ResidualLength - F stay 16-bit (a sliding flush, every F tokens). A multiple of
+	// GroupSize, at most ResidualLength; 0 = ResidualLength, the whole residual (the MiniKV
+	// reference, the default).
+	FlushTokens uint32
 }
 
 // DefaultConfig returns the library's defaults (minikv_config_default, PresetBalanced): F16,
@@ -168,6 +174,7 @@ func configFromC(c capi.ConfigStruct) Config {
 		SinkTokens:     uint32(c.GetSink_tokens()),
 
 		PrefillStagingTokens: uint32(c.GetPrefill_staging_tokens()),
+		FlushTokens:          uint32(c.GetFlush_tokens()),
 	}
 }
 
@@ -197,6 +204,7 @@ func (cfg *Config) toC() capi.ConfigStruct {
 	c.SetResidual_length(uint(cfg.ResidualLength))
 	c.SetSink_tokens(uint(cfg.SinkTokens))
 	c.SetPrefill_staging_tokens(uint(cfg.PrefillStagingTokens))
+	c.SetFlush_tokens(uint(cfg.FlushTokens))
 	return c
 }
 

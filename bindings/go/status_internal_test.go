@@ -49,7 +49,7 @@ func TestStatusesMatchTheLibrary(t *testing.T) {
 // silently keep its default).
 func TestConfigRoundTrip(t *testing.T) {
 	in := Config{BackendCUDA, 3, DtypeBF16, 5, 12, 4, 80, 7, 999, 12345, 0.125, 0.375,
-		BudgetPyramid, 3.5, ScoreWindow, 17, 5, 4, 16, 32, 64, 9, 321}
+		BudgetPyramid, 3.5, ScoreWindow, 17, 5, 4, 16, 32, 64, 9, 321, 48}
 	c := in.toC()
 	defer capi.DeleteConfigStruct(c)
 	if c.GetStruct_size() == 0 {
@@ -62,14 +62,14 @@ func TestConfigRoundTrip(t *testing.T) {
 		c.GetPyramid_depth(), ScoreMode(c.GetScore_mode()), uint32(c.GetWindow_size()),
 		uint32(c.GetPool_kernel()), uint32(c.GetKey_bits()), uint32(c.GetValue_bits()),
 		uint32(c.GetGroup_size()), uint32(c.GetResidual_length()), uint32(c.GetSink_tokens()),
-		uint32(c.GetPrefill_staging_tokens())}
+		uint32(c.GetPrefill_staging_tokens()), uint32(c.GetFlush_tokens())}
 	if in != out {
 		t.Fatalf("round trip\n in  %+v\n out %+v", in, out)
 	}
 	d := DefaultConfig()
 	if d.KeyBits != 4 || d.ValueBits != 2 || d.GroupSize != 32 || d.ResidualLength != 128 ||
 		d.SinkTokens != 4 || d.HeavyRatio != 0.25 || d.RecentRatio != 0.25 || d.Dtype != DtypeF16 ||
-		d.MaxSequences != 1 || d.PrefillStagingTokens != 0 {
+		d.MaxSequences != 1 || d.PrefillStagingTokens != 0 || d.FlushTokens != 0 {
 		t.Fatalf("DefaultConfig %+v is not the documented default", d)
 	}
 }

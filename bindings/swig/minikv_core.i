@@ -130,6 +130,7 @@
 %minikv_keep(minikv_config::residual_length)
 %minikv_keep(minikv_config::sink_tokens)
 %minikv_keep(minikv_config::prefill_staging_tokens)
+%minikv_keep(minikv_config::flush_tokens)
 %rename(ConfigStruct) minikv_config::minikv_config;
 %minikv_keep(minikv_config::~minikv_config)
 

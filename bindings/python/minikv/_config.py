@@ -30,10 +30,16 @@ _FLOAT_FIELDS = {"heavy_ratio", "recent_ratio", "pyramid_depth"}
 
 @dataclasses.dataclass
 class Config:
-    """Every field of minikv_config (see include/minikv.h for their meaning). A field left
-    out takes minikv_config_default()'s value; num_layers, num_heads, num_kv_heads and
-    head_dim must be set. Enum fields accept the enum, its int, or its name ("cpu",
-    "f16", "float16", "pyramid", ...)."""
+    """Every field of minikv_config but struct_size and the reserved_* padding (see
+    include/minikv.h for their meaning). A field left out takes minikv_config_default()'s
+    value; num_layers, num_heads, num_kv_heads and head_dim must be set. Enum fields accept
+    the enum, its int, or its name ("cpu", "f16", "float16", "pyramid", ...).
+
+    flush_tokens is F, how many tokens a flush quantizes: when the residual holds
+    residual_length tokens (the new one included), its oldest F are quantized and the
+    newest residual_length - F stay 16-bit (a sliding flush, every F tokens). A multiple of
+    group_size, at most residual_length; 0 (the default) = residual_length, the whole
+    residual as in the MiniKV reference."""
 
     backend: Backend = LIBRARY_DEFAULT
     device_id: int = LIBRARY_DEFAULT
@@ -58,6 +64,7 @@ class Config:
     residual_length: int = LIBRARY_DEFAULT
     sink_tokens: int = LIBRARY_DEFAULT
     prefill_staging_tokens: int = LIBRARY_DEFAULT
+    flush_tokens: int = LIBRARY_DEFAULT
 
     if TYPE_CHECKING:
         # The generated __init__ as type checkers should see it: an enum field also takes
@@ -73,7 +80,7 @@ class Config:
                      window_size: int = ..., pool_kernel: int = ..., key_bits: int = ...,
                      value_bits: int = ..., group_size: int = ...,
                      residual_length: int = ..., sink_tokens: int = ...,
-                     prefill_staging_tokens: int = ...) -> None: ...
+                     prefill_staging_tokens: int = ..., flush_tokens: int = ...) -> None: ...
 
     def __post_init__(self) -> None:
         defaults = None

@@ -146,6 +146,8 @@ class MinikvConfigStruct(ctypes.Structure):
         ("reserved_v1_", ctypes.c_uint32),
         ("sink_tokens", ctypes.c_uint32),
         ("prefill_staging_tokens", ctypes.c_uint32),
+        ("flush_tokens", ctypes.c_uint32),
+        ("reserved_v3_", ctypes.c_uint32),
     ]
 
 

@@ -434,8 +434,8 @@ class MiniKVGenerator:
         gen.memory_stats(); gen.reset(); gen.close()
 
     Keyword arguments are minikv.Config fields (key_bits, value_bits, group_size,
-    residual_length, sink_tokens, heavy_ratio, recent_ratio, budget_policy, pyramid_depth,
-    score_mode, window_size, pool_kernel, max_tokens, ...), on top of `preset` (a
+    residual_length, flush_tokens, sink_tokens, heavy_ratio, recent_ratio, budget_policy,
+    pyramid_depth, score_mode, window_size, pool_kernel, max_tokens, ...), on top of `preset` (a
     minikv.Preset or its name, e.g. "paper"; None: the library's defaults). The model
     dimensions, dtype, backend and device come from the model. Sequences occupy slots 0..max_sequences-1; `prefill` takes
     the lowest free ones unless given `seq_ids`, and `step` advances the sequences named

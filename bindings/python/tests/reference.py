@@ -79,19 +79,25 @@ def quantized_bytes(n: int, kv_heads: int, head_dim: int, group: int, key_bits: 
 
 class SlotModel:
     """Bookkeeping of one (sequence, layer): quantized vs 16-bit residual tokens
-    (MINIKV.md section 4: tail of < G kept prompt tokens in the residual, flush at R)."""
+    (MINIKV.md section 4: tail of < G kept prompt tokens in the residual, flush at R).
+    flush_tokens F (include/minikv.h; 0 = R): a flush quantizes the oldest F of the R
+    residual tokens and keeps the newest R - F in the residual."""
 
-    def __init__(self, prompt_len: int, n_keep: int, group: int, residual_length: int):
+    def __init__(self, prompt_len: int, n_keep: int, group: int, residual_length: int,
+                 flush_tokens: int = 0):
         self.seen = prompt_len
         self.quantized = n_keep - n_keep % group
         self.residual = n_keep - self.quantized
         self.R = residual_length
+        self.F = flush_tokens or residual_length
+        self.flushes = 0
 
     def append(self) -> None:
         self.seen += 1
         if self.residual + 1 == self.R:
-            self.quantized += self.R
-            self.residual = 0
+            self.quantized += self.F
+            self.residual = self.R - self.F
+            self.flushes += 1
         else:
             self.residual += 1
 

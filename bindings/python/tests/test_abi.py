@@ -56,6 +56,42 @@ def test_every_struct_field_is_mirrored():
         assert names == [n for n, _ in struct._fields_], ctype
 
 
+def test_appended_config_fields_keep_their_documented_offsets():
+    """The fields appended to minikv_config sit where include/minikv.h documents them (the
+    compiler comparison above would follow a header that moved them): sink_tokens and
+    prefill_staging_tokens in the first layout's tail (96, 100), flush_tokens and its
+    reserved tail padding after them (104, 108); 112 bytes in all."""
+    offsets = {name: getattr(MinikvConfigStruct, name).offset
+               for name in ("reserved_v1_", "sink_tokens", "prefill_staging_tokens",
+                            "flush_tokens", "reserved_v3_")}
+    assert offsets == {"reserved_v1_": 92, "sink_tokens": 96, "prefill_staging_tokens": 100,
+                       "flush_tokens": 104, "reserved_v3_": 108}
+    assert ctypes.sizeof(MinikvConfigStruct) == 112
+    # The padding stays private: Config has flush_tokens, never the reserved slots.
+    names = {f.name for f in dataclasses.fields(minikv.Config)}
+    assert "flush_tokens" in names and not {n for n in names if n.startswith("reserved")}
+
+
+def test_reserved_tail_is_zero_and_checked_by_the_library():
+    """reserved_v3_ is the slot the library reads after flush_tokens: the binding leaves it 0
+    (to_struct starts from minikv_config_default()), and a non-zero value there is refused
+    with VERSION_MISMATCH, which also shows the ctypes field is where the library looks."""
+    s = minikv.Config(backend="cpu", num_layers=1, num_heads=2, num_kv_heads=1, head_dim=32,
+                      flush_tokens=32).to_struct()
+    assert s.reserved_v3_ == 0 and s.flush_tokens == 32
+    assert s.struct_size == ctypes.sizeof(MinikvConfigStruct)
+    lib = minikv.load()
+    handle = ctypes.c_void_p()
+    s.reserved_v3_ = 1
+    assert lib.minikv_cache_create(ctypes.byref(s), ctypes.byref(handle)) == \
+        minikv.Status.VERSION_MISMATCH
+    assert "reserved_v3_" in lib.minikv_last_error_message().decode()
+    assert not handle.value
+    s.reserved_v3_ = 0
+    assert lib.minikv_cache_create(ctypes.byref(s), ctypes.byref(handle)) == minikv.Status.OK
+    lib.minikv_cache_destroy(handle)
+
+
 @pytest.mark.parametrize("enum_cls,ctype,prefix", [
     (minikv.Status, "minikv_status", "MINIKV_(?:ERR_)?"),
     (minikv.Backend, "minikv_backend", "MINIKV_BACKEND_"),
@@ -120,13 +156,16 @@ def test_config_defaults_come_from_the_library():
     # The defaults documented in the header: MINIKV_PRESET_BALANCED.
     assert (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.residual_length) == (4, 2, 32, 128)
     assert cfg.sink_tokens == 4 and cfg.budget_policy is minikv.BudgetPolicy.PYRAMID
+    assert cfg.flush_tokens == 0 and raw.reserved_v3_ == 0  # 0 = flush the whole residual
     assert cfg.score_mode is minikv.ScoreMode.WINDOW
     assert cfg.heavy_ratio == 0.25 and cfg.recent_ratio == 0.25
     assert cfg.backend is minikv.Backend.AUTO and cfg.dtype is minikv.DType.F16
     # Round trip, with enums given by name.
     cfg = minikv.Config(backend="cpu", dtype="bfloat16", budget_policy="PYRAMID",
-                        score_mode=1, num_layers=3, max_tokens=2 ** 40, heavy_ratio=0.1)
+                        score_mode=1, num_layers=3, max_tokens=2 ** 40, heavy_ratio=0.1,
+                        flush_tokens=96)
     back = minikv.Config.from_struct(cfg.to_struct())
+    assert back.flush_tokens == 96 and cfg.to_struct().flush_tokens == 96
     assert back.backend is minikv.Backend.CPU and back.dtype is minikv.DType.BF16
     assert back.budget_policy is minikv.BudgetPolicy.PYRAMID and back.score_mode is minikv.ScoreMode.WINDOW
     assert back.max_tokens == 2 ** 40 and back.num_layers == 3
@@ -180,6 +219,8 @@ def test_presets_set_the_compression_fields(preset, fields):
     assert cfg.num_layers == 3 and cfg.head_dim == 96
     assert cfg.max_seq_len == minikv.Config().max_seq_len and cfg.backend is minikv.Backend.AUTO
     assert minikv.Config.from_preset(preset, sink_tokens=7).sink_tokens == 7
+    assert cfg.flush_tokens == 0  # no preset changes it
+    assert minikv.Config.from_preset(preset, flush_tokens=64).flush_tokens == 64
 
 
 def test_preset_names_and_errors():

@@ -38,19 +38,23 @@ def test_paper_setting_compression(rng):
 
 
 @pytest.mark.parametrize("dtype", [minikv.DType.F16, minikv.DType.F32])
-@pytest.mark.parametrize("bits,group,residual", [(2, 16, 32), (4, 32, 64), (2, 64, 64)])
-def test_stats_follow_layout_every_step(rng, dtype, bits, group, residual):
+@pytest.mark.parametrize("bits,group,residual,flush", [
+    (2, 16, 32, 0), (4, 32, 64, 0), (2, 64, 64, 0),
+    (4, 32, 64, 32), (2, 16, 64, 48), (2, 16, 32, 16)])  # sliding flushes (flush_tokens)
+def test_stats_follow_layout_every_step(rng, dtype, bits, group, residual, flush):
     """used_bytes and the counts equal the layout.h accounting after every call (prompt
-    tails in the residual, flushes every R appends, several sequences and layers)."""
+    tails in the residual, flushes every R appends, or with flush_tokens F the oldest F of
+    a full residual every F appends, several sequences and layers)."""
     H, HKV, D, layers = 4, 2, 64, 2
     npt, elem = NP_DTYPES[dtype], dtype.itemsize
     lengths = {1: 70, 0: 45, 2: 3}
     cfg = dict(dtype=dtype, num_layers=layers, num_heads=H, num_kv_heads=HKV, head_dim=D,
                max_sequences=3, max_seq_len=256, key_bits=bits, value_bits=bits,
-               group_size=group, residual_length=residual,
+               group_size=group, residual_length=residual, flush_tokens=flush,
                budget_policy="uniform")  # both layers keep half their prompt
     with cpu_cache(**cfg) as cache:
-        models = {}
+        assert cache.config.flush_tokens == flush
+        models, whole = {}, {}  # whole: the same with flush_tokens = 0 (flush all R)
 
         def check():
             st = cache.memory_stats()
@@ -71,7 +75,9 @@ def test_stats_follow_layout_every_step(rng, dtype, bits, group, residual):
             ks = [rng.standard_normal((L, HKV, D)).astype(npt) for L in lengths.values()]
             cache.prefill(layer, ids, None, qs, ks, ks)
             for s, L in lengths.items():
-                models[(s, layer)] = SlotModel(L, kept_count(L, 0.25, 0.25), group, residual)
+                models[(s, layer)] = SlotModel(L, kept_count(L, 0.25, 0.25), group, residual,
+                                               flush)
+                whole[(s, layer)] = SlotModel(L, kept_count(L, 0.25, 0.25), group, residual)
             check()
         for step in range(2 * residual + 5):
             for layer in range(layers):
@@ -80,30 +86,38 @@ def test_stats_follow_layout_every_step(rng, dtype, bits, group, residual):
                 cache.append(layer, ids, kv, kv)
                 for s in ids:
                     models[(s, layer)].append()
+                    whole[(s, layer)].append()
             check()
+        assert all(m.flushes >= 1 for m in models.values())
+        if flush and flush < residual:
+            # The accounting of a whole flush differs from the sliding one's at the end, so
+            # the checks above would fail if the library ignored flush_tokens.
+            assert any(m.quantized != w.quantized for m, w in zip(models.values(), whole.values()))
 
 
 @pytest.mark.parametrize("dtype", [minikv.DType.F32, minikv.DType.F16])
 @pytest.mark.parametrize("bits", [2, 4])
-def test_quantized_decode_matches_kivi_model(rng, dtype, bits):
+@pytest.mark.parametrize("flush", [0, 16])  # 16 of R = 32: a sliding flush
+def test_quantized_decode_matches_kivi_model(rng, dtype, bits, flush):
     """Decode over the quantized cache equals float64 attention over the numpy model of
     the stored values: kept prompt tokens (as kept_positions reports them) and appended
     tokens in cache order, the first `quantized` of them quantize-dequantized in groups of
     G (keys per channel over G tokens, values per token over G channels), the residual
-    exact. Checked at every step across several flushes."""
+    exact. Checked at every step across several flushes; with flush_tokens F a flush
+    quantizes the oldest F residual tokens and the newest R - F stay exact."""
     H, HKV, D, G, R = 4, 2, 64, 16, 32
     npt = NP_DTYPES[dtype]
     lengths = [70, 45]
     with cpu_cache(dtype=dtype, num_layers=1, num_heads=H, num_kv_heads=HKV, head_dim=D,
                    max_sequences=2, max_seq_len=256, key_bits=bits, value_bits=bits,
-                   group_size=G, residual_length=R) as cache:
+                   group_size=G, residual_length=R, flush_tokens=flush) as cache:
         ctx_k, ctx_v, models = {}, {}, {}
         for s, L in enumerate(lengths):
             q = rng.standard_normal((L, H, D)).astype(npt)
             k = rng.standard_normal((L, HKV, D)).astype(npt)
             v = rng.standard_normal((L, HKV, D)).astype(npt)
             cache.prefill(0, [s], [0, L], q, k, v)
-            models[s] = SlotModel(L, kept_count(L, 0.25, 0.25), G, R)
+            models[s] = SlotModel(L, kept_count(L, 0.25, 0.25), G, R, flush)
             for g in range(HKV):
                 kept = cache.kept_positions(s, 0, g)
                 assert len(kept) == models[s].cached
@@ -136,3 +150,4 @@ def test_quantized_decode_matches_kivi_model(rng, dtype, bits):
                                          [ctx_v[(s, g)] for g in range(HKV)])
                 errors.append(np.abs(exact - ref).max())
         assert max(errors) > 10 * TOLERANCE[dtype]
+        assert all(m.flushes >= 2 for m in models.values())

@@ -149,12 +149,30 @@ def test_lifecycle_exact(rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", [minikv.DType.F32, minikv.DType.F16])
-def test_append_decode_equals_append_then_decode(rng, dtype):
+def test_sliding_flush_exact(rng, dtype):
+    """flush_tokens = 16 of residual_length = 32: each flush moves the oldest 16 residual
+    tokens into the blocks and the newest 16 to the residual's front. With 16-bit storage
+    every decode must still equal attention over the whole history (a row flushed twice,
+    lost or left out of order would show), across several flushes per sequence."""
+    hist = History()
+    with cpu_cache(**exact_config(dtype, residual_length=32, flush_tokens=16)) as cache:
+        assert (cache.config.residual_length, cache.config.flush_tokens) == (32, 16)
+        seq_ids, lengths = [1, 3], [21, 50]  # prompt tails of 5 and 2 tokens
+        prefill_batch(cache, rng, dtype, seq_ids, lengths, hist)
+        steps = 70  # flushes at the residual's 32nd token, then every 16: 4 or more each
+        decode_steps(cache, rng, dtype, seq_ids, steps, hist)
+        for s, L in zip(seq_ids, lengths):
+            assert tuple(cache.sequence_length(s, 1)) == (L + steps, L + steps)
+
+
+@pytest.mark.parametrize("dtype", [minikv.DType.F32, minikv.DType.F16])
+@pytest.mark.parametrize("residual,flush", [(R, 0), (2 * R, R)])  # whole and sliding flushes
+def test_append_decode_equals_append_then_decode(rng, dtype, residual, flush):
     """append_decode gives the bytes of append + decode (quantized cache, GQA, flushes, a
     ragged batch in shuffled order); a failing call appends nothing and leaves out alone."""
     npt = NP_DTYPES[dtype]
     cfg = dict(dtype=dtype, num_layers=LAYERS, num_heads=H, num_kv_heads=HKV, head_dim=D,
-               max_sequences=4, max_seq_len=160, residual_length=R)
+               max_sequences=4, max_seq_len=160, residual_length=residual, flush_tokens=flush)
     with cpu_cache(**cfg) as fused, cpu_cache(**cfg) as split:
         seq_ids, lengths = [2, 0, 3], [37, 5, 64]
         cu = minikv.cu_seqlens_from_lengths(lengths)
@@ -164,7 +182,7 @@ def test_append_decode_equals_append_then_decode(rng, dtype):
             v = rng.standard_normal((sum(lengths), HKV, D)).astype(npt)
             fused.prefill(layer, seq_ids, cu, q, k, v)
             split.prefill(layer, seq_ids, cu, q, k, v)
-        for step in range(40):  # R = 16: flushes
+        for step in range(60):  # R = 16 (or F = 16 of R = 32): flushes
             batch = list(rng.permutation(seq_ids)[:1 + step % 3])
             n = len(batch)
             for layer in range(LAYERS):

@@ -148,6 +148,8 @@ extern void _wrap_ConfigStruct_sink_tokens_set_capi_68e625ddbd40b45d(uintptr_t a
 extern swig_intgo _wrap_ConfigStruct_sink_tokens_get_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern void _wrap_ConfigStruct_prefill_staging_tokens_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_ConfigStruct_prefill_staging_tokens_get_capi_68e625ddbd40b45d(uintptr_t arg1);
+extern void _wrap_ConfigStruct_flush_tokens_set_capi_68e625ddbd40b45d(uintptr_t arg1, swig_intgo arg2);
+extern swig_intgo _wrap_ConfigStruct_flush_tokens_get_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern uintptr_t _wrap_new_ConfigStruct_capi_68e625ddbd40b45d(void);
 extern void _wrap_delete_ConfigStruct_capi_68e625ddbd40b45d(uintptr_t arg1);
 extern swig_type_6 _wrap_config_init_capi_68e625ddbd40b45d(uintptr_t arg1, swig_type_7 arg2);
@@ -810,6 +812,19 @@ func (arg1 SwigcptrConfigStruct) GetPrefill_staging_tokens() (_swig_ret uint) {
 	return swig_r
 }
 
+func (arg1 SwigcptrConfigStruct) SetFlush_tokens(arg2 uint) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_ConfigStruct_flush_tokens_set_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1))
+}
+
+func (arg1 SwigcptrConfigStruct) GetFlush_tokens() (_swig_ret uint) {
+	var swig_r uint
+	_swig_i_0 := arg1
+	swig_r = (uint)(C._wrap_ConfigStruct_flush_tokens_get_capi_68e625ddbd40b45d(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
 func NewConfigStruct() (_swig_ret ConfigStruct) {
 	var swig_r ConfigStruct
 	swig_r = (ConfigStruct)(SwigcptrConfigStruct(C._wrap_new_ConfigStruct_capi_68e625ddbd40b45d()))
@@ -872,6 +887,8 @@ type ConfigStruct interface {
 	GetSink_tokens() (_swig_ret uint)
 	SetPrefill_staging_tokens(arg2 uint)
 	GetPrefill_staging_tokens() (_swig_ret uint)
+	SetFlush_tokens(arg2 uint)
+	GetFlush_tokens() (_swig_ret uint)
 }
 
 func Config_init(arg1 ConfigStruct, arg2 int64) (_swig_ret error) {

@@ -1127,6 +1127,31 @@ intgo _wrap_ConfigStruct_prefill_staging_tokens_get_capi_68e625ddbd40b45d(struct
 }
 
 
+void _wrap_ConfigStruct_flush_tokens_set_capi_68e625ddbd40b45d(struct minikv_config *_swig_go_0, intgo _swig_go_1) {
+  struct minikv_config *arg1 = (struct minikv_config *) 0 ;
+  uint32_t arg2 ;
+  
+  arg1 = *(struct minikv_config **)&_swig_go_0; 
+  arg2 = (uint32_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->flush_tokens = arg2;
+  
+}
+
+
+intgo _wrap_ConfigStruct_flush_tokens_get_capi_68e625ddbd40b45d(struct minikv_config *_swig_go_0) {
+  struct minikv_config *arg1 = (struct minikv_config *) 0 ;
+  uint32_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(struct minikv_config **)&_swig_go_0; 
+  
+  result = (uint32_t) ((arg1)->flush_tokens);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
 struct minikv_config *_wrap_new_ConfigStruct_capi_68e625ddbd40b45d() {
   struct minikv_config *result = 0 ;
   struct minikv_config *_swig_go_result;

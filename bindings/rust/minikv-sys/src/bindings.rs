@@ -217,15 +217,30 @@ pub struct minikv_config {
     #[doc = "(struct_size 104 either way): a library older than it"]
     #[doc = "reads the slot as a reserved field that must be 0 and"]
     #[doc = "rejects a non-zero value (MINIKV_ERR_VERSION_MISMATCH)"]
-    #[doc = "instead of ignoring it; the next field appended makes"]
-    #[doc = "the struct larger."]
+    #[doc = "instead of ignoring it."]
     pub prefill_staging_tokens: u32,
+    #[doc = "< F: how many tokens a flush quantizes. When the residual"]
+    #[doc = "holds residual_length tokens (the new one included),"]
+    #[doc = "its oldest F are quantized into the pool and the newest"]
+    #[doc = "R - F stay 16-bit, so the last R - F tokens are always"]
+    #[doc = "exact (a sliding flush). A multiple of group_size, at"]
+    #[doc = "most residual_length; 0 = residual_length, the whole"]
+    #[doc = "residual (the MiniKV reference). Smaller F flushes more"]
+    #[doc = "often (every F tokens) and keeps more 16-bit rows on"]
+    #[doc = "average; docs/algorithm.md §4 gives the accuracy it"]
+    #[doc = "buys. Default 0, also for a caller whose struct ends"]
+    #[doc = "before this field."]
+    pub flush_tokens: u32,
+    #[doc = "< tail padding; must be 0 (the slot of a future field:"]
+    #[doc = "this library rejects a non-zero value with"]
+    #[doc = "MINIKV_ERR_VERSION_MISMATCH instead of ignoring it)"]
+    pub reserved_v3_: u32,
 }
 #[test]
 fn bindgen_test_layout_minikv_config() {
     assert_eq!(
         ::core::mem::size_of::<minikv_config>(),
-        104usize,
+        112usize,
         concat!("Size of: ", stringify!(minikv_config))
     );
     assert_eq!(
@@ -558,6 +573,30 @@ fn bindgen_test_layout_minikv_config() {
         );
     }
     test_field_prefill_staging_tokens();
+    fn test_field_flush_tokens() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::core::mem::MaybeUninit::<minikv_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::core::ptr::addr_of!((*ptr).flush_tokens) as usize - ptr as usize
+            },
+            104usize,
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(flush_tokens))
+        );
+    }
+    test_field_flush_tokens();
+    fn test_field_reserved_v3_() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::core::mem::MaybeUninit::<minikv_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::core::ptr::addr_of!((*ptr).reserved_v3_) as usize - ptr as usize
+            },
+            108usize,
+            concat!("Offset of field: ", stringify!(minikv_config), "::", stringify!(reserved_v3_))
+        );
+    }
+    test_field_reserved_v3_();
 }
 extern "C" {
     #[doc = " Fills the first `struct_size` bytes of `*cfg` with the defaults (see the field"]
@@ -789,9 +828,10 @@ extern "C" {
 }
 extern "C" {
     #[doc = " METHOD: appends one new token's K/V (for one layer) to each sequence of the batch. The"]
-    #[doc = "  token goes to the 16-bit residual; when the residual holds residual_length tokens they"]
-    #[doc = "  are quantized into the pool as one flush, before the token's decode (as the reference"]
-    #[doc = "  implementation does)."]
+    #[doc = "  token goes to the 16-bit residual; when the residual holds residual_length tokens, the"]
+    #[doc = "  oldest flush_tokens of them (all of them by default) are quantized into the pool as one"]
+    #[doc = "  flush, before the token's decode (as the reference implementation does), and the rest"]
+    #[doc = "  move to the front of the residual."]
     #[doc = "  @param k,v  backend memory [n_seqs, num_kv_heads, head_dim]."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (also a misaligned tensor or, with"]
     #[doc = "          the CPU backend, a non-finite k/v); MINIKV_ERR_BAD_STATE (layer not prefilled"]

@@ -112,6 +112,12 @@ pub struct Config {
     /// prompt tokens in flight at once across sequences, whose K/V wait in a staging area
     /// reserved at creation; 0 = off (every prompt in one call).
     pub prefill_staging_tokens: u32,
+    /// F, how many tokens a flush quantizes: when the residual holds `residual_length`
+    /// tokens (the new one included), its oldest F are quantized and the newest
+    /// `residual_length - F` stay 16-bit (a sliding flush, every F tokens). A multiple of
+    /// `group_size`, at most `residual_length`; 0 (the default) = `residual_length`, the
+    /// whole residual (the MiniKV reference).
+    pub flush_tokens: u32,
 }
 
 impl Config {
@@ -182,6 +188,7 @@ impl Config {
         c.residual_length = self.residual_length;
         c.sink_tokens = self.sink_tokens;
         c.prefill_staging_tokens = self.prefill_staging_tokens;
+        c.flush_tokens = self.flush_tokens;
         c
     }
 }
@@ -249,6 +256,7 @@ impl Config {
             residual_length: c.residual_length,
             sink_tokens: c.sink_tokens,
             prefill_staging_tokens: c.prefill_staging_tokens,
+            flush_tokens: c.flush_tokens,
         }
     }
 }

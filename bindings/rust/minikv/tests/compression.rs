@@ -2,8 +2,8 @@
 //! the compression ratio the library reports equals the one computed here from the storage
 //! layout (src/layout.h, `quantized_bytes`), in the paper's setting: MHA, head_dim 128,
 //! a 4096-token prompt and 512 generated tokens, fp16 -> about 86% smaller. The defaults
-//! (`Preset::Balanced`, with 4 sink tokens) follow the same accounting, and every preset
-//! sets its compression fields.
+//! (`Preset::Balanced`, with 4 sink tokens) follow the same accounting, so does a sliding
+//! flush (`flush_tokens`), and every preset sets its compression fields.
 
 mod common;
 
@@ -29,7 +29,8 @@ fn quantized_bytes(cfg: &Config, n: u64) -> u64 {
 /// appends, following MINIKV.md (uniform budgets): keep the first min(S, L) tokens as
 /// 16-bit sinks inside the heavy-hitter share, max(floor(h L), sinks) + floor(r L) tokens
 /// in all, quantize whole groups of the rest, keep the tail 16-bit, flush the residual when
-/// it reaches R tokens.
+/// it reaches R tokens: its oldest F (`flush_tokens`, 0 = R) are quantized, the newest
+/// R - F stay.
 fn expected_used_bytes(cfg: &Config, prompt: u64, generated: u64) -> u64 {
     let sinks = (cfg.sink_tokens as u64).min(prompt);
     let heavy = ((cfg.heavy_ratio as f64 * prompt as f64).floor() as u64).max(sinks);
@@ -41,10 +42,12 @@ fn expected_used_bytes(cfg: &Config, prompt: u64, generated: u64) -> u64 {
     let rest = keep - sinks;
     let mut quantized = rest - rest % g;
     let mut residual = rest % g;
+    let r = cfg.residual_length as u64;
+    let f = if cfg.flush_tokens == 0 { r } else { cfg.flush_tokens as u64 };
     for _ in 0..generated {
-        if residual + 1 == cfg.residual_length as u64 {
-            quantized += cfg.residual_length as u64;
-            residual = 0;
+        if residual + 1 == r {
+            quantized += f;
+            residual = r - f;
         } else {
             residual += 1;
         }
@@ -159,6 +162,65 @@ fn default_compression_with_sinks_matches_the_layout() {
     }
 }
 
+/// `flush_tokens` = 32 of `residual_length` = 64 (G = 32): the first flush at the residual's
+/// 64th token, then one every 32 appends, each quantizing the oldest 32 and keeping 32
+/// 16-bit. The byte count follows that after every step, and differs from a whole flush's.
+#[test]
+fn sliding_flush_matches_the_layout() {
+    const PROMPT: usize = 300;
+    let mut cfg = Config::new(1, 4, 2, 64);
+    cfg.backend = Backend::Cpu;
+    cfg.budget_policy = BudgetPolicy::Uniform;
+    cfg.max_seq_len = 600;
+    cfg.residual_length = 64;
+    assert_eq!(Config::default().flush_tokens, 0, "the default flushes the whole residual");
+    cfg.flush_tokens = 32;
+    assert_eq!(cfg.group_size, 32);
+    let whole = Config { flush_tokens: 0, ..cfg.clone() };
+    let mut cache = KvCache::new(&cfg).unwrap();
+    assert_eq!(cache.config().flush_tokens, 32);
+    let (q_row, kv_row) = (4 * 64, 2 * 64);
+    let mut rng = Rng::new(13);
+    let mut gen = |n: usize| -> Vec<F16> { rng.vec(n).into_iter().map(F16::from_f32).collect() };
+    let (q, k, v) = (gen(PROMPT * q_row), gen(PROMPT * kv_row), gen(PROMPT * kv_row));
+    let mut out = vec![F16::default(); PROMPT * q_row];
+    cache.prefill(0, &[0], &[0, PROMPT as i32], &q, &k, &v, &mut out).unwrap();
+    let mut dec = vec![F16::default(); q_row];
+    let mut differed = 0;
+    for step in 1..=200u64 {
+        cache.append(0, &[0], &gen(kv_row), &gen(kv_row)).unwrap();
+        cache.decode(0, &[0], &gen(q_row), &mut dec).unwrap();
+        assert!(dec.iter().all(|x| x.to_f32().is_finite()));
+        let s = cache.memory_stats().unwrap();
+        let want = expected_used_bytes(&cfg, PROMPT as u64, step);
+        assert_eq!(s.used_bytes, want, "after {step} appends");
+        assert_eq!(s.tokens_cached, 150 + step);
+        if want != expected_used_bytes(&whole, PROMPT as u64, step) {
+            differed += 1;
+        }
+    }
+    // A library that flushed all R tokens would fail the checks above most of the way.
+    assert!(differed > 80, "sliding and whole flushes differ at only {differed} steps");
+}
+
+/// Bad `flush_tokens` values are refused at creation with the field named.
+#[test]
+fn flush_tokens_is_validated() {
+    let mut cfg = Config::new(1, 4, 2, 64);
+    cfg.backend = Backend::Cpu;
+    cfg.residual_length = 64; // G = 32
+    for bad in [16, 48, 96] {
+        cfg.flush_tokens = bad;
+        let err = KvCache::new(&cfg).expect_err("the config must be refused");
+        assert_eq!(err.status, minikv::Status::InvalidArgument, "{err}");
+        assert!(err.message.contains(&format!("flush_tokens ({bad})")), "{err}");
+    }
+    for good in [0, 32, 64] {
+        cfg.flush_tokens = good;
+        assert!(KvCache::new(&cfg).is_ok(), "flush_tokens = {good}");
+    }
+}
+
 #[test]
 fn presets_set_the_compression_fields() {
     let cases = [
@@ -176,7 +238,9 @@ fn presets_set_the_compression_fields() {
         let other =
             if scores == ScoreMode::Window { ScoreMode::Cumulative } else { ScoreMode::Window };
         (cfg.heavy_ratio, cfg.residual_length, cfg.score_mode) = (0.9, 512, other);
+        cfg.flush_tokens = 64;
         cfg.apply_preset(preset);
+        assert_eq!(cfg.flush_tokens, 64, "{preset:?}: a preset leaves flush_tokens alone");
         assert_eq!(
             (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.sink_tokens, cfg.budget_policy),
             (kb, vb, g, sinks, policy),

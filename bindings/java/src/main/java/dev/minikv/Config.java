@@ -19,7 +19,7 @@ public final class Config {
   private final float pyramidDepth;
   private final ScoreMode scoreMode;
   private final int windowSize, poolKernel, keyBits, valueBits, groupSize, residualLength,
-      sinkTokens, prefillStagingTokens;
+      sinkTokens, prefillStagingTokens, flushTokens;
 
   private Config(Builder b) {
     backend = b.backend;
@@ -45,6 +45,7 @@ public final class Config {
     residualLength = b.residualLength;
     sinkTokens = b.sinkTokens;
     prefillStagingTokens = b.prefillStagingTokens;
+    flushTokens = b.flushTokens;
   }
 
   /** A builder holding the library's defaults ({@code minikv_config_default}). */
@@ -78,6 +79,7 @@ public final class Config {
     b.residualLength = residualLength;
     b.sinkTokens = sinkTokens;
     b.prefillStagingTokens = prefillStagingTokens;
+    b.flushTokens = flushTokens;
     return b;
   }
 
@@ -107,6 +109,7 @@ public final class Config {
     c.setResidual_length(residualLength);
     c.setSink_tokens(sinkTokens);
     c.setPrefill_staging_tokens(prefillStagingTokens);
+    c.setFlush_tokens(flushTokens);
     return c;
   }
 
@@ -135,6 +138,7 @@ public final class Config {
     b.residualLength = c.getResidual_length();
     b.sinkTokens = c.getSink_tokens();
     b.prefillStagingTokens = c.getPrefill_staging_tokens();
+    b.flushTokens = c.getFlush_tokens();
     return b.build();
   }
 
@@ -166,6 +170,14 @@ public final class Config {
    * across sequences, whose K/V wait in a staging area reserved at creation; 0 = off.
    */
   public int prefillStagingTokens() { return prefillStagingTokens; }
+  /**
+   * F, how many tokens a flush quantizes: when the residual holds {@link #residualLength()}
+   * tokens (the new one included), its oldest F are quantized and the newest
+   * residualLength - F stay 16-bit (a sliding flush, every F tokens). A multiple of
+   * {@link #groupSize()}, at most residualLength; 0 = residualLength, the whole residual (the
+   * MiniKV reference, the default).
+   */
+  public int flushTokens() { return flushTokens; }
 
   @Override
   public String toString() {
@@ -175,7 +187,7 @@ public final class Config {
         + ", maxTokens=" + maxTokens + ", heavy=" + heavyRatio + ", recent=" + recentRatio
         + ", " + budgetPolicy + ", " + scoreMode + ", bits=" + keyBits + "/" + valueBits
         + ", group=" + groupSize + ", residual=" + residualLength + ", sinks=" + sinkTokens
-        + ", prefillStaging=" + prefillStagingTokens + "}";
+        + ", prefillStaging=" + prefillStagingTokens + ", flush=" + flushTokens + "}";
   }
 
   /** Mutable builder; every setter returns {@code this}. Unsigned C fields take Java ints. */
@@ -190,7 +202,7 @@ public final class Config {
     private float pyramidDepth;
     private ScoreMode scoreMode;
     private int windowSize, poolKernel, keyBits, valueBits, groupSize, residualLength,
-        sinkTokens, prefillStagingTokens;
+        sinkTokens, prefillStagingTokens, flushTokens;
 
     private Builder(boolean defaults) {
       if (defaults) {
@@ -232,6 +244,7 @@ public final class Config {
       residualLength = d.residualLength;
       sinkTokens = d.sinkTokens;
       prefillStagingTokens = d.prefillStagingTokens;
+      flushTokens = d.flushTokens;
     }
 
     public Builder backend(Backend v) { backend = java.util.Objects.requireNonNull(v); return this; }
@@ -257,6 +270,8 @@ public final class Config {
     public Builder residualLength(int v) { residualLength = v; return this; }
     public Builder sinkTokens(int v) { sinkTokens = v; return this; }
     public Builder prefillStagingTokens(int v) { prefillStagingTokens = v; return this; }
+    /** F of {@link Config#flushTokens()}: 0 (the whole residual) or a multiple of groupSize. */
+    public Builder flushTokens(int v) { flushTokens = v; return this; }
 
     /**
      * Sets the compression fields (bits, group size, sink tokens, budgets, score mode,

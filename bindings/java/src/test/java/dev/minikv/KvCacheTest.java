@@ -322,12 +322,13 @@ class KvCacheTest {
     long keep = Math.max(budget(c.heavyRatio(), prompt), sinks) + recent;
     keep = Math.min(keep, prompt);
     long g = c.groupSize(), r = c.residualLength();
+    long f = c.flushTokens() == 0 ? r : c.flushTokens(); // a flush quantizes the oldest f of r
     long rest = keep - sinks;
     long quantized = rest - rest % g, residual = rest % g;
     for (int i = 0; i < steps; i++) {
       if (residual + 1 == r) {
-        quantized += r;
-        residual = 0;
+        quantized += f;
+        residual = r - f;
       } else {
         residual++;
       }
@@ -388,16 +389,49 @@ class KvCacheTest {
    */
   @Test
   void compressionRaggedDefaults() {
-    Config cfg = Config.builder().backend(Backend.CPU).numLayers(LAYERS).numHeads(H)
-        .numKvHeads(HKV).headDim(64).maxSequences(3).maxSeqLen(512).residualLength(32)
-        .budgetPolicy(BudgetPolicy.UNIFORM).build();
+    Config cfg = raggedConfig().residualLength(32).build();
     assertEquals(4, cfg.sinkTokens());
+    assertEquals(0, cfg.flushTokens());
+    checkRaggedCompression(cfg, 45);
+  }
+
+  /**
+   * The same with a sliding flush: flushTokens 32 of residualLength 64 quantizes the oldest 32
+   * residual tokens at each flush (the first at the residual's 64th token, then every 32) and
+   * keeps the newest 32 16-bit.
+   */
+  @Test
+  void compressionSlidingFlush() {
+    Config cfg = raggedConfig().residualLength(64).flushTokens(32).build();
+    assertEquals(32, cfg.flushTokens());
+    int steps = 100;
+    checkRaggedCompression(cfg, steps);
+    // The accounting checked differs from a whole flush's (flushTokens ignored) for some
+    // sequence, so the check above tells them apart.
+    Config whole = cfg.toBuilder().flushTokens(0).build();
+    boolean differ = false;
+    for (int len : RAGGED_LENS) {
+      differ |= expectedUsed(cfg, len, steps)[0] != expectedUsed(whole, len, steps)[0];
+    }
+    assertTrue(differ, "the sliding and whole flushes give the same bytes");
+  }
+
+  static final int[] RAGGED_LENS = {100, 37, 258};
+
+  /** The default storage on the CPU with uniform budgets and head_dim 64. */
+  static Config.Builder raggedConfig() {
+    return Config.builder().backend(Backend.CPU).numLayers(LAYERS).numHeads(H)
+        .numKvHeads(HKV).headDim(64).maxSequences(3).maxSeqLen(512)
+        .budgetPolicy(BudgetPolicy.UNIFORM);
+  }
+
+  /** A ragged batch of three prompts and {@code steps} appends; stats as expectedUsed says. */
+  static void checkRaggedCompression(Config cfg, int steps) {
     try (KvCache cache = new KvCache(cfg)) {
       Random rng = new Random(4);
       int[] seqs = {2, 0, 1};
-      int[] lens = {100, 37, 258};
+      int[] lens = RAGGED_LENS;
       int[] cu = {0, 100, 137, 395};
-      int steps = 45;
       for (int layer = 0; layer < LAYERS; layer++) {
         cache.prefill(layer, seqs, cu, normal16(rng, 395 * H * 64), normal16(rng, 395 * HKV * 64),
             normal16(rng, 395 * HKV * 64), new short[395 * H * 64]);
@@ -436,6 +470,12 @@ class KvCacheTest {
       {"group_size (24)", exact(Dtype.F32).toBuilder().groupSize(24)},
       {"heavy_ratio", exact(Dtype.F32).toBuilder().heavyRatio(1.5f)},
       {"num_layers (0)", exact(Dtype.F32).toBuilder().numLayers(0)},
+      // exact() has groupSize = residualLength = 16.
+      {"flush_tokens (8) must be 0 (the whole residual) or a multiple of group_size (16)",
+          exact(Dtype.F32).toBuilder().flushTokens(8)},
+      {"flush_tokens (32)", exact(Dtype.F32).toBuilder().flushTokens(32)},
+      {"flush_tokens (48)",
+          exact(Dtype.F32).toBuilder().groupSize(32).residualLength(64).flushTokens(48)},
     };
     for (Object[] c : cases) {
       Config cfg = ((Config.Builder) c[1]).build();
@@ -694,7 +734,7 @@ class KvCacheTest {
         .maxTokens(12345).heavyRatio(0.125f).recentRatio(0.375f)
         .budgetPolicy(BudgetPolicy.PYRAMID).pyramidDepth(3.5f).scoreMode(ScoreMode.WINDOW)
         .windowSize(17).poolKernel(5).keyBits(4).valueBits(16).groupSize(32)
-        .residualLength(64).sinkTokens(9).prefillStagingTokens(321).build();
+        .residualLength(64).sinkTokens(9).prefillStagingTokens(321).flushTokens(48).build();
     ConfigStruct c = in.toNative();
     try {
       assertTrue(c.getStruct_size() > 0);
@@ -707,6 +747,8 @@ class KvCacheTest {
       assertEquals(in.poolKernel(), back.poolKernel());
       assertEquals(9, back.sinkTokens());
       assertEquals(321, back.prefillStagingTokens());
+      assertEquals(48, c.getFlush_tokens());
+      assertEquals(48, back.flushTokens());
     } finally {
       c.delete();
     }
@@ -716,6 +758,7 @@ class KvCacheTest {
     assertEquals(32, d.groupSize());
     assertEquals(4, d.sinkTokens());
     assertEquals(0, d.prefillStagingTokens());
+    assertEquals(0, d.flushTokens()); // 0 = flush the whole residual
     assertEquals(128, d.residualLength());
     assertEquals(0.25f, d.heavyRatio());
     assertEquals(Backend.AUTO, d.backend());
