@@ -255,7 +255,7 @@ typedef struct minikv_config {
   uint32_t group_size;          /**< quantization group G of keys and values: 16, 32, 64 or
                                      128 (values need head_dim a multiple of G); 32 */
   uint32_t residual_length;     /**< R: tokens kept 16-bit before a flush, a multiple of
-                                     group_size; 128 */
+                                     group_size; 64 (the presets other than BALANCED: 128) */
   uint32_t reserved_v1_;        /**< the first version's tail padding: ignored (fields are
                                      appended after it) */
   /* ---- appended after the first version (struct_size 104) ---- */
@@ -285,13 +285,14 @@ typedef struct minikv_config {
                                      holds residual_length tokens (the new one included),
                                      its oldest F are quantized into the pool and the newest
                                      R - F stay 16-bit, so the last R - F tokens are always
-                                     exact (a sliding flush). A multiple of group_size, at
-                                     most residual_length; 0 = residual_length, the whole
-                                     residual (the MiniKV reference). Smaller F flushes more
-                                     often (every F tokens) and keeps more 16-bit rows on
-                                     average; docs/algorithm.md §4 gives the accuracy it
-                                     buys. Default 0, also for a caller whose struct ends
-                                     before this field. */
+                                     exact (a sliding flush, one every F tokens). Rounded up
+                                     to a multiple of group_size, at most residual_length
+                                     (any value is valid); 0 = the whole residual at once
+                                     (the MiniKV reference, and MINIKV_PRESET_PAPER's).
+                                     docs/algorithm.md §4 gives the accuracy a sliding flush
+                                     buys. 32 (with residual_length 64). A caller whose struct
+                                     ends before this field gets 0 and residual_length 128:
+                                     the defaults of the library it was built for. */
   uint32_t reserved_v3_;        /**< tail padding; must be 0 (the slot of a future field:
                                      this library rejects a non-zero value with
                                      MINIKV_ERR_VERSION_MISMATCH instead of ignoring it) */
@@ -329,10 +330,12 @@ MINIKV_API void minikv_config_default(minikv_config *cfg);
 typedef enum minikv_preset {
   MINIKV_PRESET_BALANCED = 0,     /**< the default: 4-bit keys, 2-bit values, G = 32, 4 sinks,
                                        PYRAMID depth 7, WINDOW scores (32 queries, pooling
-                                       7): 4 bits per element (~87% smaller than fp16), the
+                                       7), a 64-token residual flushed 32 tokens at a time:
+                                       4 bits per element (~87% smaller than fp16), the
                                        paper's memory at a fraction of its accuracy cost */
   MINIKV_PRESET_PAPER = 1,        /**< MiniKV exactly: 2-bit keys and values, G = 16, no
-                                       sinks, PYRAMID depth 7, CUMULATIVE scores: 4 bits per
+                                       sinks, PYRAMID depth 7, CUMULATIVE scores, the whole
+                                       128-token residual flushed at once: 4 bits per
                                        element */
   MINIKV_PRESET_QUALITY = 2,      /**< 8-bit keys and values, G = 32, 4 sinks, UNIFORM,
                                        CUMULATIVE: 9 bits per element (~72% smaller);
@@ -342,8 +345,10 @@ typedef enum minikv_preset {
 } minikv_preset;
 
 /** Sets the compression fields of `*cfg` to a named setting: key_bits, value_bits,
- *  group_size, residual_length (128), sink_tokens, heavy_ratio, recent_ratio,
- *  budget_policy, pyramid_depth (7), score_mode, window_size (32) and pool_kernel (7).
+ *  group_size, residual_length and flush_tokens (BALANCED: 64 and 32; the others: 128 and
+ *  0), sink_tokens, heavy_ratio, recent_ratio, budget_policy, pyramid_depth (7),
+ *  score_mode, window_size (32) and pool_kernel (7). A struct_size that ends before
+ *  flush_tokens gets residual_length 128 and keeps its (absent) flush_tokens.
  *  Model dimensions, backend, device, dtype and sizes are left as they are, so call it
  *  after minikv_config_default() and before or after setting them.
  *  Writes only those fields, all within cfg->struct_size (which must cover sink_tokens:

@@ -25,7 +25,7 @@ struct StorageSpec {
   uint32_t residual_slots;   // max_sequences * num_layers
   uint32_t max_blocks_per_seq;  // blocks one (sequence, layer) can ever hold
   uint32_t flush_tokens;     // F: the oldest tokens of a full residual a flush quantizes
-                             // (cfg.flush_tokens, 0 read as residual_length)
+                             // (flush_size(cfg): a multiple of G, at most R)
   uint64_t pool_bytes;       // num_blocks * block.bytes
   uint64_t residual_bytes;   // residual_slots * residual.bytes
   // Chunked prefill: every layer has a staging area of cfg.prefill_staging_tokens rows

@@ -71,7 +71,7 @@ StorageSpec plan_storage(const minikv_config &cfg) {
   spec.num_blocks = static_cast<uint32_t>(blocks);
   spec.residual_slots = static_cast<uint32_t>(slots);
   spec.max_blocks_per_seq = static_cast<uint32_t>(table_len);
-  spec.flush_tokens = cfg.flush_tokens == 0 ? R : cfg.flush_tokens;
+  spec.flush_tokens = flush_size(cfg);
   spec.pool_bytes = checked_size(kCreate, "the block pool in bytes", {blocks, spec.block.bytes});
   spec.residual_bytes =
       checked_size(kCreate, "the residual slots in bytes", {slots, spec.residual.bytes});

@@ -1,5 +1,6 @@
 #include "config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -11,23 +12,29 @@ namespace {
 
 // The compression fields that differ between presets (minikv.h documents each; the README
 // gives the measurements behind BALANCED), indexed by the preset's value. Every preset
-// has h = r = 0.25, pyramid depth 7, window 32 with pooling 7 (read in WINDOW mode) and
-// R = 128.
+// has h = r = 0.25, pyramid depth 7, window 32 with pooling 7 (read in WINDOW mode).
 struct PresetFields {
   uint32_t key_bits, value_bits, group_size, sink_tokens;
   minikv_budget_policy budget_policy;
   minikv_score_mode score_mode;
+  uint32_t residual_length, flush_tokens;
 };
 constexpr PresetFields kPresets[] = {
-    /* BALANCED      */ {4, 2, 32, 4, MINIKV_BUDGET_PYRAMID, MINIKV_SCORE_WINDOW},
-    /* PAPER         */ {2, 2, 16, 0, MINIKV_BUDGET_PYRAMID, MINIKV_SCORE_CUMULATIVE},
-    /* QUALITY       */ {8, 8, 32, 4, MINIKV_BUDGET_UNIFORM, MINIKV_SCORE_CUMULATIVE},
-    /* EVICTION_ONLY */ {16, 16, 16, 0, MINIKV_BUDGET_UNIFORM, MINIKV_SCORE_CUMULATIVE},
+    /* BALANCED      */ {4, 2, 32, 4, MINIKV_BUDGET_PYRAMID, MINIKV_SCORE_WINDOW, 64, 32},
+    /* PAPER         */ {2, 2, 16, 0, MINIKV_BUDGET_PYRAMID, MINIKV_SCORE_CUMULATIVE, 128, 0},
+    /* QUALITY       */ {8, 8, 32, 4, MINIKV_BUDGET_UNIFORM, MINIKV_SCORE_CUMULATIVE, 128, 0},
+    /* EVICTION_ONLY */ {16, 16, 16, 0, MINIKV_BUDGET_UNIFORM, MINIKV_SCORE_CUMULATIVE, 128, 0},
 };
 constexpr int32_t kNumPresets = sizeof(kPresets) / sizeof(kPresets[0]);
 static_assert(MINIKV_PRESET_EVICTION_ONLY == kNumPresets - 1, "a preset without fields");
+// Before flush_tokens every preset flushed the whole residual of 128 tokens: a caller whose
+// struct lacks the field gets that (a shorter whole flush would cost it accuracy).
+constexpr uint32_t kResidualBeforeFlushTokens = 128;
 
-void set_compression(minikv_config &c, int32_t preset) {
+// Whether a caller's struct of `size` bytes has flush_tokens.
+bool has_flush_tokens(size_t size) { return size >= kConfigSizeFlush; }
+
+void set_compression(minikv_config &c, int32_t preset, bool flush_field) {
   const PresetFields &p = kPresets[preset];
   c.heavy_ratio = 0.25f;
   c.recent_ratio = 0.25f;
@@ -39,8 +46,13 @@ void set_compression(minikv_config &c, int32_t preset) {
   c.key_bits = p.key_bits;
   c.value_bits = p.value_bits;
   c.group_size = p.group_size;
-  c.residual_length = 128;
   c.sink_tokens = p.sink_tokens;
+  if (flush_field) {
+    c.residual_length = p.residual_length;
+    c.flush_tokens = p.flush_tokens;
+  } else {
+    c.residual_length = kResidualBeforeFlushTokens;
+  }
 }
 
 }  // namespace
@@ -55,7 +67,7 @@ minikv_config config_defaults() {
   cfg.max_sequences = 1;
   cfg.max_seq_len = 4096;
   cfg.max_tokens = 0;
-  set_compression(cfg, MINIKV_PRESET_BALANCED);
+  set_compression(cfg, MINIKV_PRESET_BALANCED, true);
   return cfg;
 }
 
@@ -72,8 +84,9 @@ void config_preset(minikv_config *cfg, int32_t p) {
          "sink_tokens): initialize cfg with minikv_config_default() of this header",
          cfg->struct_size, needed);
   }
-  // Every field written lies below `needed`, within the caller's struct.
-  set_compression(*cfg, p);
+  // Every field written lies within the caller's struct: below `needed`, and flush_tokens
+  // only when struct_size covers it.
+  set_compression(*cfg, p, has_flush_tokens(cfg->struct_size));
 }
 
 void config_init(minikv_config *cfg, size_t size) {
@@ -88,7 +101,14 @@ void config_init(minikv_config *cfg, size_t size) {
   const size_t ours = sizeof(minikv_config);
   std::memcpy(cfg, &defaults, size < ours ? size : ours);
   if (size > ours) std::memset(reinterpret_cast<unsigned char *>(cfg) + ours, 0, size - ours);
+  if (!has_flush_tokens(size)) cfg->residual_length = kResidualBeforeFlushTokens;
   cfg->struct_size = static_cast<uint32_t>(size);
+}
+
+uint32_t flush_size(const minikv_config &c) {
+  if (c.flush_tokens == 0) return c.residual_length;
+  const uint64_t groups = (uint64_t(c.flush_tokens) + c.group_size - 1) / c.group_size;
+  return static_cast<uint32_t>(std::min<uint64_t>(groups * c.group_size, c.residual_length));
 }
 
 size_t dtype_bytes(minikv_dtype dtype) { return dtype == MINIKV_DTYPE_F32 ? 4 : 2; }
@@ -167,10 +187,6 @@ void validate(const minikv_config &c) {
                  c.residual_length, c.group_size);
   MINIKV_REQUIRE(c.sink_tokens <= kMaxSinkTokens, "sink_tokens (%u) must be in [0, %u]",
                  c.sink_tokens, kMaxSinkTokens);
-  MINIKV_REQUIRE(c.flush_tokens % c.group_size == 0 && c.flush_tokens <= c.residual_length,
-                 "flush_tokens (%u) must be 0 (the whole residual) or a multiple of group_size "
-                 "(%u) up to residual_length (%u)",
-                 c.flush_tokens, c.group_size, c.residual_length);
   // More staging could never be in use: each sequence stages at most one prompt.
   MINIKV_REQUIRE(c.prefill_staging_tokens <= uint64_t(c.max_sequences) * c.max_seq_len,
                  "prefill_staging_tokens (%u) must be at most max_sequences (%u) x max_seq_len "
@@ -203,6 +219,8 @@ minikv_config config_read(const minikv_config *user) {
   }
   minikv_config cfg = config_defaults();
   std::memcpy(&cfg, user, sizeof(minikv_config) < size ? sizeof(minikv_config) : size);
+  // A caller built before flush_tokens flushes the whole residual, as its library did.
+  if (!has_flush_tokens(size)) cfg.flush_tokens = 0;
   if (cfg.reserved_v3_ != 0) {
     // A newer caller's field in the slot this library reserves: refuse rather than ignore.
     fail(MINIKV_ERR_VERSION_MISMATCH,

@@ -21,6 +21,8 @@ static_assert(offsetof(minikv_config, sink_tokens) == kConfigSizeV1 &&
                   offsetof(minikv_config, flush_tokens) == 104 &&
                   offsetof(minikv_config, reserved_v3_) == 108 && sizeof(minikv_config) == 112,
               "fields are appended after reserved_v1_, never inserted");
+// Callers whose struct is at least this large have flush_tokens.
+constexpr uint32_t kConfigSizeFlush = offsetof(minikv_config, flush_tokens) + sizeof(uint32_t);
 constexpr uint32_t kMaxSinkTokens = 64;
 constexpr uint32_t kStatsSizeV1 = sizeof(minikv_memory_stats);
 
@@ -44,6 +46,10 @@ void config_init(minikv_config *cfg, size_t size);
 minikv_config config_read(const minikv_config *user);
 
 size_t dtype_bytes(minikv_dtype dtype);
+
+// The tokens a flush quantizes (minikv.h, flush_tokens): the whole residual for 0, else
+// flush_tokens rounded up to a multiple of group_size, at most residual_length.
+uint32_t flush_size(const minikv_config &cfg);
 
 // The value a C caller stored in an enum object, read without an enum-typed load: any int
 // may arrive there, and loading one outside the enum's range is undefined behaviour in C++

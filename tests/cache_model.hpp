@@ -23,11 +23,13 @@ struct SeqModel {
   uint32_t n = 0, sinks = 0, quantized = 0, residual = 0;
 
   SeqModel() = default;
-  // flush_tokens 0: the whole residual, as in minikv_config.
+  // flush_tokens as in minikv_config: 0 is the whole residual, other values are rounded up
+  // to whole groups, at most R.
   SeqModel(uint32_t hkv, uint32_t d, uint32_t g, uint32_t r, uint32_t sink_tokens = 0,
            uint32_t flush_tokens = 0)
-      : Hkv(hkv), D(d), G(g), R(r), S(sink_tokens), F(flush_tokens ? flush_tokens : r), k(hkv),
-        v(hkv) {}
+      : Hkv(hkv), D(d), G(g), R(r), S(sink_tokens),
+        F(flush_tokens == 0 ? r : uint32_t(std::min<uint64_t>(r, (uint64_t(flush_tokens) + g - 1) / g * g))),
+        k(hkv), v(hkv) {}
 
   // kept[h]: kept prompt positions of KV head h (ascending, same count for every head);
   // k_in/v_in: the prompt's [L][Hkv][D] rows, starting at token `first`.

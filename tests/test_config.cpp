@@ -57,10 +57,10 @@ TEST_CASE("config: defaults are MINIKV_PRESET_BALANCED") {
   CHECK(c.key_bits == 4);
   CHECK(c.value_bits == 2);
   CHECK(c.group_size == 32);
-  CHECK(c.residual_length == 128);
+  CHECK(c.residual_length == 64);
   CHECK(c.sink_tokens == 4);
   CHECK(c.prefill_staging_tokens == 0);
-  CHECK(c.flush_tokens == 0);
+  CHECK(c.flush_tokens == 32);
   CHECK(c.reserved_v3_ == 0);
   CHECK(minikv_config_default(nullptr) == MINIKV_ERR_INVALID_ARGUMENT);  // and no crash
   // The same bytes as the BALANCED preset applied on top.
@@ -77,13 +77,14 @@ struct PresetFields {
   uint32_t key_bits, value_bits, group_size, sink_tokens;
   minikv_budget_policy policy;
   minikv_score_mode score_mode;
+  uint32_t residual_length, flush_tokens;
 };
 
 const PresetFields kPresets[] = {
-    {MINIKV_PRESET_BALANCED, 4, 2, 32, 4, MINIKV_BUDGET_PYRAMID, MINIKV_SCORE_WINDOW},
-    {MINIKV_PRESET_PAPER, 2, 2, 16, 0, MINIKV_BUDGET_PYRAMID, MINIKV_SCORE_CUMULATIVE},
-    {MINIKV_PRESET_QUALITY, 8, 8, 32, 4, MINIKV_BUDGET_UNIFORM, MINIKV_SCORE_CUMULATIVE},
-    {MINIKV_PRESET_EVICTION_ONLY, 16, 16, 16, 0, MINIKV_BUDGET_UNIFORM, MINIKV_SCORE_CUMULATIVE},
+    {MINIKV_PRESET_BALANCED, 4, 2, 32, 4, MINIKV_BUDGET_PYRAMID, MINIKV_SCORE_WINDOW, 64, 32},
+    {MINIKV_PRESET_PAPER, 2, 2, 16, 0, MINIKV_BUDGET_PYRAMID, MINIKV_SCORE_CUMULATIVE, 128, 0},
+    {MINIKV_PRESET_QUALITY, 8, 8, 32, 4, MINIKV_BUDGET_UNIFORM, MINIKV_SCORE_CUMULATIVE, 128, 0},
+    {MINIKV_PRESET_EVICTION_ONLY, 16, 16, 16, 0, MINIKV_BUDGET_UNIFORM, MINIKV_SCORE_CUMULATIVE, 128, 0},
 };
 
 }  // namespace
@@ -115,6 +116,7 @@ TEST_CASE("config: each preset sets exactly its compression fields") {
     c.key_bits = c.value_bits = 3;
     c.group_size = 64;
     c.residual_length = 512;
+    c.flush_tokens = 96;
     c.sink_tokens = 63;
     const minikv_config before = c;
     MKV_REQUIRE_OK(minikv_config_preset(&c, p.preset));
@@ -142,7 +144,8 @@ TEST_CASE("config: each preset sets exactly its compression fields") {
     CHECK(c.score_mode == p.score_mode);
     CHECK(c.window_size == 32);
     CHECK(c.pool_kernel == 7);
-    CHECK(c.residual_length == 128);
+    CHECK(c.residual_length == p.residual_length);
+    CHECK(c.flush_tokens == p.flush_tokens);
   }
 }
 
@@ -184,6 +187,26 @@ TEST_CASE("config: a preset writes only within struct_size and checks its argume
     CHECK(cfg->sink_tokens == 0);
     CHECK(cfg->key_bits == 2);
     for (size_t i = 100; i < sizeof(frame); ++i) CHECK(frame[i] == 0xA5);
+  }
+  SUBCASE("a struct_size without flush_tokens: BALANCED as it was before the field") {
+    // R = 128 flushed whole: a 64-token residual without the sliding flush would cost such a
+    // caller accuracy.
+    for (uint32_t size : {100u, 104u, 107u}) {
+      CAPTURE(size);
+      std::memset(frame, 0xA5, sizeof(frame));
+      MKV_REQUIRE_OK(minikv_config_init(cfg, size));
+      CHECK(cfg->residual_length == 128);
+      cfg->residual_length = 32;
+      MKV_REQUIRE_OK(minikv_config_preset(cfg, MINIKV_PRESET_BALANCED));
+      CHECK(cfg->residual_length == 128);
+      CHECK(cfg->group_size == 32);
+      for (size_t i = size; i < sizeof(frame); ++i) CHECK(frame[i] == 0xA5);
+    }
+    std::memset(frame, 0xA5, sizeof(frame));
+    MKV_REQUIRE_OK(minikv_config_init(cfg, 108));  // covers flush_tokens
+    CHECK(cfg->residual_length == 64);
+    CHECK(cfg->flush_tokens == 32);
+    for (size_t i = 108; i < sizeof(frame); ++i) CHECK(frame[i] == 0xA5);
   }
   SUBCASE("a newer, larger struct: its tail is left alone") {
     std::memset(frame, 0xA5, sizeof(frame));
@@ -337,10 +360,6 @@ TEST_CASE("config: every bad field gives INVALID_ARGUMENT naming it") {
       {"residual_length", [](minikv_config &c) { c.residual_length = 8; }},  // < G
       {"sink_tokens", [](minikv_config &c) { c.sink_tokens = 65; }},
       {"sink_tokens", [](minikv_config &c) { c.sink_tokens = UINT32_MAX; }},
-      {"flush_tokens", [](minikv_config &c) { c.flush_tokens = 8; }},  // not k*G (G = 16)
-      {"flush_tokens", [](minikv_config &c) { c.flush_tokens = 24; }},
-      {"flush_tokens", [](minikv_config &c) { c.flush_tokens = c.residual_length + c.group_size; }},
-      {"flush_tokens", [](minikv_config &c) { c.flush_tokens = UINT32_MAX; }},
   };
   for (const Bad &b : bad) {
     minikv_config c = valid();
@@ -406,11 +425,14 @@ TEST_CASE("config: accepted edge values") {
     c.pool_kernel = 1;
   }
   SUBCASE("sink_tokens 64, the largest") { c.sink_tokens = 64; }
-  SUBCASE("flush_tokens G and R") {
+  SUBCASE("flush_tokens: any value (rounded up to whole groups, at most R)") {
     c.flush_tokens = c.group_size;
-    minikv_config d = valid();
-    d.flush_tokens = d.residual_length;
-    CHECK(create_status(d, "") == MINIKV_OK);
+    for (uint32_t f : {1u, 8u, 24u, 128u, 129u, 4096u, UINT32_MAX}) {
+      CAPTURE(f);
+      minikv_config d = valid();
+      d.flush_tokens = f;
+      CHECK(create_status(d, "") == MINIKV_OK);
+    }
   }
   SUBCASE("head_dim 16 and 256") {
     c.head_dim = 256;
@@ -466,12 +488,6 @@ TEST_CASE("config: struct_size versioning") {
     big.cfg.struct_size = 100;  // a caller whose struct ends with sink_tokens: not read
     CHECK(create_status(big.cfg, "") == MINIKV_OK);
   }
-  SUBCASE("flush_tokens is read only when struct_size covers it") {
-    big.cfg.flush_tokens = 8;
-    CHECK(create_status(big.cfg, "flush_tokens") == MINIKV_ERR_INVALID_ARGUMENT);
-    big.cfg.struct_size = 104;  // a caller whose struct ends with prefill_staging_tokens
-    CHECK(create_status(big.cfg, "") == MINIKV_OK);
-  }
   SUBCASE("reserved_v3_ must be 0: a newer caller's field is refused, not ignored") {
     big.cfg.reserved_v3_ = 1;
     CHECK(create_status(big.cfg, "reserved_v3_") == MINIKV_ERR_VERSION_MISMATCH);
@@ -487,6 +503,41 @@ TEST_CASE("config: struct_size versioning") {
     MKV_REQUIRE_OK(minikv_cache_create(&big.cfg, &cache));
     minikv_cache_destroy(cache);
   }
+}
+
+TEST_CASE("config: a struct_size without flush_tokens flushes the whole residual") {
+  // The bytes where flush_tokens would be are not read: a caller built before the field
+  // keeps the flush its library had (stats after the first flushes tell the two apart).
+  auto used_after_appends = [](minikv_config c) {
+    c.residual_length = 64;
+    c.heavy_ratio = 1.0f;  // keep the 10 prompt tokens
+    test::CachePtr cache = test::make_cache(c);
+    test::Rng rng(5);
+    const uint32_t H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim, L = 10, seq = 0;
+    test::Buf q(c.dtype, size_t(L) * H * D), k(c.dtype, size_t(L) * Hkv * D), v(c.dtype, size_t(L) * Hkv * D),
+        out(c.dtype, size_t(L) * H * D);
+    q.fill_normal(rng);
+    k.fill_normal(rng);
+    v.fill_normal(rng);
+    const int32_t cu[2] = {0, int32_t(L)};
+    for (uint32_t l = 0; l < c.num_layers; ++l) {
+      MKV_REQUIRE_OK(minikv_prefill(cache.get(), l, 1, &seq, cu, q.data(), k.data(), v.data(), out.data(), nullptr));
+      for (uint32_t t = 0; t < 80; ++t)
+        MKV_REQUIRE_OK(minikv_append(cache.get(), l, 1, &seq, k.data(), v.data(), nullptr));
+    }
+    minikv_memory_stats st{};
+    st.struct_size = sizeof(st);
+    MKV_REQUIRE_OK(minikv_memory_stats_get(cache.get(), &st));
+    return st.used_bytes;
+  };
+  minikv_config whole = valid(), sliding = valid(), old = valid();
+  whole.flush_tokens = 0;
+  sliding.flush_tokens = 32;
+  old.flush_tokens = 32;
+  old.struct_size = offsetof(minikv_config, flush_tokens);
+  const uint64_t w = used_after_appends(whole);
+  CHECK(used_after_appends(old) == w);
+  CHECK(used_after_appends(sliding) != w);
 }
 
 TEST_CASE("config: a pool that cannot be addressed is rejected before any allocation") {

@@ -221,12 +221,14 @@ TEST_CASE("decode: sliding flushes keep the newest R - F tokens 16-bit, at every
   // flush_tokens F < R: each flush quantizes the residual's oldest F tokens and the rest move
   // to the slot's front. Exact attention with bits = 16 (the moved rows keep their values and
   // order), and the dequantized oracle with 2/4/8 bits: F dividing R and not, F = G, F = R - G,
-  // sinks, every dtype, past several flushes.
+  // sinks, every dtype, past several flushes; F rounded up to whole groups (24 -> 32 at G = 16,
+  // 1 -> 32 at G = 32) and capped at R (200 -> 64: the whole residual).
   struct Geo {
     uint32_t kb, vb, G, R, F, sinks;
   };
   for (const Geo geo : {Geo{16, 16, 16, 64, 16, 0}, Geo{4, 2, 32, 128, 32, 4}, Geo{4, 2, 32, 64, 32, 4},
-                        Geo{2, 2, 16, 80, 48, 0}, Geo{8, 4, 16, 48, 32, 3}, Geo{2, 16, 16, 32, 16, 0}}) {
+                        Geo{2, 2, 16, 80, 48, 0}, Geo{8, 4, 16, 48, 32, 3}, Geo{2, 16, 16, 32, 16, 0},
+                        Geo{4, 2, 16, 64, 24, 0}, Geo{4, 4, 32, 96, 1, 4}, Geo{2, 2, 16, 64, 200, 0}}) {
     for (minikv_dtype dt : {MINIKV_DTYPE_F32, MINIKV_DTYPE_F16, MINIKV_DTYPE_BF16}) {
       Run r;
       r.dt = dt;
@@ -238,7 +240,7 @@ TEST_CASE("decode: sliding flushes keep the newest R - F tokens 16-bit, at every
       r.sinks = geo.sinks;
       r.heavy = geo.kb == 16 ? 1.0f : 0.25f;
       r.lens = {100, 61, 5};
-      r.steps = geo.R + 3 * geo.F + 2;
+      r.steps = geo.R + 3 * std::min(geo.F + geo.G, geo.R) + 2;
       r.dequantized_oracle = geo.kb != 16;
       drive(r, 4100 + geo.R + geo.F + dt);
     }

@@ -88,6 +88,7 @@ typedef struct options {
   float depth;
   minikv_score_mode mode;
   uint32_t bits, key_bits, value_bits, group, residual; /* key/value_bits 0 = --bits */
+  uint32_t flush; /* flush_tokens: 0 = the whole residual */
   uint32_t sinks;
   float heavy, recent;
   int backend; /* 0 auto, 1 cpu, 2 cuda (as requested on the command line) */
@@ -123,7 +124,8 @@ static void usage(FILE *f) {
           "  --key-bits B      override --bits for keys\n"
           "  --value-bits B    override --bits for values\n"
           "  --group G         quantization group: 16 | 32 | 64 | 128   (16)\n"
-          "  --residual R      16-bit residual tokens per flush         (128)\n"
+          "  --residual R      16-bit residual tokens before a flush    (128)\n"
+          "  --flush F         oldest residual tokens a flush quantizes (0 = all)\n"
           "  --sinks S         first prompt tokens always kept 16-bit   (0)\n"
           "  --heavy X         heavy-hitter ratio h                     (0.25)\n"
           "  --recent X        recent-window ratio r                    (0.25)\n"
@@ -214,6 +216,7 @@ static void parse_options(int argc, char **argv, options *o) {
     else if (!strcmp(name, "--value-bits")) o->value_bits = (uint32_t)parse_uint(name, value, u32);
     else if (!strcmp(name, "--group")) o->group = (uint32_t)parse_uint(name, value, u32);
     else if (!strcmp(name, "--residual")) o->residual = (uint32_t)parse_uint(name, value, u32);
+    else if (!strcmp(name, "--flush")) o->flush = (uint32_t)parse_uint(name, value, u32);
     else if (!strcmp(name, "--sinks")) o->sinks = (uint32_t)parse_uint(name, value, u32);
     else if (!strcmp(name, "--every")) o->every = (uint32_t)parse_uint(name, value, u32);
     else if (!strcmp(name, "--ablation")) o->ablation = (int)parse_uint(name, value, 1);
@@ -754,6 +757,7 @@ int main(int argc, char **argv) {
     c->value_bits = o.value_bits;
     c->group_size = o.group;
     c->residual_length = o.residual;
+    c->flush_tokens = o.flush;
     c->sink_tokens = o.sinks;
   }
   vars[V_MINIKV].name = "MiniKV";
@@ -788,9 +792,10 @@ int main(int argc, char **argv) {
          H, Hkv, H / Hkv, D, dtype_name(dt));
   printf("  work     %u sequence(s) x %u prompt tokens, then %u decode steps; backend %s%s\n",
          B, L, G, dev.cuda ? "cuda" : "cpu", backend_note);
-  printf("  MiniKV   %u-bit keys (per channel), %u-bit values (per token), group %u, residual %u;\n"
+  printf("  MiniKV   %u-bit keys (per channel), %u-bit values (per token), group %u, residual %u%s;\n"
          "           %u sinks, heavy %.3g + recent %.3g of the prompt, %s budgets",
-         o.key_bits, o.value_bits, o.group, o.residual, o.sinks, o.heavy, o.recent,
+         o.key_bits, o.value_bits, o.group, o.residual, o.flush ? " (sliding flush)" : "", o.sinks,
+         o.heavy, o.recent,
          o.policy == MINIKV_BUDGET_PYRAMID ? "pyramid" : "uniform");
   if (o.policy == MINIKV_BUDGET_PYRAMID) printf(" (depth %.3g)", o.depth);
   printf(", %s scores\n", o.mode == MINIKV_SCORE_WINDOW ? "window (SnapKV)" : "cumulative (H2O)");

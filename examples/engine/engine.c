@@ -124,6 +124,8 @@ bool engine_parse_kv(const char *text, minikv_config *kv) {
       kv->heavy_ratio = 1.0f; /* every prompt token is a heavy hitter: nothing is evicted */
       kv->recent_ratio = 0.0f;
       kv->sink_tokens = 0;
+      kv->residual_length = 128; /* 128-token blocks, appended whole: nothing moves */
+      kv->flush_tokens = 0;
       continue;
     }
     if (first && strcmp(item, "minikv") == 0) continue; /* the library's defaults */
@@ -147,7 +149,7 @@ const char *engine_describe_kv(const minikv_config *kv, char *buf, size_t size) 
     snprintf(buf, size, "MiniKV %u-bit keys, %u-bit values, group %u, residual %u (flush %u); heavy %.2f + "
              "recent %.2f of the prompt, %u sinks, %s budgets, %s scores",
              kv->key_bits, kv->value_bits, kv->group_size, kv->residual_length,
-             kv->flush_tokens ? kv->flush_tokens : kv->residual_length,
+             (unsigned)engine_flush_tokens(kv),
              (double)kv->heavy_ratio, (double)kv->recent_ratio, kv->sink_tokens,
              kv->budget_policy == MINIKV_BUDGET_PYRAMID ? "pyramid" : "uniform",
              kv->score_mode == MINIKV_SCORE_WINDOW ? "window" : "cumulative");

@@ -83,7 +83,8 @@ class Harness {
     D_ = cfg.head_dim;
     G_ = cfg.group_size;
     R_ = cfg.residual_length;
-    F_ = cfg.flush_tokens ? cfg.flush_tokens : R_;
+    // minikv.h: 0 is the whole residual; other values round up to whole groups, at most R.
+    F_ = cfg.flush_tokens == 0 ? R_ : uint32_t(std::min<uint64_t>(R_, (uint64_t(cfg.flush_tokens) + G_ - 1) / G_ * G_));
     esize_ = cfg.dtype == MINIKV_DTYPE_F32 ? 4 : 2;
     const uint64_t per_slot = (uint64_t(cfg.max_seq_len) + R_ - 1) / R_;
     num_blocks_ = cfg.max_tokens == 0 ? uint64_t(S_) * L_ * per_slot
@@ -1093,9 +1094,9 @@ minikv_config decode_config(fuzz::Input &in, bool &extreme) {
   static const uint32_t kStaging[4] = {0, 1, 2, 4};
   cfg.prefill_staging_tokens = std::min<uint32_t>(
       kStaging[(b9 >> 3) % 4] * cfg.max_seq_len / 2, cfg.max_sequences * cfg.max_seq_len);
-  // The whole residual per flush, or a sliding flush of 1 to R / G groups.
-  const uint32_t groups = cfg.residual_length / cfg.group_size;
-  cfg.flush_tokens = (b9 >> 5) & 1 ? cfg.group_size * (1 + (b9 >> 6) % groups) : 0;
+  // The whole residual per flush, or a sliding flush of 1 to 48 tokens (rounded up to whole
+  // groups, at most R).
+  cfg.flush_tokens = (b9 >> 5) & 1 ? 1 + 47 * (b9 >> 6) / 3 : 0;
   return cfg;
 }
 

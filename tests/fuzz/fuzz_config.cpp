@@ -67,7 +67,6 @@ bool documented_valid(const minikv_config &c) {
          (c.group_size == 16 || c.group_size == 32 || c.group_size == 64 || c.group_size == 128) &&
          (c.value_bits == 16 || c.head_dim % c.group_size == 0) && c.residual_length >= c.group_size &&
          c.residual_length % c.group_size == 0 && c.sink_tokens <= 64 &&
-         c.flush_tokens % c.group_size == 0 && c.flush_tokens <= c.residual_length &&
          uint64_t(c.prefill_staging_tokens) <= uint64_t(c.max_sequences) * c.max_seq_len;
 }
 
