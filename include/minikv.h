@@ -495,10 +495,10 @@ MINIKV_API minikv_status minikv_prefill_chunk(minikv_cache *cache, uint32_t laye
                                               void *stream);
 
 /** METHOD: appends one new token's K/V (for one layer) to each sequence of the batch. The
- *  token goes to the 16-bit residual; when the residual holds residual_length tokens, the
- *  oldest flush_tokens of them (all of them by default) are quantized into the pool as one
- *  flush, before the token's decode (as the reference implementation does), and the rest
- *  move to the front of the residual.
+ *  token goes to the 16-bit residual; when the residual holds residual_length tokens, its
+ *  oldest F (flush_tokens, rounded up to whole groups; all of them for 0) are quantized
+ *  into the pool as one flush, before the token's decode (as the reference implementation
+ *  does), and the rest move to the front of the residual.
  *  @param k,v  backend memory [n_seqs, num_kv_heads, head_dim].
  *  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (also a misaligned tensor or, with
  *          the CPU backend, a non-finite k/v); MINIKV_ERR_BAD_STATE (layer not prefilled

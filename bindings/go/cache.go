@@ -162,7 +162,8 @@ func (c *Cache) PrefillChunk16(layer int, seqIDs, promptLens []uint32, cuSeqlens
 
 // Append adds one new token's K/V (for one layer) to each sequence: k, v are
 // [len(seqIDs), NumKVHeads, HeadDim]. When a sequence's residual holds ResidualLength
-// tokens they are quantized as one flush. DtypeF32 only; see Append16.
+// tokens, its oldest FlushTokens (rounded up to whole groups; all of them for 0) are
+// quantized as one flush. DtypeF32 only; see Append16.
 func (c *Cache) Append(layer int, seqIDs []uint32, k, v []float32) error {
 	return c.appendHost("Append", DtypeF32, layer, seqIDs, len(k), len(v), f32addr(k), f32addr(v),
 		func() { runtime.KeepAlive(k); runtime.KeepAlive(v) })

@@ -380,8 +380,8 @@ func quantizedBytes(cfg minikv.Config, n uint64) uint64 {
 
 // expectedUsed simulates the uniform-policy bookkeeping: the kept prompt tokens
 // (floor(h*L) + floor(r*L), or all), the first multiple of G quantized and the rest in
-// the 16-bit residual, then `steps` appends flushing the oldest F (FlushTokens, 0 = R)
-// of the R residual tokens when the residual fills.
+// the 16-bit residual, then `steps` appends flushing the oldest F (flushSize) of the R
+// residual tokens when the residual fills.
 func expectedUsed(cfg minikv.Config, prompt, steps int) (used, cached uint64) {
 	elem := uint64(2)
 	if cfg.Dtype == minikv.DtypeF32 {
@@ -411,10 +411,7 @@ func expectedUsed(cfg minikv.Config, prompt, steps int) (used, cached uint64) {
 	if keep >= uint64(prompt) {
 		keep = uint64(prompt)
 	}
-	G, R, F := uint64(cfg.GroupSize), uint64(cfg.ResidualLength), uint64(cfg.FlushTokens)
-	if F == 0 {
-		F = R
-	}
+	G, R, F := uint64(cfg.GroupSize), uint64(cfg.ResidualLength), flushSize(cfg)
 	rest := keep - sinks
 	quantized, residual := rest-rest%G, rest%G
 	for i := 0; i < steps; i++ {
@@ -426,6 +423,20 @@ func expectedUsed(cfg minikv.Config, prompt, steps int) (used, cached uint64) {
 	}
 	denseBytes := (sinks + residual) * 2 * uint64(cfg.NumKVHeads) * uint64(cfg.HeadDim) * elem
 	return quantizedBytes(cfg, quantized) + denseBytes, sinks + quantized + residual
+}
+
+// flushSize is F, the tokens one flush quantizes (flush_tokens in include/minikv.h): the
+// whole residual for 0, else FlushTokens rounded up to a multiple of GroupSize, at most
+// ResidualLength.
+func flushSize(cfg minikv.Config) uint64 {
+	G, R, F := uint64(cfg.GroupSize), uint64(cfg.ResidualLength), uint64(cfg.FlushTokens)
+	if F == 0 {
+		return R
+	}
+	if F = (F + G - 1) / G * G; F > R {
+		return R
+	}
+	return F
 }
 
 func u16tensor(rng *rand.Rand, n int) []uint16 {
@@ -484,21 +495,16 @@ func TestCompressionPaperSetting(t *testing.T) {
 }
 
 // The default storage (PresetBalanced: 4-bit keys, 2-bit values, G 32, 4 sinks, budget
-// 50%) on a ragged batch with residual_length 32: the byte count follows the layout through
-// many flushes, per sequence and layer. Uniform budgets, the ones expectedUsed models
-// (the default's pyramid gives each layer its own).
+// 50%, a sliding flush: FlushTokens 32 of ResidualLength 64, the first flush at the
+// residual's 64th token, then one every 32, each quantizing the oldest 32 and keeping the
+// newest 32 16-bit) on a ragged batch: the byte count follows the layout through several
+// flushes, per sequence and layer. Uniform budgets, the ones expectedUsed models (the
+// default's pyramid gives each layer its own).
 func TestCompressionRaggedDefaults(t *testing.T) {
 	cfg := raggedConfig()
-	cfg.ResidualLength = 32
-	checkRaggedCompression(t, cfg, 45)
-}
-
-// The same with a sliding flush: FlushTokens 32 of ResidualLength 64 quantizes the oldest
-// 32 residual tokens at each flush (the first at the residual's 64th token, then every 32)
-// and keeps the newest 32 16-bit.
-func TestCompressionSlidingFlush(t *testing.T) {
-	cfg := raggedConfig()
-	cfg.ResidualLength, cfg.FlushTokens = 64, 32
+	if cfg.ResidualLength != 64 || cfg.FlushTokens != 32 {
+		t.Fatalf("default residual %d flushed %d at a time, want 64 and 32", cfg.ResidualLength, cfg.FlushTokens)
+	}
 	const steps = 100
 	checkRaggedCompression(t, cfg, steps)
 	// The accounting checked differs from a whole flush's (FlushTokens ignored) for some
@@ -513,6 +519,115 @@ func TestCompressionSlidingFlush(t *testing.T) {
 	}
 	if !differ {
 		t.Fatal("the sliding and whole flushes give the same bytes: the test cannot tell them apart")
+	}
+}
+
+// The same storage flushing the whole residual at once (FlushTokens 0, the MiniKV
+// reference), with ResidualLength 32: many flushes of 32 tokens.
+func TestCompressionWholeFlush(t *testing.T) {
+	cfg := raggedConfig()
+	cfg.ResidualLength, cfg.FlushTokens = 32, 0
+	checkRaggedCompression(t, cfg, 45)
+}
+
+// Any FlushTokens is valid: it is rounded up to a multiple of GroupSize and capped at
+// ResidualLength. With GroupSize 16 and ResidualLength 64, caches fed the same tokens give
+// the same decode outputs (bit for bit) and memory stats at every step when their
+// FlushTokens round to the same F: 24 and 32; 1 and 16; 200, 2^32-1 and 0 (the whole
+// residual). The three F give different caches (so the comparisons can fail), and each
+// follows expectedUsed with the rounded F.
+func TestFlushTokensRoundUp(t *testing.T) {
+	base := raggedConfig()
+	if err := base.ApplyPreset(minikv.PresetPaper); err != nil { // G 16
+		t.Fatal(err)
+	}
+	base.Dtype, base.NumLayers, base.MaxSequences, base.MaxSeqLen, base.ResidualLength = minikv.DtypeF32, 1, 1, 256, 64
+	groups := [][]uint32{{24, 32}, {1, 16}, {200, math.MaxUint32, 0}}
+	rounded := []uint64{32, 16, 64}
+	type run struct {
+		cfg   minikv.Config
+		cache *minikv.Cache
+	}
+	var runs []run
+	for g, same := range groups {
+		for _, f := range same {
+			cfg := base
+			cfg.FlushTokens = f
+			if flushSize(cfg) != rounded[g] {
+				t.Fatalf("flushSize(%d) = %d, want %d", f, flushSize(cfg), rounded[g])
+			}
+			c := mustNew(t, cfg)
+			defer c.Close()
+			if got := c.Config().FlushTokens; got != f {
+				t.Fatalf("the cache reports FlushTokens %d, created with %d", got, f)
+			}
+			runs = append(runs, run{cfg, c})
+		}
+	}
+	const L = 40
+	rng := rand.New(rand.NewSource(5))
+	q, _ := tensor(rng, L*tH*64, identity)
+	k, _ := tensor(rng, L*tHkv*64, identity)
+	v, _ := tensor(rng, L*tHkv*64, identity)
+	for _, r := range runs {
+		if err := r.cache.Prefill(0, []uint32{0}, []int32{0, L}, q, k, v, make([]float32, L*tH*64)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	differ := map[[2]int]int{} // steps where the first caches of two groups differ in bytes
+	for step := 1; step <= 160; step++ {
+		nk, _ := tensor(rng, tHkv*64, identity)
+		nv, _ := tensor(rng, tHkv*64, identity)
+		nq, _ := tensor(rng, tH*64, identity)
+		outs := make([][]float32, len(runs))
+		used := make([]uint64, len(runs))
+		for i, r := range runs {
+			outs[i] = make([]float32, tH*64)
+			if err := r.cache.Append(0, []uint32{0}, nk, nv); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.cache.Decode(0, []uint32{0}, nq, outs[i]); err != nil {
+				t.Fatal(err)
+			}
+			st, err := r.cache.MemoryStats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			used[i] = st.UsedBytes
+			if want, _ := expectedUsed(r.cfg, L, step); used[i] != want {
+				t.Fatalf("FlushTokens %d, step %d: used %d bytes, want %d", r.cfg.FlushTokens, step, used[i], want)
+			}
+		}
+		var first []int // index of each group's first cache
+		at := 0
+		for _, same := range groups {
+			first = append(first, at)
+			for i := at + 1; i < at+len(same); i++ {
+				if used[i] != used[at] {
+					t.Fatalf("step %d: FlushTokens %d used %d bytes, %d used %d", step,
+						runs[i].cfg.FlushTokens, used[i], runs[at].cfg.FlushTokens, used[at])
+				}
+				for j := range outs[i] {
+					if math.Float32bits(outs[i][j]) != math.Float32bits(outs[at][j]) {
+						t.Fatalf("step %d: decode of FlushTokens %d differs from %d's at %d", step,
+							runs[i].cfg.FlushTokens, runs[at].cfg.FlushTokens, j)
+					}
+				}
+			}
+			at += len(same)
+		}
+		for a := range first {
+			for b := a + 1; b < len(first); b++ {
+				if used[first[a]] != used[first[b]] {
+					differ[[2]int{a, b}]++
+				}
+			}
+		}
+	}
+	for _, pair := range [][2]int{{0, 1}, {0, 2}, {1, 2}} {
+		if differ[pair] <= 20 {
+			t.Fatalf("groups %v differ in only %d steps: the comparisons cannot tell them apart", pair, differ[pair])
+		}
 	}
 }
 
@@ -591,11 +706,6 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{"group_size (24)", func(c *minikv.Config) { c.GroupSize = 24 }},
 		{"heavy_ratio", func(c *minikv.Config) { c.HeavyRatio = 1.5 }},
 		{"num_layers (0)", func(c *minikv.Config) { c.NumLayers = 0 }},
-		// exactConfig has GroupSize = ResidualLength = 16.
-		{"flush_tokens (8) must be 0 (the whole residual) or a multiple of group_size (16)",
-			func(c *minikv.Config) { c.FlushTokens = 8 }},
-		{"flush_tokens (32)", func(c *minikv.Config) { c.FlushTokens = 32 }},
-		{"flush_tokens (48)", func(c *minikv.Config) { c.GroupSize, c.ResidualLength, c.FlushTokens = 32, 64, 48 }},
 	}
 	for _, tc := range cases {
 		cfg := base
@@ -821,17 +931,19 @@ func TestPresets(t *testing.T) {
 		sinks                     uint32
 		policy                    minikv.BudgetPolicy
 		scores                    minikv.ScoreMode
+		residual, flush           uint32
 	}{
-		{minikv.PresetBalanced, 4, 2, 32, 4, minikv.BudgetPyramid, minikv.ScoreWindow},
-		{minikv.PresetPaper, 2, 2, 16, 0, minikv.BudgetPyramid, minikv.ScoreCumulative},
-		{minikv.PresetQuality, 8, 8, 32, 4, minikv.BudgetUniform, minikv.ScoreCumulative},
-		{minikv.PresetEvictionOnly, 16, 16, 16, 0, minikv.BudgetUniform, minikv.ScoreCumulative},
+		// BALANCED flushes 32 tokens of a 64-token residual, the others the whole 128.
+		{minikv.PresetBalanced, 4, 2, 32, 4, minikv.BudgetPyramid, minikv.ScoreWindow, 64, 32},
+		{minikv.PresetPaper, 2, 2, 16, 0, minikv.BudgetPyramid, minikv.ScoreCumulative, 128, 0},
+		{minikv.PresetQuality, 8, 8, 32, 4, minikv.BudgetUniform, minikv.ScoreCumulative, 128, 0},
+		{minikv.PresetEvictionOnly, 16, 16, 16, 0, minikv.BudgetUniform, minikv.ScoreCumulative, 128, 0},
 	}
 	for _, tc := range cases {
 		cfg := minikv.DefaultConfig()
 		cfg.NumLayers, cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim, cfg.MaxSeqLen = 3, 8, 2, 96, 777
 		cfg.Dtype, cfg.Backend = minikv.DtypeBF16, minikv.BackendCPU
-		cfg.HeavyRatio, cfg.ResidualLength = 0.9, 512
+		cfg.HeavyRatio, cfg.ResidualLength, cfg.FlushTokens = 0.9, 512, 96
 		cfg.ScoreMode = minikv.ScoreWindow
 		if tc.scores == minikv.ScoreWindow {
 			cfg.ScoreMode = minikv.ScoreCumulative
@@ -841,7 +953,8 @@ func TestPresets(t *testing.T) {
 		}
 		if cfg.KeyBits != tc.keyBits || cfg.ValueBits != tc.valueBits || cfg.GroupSize != tc.group ||
 			cfg.SinkTokens != tc.sinks || cfg.BudgetPolicy != tc.policy || cfg.HeavyRatio != 0.25 ||
-			cfg.RecentRatio != 0.25 || cfg.ResidualLength != 128 || cfg.ScoreMode != tc.scores {
+			cfg.RecentRatio != 0.25 || cfg.ResidualLength != tc.residual || cfg.FlushTokens != tc.flush ||
+			cfg.ScoreMode != tc.scores {
 			t.Fatalf("preset %d gave %+v", tc.p, cfg)
 		}
 		if cfg.NumLayers != 3 || cfg.NumHeads != 8 || cfg.NumKVHeads != 2 || cfg.HeadDim != 96 ||

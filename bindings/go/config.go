@@ -45,6 +45,8 @@ const (
 )
 
 // Preset names a compression setting (minikv_preset; include/minikv.h documents each).
+// PresetBalanced keeps a 64-token residual flushed 32 tokens at a time (ResidualLength 64,
+// FlushTokens 32); the others flush a 128-token residual whole (128, 0).
 type Preset int32
 
 const (
@@ -110,7 +112,7 @@ type Config struct {
 	KeyBits        uint32 // 2, 4, 8 or 16 (unquantized)
 	ValueBits      uint32 // 2, 4, 8 or 16
 	GroupSize      uint32 // 16, 32, 64 or 128
-	ResidualLength uint32 // a multiple of GroupSize
+	ResidualLength uint32 // R, tokens kept 16-bit before a flush: a multiple of GroupSize
 	SinkTokens     uint32 // first prompt positions always kept unquantized, inside the budget; 0..64
 	// PrefillStagingTokens sizes the staging area of chunked prefill (PrefillChunk): the most
 	// prompt tokens in flight at once across sequences (their K/V wait there, every layer);
@@ -118,15 +120,18 @@ type Config struct {
 	PrefillStagingTokens uint32
 	// FlushTokens is F, how many tokens a flush quantizes: when the residual holds
 	// ResidualLength tokens (the new one included), its oldest F are quantized and the
-	// newest ResidualLength - F stay 16-bit (a sliding flush, every F tokens). A multiple of
-	// GroupSize, at most ResidualLength; 0 = ResidualLength, the whole residual (the MiniKV
-	// reference, the default).
+	// newest ResidualLength - F stay 16-bit (a sliding flush, every F tokens). Any value is
+	// valid: it is rounded up to a multiple of GroupSize and capped at ResidualLength (with
+	// GroupSize 16, 24 acts as 32; 200 with ResidualLength 64 as 64); 0 = the whole residual
+	// at once (the MiniKV reference). 32 by default (with ResidualLength 64); the presets
+	// other than PresetBalanced set 0 (with ResidualLength 128).
 	FlushTokens uint32
 }
 
 // DefaultConfig returns the library's defaults (minikv_config_default, PresetBalanced): F16,
-// 4-bit keys and 2-bit values, group 32, 4 sink tokens, residual 128, heavy and recent
-// ratios 0.25 with pyramid budgets, window scores, Backend Auto. Model dimensions are zero and must be set.
+// 4-bit keys and 2-bit values, group 32, 4 sink tokens, residual 64 flushed 32 tokens at a
+// time, heavy and recent ratios 0.25 with pyramid budgets, window scores, Backend Auto.
+// Model dimensions are zero and must be set.
 func DefaultConfig() Config {
 	c := capi.NewConfigStruct()
 	defer capi.DeleteConfigStruct(c)
@@ -134,8 +139,8 @@ func DefaultConfig() Config {
 }
 
 // ApplyPreset sets the compression fields (bits, group size, sinks, budget, score mode,
-// residual length) to a named setting (minikv_config_preset), leaving the dimensions,
-// backend, dtype and sizes as they are. An unknown preset is an *Error with
+// residual length, flush tokens) to a named setting (minikv_config_preset), leaving the
+// dimensions, backend, dtype and sizes as they are. An unknown preset is an *Error with
 // StatusInvalidArgument, and cfg is unchanged.
 func (cfg *Config) ApplyPreset(p Preset) error {
 	c := cfg.toC()

@@ -67,9 +67,9 @@ func TestConfigRoundTrip(t *testing.T) {
 		t.Fatalf("round trip\n in  %+v\n out %+v", in, out)
 	}
 	d := DefaultConfig()
-	if d.KeyBits != 4 || d.ValueBits != 2 || d.GroupSize != 32 || d.ResidualLength != 128 ||
+	if d.KeyBits != 4 || d.ValueBits != 2 || d.GroupSize != 32 || d.ResidualLength != 64 ||
 		d.SinkTokens != 4 || d.HeavyRatio != 0.25 || d.RecentRatio != 0.25 || d.Dtype != DtypeF16 ||
-		d.MaxSequences != 1 || d.PrefillStagingTokens != 0 || d.FlushTokens != 0 {
+		d.MaxSequences != 1 || d.PrefillStagingTokens != 0 || d.FlushTokens != 32 {
 		t.Fatalf("DefaultConfig %+v is not the documented default", d)
 	}
 }

@@ -37,9 +37,12 @@ class Config:
 
     flush_tokens is F, how many tokens a flush quantizes: when the residual holds
     residual_length tokens (the new one included), its oldest F are quantized and the
-    newest residual_length - F stay 16-bit (a sliding flush, every F tokens). A multiple of
-    group_size, at most residual_length; 0 (the default) = residual_length, the whole
-    residual as in the MiniKV reference."""
+    newest residual_length - F stay 16-bit (a sliding flush, every F tokens). Any value is
+    valid: it is rounded up to a multiple of group_size and capped at residual_length
+    (group_size 16: 8 acts as 16, 24 as 32; 200 with residual_length 64 as 64, the whole
+    residual); 0 = the whole residual at once, as in the MiniKV reference. The defaults
+    (Preset.BALANCED) are residual_length 64 and flush_tokens 32; the other presets set
+    residual_length 128 and flush_tokens 0."""
 
     backend: Backend = LIBRARY_DEFAULT
     device_id: int = LIBRARY_DEFAULT

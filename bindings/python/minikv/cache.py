@@ -255,7 +255,8 @@ class Cache:
     def append(self, layer: int, seq_ids: SeqIds, k: Any, v: Any, stream: Any = None) -> None:
         """Appends one new token's K/V ([n_seqs, num_kv_heads, head_dim]) of `layer` to
         each sequence; when the residual becomes full (residual_length tokens), its oldest
-        Config.flush_tokens (all of them by default) are quantized into the cache (a flush)."""
+        Config.flush_tokens (rounded up to whole groups; all of them for 0) are quantized
+        into the cache (a flush)."""
         handle = self._live()
         c = self._config
         ids = _u32_array(seq_ids, "seq_ids")

@@ -77,11 +77,20 @@ def quantized_bytes(n: int, kv_heads: int, head_dim: int, group: int, key_bits: 
     return (n // group) * per_group * kv_heads
 
 
+def flush_size(flush_tokens: int, group: int, residual_length: int) -> int:
+    """F, the tokens one flush quantizes (include/minikv.h, flush_tokens): the whole
+    residual for 0, else flush_tokens rounded up to a multiple of group, at most
+    residual_length."""
+    if flush_tokens == 0:
+        return residual_length
+    return min(-(-flush_tokens // group) * group, residual_length)
+
+
 class SlotModel:
     """Bookkeeping of one (sequence, layer): quantized vs 16-bit residual tokens
     (MINIKV.md section 4: tail of < G kept prompt tokens in the residual, flush at R).
-    flush_tokens F (include/minikv.h; 0 = R): a flush quantizes the oldest F of the R
-    residual tokens and keeps the newest R - F in the residual."""
+    flush_tokens (include/minikv.h; 0 = R) gives F = flush_size(...): a flush quantizes the
+    oldest F of the R residual tokens and keeps the newest R - F in the residual."""
 
     def __init__(self, prompt_len: int, n_keep: int, group: int, residual_length: int,
                  flush_tokens: int = 0):
@@ -89,7 +98,7 @@ class SlotModel:
         self.quantized = n_keep - n_keep % group
         self.residual = n_keep - self.quantized
         self.R = residual_length
-        self.F = flush_tokens or residual_length
+        self.F = flush_size(flush_tokens, group, residual_length)
         self.flushes = 0
 
     def append(self) -> None:

@@ -9,10 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import minikv
-from minikv._types import MemoryStatsStruct, MinikvConfigStruct
+from minikv._types import MemoryStatsStruct, MinikvConfigStruct, _to_enum
 
 REPO = Path(__file__).resolve().parents[3]
 HEADER = REPO / "include" / "minikv.h"
@@ -154,9 +155,10 @@ def test_config_defaults_come_from_the_library():
     for f in dataclasses.fields(cfg):
         assert getattr(cfg, f.name) == pytest.approx(getattr(raw, f.name)), f.name
     # The defaults documented in the header: MINIKV_PRESET_BALANCED.
-    assert (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.residual_length) == (4, 2, 32, 128)
+    assert (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.residual_length) == (4, 2, 32, 64)
     assert cfg.sink_tokens == 4 and cfg.budget_policy is minikv.BudgetPolicy.PYRAMID
-    assert cfg.flush_tokens == 0 and raw.reserved_v3_ == 0  # 0 = flush the whole residual
+    # A sliding flush: the oldest 32 tokens of a full 64-token residual.
+    assert cfg.flush_tokens == 32 and raw.reserved_v3_ == 0
     assert cfg.score_mode is minikv.ScoreMode.WINDOW
     assert cfg.heavy_ratio == 0.25 and cfg.recent_ratio == 0.25
     assert cfg.backend is minikv.Backend.AUTO and cfg.dtype is minikv.DType.F16
@@ -199,28 +201,99 @@ def test_library_discovery():
         assert "cannot find libminikv" in r.stderr
 
 
-@pytest.mark.parametrize("preset,fields", [
+# BALANCED: a 64-token residual flushed 32 tokens at a time; the others flush the whole
+# 128-token residual at once.
+PRESET_FIELDS = [
     ("balanced", dict(key_bits=4, value_bits=2, group_size=32, sink_tokens=4, budget_policy=1,
-                      score_mode=1)),
+                      score_mode=1, residual_length=64, flush_tokens=32)),
     ("paper", dict(key_bits=2, value_bits=2, group_size=16, sink_tokens=0, budget_policy=1,
-                   score_mode=0)),
+                   score_mode=0, residual_length=128, flush_tokens=0)),
     (minikv.Preset.QUALITY, dict(key_bits=8, value_bits=8, group_size=32, sink_tokens=4,
-                                 budget_policy=0, score_mode=0)),
+                                 budget_policy=0, score_mode=0, residual_length=128,
+                                 flush_tokens=0)),
     (3, dict(key_bits=16, value_bits=16, group_size=16, sink_tokens=0, budget_policy=0,
-             score_mode=0)),
-])
+             score_mode=0, residual_length=128, flush_tokens=0)),
+]
+
+
+@pytest.mark.parametrize("preset,fields", PRESET_FIELDS)
 def test_presets_set_the_compression_fields(preset, fields):
     cfg = minikv.Config.from_preset(preset, num_layers=3, head_dim=96)
     for name, value in fields.items():
         assert getattr(cfg, name) == value, name
-    assert (cfg.heavy_ratio, cfg.recent_ratio, cfg.residual_length) == (0.25, 0.25, 128)
+    assert (cfg.heavy_ratio, cfg.recent_ratio) == (0.25, 0.25)
     assert cfg.pyramid_depth == 7.0 and (cfg.window_size, cfg.pool_kernel) == (32, 7)
     # Fields given on top win; the rest are minikv_config_default()'s.
     assert cfg.num_layers == 3 and cfg.head_dim == 96
     assert cfg.max_seq_len == minikv.Config().max_seq_len and cfg.backend is minikv.Backend.AUTO
     assert minikv.Config.from_preset(preset, sink_tokens=7).sink_tokens == 7
-    assert cfg.flush_tokens == 0  # no preset changes it
-    assert minikv.Config.from_preset(preset, flush_tokens=64).flush_tokens == 64
+    assert minikv.Config.from_preset(preset, flush_tokens=24).flush_tokens == 24
+
+
+@pytest.mark.parametrize("preset,fields", PRESET_FIELDS)
+def test_presets_write_residual_and_flush(preset, fields):
+    """minikv_config_preset itself writes residual_length and flush_tokens, whatever the
+    struct held (from_preset above starts from the defaults, which hold BALANCED's)."""
+    lib = minikv.load()
+    s = minikv.Config(residual_length=512, flush_tokens=96).to_struct()
+    value = int(_to_enum(minikv.Preset, preset, "preset"))
+    assert lib.minikv_config_preset(ctypes.byref(s), value) == 0
+    want = (fields["residual_length"], fields["flush_tokens"])
+    assert (s.residual_length, s.flush_tokens) == want
+
+
+class _OldCallerCache(minikv.Cache):
+    """A cache created from a struct of a caller built before flush_tokens: struct_size 104,
+    so the library must not read flush_tokens (offset 104) or reserved_v3_."""
+
+    def _create(self, struct):
+        struct.struct_size = MinikvConfigStruct.flush_tokens.offset
+        super()._create(struct)
+
+
+def test_a_struct_without_flush_tokens_keeps_the_old_behaviour(rng):
+    """A caller whose struct ends before flush_tokens (104 bytes) gets its library's
+    behaviour: minikv_config_init and every preset give residual_length 128 and write
+    nothing from byte 104 on, and minikv_cache_create flushes the whole residual whatever
+    those bytes hold."""
+    lib = minikv.load()
+    size = MinikvConfigStruct.flush_tokens.offset
+    assert size == 104
+    s = MinikvConfigStruct()
+    ctypes.memset(ctypes.byref(s), 0xA5, ctypes.sizeof(s))
+    assert lib.minikv_config_init(ctypes.byref(s), size) == 0
+    assert (s.struct_size, s.residual_length, s.group_size) == (size, 128, 32)
+    assert (s.flush_tokens, s.reserved_v3_) == (0xA5A5A5A5, 0xA5A5A5A5)  # not written
+    for preset in minikv.Preset:
+        s.residual_length = 32
+        assert lib.minikv_config_preset(ctypes.byref(s), int(preset)) == 0
+        assert s.residual_length == 128, preset
+        assert (s.flush_tokens, s.reserved_v3_) == (0xA5A5A5A5, 0xA5A5A5A5), preset
+
+    # The same config with flush_tokens = 32 (G = 16, R = 64): the old caller's cache
+    # flushes all 64 tokens, as one with flush_tokens = 0 does, not the oldest 32.
+    cfg = minikv.Config(backend="cpu", dtype="f32", num_layers=1, num_heads=2, num_kv_heads=1,
+                        head_dim=32, max_seq_len=256, key_bits=2, value_bits=2, group_size=16,
+                        residual_length=64, flush_tokens=32, budget_policy="uniform")
+    whole = dataclasses.replace(cfg, flush_tokens=0)
+    caches = [_OldCallerCache(cfg), minikv.Cache(whole), minikv.Cache(cfg)]
+    try:
+        x = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+        q, k, v = x(40, 2, 32), x(40, 1, 32), x(40, 1, 32)
+        for c in caches:
+            c.prefill(0, [0], [0, 40], q, k, v)
+        differed = 0
+        for step in range(150):  # flushes after 60, 124 appends (and every 32 for F = 32)
+            k, v, q = x(1, 1, 32), x(1, 1, 32), x(1, 2, 32)
+            outs = [c.append_decode(0, [0], q, k, v) for c in caches]
+            stats = [c.memory_stats() for c in caches]
+            assert stats[0] == stats[1], f"step {step}"
+            assert outs[0].tobytes() == outs[1].tobytes(), f"step {step}"
+            differed += stats[2].used_bytes != stats[1].used_bytes
+        assert differed > 50  # a library that read flush_tokens would have failed above
+    finally:
+        for c in caches:
+            c.close()
 
 
 def test_preset_names_and_errors():

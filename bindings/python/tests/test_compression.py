@@ -40,11 +40,13 @@ def test_paper_setting_compression(rng):
 @pytest.mark.parametrize("dtype", [minikv.DType.F16, minikv.DType.F32])
 @pytest.mark.parametrize("bits,group,residual,flush", [
     (2, 16, 32, 0), (4, 32, 64, 0), (2, 64, 64, 0),
-    (4, 32, 64, 32), (2, 16, 64, 48), (2, 16, 32, 16)])  # sliding flushes (flush_tokens)
+    (4, 32, 64, 32), (2, 16, 64, 48), (2, 16, 32, 16),  # sliding flushes (flush_tokens)
+    (2, 16, 64, 20), (4, 32, 64, 1), (2, 16, 32, 100)])  # rounded to 32, 32 and 32 = R
 def test_stats_follow_layout_every_step(rng, dtype, bits, group, residual, flush):
     """used_bytes and the counts equal the layout.h accounting after every call (prompt
     tails in the residual, flushes every R appends, or with flush_tokens F the oldest F of
-    a full residual every F appends, several sequences and layers)."""
+    a full residual every F appends, several sequences and layers; F rounded up to whole
+    groups, at most R)."""
     H, HKV, D, layers = 4, 2, 64, 2
     npt, elem = NP_DTYPES[dtype], dtype.itemsize
     lengths = {1: 70, 0: 45, 2: 3}
@@ -89,7 +91,7 @@ def test_stats_follow_layout_every_step(rng, dtype, bits, group, residual, flush
                     whole[(s, layer)].append()
             check()
         assert all(m.flushes >= 1 for m in models.values())
-        if flush and flush < residual:
+        if next(iter(models.values())).F < residual:
             # The accounting of a whole flush differs from the sliding one's at the end, so
             # the checks above would fail if the library ignored flush_tokens.
             assert any(m.quantized != w.quantized for m, w in zip(models.values(), whole.values()))
@@ -97,7 +99,7 @@ def test_stats_follow_layout_every_step(rng, dtype, bits, group, residual, flush
 
 @pytest.mark.parametrize("dtype", [minikv.DType.F32, minikv.DType.F16])
 @pytest.mark.parametrize("bits", [2, 4])
-@pytest.mark.parametrize("flush", [0, 16])  # 16 of R = 32: a sliding flush
+@pytest.mark.parametrize("flush", [0, 16, 5])  # 16 (and 5, rounded up to 16) of R = 32
 def test_quantized_decode_matches_kivi_model(rng, dtype, bits, flush):
     """Decode over the quantized cache equals float64 attention over the numpy model of
     the stored values: kept prompt tokens (as kept_positions reports them) and appended
@@ -151,3 +153,51 @@ def test_quantized_decode_matches_kivi_model(rng, dtype, bits, flush):
                 errors.append(np.abs(exact - ref).max())
         assert max(errors) > 10 * TOLERANCE[dtype]
         assert all(m.flushes >= 2 for m in models.values())
+
+
+def test_flush_tokens_round_up_to_whole_groups(rng):
+    """Any flush_tokens is valid: the library rounds it up to a multiple of group_size and
+    caps it at residual_length. With G = 16 and R = 64, caches fed the same tokens agree bit
+    for bit (decode outputs) and byte for byte (memory stats) at every step when their
+    flush_tokens round to the same F: 24 and 32; 8 and 16; 200, 2**32 - 1 and 0 (the whole
+    residual). The three F give different caches (so those comparisons can fail), and every
+    cache follows the layout accounting with its rounded F (2-bit storage: a flush moves
+    tokens from 16-bit rows to 2-bit codes)."""
+    H, HKV, D, G, R, L = 8, 2, 32, 16, 64, 40
+    groups = [(24, 32), (8, 16), (200, 2 ** 32 - 1, 0)]  # F = 32, 16 and 64
+    flushes = [f for g in groups for f in g]
+    cfg = dict(dtype="f32", num_layers=1, num_heads=H, num_kv_heads=HKV, head_dim=D,
+               max_seq_len=256, group_size=G, residual_length=R, budget_policy="uniform")
+    caches = []
+    try:
+        for f in flushes:
+            caches.append(cpu_cache(flush_tokens=f, **cfg))
+        assert [c.config.flush_tokens for c in caches] == flushes  # reported as given
+        x = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+        q, k, v = x(L, H, D), x(L, HKV, D), x(L, HKV, D)
+        for c in caches:
+            c.prefill(0, [0], [0, L], q, k, v)
+        models = [SlotModel(L, kept_count(L, 0.25, 0.25), G, R, f) for f in flushes]
+        assert [m.F for m in models] == [32, 32, 16, 16, 64, 64, 64]
+        differed = {(0, 1): 0, (0, 2): 0, (1, 2): 0}  # steps where two groups' bytes differ
+        for step in range(R + 3 * 32):  # the first flush at R tokens, then every F
+            k, v, q = x(1, HKV, D), x(1, HKV, D), x(1, H, D)
+            outs, used = {}, {}
+            for f, c, m in zip(flushes, caches, models):
+                c.append(0, [0], k, v)
+                outs[f] = c.decode(0, [0], q).tobytes()
+                m.append()
+                used[f] = c.memory_stats().used_bytes
+                assert used[f] == m.used_bytes(HKV, D, G, 2, 2, 4), f"flush_tokens {f}, step {step}"
+                assert tuple(c.sequence_length(0, 0)) == (m.seen, m.cached)
+            for same in groups:
+                for f in same[1:]:
+                    assert outs[f] == outs[same[0]], f"flush_tokens {f} vs {same[0]}, step {step}"
+                    assert used[f] == used[same[0]], f"flush_tokens {f} vs {same[0]}, step {step}"
+            for a, b in differed:
+                differed[(a, b)] += used[groups[a][0]] != used[groups[b][0]]
+        assert [m.flushes for m in models] == [4, 4, 7, 7, 2, 2, 2]
+        assert min(differed.values()) > 20, differed
+    finally:
+        for c in caches:
+            c.close()

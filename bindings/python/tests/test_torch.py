@@ -77,10 +77,11 @@ def test_bfloat16_through_torch(rng):
 
 # ---- CUDA ------------------------------------------------------------------------------
 def cuda_cache_or_skip(**cfg):
+    """cpu_cache's configuration (Preset.PAPER under `cfg`) on the CUDA backend."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device visible to torch")
     try:
-        return minikv.Cache(minikv.Config(backend="cuda", **cfg))
+        return minikv.Cache(minikv.Config.from_preset("paper", backend="cuda", **cfg))
     except minikv.MinikvError as e:
         if e.status == minikv.Status.UNSUPPORTED:
             pytest.skip(f"no CUDA backend in this libminikv: {e.message}")
@@ -92,6 +93,8 @@ CUDA_CASES = {
     "minikv-f16": dict(dtype="f16"),
     "minikv-bf16": dict(dtype="bf16"),
     "minikv-f16-4bit-window": dict(dtype="f16", key_bits=4, value_bits=4, score_mode="window"),
+    # A sliding flush: 24 rounds up to 32 (G = 16), the oldest 32 of R = 64 per flush.
+    "minikv-f16-flush24": dict(dtype="f16", flush_tokens=24),
 }
 
 
@@ -127,7 +130,7 @@ def test_cuda_backend_matches_cpu_backend(rng, case):
                     np.testing.assert_array_equal(gpu.kept_positions(s, layer, g),
                                                   cpu.kept_positions(s, layer, g))
         out = torch.empty(3, H, D, dtype=tdt, device="cuda")
-        for step in range(150):  # > 2 flushes of R = 64
+        for step in range(150):  # > 2 flushes of R = 64 (3 or more of 32 with flush_tokens 24)
             for layer in range(2):
                 kn, vn, qn = (randn(rng, 3, n, D, dtype=tdt) for n in (HKV, HKV, H))
                 cpu.append(layer, ids, kn, vn)

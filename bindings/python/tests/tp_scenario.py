@@ -8,10 +8,11 @@ CPU with gloo, float32; or on one GPU per rank with NCCL, float16) and saves eac
 results to OUT/rank<r>.pt.
 
 The scenario: a ragged batch of two prompts prefilled (every position's logits), 140
-teacher-forced tokens each in one step (past the default residual_length of 128: a flush),
-the kept positions of every (sequence, layer, KV head), the memory statistics, then greedy
-generation of one prompt. Every libminikv call is recorded (inputs and outputs, copied to
-the host, and the releases), so the test can replay a run's calls into another cache.
+teacher-forced tokens each in one step (past the default residual_length of 64, flushed 32
+tokens at a time: several flushes), the kept positions of every (sequence, layer, KV head),
+the memory statistics, then greedy generation of one prompt. Every libminikv call is
+recorded (inputs and outputs, copied to the host, and the releases), so the test can replay
+a run's calls into another cache.
 """
 import os
 import sys

@@ -191,7 +191,7 @@ pub struct minikv_config {
     #[doc = "128 (values need head_dim a multiple of G); 32"]
     pub group_size: u32,
     #[doc = "< R: tokens kept 16-bit before a flush, a multiple of"]
-    #[doc = "group_size; 128"]
+    #[doc = "group_size; 64 (the presets other than BALANCED: 128)"]
     pub residual_length: u32,
     #[doc = "< the first version's tail padding: ignored (fields are"]
     #[doc = "appended after it)"]
@@ -223,13 +223,14 @@ pub struct minikv_config {
     #[doc = "holds residual_length tokens (the new one included),"]
     #[doc = "its oldest F are quantized into the pool and the newest"]
     #[doc = "R - F stay 16-bit, so the last R - F tokens are always"]
-    #[doc = "exact (a sliding flush). A multiple of group_size, at"]
-    #[doc = "most residual_length; 0 = residual_length, the whole"]
-    #[doc = "residual (the MiniKV reference). Smaller F flushes more"]
-    #[doc = "often (every F tokens) and keeps more 16-bit rows on"]
-    #[doc = "average; docs/algorithm.md §4 gives the accuracy it"]
-    #[doc = "buys. Default 0, also for a caller whose struct ends"]
-    #[doc = "before this field."]
+    #[doc = "exact (a sliding flush, one every F tokens). Rounded up"]
+    #[doc = "to a multiple of group_size, at most residual_length"]
+    #[doc = "(any value is valid); 0 = the whole residual at once"]
+    #[doc = "(the MiniKV reference, and MINIKV_PRESET_PAPER's)."]
+    #[doc = "docs/algorithm.md §4 gives the accuracy a sliding flush"]
+    #[doc = "buys. 32 (with residual_length 64). A caller whose struct"]
+    #[doc = "ends before this field gets 0 and residual_length 128:"]
+    #[doc = "the defaults of the library it was built for."]
     pub flush_tokens: u32,
     #[doc = "< tail padding; must be 0 (the slot of a future field:"]
     #[doc = "this library rejects a non-zero value with"]
@@ -621,13 +622,15 @@ extern "C" {
 impl minikv_preset {
     #[doc = "< the default: 4-bit keys, 2-bit values, G = 32, 4 sinks,"]
     #[doc = "PYRAMID depth 7, WINDOW scores (32 queries, pooling"]
-    #[doc = "7): 4 bits per element (~87% smaller than fp16), the"]
+    #[doc = "7), a 64-token residual flushed 32 tokens at a time:"]
+    #[doc = "4 bits per element (~87% smaller than fp16), the"]
     #[doc = "paper's memory at a fraction of its accuracy cost"]
     pub const MINIKV_PRESET_BALANCED: minikv_preset = minikv_preset(0);
 }
 impl minikv_preset {
     #[doc = "< MiniKV exactly: 2-bit keys and values, G = 16, no"]
-    #[doc = "sinks, PYRAMID depth 7, CUMULATIVE scores: 4 bits per"]
+    #[doc = "sinks, PYRAMID depth 7, CUMULATIVE scores, the whole"]
+    #[doc = "128-token residual flushed at once: 4 bits per"]
     #[doc = "element"]
     pub const MINIKV_PRESET_PAPER: minikv_preset = minikv_preset(1);
 }
@@ -653,8 +656,10 @@ impl minikv_preset {
 pub struct minikv_preset(pub core::ffi::c_uint);
 extern "C" {
     #[doc = " Sets the compression fields of `*cfg` to a named setting: key_bits, value_bits,"]
-    #[doc = "  group_size, residual_length (128), sink_tokens, heavy_ratio, recent_ratio,"]
-    #[doc = "  budget_policy, pyramid_depth (7), score_mode, window_size (32) and pool_kernel (7)."]
+    #[doc = "  group_size, residual_length and flush_tokens (BALANCED: 64 and 32; the others: 128 and"]
+    #[doc = "  0), sink_tokens, heavy_ratio, recent_ratio, budget_policy, pyramid_depth (7),"]
+    #[doc = "  score_mode, window_size (32) and pool_kernel (7). A struct_size that ends before"]
+    #[doc = "  flush_tokens gets residual_length 128 and keeps its (absent) flush_tokens."]
     #[doc = "  Model dimensions, backend, device, dtype and sizes are left as they are, so call it"]
     #[doc = "  after minikv_config_default() and before or after setting them."]
     #[doc = "  Writes only those fields, all within cfg->struct_size (which must cover sink_tokens:"]
@@ -828,10 +833,10 @@ extern "C" {
 }
 extern "C" {
     #[doc = " METHOD: appends one new token's K/V (for one layer) to each sequence of the batch. The"]
-    #[doc = "  token goes to the 16-bit residual; when the residual holds residual_length tokens, the"]
-    #[doc = "  oldest flush_tokens of them (all of them by default) are quantized into the pool as one"]
-    #[doc = "  flush, before the token's decode (as the reference implementation does), and the rest"]
-    #[doc = "  move to the front of the residual."]
+    #[doc = "  token goes to the 16-bit residual; when the residual holds residual_length tokens, its"]
+    #[doc = "  oldest F (flush_tokens, rounded up to whole groups; all of them for 0) are quantized"]
+    #[doc = "  into the pool as one flush, before the token's decode (as the reference implementation"]
+    #[doc = "  does), and the rest move to the front of the residual."]
     #[doc = "  @param k,v  backend memory [n_seqs, num_kv_heads, head_dim]."]
     #[doc = "  @return MINIKV_OK; MINIKV_ERR_INVALID_ARGUMENT (also a misaligned tensor or, with"]
     #[doc = "          the CPU backend, a non-finite k/v); MINIKV_ERR_BAD_STATE (layer not prefilled"]

@@ -255,8 +255,9 @@ impl KvCache {
     }
 
     /// Appends one new token's K/V for `layer` to each sequence of `seq_ids`
-    /// (`minikv_append`); `k.len() == v.len() == n_seqs * num_kv_heads * head_dim`. A full
-    /// residual is quantized into the pool here (a flush). On error nothing changed.
+    /// (`minikv_append`); `k.len() == v.len() == n_seqs * num_kv_heads * head_dim`. When a
+    /// residual becomes full, its oldest `flush_tokens` (rounded up to whole groups; all of
+    /// them for 0) are quantized into the pool here (a flush). On error nothing changed.
     pub fn append<T: Element>(
         &mut self,
         layer: u32,

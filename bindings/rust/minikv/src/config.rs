@@ -59,21 +59,25 @@ pub enum ScoreMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Preset {
     /// The default: 4-bit keys, 2-bit values, group 32, 4 sink tokens, pyramid budgets,
-    /// window (SnapKV-style) scores.
+    /// window (SnapKV-style) scores, a 64-token residual flushed 32 tokens at a time.
     Balanced,
-    /// MiniKV exactly: 2-bit keys and values, group 16, pyramid budgets, no sinks.
+    /// MiniKV exactly: 2-bit keys and values, group 16, pyramid budgets, no sinks, the whole
+    /// 128-token residual flushed at once.
     Paper,
-    /// 8-bit keys and values, group 32, 4 sink tokens, uniform budgets.
+    /// 8-bit keys and values, group 32, 4 sink tokens, uniform budgets, a 128-token
+    /// residual flushed whole.
     Quality,
-    /// No quantization (16-bit), no sinks, uniform budgets: H2O-style eviction alone.
+    /// No quantization (16-bit), no sinks, uniform budgets: H2O-style eviction alone (a
+    /// 128-token residual flushed whole).
     EvictionOnly,
 }
 
 /// Cache configuration. `Config::default()` holds the library's defaults
-/// ([`Preset::Balanced`]: 4-bit keys, 2-bit values, group 32, 4 sink tokens, residual 128,
-/// heavy = recent = 25%, pyramid budgets, window scores) with the model dimensions at 0; [`Config::new`] sets them and
-/// [`Config::apply_preset`] switches the compression fields to another named setting. The library validates the whole
-/// config in [`KvCache::new`](crate::KvCache::new); a bad field is an
+/// ([`Preset::Balanced`]: 4-bit keys, 2-bit values, group 32, 4 sink tokens, residual 64
+/// flushed 32 tokens at a time, heavy = recent = 25%, pyramid budgets, window scores) with
+/// the model dimensions at 0; [`Config::new`] sets them and [`Config::apply_preset`]
+/// switches the compression fields to another named setting. The library validates the
+/// whole config in [`KvCache::new`](crate::KvCache::new); a bad field is an
 /// [`Error`](crate::Error) with [`Status::InvalidArgument`](crate::Status) whose message
 /// names the field.
 ///
@@ -104,6 +108,8 @@ pub struct Config {
     /// 2, 4, 8, or 16 (= unquantized).
     pub value_bits: u32,
     pub group_size: u32,
+    /// R, the tokens kept 16-bit before a flush: a multiple of `group_size`; 64 (the
+    /// presets other than [`Preset::Balanced`]: 128).
     pub residual_length: u32,
     /// Attention sinks: the first `sink_tokens` prompt positions kept unquantized in every
     /// layer, counted inside the heavy-hitter budget; 0..=64.
@@ -114,9 +120,11 @@ pub struct Config {
     pub prefill_staging_tokens: u32,
     /// F, how many tokens a flush quantizes: when the residual holds `residual_length`
     /// tokens (the new one included), its oldest F are quantized and the newest
-    /// `residual_length - F` stay 16-bit (a sliding flush, every F tokens). A multiple of
-    /// `group_size`, at most `residual_length`; 0 (the default) = `residual_length`, the
-    /// whole residual (the MiniKV reference).
+    /// `residual_length - F` stay 16-bit (a sliding flush, every F tokens). Any value is
+    /// valid: it is rounded up to a multiple of `group_size` and capped at
+    /// `residual_length` (with group 16, 24 acts as 32; 200 with `residual_length` 64 as
+    /// 64); 0 = the whole residual at once (the MiniKV reference). 32 by default (with
+    /// `residual_length` 64); the presets other than [`Preset::Balanced`] set 0.
     pub flush_tokens: u32,
 }
 
@@ -127,8 +135,8 @@ impl Config {
     }
 
     /// Sets the compression fields (bits, group size, sink tokens, budgets, score mode,
-    /// residual length) to `preset` (`minikv_config_preset`); the dimensions, backend,
-    /// dtype and sizes keep their values. The paper's exact MiniKV:
+    /// residual length, flush tokens) to `preset` (`minikv_config_preset`); the dimensions,
+    /// backend, dtype and sizes keep their values. The paper's exact MiniKV:
     /// `cfg.apply_preset(Preset::Paper)`.
     pub fn apply_preset(&mut self, preset: Preset) {
         let mut c = self.to_raw();

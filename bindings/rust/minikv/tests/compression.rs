@@ -2,8 +2,10 @@
 //! the compression ratio the library reports equals the one computed here from the storage
 //! layout (src/layout.h, `quantized_bytes`), in the paper's setting: MHA, head_dim 128,
 //! a 4096-token prompt and 512 generated tokens, fp16 -> about 86% smaller. The defaults
-//! (`Preset::Balanced`, with 4 sink tokens) follow the same accounting, so does a sliding
-//! flush (`flush_tokens`), and every preset sets its compression fields.
+//! (`Preset::Balanced`, with 4 sink tokens and a 64-token residual flushed 32 tokens at a
+//! time) follow the same accounting, so do other sliding flushes (`flush_tokens`, rounded up
+//! to whole groups and capped at the residual), and every preset sets its compression
+//! fields.
 
 mod common;
 
@@ -29,8 +31,7 @@ fn quantized_bytes(cfg: &Config, n: u64) -> u64 {
 /// appends, following MINIKV.md (uniform budgets): keep the first min(S, L) tokens as
 /// 16-bit sinks inside the heavy-hitter share, max(floor(h L), sinks) + floor(r L) tokens
 /// in all, quantize whole groups of the rest, keep the tail 16-bit, flush the residual when
-/// it reaches R tokens: its oldest F (`flush_tokens`, 0 = R) are quantized, the newest
-/// R - F stay.
+/// it reaches R tokens: its oldest F (`flush_size`) are quantized, the newest R - F stay.
 fn expected_used_bytes(cfg: &Config, prompt: u64, generated: u64) -> u64 {
     let sinks = (cfg.sink_tokens as u64).min(prompt);
     let heavy = ((cfg.heavy_ratio as f64 * prompt as f64).floor() as u64).max(sinks);
@@ -42,8 +43,7 @@ fn expected_used_bytes(cfg: &Config, prompt: u64, generated: u64) -> u64 {
     let rest = keep - sinks;
     let mut quantized = rest - rest % g;
     let mut residual = rest % g;
-    let r = cfg.residual_length as u64;
-    let f = if cfg.flush_tokens == 0 { r } else { cfg.flush_tokens as u64 };
+    let (r, f) = (cfg.residual_length as u64, flush_size(cfg));
     for _ in 0..generated {
         if residual + 1 == r {
             quantized += f;
@@ -54,6 +54,16 @@ fn expected_used_bytes(cfg: &Config, prompt: u64, generated: u64) -> u64 {
     }
     let dense_token = 2 * cfg.num_kv_heads as u64 * cfg.head_dim as u64 * cfg.dtype.size() as u64;
     quantized_bytes(cfg, quantized) + (sinks + residual) * dense_token
+}
+
+/// F, the tokens one flush quantizes (`flush_tokens` in include/minikv.h): the whole
+/// residual for 0, else `flush_tokens` rounded up to a multiple of G, at most R.
+fn flush_size(cfg: &Config) -> u64 {
+    let (g, r) = (cfg.group_size as u64, cfg.residual_length as u64);
+    match cfg.flush_tokens as u64 {
+        0 => r,
+        f => ((f + g - 1) / g * g).min(r),
+    }
 }
 
 #[test]
@@ -138,6 +148,9 @@ fn default_compression_with_sinks_matches_the_layout() {
         (4, 2, 32, 4),
         "the defaults are Preset::Balanced"
     );
+    // A sliding flush: the oldest 32 tokens of a full 64-token residual.
+    assert_eq!((cfg.residual_length, cfg.flush_tokens), (64, 32));
+    let whole = Config { flush_tokens: 0, ..cfg.clone() };
     let mut cache = KvCache::new(&cfg).unwrap();
     let (q_row, kv_row) = (4 * 64, 2 * 64);
     let mut rng = Rng::new(12);
@@ -151,15 +164,21 @@ fn default_compression_with_sinks_matches_the_layout() {
         assert_eq!(kept[..4], [0, 1, 2, 3], "the sinks come first");
     }
     let mut dec = vec![F16::default(); q_row];
+    let mut differed = 0;
     for step in 1..=150u64 {
         cache.append(0, &[0], &gen(kv_row), &gen(kv_row)).unwrap();
         cache.decode(0, &[0], &gen(q_row), &mut dec).unwrap();
-        if step % 50 == 0 {
+        if step % 10 == 0 {
             let s = cache.memory_stats().unwrap();
-            assert_eq!(s.used_bytes, expected_used_bytes(&cfg, PROMPT as u64, step));
+            let want = expected_used_bytes(&cfg, PROMPT as u64, step);
+            assert_eq!(s.used_bytes, want, "after {step} appends");
             assert_eq!(s.tokens_cached, 500 + step);
+            differed += (want != expected_used_bytes(&whole, PROMPT as u64, step)) as u32;
         }
     }
+    // The accounting checked is not a whole flush's (which a library ignoring the default
+    // flush_tokens would follow).
+    assert!(differed >= 5, "sliding and whole flushes differ at only {differed} checks");
 }
 
 /// `flush_tokens` = 32 of `residual_length` = 64 (G = 32): the first flush at the residual's
@@ -173,7 +192,6 @@ fn sliding_flush_matches_the_layout() {
     cfg.budget_policy = BudgetPolicy::Uniform;
     cfg.max_seq_len = 600;
     cfg.residual_length = 64;
-    assert_eq!(Config::default().flush_tokens, 0, "the default flushes the whole residual");
     cfg.flush_tokens = 32;
     assert_eq!(cfg.group_size, 32);
     let whole = Config { flush_tokens: 0, ..cfg.clone() };
@@ -203,33 +221,82 @@ fn sliding_flush_matches_the_layout() {
     assert!(differed > 80, "sliding and whole flushes differ at only {differed} steps");
 }
 
-/// Bad `flush_tokens` values are refused at creation with the field named.
+/// Any `flush_tokens` is valid: it is rounded up to a multiple of `group_size` and capped at
+/// `residual_length`. With G = 16 and R = 64, caches fed the same tokens give the same
+/// decode outputs (bit for bit) and memory stats at every step when their `flush_tokens`
+/// round to the same F: 24 and 32; 1 and 16; 200, `u32::MAX` and 0 (the whole residual).
+/// The three F differ from each other (so the comparisons can fail), and each follows the
+/// layout's accounting with the rounded F.
 #[test]
-fn flush_tokens_is_validated() {
+fn flush_tokens_round_up_to_whole_groups() {
+    const PROMPT: usize = 40;
     let mut cfg = Config::new(1, 4, 2, 64);
+    cfg.apply_preset(Preset::Paper); // G = 16
     cfg.backend = Backend::Cpu;
-    cfg.residual_length = 64; // G = 32
-    for bad in [16, 48, 96] {
-        cfg.flush_tokens = bad;
-        let err = KvCache::new(&cfg).expect_err("the config must be refused");
-        assert_eq!(err.status, minikv::Status::InvalidArgument, "{err}");
-        assert!(err.message.contains(&format!("flush_tokens ({bad})")), "{err}");
+    cfg.budget_policy = BudgetPolicy::Uniform;
+    cfg.max_seq_len = 256;
+    cfg.residual_length = 64;
+    let groups: [&[u32]; 3] = [&[24, 32], &[1, 16], &[200, u32::MAX, 0]];
+    let rounded = [32, 16, 64];
+    let mut caches = Vec::new();
+    for (same, f) in groups.iter().zip(rounded) {
+        for &flush in same.iter() {
+            let c = Config { flush_tokens: flush, ..cfg.clone() };
+            assert_eq!(flush_size(&c), f, "flush_tokens {flush}");
+            let cache = KvCache::new(&c).unwrap_or_else(|e| panic!("flush_tokens {flush}: {e}"));
+            assert_eq!(cache.config().flush_tokens, flush);
+            caches.push((c, cache));
+        }
     }
-    for good in [0, 32, 64] {
-        cfg.flush_tokens = good;
-        assert!(KvCache::new(&cfg).is_ok(), "flush_tokens = {good}");
+    let (q_row, kv_row) = (4 * 64, 2 * 64);
+    let mut rng = Rng::new(14);
+    let mut gen = |n: usize| -> Vec<F16> { rng.vec(n).into_iter().map(F16::from_f32).collect() };
+    let (q, k, v) = (gen(PROMPT * q_row), gen(PROMPT * kv_row), gen(PROMPT * kv_row));
+    let mut out = vec![F16::default(); PROMPT * q_row];
+    for (_, cache) in caches.iter_mut() {
+        cache.prefill(0, &[0], &[0, PROMPT as i32], &q, &k, &v, &mut out).unwrap();
     }
+    let mut differ = [0u32; 3]; // steps where F = 32 vs 16, 32 vs 64, 16 vs 64 differ
+    for step in 1..=160u64 {
+        let (nk, nv, nq) = (gen(kv_row), gen(kv_row), gen(q_row));
+        let mut seen = Vec::new(); // (flush_tokens, decode output, used bytes) of each cache
+        for (c, cache) in caches.iter_mut() {
+            cache.append(0, &[0], &nk, &nv).unwrap();
+            let mut dec = vec![F16::default(); q_row];
+            cache.decode(0, &[0], &nq, &mut dec).unwrap();
+            let used = cache.memory_stats().unwrap().used_bytes;
+            let want = expected_used_bytes(c, PROMPT as u64, step);
+            assert_eq!(used, want, "flush_tokens {}: after {step} appends", c.flush_tokens);
+            seen.push((c.flush_tokens, dec, used)); // F16 compares its bits
+        }
+        let mut first = Vec::new(); // the first cache of each group
+        let mut at = 0;
+        for same in groups {
+            let (f0, dec0, used0) = &seen[at];
+            for (f, dec, used) in &seen[at + 1..at + same.len()] {
+                assert!(dec == dec0, "decode of flush_tokens {f} vs {f0}, step {step}");
+                assert_eq!(used, used0, "bytes of flush_tokens {f} vs {f0}, step {step}");
+            }
+            first.push(*used0);
+            at += same.len();
+        }
+        for (i, (a, b)) in [(0, 1), (0, 2), (1, 2)].into_iter().enumerate() {
+            differ[i] += (first[a] != first[b]) as u32;
+        }
+    }
+    assert!(differ.iter().all(|&n| n > 20), "the rounded flushes differ too rarely: {differ:?}");
 }
 
 #[test]
 fn presets_set_the_compression_fields() {
+    // BALANCED flushes 32 of a 64-token residual, the others the whole 128-token one.
     let cases = [
-        (Preset::Balanced, 4, 2, 32, 4, BudgetPolicy::Pyramid, ScoreMode::Window),
-        (Preset::Paper, 2, 2, 16, 0, BudgetPolicy::Pyramid, ScoreMode::Cumulative),
-        (Preset::Quality, 8, 8, 32, 4, BudgetPolicy::Uniform, ScoreMode::Cumulative),
-        (Preset::EvictionOnly, 16, 16, 16, 0, BudgetPolicy::Uniform, ScoreMode::Cumulative),
+        (Preset::Balanced, 4, 2, 32, 4, BudgetPolicy::Pyramid, ScoreMode::Window, 64, 32),
+        (Preset::Paper, 2, 2, 16, 0, BudgetPolicy::Pyramid, ScoreMode::Cumulative, 128, 0),
+        (Preset::Quality, 8, 8, 32, 4, BudgetPolicy::Uniform, ScoreMode::Cumulative, 128, 0),
+        (Preset::EvictionOnly, 16, 16, 16, 0, BudgetPolicy::Uniform, ScoreMode::Cumulative, 128, 0),
     ];
-    for (preset, kb, vb, g, sinks, policy, scores) in cases {
+    for (preset, kb, vb, g, sinks, policy, scores, residual, flush) in cases {
         let mut cfg = Config::new(3, 8, 2, 96);
         cfg.backend = Backend::Cpu;
         cfg.dtype = Dtype::Bf16;
@@ -238,15 +305,15 @@ fn presets_set_the_compression_fields() {
         let other =
             if scores == ScoreMode::Window { ScoreMode::Cumulative } else { ScoreMode::Window };
         (cfg.heavy_ratio, cfg.residual_length, cfg.score_mode) = (0.9, 512, other);
-        cfg.flush_tokens = 64;
+        cfg.flush_tokens = 96;
         cfg.apply_preset(preset);
-        assert_eq!(cfg.flush_tokens, 64, "{preset:?}: a preset leaves flush_tokens alone");
+        assert_eq!((cfg.residual_length, cfg.flush_tokens), (residual, flush), "{preset:?}");
         assert_eq!(
             (cfg.key_bits, cfg.value_bits, cfg.group_size, cfg.sink_tokens, cfg.budget_policy),
             (kb, vb, g, sinks, policy),
             "{preset:?}"
         );
-        assert_eq!((cfg.heavy_ratio, cfg.recent_ratio, cfg.residual_length), (0.25, 0.25, 128));
+        assert_eq!((cfg.heavy_ratio, cfg.recent_ratio), (0.25, 0.25));
         assert_eq!(cfg.score_mode, scores, "{preset:?}");
         // Everything else keeps its value.
         assert_eq!((cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim), (3, 8, 2, 96));

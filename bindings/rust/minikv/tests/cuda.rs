@@ -270,7 +270,8 @@ fn cuda_raw_path_equals_f64_attention() {
 fn cuda_and_cpu_agree_with_the_defaults() {
     let Some(cuda) = load_cuda() else { return };
     let dims = Dims { heads: 8, kv_heads: 2, head_dim: 128 };
-    let mut cfg = Config::new(1, 8, 2, 128); // defaults: K4V2, G 32, 4 sinks, 25% + 25%
+    // The defaults: K4V2, G 32, 4 sinks, 25% + 25%, R 64 flushed 32 at a time.
+    let mut cfg = Config::new(1, 8, 2, 128);
     cfg.max_sequences = 2;
     cfg.max_seq_len = 1024;
     cfg.backend = Backend::Cuda;

@@ -34,8 +34,6 @@ fn bad_config_names_the_field() {
         ("key_bits", Box::new(|c| c.key_bits = 3), &["key_bits (3)"]),
         ("group", Box::new(|c| c.group_size = 8), &["group_size (8)"]),
         ("residual", Box::new(|c| c.residual_length = 24), &["residual_length (24)"]),
-        ("flush group", Box::new(|c| c.flush_tokens = 8), &["flush_tokens (8)", "group_size (16)"]),
-        ("flush above R", Box::new(|c| c.flush_tokens = 32), &["flush_tokens (32)"]),
         ("ratio", Box::new(|c| c.heavy_ratio = 1.5), &["heavy_ratio (1.5)"]),
         ("pool_kernel", Box::new(|c| c.pool_kernel = 4), &["pool_kernel (4)"]),
         ("device", Box::new(|c| c.device_id = -1), &["device_id (-1)"]),

@@ -3,10 +3,10 @@ package dev.minikv;
 /**
  * An immutable cache configuration ({@code minikv_config}). Build one with {@link #builder()},
  * which starts from the library's defaults ({@link Preset#BALANCED}: F16, 4-bit keys and 2-bit
- * values, group 32, 4 sink tokens, residual 128, heavy and recent ratios 0.25, backend AUTO);
- * {@link Builder#preset(Preset)} switches the compression fields to another named setting
- * (the paper's exact MiniKV: {@link Preset#PAPER}); the model dimensions must be set. The
- * library validates it in {@link KvCache#KvCache(Config)}.
+ * values, group 32, 4 sink tokens, residual 64 flushed 32 tokens at a time, heavy and recent
+ * ratios 0.25, backend AUTO); {@link Builder#preset(Preset)} switches the compression fields to
+ * another named setting (the paper's exact MiniKV: {@link Preset#PAPER}); the model dimensions
+ * must be set. The library validates it in {@link KvCache#KvCache(Config)}.
  */
 public final class Config {
   private final Backend backend;
@@ -162,6 +162,7 @@ public final class Config {
   public int keyBits() { return keyBits; }
   public int valueBits() { return valueBits; }
   public int groupSize() { return groupSize; }
+  /** R, tokens kept 16-bit before a flush: a multiple of groupSize; 64 (other presets: 128). */
   public int residualLength() { return residualLength; }
   /** Attention sinks: the first prompt positions kept unquantized, inside the budget. */
   public int sinkTokens() { return sinkTokens; }
@@ -173,9 +174,11 @@ public final class Config {
   /**
    * F, how many tokens a flush quantizes: when the residual holds {@link #residualLength()}
    * tokens (the new one included), its oldest F are quantized and the newest
-   * residualLength - F stay 16-bit (a sliding flush, every F tokens). A multiple of
-   * {@link #groupSize()}, at most residualLength; 0 = residualLength, the whole residual (the
-   * MiniKV reference, the default).
+   * residualLength - F stay 16-bit (a sliding flush, every F tokens). Any value is valid: it
+   * is rounded up to a multiple of {@link #groupSize()} and capped at residualLength (with
+   * groupSize 16, 24 acts as 32; 200 with residualLength 64 as 64); 0 = the whole residual at
+   * once (the MiniKV reference). 32 by default (with residualLength 64); the presets other
+   * than {@link Preset#BALANCED} set 0 (with residualLength 128).
    */
   public int flushTokens() { return flushTokens; }
 
@@ -270,13 +273,16 @@ public final class Config {
     public Builder residualLength(int v) { residualLength = v; return this; }
     public Builder sinkTokens(int v) { sinkTokens = v; return this; }
     public Builder prefillStagingTokens(int v) { prefillStagingTokens = v; return this; }
-    /** F of {@link Config#flushTokens()}: 0 (the whole residual) or a multiple of groupSize. */
+    /**
+     * F of {@link Config#flushTokens()}, an unsigned C value: 0 (the whole residual) or any
+     * other, rounded up to a multiple of groupSize and capped at residualLength.
+     */
     public Builder flushTokens(int v) { flushTokens = v; return this; }
 
     /**
      * Sets the compression fields (bits, group size, sink tokens, budgets, score mode,
-     * residual length) to a named setting ({@code minikv_config_preset}); dimensions,
-     * backend, dtype and sizes keep their values.
+     * residual length, flush tokens) to a named setting ({@code minikv_config_preset});
+     * dimensions, backend, dtype and sizes keep their values.
      */
     public Builder preset(Preset p) {
       ConfigStruct c = new Config(this).toNative();

@@ -173,7 +173,8 @@ public final class KvCache implements AutoCloseable {
 
   /**
    * Appends one new token's K/V (for one layer) to each sequence: k, v are [seqIds.length,
-   * numKvHeads, headDim]. A full residual (residualLength tokens) is quantized as one flush.
+   * numKvHeads, headDim]. When a residual becomes full (residualLength tokens), its oldest
+   * flushTokens (rounded up to whole groups; all of them for 0) are quantized as one flush.
    */
   public synchronized void append(int layer, int[] seqIds, float[] k, float[] v) {
     hostCall("append", Dtype.F32, seqIds);

@@ -322,7 +322,7 @@ class KvCacheTest {
     long keep = Math.max(budget(c.heavyRatio(), prompt), sinks) + recent;
     keep = Math.min(keep, prompt);
     long g = c.groupSize(), r = c.residualLength();
-    long f = c.flushTokens() == 0 ? r : c.flushTokens(); // a flush quantizes the oldest f of r
+    long f = flushSize(c); // a flush quantizes the oldest f of r
     long rest = keep - sinks;
     long quantized = rest - rest % g, residual = rest % g;
     for (int i = 0; i < steps; i++) {
@@ -335,6 +335,16 @@ class KvCacheTest {
     }
     long denseBytes = (sinks + residual) * 2 * c.numKvHeads() * c.headDim() * c.dtype().bytes();
     return new long[] {quantizedBytes(c, quantized) + denseBytes, sinks + quantized + residual};
+  }
+
+  /**
+   * F, the tokens one flush quantizes (flush_tokens in include/minikv.h): the whole residual
+   * for 0, else flushTokens (unsigned) rounded up to a multiple of groupSize, at most
+   * residualLength.
+   */
+  static long flushSize(Config c) {
+    long g = c.groupSize(), r = c.residualLength(), f = Integer.toUnsignedLong(c.flushTokens());
+    return f == 0 ? r : Math.min((f + g - 1) / g * g, r);
   }
 
   static long budget(double ratio, int prompt) {
@@ -383,26 +393,17 @@ class KvCacheTest {
   }
 
   /**
-   * The default storage (BALANCED: 4-bit keys, 2-bit values, group 32, 4 sinks) on a ragged
-   * batch with residual 32: bytes follow the layout through flushes. Uniform budgets, the
-   * ones expectedUsed models (the default's pyramid gives each layer its own).
+   * The default storage (BALANCED: 4-bit keys, 2-bit values, group 32, 4 sinks, a sliding
+   * flush: flushTokens 32 of residualLength 64, the first flush at the residual's 64th token,
+   * then one every 32, each quantizing the oldest 32 and keeping the newest 32 16-bit) on a
+   * ragged batch: bytes follow the layout through several flushes. Uniform budgets, the ones
+   * expectedUsed models (the default's pyramid gives each layer its own).
    */
   @Test
   void compressionRaggedDefaults() {
-    Config cfg = raggedConfig().residualLength(32).build();
+    Config cfg = raggedConfig().build();
     assertEquals(4, cfg.sinkTokens());
-    assertEquals(0, cfg.flushTokens());
-    checkRaggedCompression(cfg, 45);
-  }
-
-  /**
-   * The same with a sliding flush: flushTokens 32 of residualLength 64 quantizes the oldest 32
-   * residual tokens at each flush (the first at the residual's 64th token, then every 32) and
-   * keeps the newest 32 16-bit.
-   */
-  @Test
-  void compressionSlidingFlush() {
-    Config cfg = raggedConfig().residualLength(64).flushTokens(32).build();
+    assertEquals(64, cfg.residualLength());
     assertEquals(32, cfg.flushTokens());
     int steps = 100;
     checkRaggedCompression(cfg, steps);
@@ -414,6 +415,86 @@ class KvCacheTest {
       differ |= expectedUsed(cfg, len, steps)[0] != expectedUsed(whole, len, steps)[0];
     }
     assertTrue(differ, "the sliding and whole flushes give the same bytes");
+  }
+
+  /** The same storage flushing the whole residual at once (flushTokens 0), residual 32. */
+  @Test
+  void compressionWholeFlush() {
+    checkRaggedCompression(raggedConfig().residualLength(32).flushTokens(0).build(), 45);
+  }
+
+  /**
+   * Any flushTokens is valid: it is rounded up to a multiple of groupSize and capped at
+   * residualLength. With groupSize 16 and residualLength 64, caches fed the same tokens give
+   * the same decode outputs (bit for bit) and memory stats at every step when their
+   * flushTokens round to the same F: 24 and 32; 1 and 16; 200, 2^32-1 (-1 as a Java int) and
+   * 0 (the whole residual). The three F give different caches (so the comparisons can fail),
+   * and each follows expectedUsed with the rounded F.
+   */
+  @Test
+  void flushTokensRoundUpToWholeGroups() {
+    Config base = raggedConfig().preset(Preset.PAPER).dtype(Dtype.F32).numLayers(1)
+        .maxSequences(1).maxSeqLen(256).residualLength(64).build();
+    assertEquals(16, base.groupSize());
+    int[][] groups = {{24, 32}, {1, 16}, {200, -1, 0}};
+    long[] rounded = {32, 16, 64};
+    List<Config> cfgs = new ArrayList<>();
+    List<KvCache> caches = new ArrayList<>();
+    try {
+      for (int g = 0; g < groups.length; g++) {
+        for (int f : groups[g]) {
+          Config c = base.toBuilder().flushTokens(f).build();
+          assertEquals(rounded[g], flushSize(c), "flushTokens " + f);
+          caches.add(new KvCache(c));
+          cfgs.add(c);
+        }
+      }
+      Random rng = new Random(6);
+      int len = 40, w = 64;
+      float[] q = uniform(rng, len * H * w), k = uniform(rng, len * HKV * w),
+          v = uniform(rng, len * HKV * w);
+      for (KvCache cache : caches) {
+        cache.prefill(0, new int[] {0}, new int[] {0, len}, q, k, v, new float[len * H * w]);
+      }
+      int[] differ = new int[3]; // steps where groups (0, 1), (0, 2), (1, 2) differ in bytes
+      for (int step = 1; step <= 160; step++) {
+        float[] nk = uniform(rng, HKV * w), nv = uniform(rng, HKV * w), nq = uniform(rng, H * w);
+        float[][] outs = new float[caches.size()][];
+        long[] used = new long[caches.size()];
+        for (int i = 0; i < caches.size(); i++) {
+          KvCache cache = caches.get(i);
+          cache.append(0, new int[] {0}, nk, nv);
+          outs[i] = new float[H * w];
+          cache.decode(0, new int[] {0}, nq, outs[i]);
+          used[i] = cache.memoryStats().usedBytes();
+          assertEquals(expectedUsed(cfgs.get(i), len, step)[0], used[i],
+              "flushTokens " + cfgs.get(i).flushTokens() + ", step " + step);
+        }
+        int[] first = new int[groups.length];
+        for (int g = 0, at = 0; g < groups.length; at += groups[g].length, g++) {
+          first[g] = at;
+          for (int i = at + 1; i < at + groups[g].length; i++) {
+            String what = "flushTokens " + cfgs.get(i).flushTokens() + " vs "
+                + cfgs.get(at).flushTokens() + ", step " + step;
+            assertEquals(used[at], used[i], what);
+            assertArrayEquals(outs[at], outs[i], what); // bit for bit (no NaN here)
+          }
+        }
+        int[][] pairs = {{0, 1}, {0, 2}, {1, 2}};
+        for (int p = 0; p < pairs.length; p++) {
+          if (used[first[pairs[p][0]]] != used[first[pairs[p][1]]]) {
+            differ[p]++;
+          }
+        }
+      }
+      for (int n : differ) {
+        assertTrue(n > 20, "the rounded flushes differ too rarely: " + Arrays.toString(differ));
+      }
+    } finally {
+      for (KvCache cache : caches) {
+        cache.close();
+      }
+    }
   }
 
   static final int[] RAGGED_LENS = {100, 37, 258};
@@ -470,12 +551,6 @@ class KvCacheTest {
       {"group_size (24)", exact(Dtype.F32).toBuilder().groupSize(24)},
       {"heavy_ratio", exact(Dtype.F32).toBuilder().heavyRatio(1.5f)},
       {"num_layers (0)", exact(Dtype.F32).toBuilder().numLayers(0)},
-      // exact() has groupSize = residualLength = 16.
-      {"flush_tokens (8) must be 0 (the whole residual) or a multiple of group_size (16)",
-          exact(Dtype.F32).toBuilder().flushTokens(8)},
-      {"flush_tokens (32)", exact(Dtype.F32).toBuilder().flushTokens(32)},
-      {"flush_tokens (48)",
-          exact(Dtype.F32).toBuilder().groupSize(32).residualLength(64).flushTokens(48)},
     };
     for (Object[] c : cases) {
       Config cfg = ((Config.Builder) c[1]).build();
@@ -758,8 +833,8 @@ class KvCacheTest {
     assertEquals(32, d.groupSize());
     assertEquals(4, d.sinkTokens());
     assertEquals(0, d.prefillStagingTokens());
-    assertEquals(0, d.flushTokens()); // 0 = flush the whole residual
-    assertEquals(128, d.residualLength());
+    assertEquals(32, d.flushTokens()); // a sliding flush: the oldest 32 of 64 tokens
+    assertEquals(64, d.residualLength());
     assertEquals(0.25f, d.heavyRatio());
     assertEquals(Backend.AUTO, d.backend());
     assertFalse(d.toString().isEmpty());
@@ -767,18 +842,19 @@ class KvCacheTest {
 
   @Test
   void presetsSetTheCompressionFields() {
+    // BALANCED flushes 32 tokens of a 64-token residual, the others the whole 128.
     Object[][] cases = {
-      {Preset.BALANCED, 4, 2, 32, 4, BudgetPolicy.PYRAMID, ScoreMode.WINDOW},
-      {Preset.PAPER, 2, 2, 16, 0, BudgetPolicy.PYRAMID, ScoreMode.CUMULATIVE},
-      {Preset.QUALITY, 8, 8, 32, 4, BudgetPolicy.UNIFORM, ScoreMode.CUMULATIVE},
-      {Preset.EVICTION_ONLY, 16, 16, 16, 0, BudgetPolicy.UNIFORM, ScoreMode.CUMULATIVE},
+      {Preset.BALANCED, 4, 2, 32, 4, BudgetPolicy.PYRAMID, ScoreMode.WINDOW, 64, 32},
+      {Preset.PAPER, 2, 2, 16, 0, BudgetPolicy.PYRAMID, ScoreMode.CUMULATIVE, 128, 0},
+      {Preset.QUALITY, 8, 8, 32, 4, BudgetPolicy.UNIFORM, ScoreMode.CUMULATIVE, 128, 0},
+      {Preset.EVICTION_ONLY, 16, 16, 16, 0, BudgetPolicy.UNIFORM, ScoreMode.CUMULATIVE, 128, 0},
     };
     for (Object[] c : cases) {
       // Every compression field starts elsewhere than the preset puts it.
       ScoreMode other = c[6] == ScoreMode.WINDOW ? ScoreMode.CUMULATIVE : ScoreMode.WINDOW;
       Config cfg = Config.builder().backend(Backend.CPU).dtype(Dtype.BF16).numLayers(3)
           .numHeads(8).numKvHeads(2).headDim(96).maxSeqLen(777).heavyRatio(0.9f)
-          .residualLength(512).scoreMode(other).preset((Preset) c[0]).build();
+          .residualLength(512).flushTokens(96).scoreMode(other).preset((Preset) c[0]).build();
       String what = c[0].toString();
       assertEquals(c[1], cfg.keyBits(), what);
       assertEquals(c[2], cfg.valueBits(), what);
@@ -787,7 +863,8 @@ class KvCacheTest {
       assertEquals(c[5], cfg.budgetPolicy(), what);
       assertEquals(0.25f, cfg.heavyRatio(), what);
       assertEquals(0.25f, cfg.recentRatio(), what);
-      assertEquals(128, cfg.residualLength(), what);
+      assertEquals(c[7], cfg.residualLength(), what);
+      assertEquals(c[8], cfg.flushTokens(), what);
       assertEquals(c[6], cfg.scoreMode(), what);
       // Everything else keeps the builder's values.
       assertEquals(Backend.CPU, cfg.backend(), what);
