@@ -217,7 +217,7 @@ TEST_CASE("decode: quantized cache equals the oracle on the dequantized cache") 
   }
 }
 
-TEST_CASE("decode: sliding flushes keep the newest R - F tokens 16-bit, at every step") {
+TEST_CASE("decode: sliding flushes keep the newest R - F tokens 16-bit at every step") {
   // flush_tokens F < R: each flush quantizes the residual's oldest F tokens and the rest move
   // to the slot's front. Exact attention with bits = 16 (the moved rows keep their values and
   // order), and the dequantized oracle with 2/4/8 bits: F dividing R and not, F = G, F = R - G,
