@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "checked_size.h"
 #include "error.h"
 
 namespace minikv {
@@ -107,8 +108,8 @@ void config_init(minikv_config *cfg, size_t size) {
 
 uint32_t flush_size(const minikv_config &c) {
   if (c.flush_tokens == 0) return c.residual_length;
-  const uint64_t groups = (uint64_t(c.flush_tokens) + c.group_size - 1) / c.group_size;
-  return static_cast<uint32_t>(std::min<uint64_t>(groups * c.group_size, c.residual_length));
+  const uint64_t whole_groups = ceil_div(c.flush_tokens, c.group_size) * c.group_size;
+  return static_cast<uint32_t>(std::min<uint64_t>(whole_groups, c.residual_length));
 }
 
 size_t dtype_bytes(minikv_dtype dtype) { return dtype == MINIKV_DTYPE_F32 ? 4 : 2; }
