@@ -9,8 +9,13 @@
  * U chunks of each in flight per lane before any is used (U = 4 for one or two activation
  * rows, 2 for more: registers), and the same activation chunk serves the R rows; one
  * butterfly reduction leaves every sum in every lane, and lane rr * NB + r writes output
- * (row rr, activation r). The grid holds as many CTAs as fit on the GPU at once and each
- * warp walks the tasks (groups of R rows) with a grid stride.
+ * (row rr, activation r). The grid holds as many CTAs as fit on the GPU at once and walks
+ * the tasks (groups of R rows) with a grid stride: a CTA takes 8 / S tasks a round, each
+ * by S of its warps that split the row's chunks (blocks of 32 U, interleaved) and add
+ * their sums in shared memory in warp order. S (`split`, gemv_best_split) keeps every warp
+ * busy when a product has fewer tasks than the GPU holds warps (the output and down
+ * projections: m = 4096 is 1024 tasks for ~2,100 resident warps) or a last round would
+ * be mostly empty (Q/K/V: 3,072 tasks).
  *
  * Input ("prologue"), fixed by the epilogue:
  *   norm    rows x_rows[r] (or r) of the float32 residual x [., k], RMS-normalized and
@@ -38,6 +43,11 @@
 enum { GEMV_ROPE_SPLIT, GEMV_SWIGLU, GEMV_RESIDUAL, GEMV_LOGITS, GEMV_EPILOGUES };
 enum { GEMV_WARPS = 8, GEMV_THREADS = 32 * GEMV_WARPS, GEMV_ROWS_PER_WARP = 4, GEMV_MAX_ROWS = 8 };
 
+/* U, the 16-byte chunks of each weight row a lane has in flight, for NB activation rows:
+   R * U = 16 loads for one or two rows, 8 (and registers for the NB activation chunks)
+   for more. */
+__host__ __device__ constexpr int gemv_chunks_in_flight(int nb) { return nb <= 2 ? 4 : 2; }
+
 struct gemv_params {
   const void *w; /* [m, k] */
   int m, k, n;   /* n <= NB activation rows */
@@ -56,6 +66,7 @@ struct gemv_params {
   int H, Hkv, D;            /* ROPE_SPLIT */
   void *hid;                /* SWIGLU: [n, ff] */
   int ff;                   /* SWIGLU: m = 2 ff */
+  int split;                /* S warps per task: 1, 2, 4 or 8 */
 };
 
 template <typename T> struct gemv_pair;
@@ -173,12 +184,12 @@ __device__ __forceinline__ void gemv_store(const gemv_params &p, int row, int r,
 
 template <typename T, int NB, int kEpi>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constant__ gemv_params p) {
-  /* 16-byte weight loads in flight per lane: R * U = 16 for one or two activation rows,
-     8 (and registers for the NB activation chunks) for more */
-  constexpr int R = GEMV_ROWS_PER_WARP, U = NB <= 2 ? 4 : 2;
+  constexpr int R = GEMV_ROWS_PER_WARP, U = gemv_chunks_in_flight(NB);
   constexpr bool kNorm = kEpi != GEMV_RESIDUAL;
   static_assert(R * NB <= 32, "one lane per output of a task");
   extern __shared__ __align__(16) unsigned char gemv_rows_smem[];
+  /* each warp's R x NB sums, two rounds' worth so that one barrier a round suffices */
+  __shared__ float partial_sums[2][GEMV_WARPS][R * NB];
   const T *act;
   if constexpr (kNorm) {
     gemv_norm_rows<T, NB>(p, reinterpret_cast<T *>(gemv_rows_smem));
@@ -186,9 +197,12 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
   } else {
     act = static_cast<const T *>(p.a);
   }
-  const int lane = threadIdx.x & 31, chunks = p.k / 8;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = p.k / 8;
+  const int S = p.split, per_cta = GEMV_WARPS / S, slice = warp % S;
   const int tasks = kEpi == GEMV_SWIGLU ? p.ff / (R / 2) : (p.m + R - 1) / R;
-  for (int t = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); t < tasks; t += gridDim.x * GEMV_WARPS) {
+  /* The bound is the CTA's, not the warp's: with S > 1 every warp must reach each barrier. */
+  for (int round = 0, base = blockIdx.x * per_cta; base < tasks; base += gridDim.x * per_cta, ++round) {
+    const int t = base + warp / S;
     int row[R];
     const uint4 *wrow[R];
 #pragma unroll
@@ -201,7 +215,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
     for (int rr = 0; rr < R; ++rr)
 #pragma unroll
       for (int r = 0; r < NB; ++r) acc[rr][r] = 0.0f;
-    for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+    for (int c0 = t < tasks ? lane + 32 * U * slice : chunks; c0 < chunks; c0 += 32 * U * S) {
       uint4 wv[U][R];
 #pragma unroll
       for (int u = 0; u < U; ++u)
@@ -233,6 +247,25 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
 #pragma unroll
       for (int r = 0; r < NB; ++r)
         for (int o = 16; o > 0; o >>= 1) acc[rr][r] += __shfl_xor_sync(0xffffffffu, acc[rr][r], o);
+    if (S > 1) { /* the task's first warp adds the S slices' sums, in slice order */
+      float(*mine)[R * NB] = partial_sums[round & 1];
+      if (lane == 0)
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+          for (int r = 0; r < NB; ++r) mine[warp][rr * NB + r] = acc[rr][r];
+      __syncthreads();
+      if (slice != 0) continue;
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+        for (int r = 0; r < NB; ++r) {
+          float sum = mine[warp][rr * NB + r];
+          for (int j = 1; j < S; ++j) sum += mine[warp + j][rr * NB + r];
+          acc[rr][r] = sum;
+        }
+    }
+    if (t >= tasks) continue;
     /* Lane rr * NB + r writes (row[rr], r). RoPE pairs and SwiGLU's gate/up rows are
        written by the lane of their first row, which holds the partner's sum too (as every
        lane does); V rows go with the same pairing. */
@@ -250,6 +283,26 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
           gemv_store<T, kEpi>(p, row[rr] + 1, r, other, 0.0f);
       }
   }
+}
+
+/* S for a product of `tasks` tasks of rows `chunks` 16-byte chunks long, on `resident`
+   CTAs: the share of warp-rounds that do work, tasks * S / (rounds * resident * 8), is
+   largest (the smallest S of equal shares), with every slice at least one block of 32 U
+   chunks. */
+static inline int gemv_best_split(int tasks, int chunks, int resident, int chunks_in_flight) {
+  int best = 1;
+  double best_share = 0.0;
+  for (int S = 1; S <= GEMV_WARPS; S *= 2) {
+    if (S > 1 && chunks < S * 32 * chunks_in_flight) break;
+    const int per_round = resident * (GEMV_WARPS / S);
+    const int rounds = (tasks + per_round - 1) / per_round;
+    const double share = (double)tasks * S / ((double)rounds * resident * GEMV_WARPS);
+    if (share > best_share + 1e-9) {
+      best = S;
+      best_share = share;
+    }
+  }
+  return best;
 }
 
 /* Whether the products of a model with these sizes can take this path. */

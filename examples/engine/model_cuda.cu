@@ -365,8 +365,11 @@ template <typename T, int NB, int kEpi>
 static bool gemv_launch_rows(cuda_backend *c, const gemv_params &p) {
   const int R = GEMV_ROWS_PER_WARP;
   const int tasks = kEpi == GEMV_SWIGLU ? p.ff / (R / 2) : (p.m + R - 1) / R;
-  const int wanted = (tasks + GEMV_WARPS - 1) / GEMV_WARPS, resident = c->sm_count * c->gemv_ctas_per_sm[kEpi][log2_rows(NB)];
-  gemv_kernel<T, NB, kEpi><<<wanted < resident ? wanted : resident, GEMV_THREADS, gemv_smem(kEpi, NB, p.k), c->stream>>>(p);
+  const int resident = c->sm_count * c->gemv_ctas_per_sm[kEpi][log2_rows(NB)];
+  gemv_params q = p;
+  q.split = gemv_best_split(tasks, p.k / 8, resident, gemv_chunks_in_flight(NB));
+  const int per_cta = GEMV_WARPS / q.split, wanted = (tasks + per_cta - 1) / per_cta;
+  gemv_kernel<T, NB, kEpi><<<wanted < resident ? wanted : resident, GEMV_THREADS, gemv_smem(kEpi, NB, p.k), c->stream>>>(q);
   LAUNCH_TRY();
   return true;
 }
