@@ -16,8 +16,14 @@
  * logits and their argmax — runs as one CUDA graph. libminikv bakes the sizes of
  * each call (cache lengths, flush or not) into its kernels' parameters at the call, so a
  * graph recorded for one step is not valid for the next: each step is captured again, and
- * the captured graph updates an instantiated one (cudaGraphExecUpdate: parameters only,
- * no new instantiation, as llama.cpp does) unless its shape changed. The host's capture
+ * the captured graph updates an instantiated one of the same shape (cudaGraphExecUpdate:
+ * parameters only, no new instantiation, as llama.cpp does). The shape changes from step
+ * to step: libminikv launches a flush kernel in the steps where a layer's residual fills
+ * (with budgets that differ by layer, in different steps for different layers) and a
+ * split merge at some lengths. So the executable graphs are kept by shape (the batch and
+ * how many nodes the capture holds after each layer's libminikv call), and a step whose
+ * shape was seen before updates that graph; with a fixed set of sequences the shapes
+ * repeat every flush_tokens steps. The host's capture
  * work is hidden by running one step ahead of the GPU on the greedy path: the next step's
  * token comes from the argmax kernel of the previous one, in device memory, and
  * positions advance on the device, so step t+1 is captured and queued while step t
@@ -254,6 +260,16 @@ struct cuda_layer {
   void *wdown; /* [d, ff] */
 };
 
+/* An executable decode-step graph and the shape it was captured with: the batch and, after
+   each layer's libminikv call, how many nodes the capture held. */
+enum { STEP_GRAPHS_PER_SLOT = 48 };
+struct step_graph {
+  cudaGraphExec_t exec; /* NULL: a free entry */
+  uint32_t n;
+  uint32_t *nodes_after_layer; /* [n_layers] */
+  uint64_t last_used;
+};
+
 struct cuda_backend {
   backend base;
   cudaStream_t stream;
@@ -277,8 +293,11 @@ struct cuda_backend {
   float *logits;      /* [max_batch, vocab] */
   int32_t *history;   /* [history_steps, max_batch] greedy tokens */
   uint32_t history_steps;
-  /* decode graphs */
-  cudaGraphExec_t exec[2];
+  /* decode graphs: those of slot s run only in slot s's launches */
+  step_graph graphs[2][STEP_GRAPHS_PER_SLOT];
+  uint32_t *graph_shapes;  /* [2][STEP_GRAPHS_PER_SLOT][n_layers]: their nodes_after_layer */
+  uint32_t *shape_scratch; /* [n_layers]: the step being captured */
+  uint64_t graph_clock;    /* step_graph.last_used */
   cudaEvent_t exec_done[2];
   bool exec_launched[2];
   bool dry_run; /* allocate_buffers only counts bytes */
@@ -551,8 +570,19 @@ static bool cuda_prefill(backend *b, uint32_t n_seqs, const uint32_t *seq_ids, c
 /* Queues one decode step of n sequences on the stream (being captured): tokens and
    positions are read from c->tokens / c->positions; the argmax of the logits goes back to
    c->tokens (and to `history` when given) and positions advance by one. Without seq_ids
-   the libminikv calls are left out (the dense part alone, for timing). */
-static bool record_step(cuda_backend *c, uint32_t n, const uint32_t *seq_ids, int32_t *history) {
+   the libminikv calls are left out (the dense part alone, for timing). `shape`, when
+   given, gets the captured node count after each layer's libminikv call. */
+/* Nodes the stream's capture holds so far. */
+static size_t captured_nodes(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = NULL;
+  size_t n = 0;
+  if (cudaStreamGetCaptureInfo(s, &status, NULL, &graph) == cudaSuccess && status == cudaStreamCaptureStatusActive && graph)
+    cudaGraphGetNodes(graph, NULL, &n);
+  return n;
+}
+
+static bool record_step(cuda_backend *c, uint32_t n, const uint32_t *seq_ids, int32_t *history, uint32_t *shape) {
   backend *b = &c->base;
   const model_config *m = &b->model;
   const int chunk = (int)b->opt.chunk_tokens;
@@ -567,6 +597,7 @@ static bool record_step(cuda_backend *c, uint32_t n, const uint32_t *seq_ids, in
     if (seq_ids && !minikv_ok(b, minikv_append_decode(b->cache, l, n, seq_ids, c->q, c->k, c->v, c->attn, c->stream),
                               "minikv_append_decode", l))
       return false;
+    if (shape) shape[l] = (uint32_t)captured_nodes(c->stream);
     if (gemv && !gemv_attention_output_and_mlp(c, L, (int)n)) return false;
     for (uint32_t r = 0; !gemv && r < n; r += chunk)
       if (!attention_output_and_mlp(c, L, (int)r, (int)(n - r < (uint32_t)chunk ? n - r : chunk))) return false;
@@ -577,19 +608,44 @@ static bool record_step(cuda_backend *c, uint32_t n, const uint32_t *seq_ids, in
   return true;
 }
 
-/* Captures one step into a graph, makes executable graph `slot` run it (updated in place
-   when the shape allows, else instantiated), and launches it. The caller made sure the
-   previous launch of that slot has finished. */
+/* Slot `slot`'s graph of this shape (c->shape_scratch, n), or NULL. */
+static step_graph *find_step_graph(cuda_backend *c, int slot, uint32_t n) {
+  const size_t bytes = c->base.model.n_layers * sizeof *c->shape_scratch;
+  for (int i = 0; i < STEP_GRAPHS_PER_SLOT; ++i) {
+    step_graph *g = &c->graphs[slot][i];
+    if (g->exec && g->n == n && memcmp(g->nodes_after_layer, c->shape_scratch, bytes) == 0) return g;
+  }
+  return NULL;
+}
+
+/* A free entry of slot `slot` (the least recently used one, emptied, when none is free),
+   given this shape. */
+static step_graph *new_step_graph(cuda_backend *c, int slot, uint32_t n) {
+  step_graph *g = &c->graphs[slot][0];
+  for (int i = 0; i < STEP_GRAPHS_PER_SLOT && g->exec; ++i) {
+    step_graph *h = &c->graphs[slot][i];
+    if (!h->exec || h->last_used < g->last_used) g = h;
+  }
+  if (g->exec) cudaGraphExecDestroy(g->exec);
+  g->exec = NULL;
+  g->n = n;
+  memcpy(g->nodes_after_layer, c->shape_scratch, c->base.model.n_layers * sizeof *c->shape_scratch);
+  return g;
+}
+
+/* Captures one step into a graph, makes an executable graph of slot `slot` run it (the
+   slot's graph of the same shape, updated in place, else a new instantiation), and
+   launches it. The caller made sure the previous launch of that slot has finished. */
 static bool capture_and_launch_step(cuda_backend *c, int slot, uint32_t n, const uint32_t *seq_ids, int32_t *history) {
   if (c->base.opt.no_graphs) { /* the same kernels, launched one by one */
-    if (!record_step(c, n, seq_ids, history)) return false;
+    if (!record_step(c, n, seq_ids, history, NULL)) return false;
     CUDA_TRY(cudaEventRecord(c->exec_done[slot], c->stream));
     c->exec_launched[slot] = true;
     return true;
   }
   cudaGraph_t graph = NULL;
   CUDA_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-  const bool recorded = record_step(c, n, seq_ids, history);
+  const bool recorded = record_step(c, n, seq_ids, history, c->shape_scratch);
   const cudaError_t ended = cudaStreamEndCapture(c->stream, &graph);
   if (!recorded) {
     if (graph) cudaGraphDestroy(graph);
@@ -597,23 +653,30 @@ static bool capture_and_launch_step(cuda_backend *c, int slot, uint32_t n, const
   }
   if (ended != cudaSuccess)
     return fail("capturing the decode step: %s (--no-graphs launches the kernels directly)", cudaGetErrorString(ended));
+  step_graph *g = find_step_graph(c, slot, n);
   bool updated = false;
-  if (c->exec[slot]) {
+  if (g) {
     cudaGraphExecUpdateResultInfo info;
-    updated = cudaGraphExecUpdate(c->exec[slot], graph, &info) == cudaSuccess;
+    updated = cudaGraphExecUpdate(g->exec, graph, &info) == cudaSuccess;
     if (!updated) {
       cudaGetLastError(); /* clear the update's error: a new instantiation follows */
-      cudaGraphExecDestroy(c->exec[slot]);
-      c->exec[slot] = NULL;
+      cudaGraphExecDestroy(g->exec);
+      g->exec = NULL;
     }
+  } else {
+    g = new_step_graph(c, slot, n);
   }
   cudaError_t e = cudaSuccess;
-  if (!updated) e = cudaGraphInstantiate(&c->exec[slot], graph, 0);
+  if (!updated) e = cudaGraphInstantiate(&g->exec, graph, 0);
   cudaGraphDestroy(graph);
-  if (e != cudaSuccess) return fail("instantiating the decode graph: %s", cudaGetErrorString(e));
+  if (e != cudaSuccess) {
+    g->exec = NULL;
+    return fail("instantiating the decode graph: %s", cudaGetErrorString(e));
+  }
+  g->last_used = ++c->graph_clock;
   if (updated) ++c->base.graph_updates;
   else ++c->base.graph_instantiations;
-  CUDA_TRY(cudaGraphLaunch(c->exec[slot], c->stream));
+  CUDA_TRY(cudaGraphLaunch(g->exec, c->stream));
   CUDA_TRY(cudaEventRecord(c->exec_done[slot], c->stream));
   c->exec_launched[slot] = true;
   return true;
@@ -710,14 +773,14 @@ static double cuda_dense_step_seconds(backend *b, uint32_t n, uint32_t repeats) 
             cuda_ok(cudaEventCreate(&t0), "cudaEventCreate") && cuda_ok(cudaEventCreate(&t1), "cudaEventCreate");
   if (ok && !b->opt.no_graphs) {
     ok = cuda_ok(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), "capture");
-    const bool recorded = ok && record_step(c, n, NULL, NULL);
+    const bool recorded = ok && record_step(c, n, NULL, NULL, NULL);
     if (ok) ok = cuda_ok(cudaStreamEndCapture(c->stream, &graph), "capturing the dense step") && recorded;
     ok = ok && cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiating the dense step");
   }
   /* one untimed step, then `repeats` timed ones back to back */
   for (uint32_t i = 0; ok && i <= repeats; ++i) {
     if (i == 1) ok = cuda_ok(cudaEventRecord(t0, c->stream), "cudaEventRecord");
-    ok = ok && (exec ? cuda_ok(cudaGraphLaunch(exec, c->stream), "cudaGraphLaunch") : record_step(c, n, NULL, NULL));
+    ok = ok && (exec ? cuda_ok(cudaGraphLaunch(exec, c->stream), "cudaGraphLaunch") : record_step(c, n, NULL, NULL, NULL));
   }
   float ms = 0;
   ok = ok && cuda_ok(cudaEventRecord(t1, c->stream), "cudaEventRecord") &&
@@ -749,9 +812,12 @@ static void cuda_destroy(backend *b) {
   if (c->stream) cudaStreamSynchronize(c->stream);
   minikv_cache_destroy(b->cache);
   for (int s = 0; s < 2; ++s) {
-    if (c->exec[s]) cudaGraphExecDestroy(c->exec[s]);
+    for (int i = 0; i < STEP_GRAPHS_PER_SLOT; ++i)
+      if (c->graphs[s][i].exec) cudaGraphExecDestroy(c->graphs[s][i].exec);
     if (c->exec_done[s]) cudaEventDestroy(c->exec_done[s]);
   }
+  free(c->graph_shapes);
+  free(c->shape_scratch);
   if (c->layers)
     for (uint32_t l = 0; l < b->model.n_layers; ++l) {
       cuda_layer *L = &c->layers[l];
@@ -978,7 +1044,13 @@ extern "C" backend *backend_cuda_create(const model_source *src, const model_con
   b->destroy = cuda_destroy;
   c->dt = opt->dtype == MINIKV_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
   c->esize = 2;
-  bool ok = cuda_ok(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "creating a CUDA stream (is there a GPU?)") &&
+  c->graph_shapes = (uint32_t *)alloc_zeroed((size_t)2 * STEP_GRAPHS_PER_SLOT * m->n_layers, sizeof *c->graph_shapes, "graph shapes");
+  c->shape_scratch = (uint32_t *)alloc_zeroed(m->n_layers, sizeof *c->shape_scratch, "graph shapes");
+  for (int s = 0; c->graph_shapes && s < 2; ++s)
+    for (int i = 0; i < STEP_GRAPHS_PER_SLOT; ++i)
+      c->graphs[s][i].nodes_after_layer = c->graph_shapes + ((size_t)s * STEP_GRAPHS_PER_SLOT + i) * m->n_layers;
+  bool ok = c->graph_shapes && c->shape_scratch &&
+            cuda_ok(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "creating a CUDA stream (is there a GPU?)") &&
             cuda_ok(cudaEventCreateWithFlags(&c->exec_done[0], cudaEventDisableTiming), "cudaEventCreate") &&
             cuda_ok(cudaEventCreateWithFlags(&c->exec_done[1], cudaEventDisableTiming), "cudaEventCreate");
   int device = 0;
