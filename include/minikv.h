@@ -64,6 +64,16 @@
  * side by side, after the work already queued on `stream` and before any work queued there
  * later (event fork and join, which CUDA graph capture records). CPU calls are synchronous.
  *
+ * CUDA graphs. minikv_append, minikv_decode and minikv_append_decode can be captured into
+ * a CUDA graph (stream capture). A captured call records the launches for that moment's
+ * sizes (cache lengths, split counts), so a graph replays one step only: capture each step
+ * again and update an executable graph with it (cudaGraphExecUpdate). The number of
+ * launches changes too: a decode adds a split merge at some lengths, and minikv_append /
+ * minikv_append_decode add a flush launch in the steps where a sequence's residual fills
+ * (every flush_tokens steps, at different steps in layers with different budgets). Keep
+ * executable graphs by shape, e.g. by the captured node count after each call, as
+ * examples/engine does.
+ *
  * Errors. Every fallible call returns a minikv_status. A call that fails leaves the cache
  * exactly as it was: no partial prefill or append, no lost tokens, no leaked memory. The
  * detail of the last failure is in minikv_last_error_message() (per thread) and
