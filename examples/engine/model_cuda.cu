@@ -567,11 +567,6 @@ static bool cuda_prefill(backend *b, uint32_t n_seqs, const uint32_t *seq_ids, c
   return true;
 }
 
-/* Queues one decode step of n sequences on the stream (being captured): tokens and
-   positions are read from c->tokens / c->positions; the argmax of the logits goes back to
-   c->tokens (and to `history` when given) and positions advance by one. Without seq_ids
-   the libminikv calls are left out (the dense part alone, for timing). `shape`, when
-   given, gets the captured node count after each layer's libminikv call. */
 /* Nodes the stream's capture holds so far. */
 static size_t captured_nodes(cudaStream_t s) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -582,6 +577,11 @@ static size_t captured_nodes(cudaStream_t s) {
   return n;
 }
 
+/* Queues one decode step of n sequences on the stream (being captured): tokens and
+   positions are read from c->tokens / c->positions; the argmax of the logits goes back to
+   c->tokens (and to `history` when given) and positions advance by one. Without seq_ids
+   the libminikv calls are left out (the dense part alone, for timing). `shape`, when
+   given, gets the captured node count after each layer's libminikv call. */
 static bool record_step(cuda_backend *c, uint32_t n, const uint32_t *seq_ids, int32_t *history, uint32_t *shape) {
   backend *b = &c->base;
   const model_config *m = &b->model;
