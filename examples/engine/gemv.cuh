@@ -69,6 +69,12 @@ struct gemv_params {
   int split;                /* S warps per task: 1, 2, 4 or 8 */
 };
 
+/* Tasks of a product: groups of R rows (SWIGLU: R / 2 gate rows and their up rows). The
+   host sizes the grid and the split from it, the kernel walks it. */
+__host__ __device__ inline int gemv_tasks(int epilogue, const gemv_params &p) {
+  return epilogue == GEMV_SWIGLU ? p.ff / (GEMV_ROWS_PER_WARP / 2) : (p.m + GEMV_ROWS_PER_WARP - 1) / GEMV_ROWS_PER_WARP;
+}
+
 template <typename T> struct gemv_pair;
 template <> struct gemv_pair<__half> {
   using type = __half2;
@@ -199,7 +205,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = p.k / 8;
   const int S = p.split, per_cta = GEMV_WARPS / S, slice = warp % S;
-  const int tasks = kEpi == GEMV_SWIGLU ? p.ff / (R / 2) : (p.m + R - 1) / R;
+  const int tasks = gemv_tasks(kEpi, p);
   /* The bound is the CTA's, not the warp's: with S > 1 every warp must reach each barrier. */
   for (int round = 0, base = blockIdx.x * per_cta; base < tasks; base += gridDim.x * per_cta, ++round) {
     const int t = base + warp / S;
@@ -287,19 +293,17 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
 
 /* S for a product of `tasks` tasks of rows `chunks` 16-byte chunks long, on `resident`
    CTAs: the share of warp-rounds that do work, tasks * S / (rounds * resident * 8), is
-   largest (the smallest S of equal shares), with every slice at least one block of 32 U
-   chunks. */
+   largest (the smallest S of equal shares; compared as S / rounds, exactly), with every
+   slice at least one block of 32 U chunks. */
 static inline int gemv_best_split(int tasks, int chunks, int resident, int chunks_in_flight) {
-  int best = 1;
-  double best_share = 0.0;
+  int best = 1, best_rounds = 1;
   for (int S = 1; S <= GEMV_WARPS; S *= 2) {
     if (S > 1 && chunks < S * 32 * chunks_in_flight) break;
     const int per_round = resident * (GEMV_WARPS / S);
     const int rounds = (tasks + per_round - 1) / per_round;
-    const double share = (double)tasks * S / ((double)rounds * resident * GEMV_WARPS);
-    if (share > best_share + 1e-9) {
+    if (S == 1 || (long long)S * best_rounds > (long long)best * rounds) {
       best = S;
-      best_share = share;
+      best_rounds = rounds;
     }
   }
   return best;

@@ -382,8 +382,7 @@ static bool gemv_prepare(cuda_backend *c, const cudaDeviceProp *prop) {
 
 template <typename T, int NB, int kEpi>
 static bool gemv_launch_rows(cuda_backend *c, const gemv_params &p) {
-  const int R = GEMV_ROWS_PER_WARP;
-  const int tasks = kEpi == GEMV_SWIGLU ? p.ff / (R / 2) : (p.m + R - 1) / R;
+  const int tasks = gemv_tasks(kEpi, p);
   const int resident = c->sm_count * c->gemv_ctas_per_sm[kEpi][log2_rows(NB)];
   gemv_params q = p;
   q.split = gemv_best_split(tasks, p.k / 8, resident, gemv_chunks_in_flight(NB));
