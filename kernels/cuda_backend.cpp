@@ -192,6 +192,14 @@ class CudaBackend final : public Backend {
     lse_ = DeviceBuffer((uint64_t(H) * ws_tokens_ + kPrefillQueryTile) * 4, "prefill LSE workspace");
     scores_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill score workspace");
     kept_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill selection workspace");
+    // The sm_90a score pass's parts of short launches (launch_prefill_scores_wgmma): their
+    // column sums and arrival counters, which the last part leaves at zero.
+    if (prefill_scores_wgmma_ && !window_scores_ && scores_possible(cfg_)) {
+      const uint64_t pairs = prefill_score_part_ctas(num_sms_);
+      score_parts_ = DeviceBuffer(kScoreMaxParts * pairs * kPrefillKeyTile * 4, "prefill score workspace");
+      score_part_counters_ = DeviceBuffer(pairs * 4, "prefill score workspace");
+      MINIKV_CUDA_CHECK(cudaMemset(score_part_counters_.as<void>(), 0, score_part_counters_.bytes()));
+    }
     // Chunked prefill: the staged K/V of every layer, the running score sums of the staged
     // prompts ([num_layers][num_kv_heads][staging rows]) and the selection of their last
     // chunks ([num_kv_heads][staging rows]), all indexed by the prompts' staging runs.
@@ -331,7 +339,8 @@ class CudaBackend final : public Backend {
   minikv_backend kind() const override { return MINIKV_BACKEND_CUDA; }
   uint64_t pool_bytes() const override { return pool_.bytes() + residual_.bytes(); }
   uint64_t workspace_bytes() const override {
-    return table_.bytes() + lse_.bytes() + scores_.bytes() + kept_.bytes() + part_o_.bytes() +
+    return table_.bytes() + lse_.bytes() + scores_.bytes() + kept_.bytes() + score_parts_.bytes() +
+           score_part_counters_.bytes() + part_o_.bytes() +
            part_ml_.bytes() + split_counters_.bytes() + staging_.bytes() + staged_scores_.bytes() +
            staged_kept_.bytes();
   }
@@ -630,6 +639,9 @@ class CudaBackend final : public Backend {
     sc.ws_tokens = ws_tokens_;
     sc.scores_stride = select_stride;
     sc.scale_log2 = scale_log2;
+    sc.part_sums = score_parts_.as<float>();
+    sc.part_counters = score_part_counters_.as<uint32_t>();
+    sc.part_stride = prefill_score_part_ctas(num_sms_);
 
     SelectParams sel{};
     sel.scores = sums;
@@ -697,7 +709,7 @@ class CudaBackend final : public Backend {
     else launch_prefill_attention(cfg_.dtype, D, attn, s);
     if (sc.seqs.n > 0) {
       if (window_scores_) launch_prefill_window_scores(cfg_.dtype, D, sc, num_sms_, s);
-      else if (prefill_scores_wgmma_) launch_prefill_scores_wgmma(cfg_.dtype, D, sc, s);
+      else if (prefill_scores_wgmma_) launch_prefill_scores_wgmma(cfg_.dtype, D, sc, num_sms_, s);
       else launch_prefill_scores(cfg_.dtype, D, sc, s);
     }
     if (sel.seqs.n == 0) return;
@@ -729,6 +741,7 @@ class CudaBackend final : public Backend {
   } last_splits_;  // best_splits' last question and answer
   DeviceBuffer pool_, residual_, table_;
   DeviceBuffer lse_, scores_, kept_;
+  DeviceBuffer score_parts_, score_part_counters_;  // empty unless the sm_90a score pass runs
   DeviceBuffer staging_, staged_scores_, staged_kept_;  // chunked prefill (empty when off)
   std::vector<uint32_t> prefill_order_;  // per call: whole prompts, then staged chunks
   DeviceBuffer part_o_, part_ml_, split_counters_;  // per lane (at least one)

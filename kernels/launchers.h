@@ -39,9 +39,15 @@ void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAt
 // MMA, under the same conditions as the wgmma forward (head_dim 64/128/256, an sm_90a image
 // the device loads, MINIKV_PREFILL_KERNEL not "mma"); raises its shared-memory limit when
 // usable.
+// A launch of few key tiles (short prompts, GQA) splits each tile's items over up to
+// kScoreMaxParts CTAs when that evens out the CTAs' work; p.part_sums and p.part_counters
+// (zeroed once) are then the scratch of prefill_score_part_ctas(num_sms) (key tile, KV head)
+// pairs, and a launch with more pairs, or with p.part_sums null, is not split.
 bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim);
-void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim,
-                                 const PrefillScoreParams &p, cudaStream_t stream);
+constexpr uint32_t kScoreMaxParts = 4;
+uint32_t prefill_score_part_ctas(uint32_t num_sms);
+void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
+                                 uint32_t num_sms, cudaStream_t stream);
 
 // select_quantize.cu
 void launch_select(const SelectParams &p, uint32_t num_kv_heads, cudaStream_t stream);

@@ -28,10 +28,14 @@ struct Seq {
 // The kernels under test: the mma.sync forward with prefill_scores_kernel or with
 // prefill_window_scores_kernel, or the sm_90a forward and score pass (prefill_wgmma_kernel,
 // prefill_scores_wgmma_kernel: head_dim 64, 128 and 256; TMA, wgmma and named barriers
-// emulated).
-enum class Pass { kMma, kWindow, kWgmma };
+// emulated), the latter also with each key tile's items split over three CTAs (score_parts'
+// split of short launches: uneven shares, and parts without items).
+enum class Pass { kMma, kWindow, kWgmma, kWgmmaParts };
 const char *pass_name(Pass pass) {
-  return pass == Pass::kMma ? "mma.sync" : pass == Pass::kWindow ? "mma.sync, window scores" : "sm_90a forward";
+  return pass == Pass::kMma      ? "mma.sync"
+         : pass == Pass::kWindow ? "mma.sync, window scores"
+         : pass == Pass::kWgmma  ? "sm_90a forward"
+                                 : "sm_90a forward, score parts";
 }
 
 // rows_tensor_map's map (kernels/prefill_wgmma.cu) in the emulation's encoding: [rows][heads][D]
@@ -148,8 +152,9 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
   }
 
   constexpr bool kSm90aHeadDim = k::in_list(k::WgmmaHeadDims{}, D);
+  const bool wgmma = pass == Pass::kWgmma || pass == Pass::kWgmmaParts;
   if constexpr (kSm90aHeadDim) {
-    if (pass == Pass::kWgmma) {  // launch_prefill_wgmma
+    if (wgmma) {  // launch_prefill_wgmma
       k::FaMaps maps;
       maps.q = emulated_rows_map(q.data(), H, D, k::launch_query_rows(attn.seqs), k::kFaRows);
       maps.k = emulated_rows_map(kb.data(), Hkv, D, uint64_t(kv_rows), k::FaSmem<D>::kKeys);
@@ -158,7 +163,7 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
                                 landing, [&] { k::prefill_wgmma_kernel<T, D>(attn, maps); });
     }
   }
-  if (pass != Pass::kWgmma)
+  if (!wgmma)
     minikv::emulation::launch(dim3(attn.seqs.tile_begin[B] * H), dim3(Tl::kThreads), k::attention_smem<T, D>(),
                               landing, [&] { k::prefill_attention_kernel<T, D>(attn); });
   if (pass == Pass::kWindow) {
@@ -179,14 +184,23 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
     const k::WindowScoreArgs args{sc, per_cta, rows_cap};
     minikv::emulation::launch(dim3(grid, Hkv), dim3(k::kWinThreads), k::window_scores_smem<T, D>(rows_cap), landing,
                               [&] { k::prefill_window_scores_kernel<T, D>(args); });
-  } else if (pass == Pass::kWgmma) {
-    // launch_prefill_scores_wgmma.
+  } else if (wgmma) {
+    // launch_prefill_scores_wgmma; with parts, scratch of two more pairs than the launch has,
+    // counters at zero (cuda_backend.cpp), which the launch must leave at zero.
+    const uint32_t parts = pass == Pass::kWgmmaParts ? 3 : 1, pairs = sc.seqs.tile_begin[B] * Hkv;
+    std::vector<float> part_sums(size_t(parts) * (pairs + 2) * k::kPrefillKeyTile, std::nanf(""));
+    std::vector<uint32_t> counters(pairs + 2, 0);
+    sc.parts = parts;
+    sc.part_stride = pairs + 2;
+    sc.part_sums = part_sums.data();
+    sc.part_counters = counters.data();
     if constexpr (kSm90aHeadDim) {
       k::ScMaps maps;
       maps.q = emulated_rows_map(q.data(), H, D, k::launch_query_rows(sc.seqs), k::kScQueries);
-      minikv::emulation::launch(dim3(sc.seqs.tile_begin[B] * Hkv), dim3(k::kScThreads), k::ScSmem<T, D>::kLaunchBytes,
-                                landing, [&] { k::prefill_scores_wgmma_kernel<T, D>(sc, maps); });
+      minikv::emulation::launch(dim3(pairs * parts), dim3(k::kScThreads), k::ScSmem<T, D>::kLaunchBytes, landing,
+                                [&] { k::prefill_scores_wgmma_kernel<T, D>(sc, maps); });
     }
+    CHECK(std::count(counters.begin(), counters.end(), 0u) == std::ptrdiff_t(counters.size()));
   } else {
     minikv::emulation::launch(dim3(sc.seqs.tile_begin[B] * Hkv), dim3(Tl::kThreads), k::scores_smem<T, D>(), landing,
                               [&] { k::prefill_scores_kernel<T, D>(sc); });
@@ -259,11 +273,12 @@ TEST_CASE("the prefill kernels run by the warp emulator match a float64 attentio
   test::Rng rng(0x9ef1);
   // Under AddressSanitizer (~10x slower): every other shape, copies landing at issue.
   for (size_t i = 0; i < shapes.size(); i += kSanitized ? 2 : 1)
-    for (Pass pass : {Pass::kMma, Pass::kWindow, Pass::kWgmma})
+    for (Pass pass : {Pass::kMma, Pass::kWindow, Pass::kWgmma, Pass::kWgmmaParts})
       for (CopyLanding landing : {CopyLanding::kAtIssue, CopyLanding::kAtWait}) {
         const PrefillShape &sh = shapes[i];
         if (kSanitized && landing == CopyLanding::kAtWait) continue;
-        if (pass == Pass::kWgmma && !k::in_list(k::WgmmaHeadDims{}, sh.head_dim)) continue;
+        const bool wgmma = pass == Pass::kWgmma || pass == Pass::kWgmmaParts;
+        if (wgmma && !k::in_list(k::WgmmaHeadDims{}, sh.head_dim)) continue;
         const std::string name = std::string(sh.dtype == F16 ? "f16" : "bf16") + " hd" + std::to_string(sh.head_dim) +
                                  " n_rep " + std::to_string(sh.n_rep) + ", " + pass_name(pass) +
                                  (landing == CopyLanding::kAtIssue ? ", at issue" : ", at wait");
@@ -273,5 +288,34 @@ TEST_CASE("the prefill kernels run by the warp emulator match a float64 attentio
           else run_shape<__nv_bfloat16>(sh, seqs, pass, landing, rng);
         }
       }
+}
+
+TEST_CASE("the sm_90a score pass splits the key tiles of short launches only") {
+  // One whole prompt of L rows, every row scored (CUMULATIVE), H = 32 query heads.
+  auto params = [](uint32_t L, uint32_t Hkv) {
+    k::PrefillScoreParams p{};
+    p.num_heads = 32;
+    p.num_kv_heads = Hkv;
+    p.seqs.n = 1;
+    p.seqs.len[0] = L;
+    p.seqs.tile_begin[1] = (L + k::kPrefillKeyTile - 1) / k::kPrefillKeyTile;
+    p.col_end[0] = L;
+    static float scratch;
+    p.part_sums = &scratch;
+    return p;
+  };
+  const uint64_t slots = 132 * 2, max_pairs = k::prefill_score_part_ctas(132);
+  // 4K under GQA 32/8: 256 CTAs in one wave, the longest twice the mean per slot.
+  CHECK(k::score_parts(params(4096, 8), slots, max_pairs) == 2);
+  // 2K: 128 CTAs, the longest walk ~3.9x the mean: 4 parts, the most there are.
+  CHECK(k::score_parts(params(2048, 8), slots, max_pairs) == k::kScoreMaxParts);
+  // 4K under MHA: 1,024 CTAs, the longest half the mean; 32K under GQA: 2,048.
+  CHECK(k::score_parts(params(4096, 32), slots, max_pairs) == 1);
+  CHECK(k::score_parts(params(32768, 8), slots, max_pairs) == 1);
+  // Without scratch, or a launch of more pairs than it holds: not split.
+  k::PrefillScoreParams p = params(4096, 8);
+  p.part_sums = nullptr;
+  CHECK(k::score_parts(p, slots, max_pairs) == 1);
+  CHECK(k::score_parts(params(4096, 8), slots, 255) == 1);
 }
 }  // TEST_SUITE
