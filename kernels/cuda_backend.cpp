@@ -192,9 +192,9 @@ class CudaBackend final : public Backend {
     lse_ = DeviceBuffer((uint64_t(H) * ws_tokens_ + kPrefillQueryTile) * 4, "prefill LSE workspace");
     scores_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill score workspace");
     kept_ = DeviceBuffer(uint64_t(Hkv) * ws_tokens_ * 4, "prefill selection workspace");
-    // The sm_90a score pass's parts of short launches (launch_prefill_scores_wgmma): their
-    // column sums and arrival counters, which the last part leaves at zero.
-    if (prefill_scores_wgmma_ && !window_scores_ && scores_possible(cfg_)) {
+    // The score passes' parts of short launches (launchers.h): their column sums and
+    // arrival counters, which the last part leaves at zero.
+    if (!window_scores_ && scores_possible(cfg_)) {
       const uint64_t pairs = prefill_score_part_ctas(num_sms_);
       score_parts_ = DeviceBuffer(kScoreMaxParts * pairs * kPrefillKeyTile * 4, "prefill score workspace");
       score_part_counters_ = DeviceBuffer(pairs * 4, "prefill score workspace");
@@ -710,7 +710,7 @@ class CudaBackend final : public Backend {
     if (sc.seqs.n > 0) {
       if (window_scores_) launch_prefill_window_scores(cfg_.dtype, D, sc, num_sms_, s);
       else if (prefill_scores_wgmma_) launch_prefill_scores_wgmma(cfg_.dtype, D, sc, num_sms_, s);
-      else launch_prefill_scores(cfg_.dtype, D, sc, s);
+      else launch_prefill_scores(cfg_.dtype, D, sc, num_sms_, s);
     }
     if (sel.seqs.n == 0) return;
     launch_select(sel, Hkv, s);
@@ -741,7 +741,7 @@ class CudaBackend final : public Backend {
   } last_splits_;  // best_splits' last question and answer
   DeviceBuffer pool_, residual_, table_;
   DeviceBuffer lse_, scores_, kept_;
-  DeviceBuffer score_parts_, score_part_counters_;  // empty unless the sm_90a score pass runs
+  DeviceBuffer score_parts_, score_part_counters_;  // empty unless a general score pass runs
   DeviceBuffer staging_, staged_scores_, staged_kept_;  // chunked prefill (empty when off)
   std::vector<uint32_t> prefill_order_;  // per call: whole prompts, then staged chunks
   DeviceBuffer part_o_, part_ml_, split_counters_;  // per lane (at least one)

@@ -15,12 +15,21 @@ namespace kernels {
 // Raises the dynamic shared-memory limits of the prefill kernels on the current device.
 void configure_prefill_kernels(minikv_dtype dtype, uint32_t head_dim);
 
+// The score passes (launch_prefill_scores, launch_prefill_scores_wgmma) split a short
+// launch's key tiles over up to kScoreMaxParts CTAs each when that evens out the CTAs' work
+// (prefill_common.cuh): p.part_sums and p.part_counters (zeroed once) are the scratch of
+// prefill_score_part_ctas(num_sms) (key tile, KV head) pairs; a launch of more pairs, or
+// with p.part_sums null, is not split. Two waves of two CTAs an SM: longer launches even
+// out by themselves.
+constexpr uint32_t kScoreMaxParts = 4;
+constexpr uint32_t prefill_score_part_ctas(uint32_t num_sms) { return 4 * num_sms; }
+
 // prefill_attention.cu: grid over the query tiles (kPrefillQueryTile rows) / key tiles
 // (kPrefillKeyTile columns) of `p.seqs`.
 void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
                               cudaStream_t stream);
 void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
-                           cudaStream_t stream);
+                           uint32_t num_sms, cudaStream_t stream);
 // WINDOW mode's score pass (prefill_attention.cu prefill_window_scores_kernel, sm_80+): the
 // same sums as launch_prefill_scores where every row of p is a window row after every
 // scored key (row_begin >= col_end), streaming each KV head's keys once past its window rows
@@ -39,13 +48,7 @@ void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAt
 // MMA, under the same conditions as the wgmma forward (head_dim 64/128/256, an sm_90a image
 // the device loads, MINIKV_PREFILL_KERNEL not "mma"); raises its shared-memory limit when
 // usable.
-// A launch of few key tiles (short prompts, GQA) splits each tile's items over up to
-// kScoreMaxParts CTAs when that evens out the CTAs' work; p.part_sums and p.part_counters
-// (zeroed once) are then the scratch of prefill_score_part_ctas(num_sms) (key tile, KV head)
-// pairs, and a launch with more pairs, or with p.part_sums null, is not split.
 bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim);
-constexpr uint32_t kScoreMaxParts = 4;
-uint32_t prefill_score_part_ctas(uint32_t num_sms);
 void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
                                  uint32_t num_sms, cudaStream_t stream);
 

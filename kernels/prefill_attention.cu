@@ -32,7 +32,7 @@ namespace {
 
 constexpr int kBM = static_cast<int>(kPrefillQueryTile);    // forward: query rows per CTA
 constexpr int kSK = static_cast<int>(kPrefillKeyTile);      // scores: key columns per CTA
-constexpr int kSQ = 64;                                     // scores: queries per streamed tile
+constexpr int kSQ = kScoreQueries;                          // scores: queries per streamed tile
 static_assert(kSK == kBM, "both kernels split 128 rows over their warps alike");
 
 /// Warps of a CTA, 16-row m-tiles per warp and keys per forward K/V tile, per head_dim. Two
@@ -317,8 +317,9 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
 /// 3 CTAs/SM (12 warps): 168 registers at D = 128; its 60 B of spills serve the clamped
 /// cp.async of a sequence's last (partial) Q tile, off the per-tile path. D = 256: 8 warps
 /// of 16 keys, one CTA per SM (135 KB of shared memory).
+template <int D> constexpr int scores_ctas_per_sm() { return PrefillTiling<D>::kWarps == 4 ? 3 : 1; }
 template <typename T, int D>
-__global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::kWarps == 4 ? 3 : 1)
+__global__ void __launch_bounds__(PrefillTiling<D>::kThreads, scores_ctas_per_sm<D>())
     prefill_scores_kernel(const __grid_constant__ PrefillScoreParams p) {
   using Tl = PrefillTiling<D>;
   constexpr int MT = Tl::kMT;
@@ -328,7 +329,11 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
   T *q_s = k_s + kSK * S;                                      // [2][kSQ][S]
   float *lse_s = reinterpret_cast<float *>(q_s + 2 * kSQ * S);  // [2][kSQ]
 
-  const CtaTileHead th = cta_tile_head(blockIdx.x, p.seqs.tile_begin[p.seqs.n], 1);  // a KV head's tiles adjacent
+  // A (key tile, KV head)'s parts (prefill_common.cuh) are adjacent CTAs; a KV head's tiles
+  // adjacent.
+  const uint32_t parts = p.parts > 1 ? p.parts : 1;
+  const uint32_t tile_head = blockIdx.x / parts, part = blockIdx.x - tile_head * parts;
+  const CtaTileHead th = cta_tile_head(tile_head, p.seqs.tile_begin[p.seqs.n], 1);
   const uint32_t tile = th.tile;
   const int kvh = th.head;
   const uint32_t seq = find_seq(p.seqs, tile);
@@ -352,10 +357,12 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
   const int k0_row = k0 - qp, wkey_row = wkey - qp, row_first = row_begin - qp;
 
   // Query tiles (of the n rows) with a row at a position >= max(row_begin, k0): on or below
-  // the diagonal, in the window.
-  const int qt0 = max(max(row_first, k0_row), 0) / kSQ;
-  const int qt_end = (n + kSQ - 1) / kSQ;
-  const int total = n_rep * (qt_end - qt0);
+  // the diagonal, in the window; this CTA's part of them: `total` items from head
+  // first.head, tile first.qt.
+  const ScoreTileItems items = score_tile_items(n, qp, row_begin, k0);
+  const int qt0 = items.qt0, qt_end = items.qt_end;
+  const ScorePartItems first = score_part_items(items, n_rep, static_cast<int>(parts), static_cast<int>(part));
+  const int total = first.count;
   // This thread's cp.async chunk of a full Q tile (see the forward kernel).
   [[maybe_unused]] const int64_t chunk_off =
       int64_t(threadIdx.x / (D / 8)) * q_stride + (threadIdx.x % (D / 8)) * 8;
@@ -379,7 +386,7 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
       cp_async_4(lse_s + (it & 1) * kSQ + threadIdx.x, row < n ? lse + row : lse, row < n);
     }
   };
-  int nh = kvh * n_rep, nqt = qt0;  // the next item to issue
+  int nh = kvh * n_rep + first.head, nqt = first.qt;  // the next item to issue
   auto advance = [&](int &h, int &qt) {
     if (++qt == qt_end) {
       qt = qt0;
@@ -387,18 +394,18 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
     }
   };
 
-  load_tile<T, D, kSK>(k_s, k, kv_stride, L - k0);
-  if (total > 0) {
+  if (total > 0) {  // (a part without items only adds its zero sums)
+    load_tile<T, D, kSK>(k_s, k, kv_stride, L - k0);
     issue(0, nh, nqt);
     advance(nh, nqt);
+    cp_async_commit();
   }
-  cp_async_commit();
 
   float cs[MT][2];  // keys (m-tile, g / g + 8), this thread's queries
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) cs[mt][0] = cs[mt][1] = 0.0f;
   uint32_t ka[MT][D / 16][4];
-  int cur_qt = qt0;  // query tile of item it
+  int cur_qt = first.qt;  // query tile of item it
 
   for (int it = 0; it < total; ++it) {
     if (it + 1 < total) {  // buffer (it + 1) & 1 was released by the barrier ending it - 1
@@ -489,12 +496,33 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float x = cs[mt][r];
-      x += __shfl_xor_sync(0xffffffffu, x, 1);
-      x += __shfl_xor_sync(0xffffffffu, x, 2);
+      cs[mt][r] += __shfl_xor_sync(0xffffffffu, cs[mt][r], 1);
+      cs[mt][r] += __shfl_xor_sync(0xffffffffu, cs[mt][r], 2);
+    }
+  if (parts > 1) {  // the sums of every part, in part order, by the last to arrive
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        if (tq == 0) *score_part_sum(p, part, tile_head, wkey - k0 + 16 * mt + g + 8 * r) = cs[mt][r];
+    if (!score_parts_arrive_last(p, tile_head, parts)) return;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        cs[mt][r] = 0.0f;
+        if (tq == 0)
+          for (uint32_t q = 0; q < parts; ++q)
+            cs[mt][r] += __ldcg(score_part_sum(p, q, tile_head, wkey - k0 + 16 * mt + g + 8 * r));
+      }
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
       const int key = wkey + 16 * mt + g + 8 * r;
       if (tq == 0 && key < static_cast<int>(p.col_end[seq]))
-        scores[key] = key < col_done ? scores[key] + x : x;
+        scores[key] = key < col_done ? scores[key] + cs[mt][r] : cs[mt][r];
     }
 }
 
@@ -730,12 +758,14 @@ void launch_prefill_window_scores(minikv_dtype dtype, uint32_t head_dim, const P
   });
 }
 
-void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
-                           cudaStream_t stream) {
+void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &params,
+                           uint32_t num_sms, cudaStream_t stream) {
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_prefill", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_kv_heads;
+    PrefillScoreParams p = params;
+    p.parts = score_parts(p, uint64_t(num_sms) * scores_ctas_per_sm<D>(), prefill_score_part_ctas(num_sms));
+    const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_kv_heads * p.parts;
     prefill_scores_kernel<T, D><<<grid, PrefillTiling<D>::kThreads, scores_smem<T, D>(), stream>>>(p);
     check_launch_error("prefill_scores_kernel");
   });

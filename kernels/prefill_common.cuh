@@ -2,7 +2,10 @@
 // prefill_wgmma.cu: warpgroup MMA, sm_90a).
 #pragma once
 
+#include <algorithm>
+
 #include "common.cuh"
+#include "launchers.h"
 #include "params.h"
 
 namespace minikv {
@@ -156,6 +159,86 @@ __device__ __forceinline__ void rescale_o_mtile(float (&o)[D / 2], const float (
       o[4 * i + 2 * r] *= corr[r];
       o[4 * i + 2 * r + 1] *= corr[r];
     }
+}
+
+// ---- The score passes' parts ----------------------------------------------------------
+// Both score passes (prefill_scores_kernel on mma.sync, prefill_scores_wgmma_kernel) give a
+// CTA one kPrefillKeyTile-key tile of one KV head and stream kScoreQueries-row query tiles
+// of the group's heads through it. Key tile j of a prompt sums the query tiles at or after
+// it, so the first tile walks every query tile and the last one: in a launch of a wave or
+// so (4K under GQA 32/8: 256 CTAs) the longest CTA walks twice the mean. Such a launch
+// splits each (key tile, KV head)'s items into `parts` equal runs, one CTA each (adjacent
+// CTAs), whose column sums wait in scratch until the last part to arrive adds them in part
+// order: deterministic, whichever CTA that is.
+constexpr int kScoreQueries = 64;  // query rows per streamed item
+
+// The query tiles [qt0, qt_end) of one query head that the key tile at k0 sums: those with
+// a row at a position >= max(row_begin, k0), of the n rows at positions [qp, qp + n).
+struct ScoreTileItems {
+  int qt0, qt_end;
+};
+__host__ __device__ inline ScoreTileItems score_tile_items(int n, int qp, int row_begin, int k0) {
+  const int first = (row_begin > k0 ? row_begin : k0) - qp;
+  const int qt0 = (first > 0 ? first : 0) / kScoreQueries, qt_end = (n + kScoreQueries - 1) / kScoreQueries;
+  return {qt0, qt_end > qt0 ? qt_end : qt0};
+}
+
+// Part `part` of `parts` of a key tile's n_rep · (qt_end − qt0) items, heads outer: its first
+// item's head (of the group) and query tile, and how many items it takes.
+struct ScorePartItems {
+  int head, qt, count;
+};
+__host__ __device__ inline ScorePartItems score_part_items(ScoreTileItems t, int n_rep, int parts, int part) {
+  const int per_head = t.qt_end - t.qt0, all = n_rep * per_head, share = (all + parts - 1) / parts;
+  const int first = part * share < all ? part * share : all;
+  return {per_head > 0 ? first / per_head : 0, t.qt0 + (per_head > 0 ? first % per_head : 0),
+          share < all - first ? share : all - first};
+}
+
+// Parts per (key tile, KV head) of a launch: the fewest that bring the longest CTA's items
+// down to the launch's mean items per resident CTA (`slots` of them), at most
+// kScoreMaxParts; 1 for a launch of more pairs than the scratch holds (`max_pairs`), or
+// without scratch. Sizes only: a graph replays the same grid.
+inline uint32_t score_parts(const PrefillScoreParams &p, uint64_t slots, uint64_t max_pairs) {
+  const uint64_t pairs = uint64_t(p.seqs.tile_begin[p.seqs.n]) * p.num_kv_heads;
+  if (p.part_sums == nullptr || pairs == 0 || pairs > max_pairs) return 1;
+  uint64_t total = 0, most = 0;
+  for (uint32_t s = 0; s < p.seqs.n; ++s)
+    for (uint32_t t = p.seqs.tile_begin[s]; t < p.seqs.tile_begin[s + 1]; ++t) {
+      const ScoreTileItems ti = score_tile_items(static_cast<int>(p.seqs.len[s]), static_cast<int>(p.keys.q_pos[s]),
+                                                 static_cast<int>(p.row_begin[s]),
+                                                 static_cast<int>((t - p.seqs.tile_begin[s]) * kPrefillKeyTile));
+      const uint64_t items = uint64_t(ti.qt_end - ti.qt0);
+      total += items;
+      most = std::max(most, items);
+    }
+  if (total == 0) return 1;
+  total *= p.num_kv_heads;  // items per query head: a factor n_rep of both sides
+  return static_cast<uint32_t>(std::min<uint64_t>(std::max<uint64_t>((most * slots + total - 1) / total, 1),
+                                                  kScoreMaxParts));
+}
+
+// Where part `part` of pair `tile_head` keeps the column sum of key `key` of its tile.
+__device__ __forceinline__ float *score_part_sum(const PrefillScoreParams &p, uint32_t part, uint32_t tile_head,
+                                                 int key) {
+  return p.part_sums + (uint64_t(part) * p.part_stride + tile_head) * kPrefillKeyTile + key;
+}
+
+// Called by every thread of a CTA once its part's sums are written: whether this CTA is
+// the pair's last part to arrive (which then resets the pair's counter for the next launch).
+// The fences order every part's sums before its arrival, and the last part's reads (from
+// L2: __ldcg) after it.
+__device__ __forceinline__ bool score_parts_arrive_last(const PrefillScoreParams &p, uint32_t tile_head,
+                                                        uint32_t parts) {
+  __shared__ uint32_t arrived_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) arrived_last = atomicAdd(p.part_counters + tile_head, 1u) + 1 == parts;
+  __syncthreads();
+  if (!arrived_last) return false;
+  __threadfence();
+  if (threadIdx.x == 0) p.part_counters[tile_head] = 0;
+  return true;
 }
 
 }  // namespace kernels

@@ -17,12 +17,7 @@
 // tile on or below the diagonal and at or after row_begin), heads outer; masks, WINDOW rows,
 // ragged batches and chunks of a prompt (col_done, params.h PrefillKeys) are the mma.sync
 // kernel's.
-//
-// The first key tile of a prompt sums every query tile, the last one a single one: at 4K
-// under GQA 32/8 the launch is one wave of 256 CTAs whose longest walks 256 items, twice
-// the mean. Such a launch splits each tile's items into `parts` equal runs, one CTA each
-// (score_parts); the parts' column sums go through scratch, and the CTA that arrives last
-// adds them in part order (deterministic, whichever CTA it is).
+// A short launch splits each key tile's items into parts (prefill_common.cuh, score_parts).
 
 #include "bulk_copy.cuh"
 #include "dispatch.cuh"
@@ -38,21 +33,10 @@ namespace {
 constexpr int kScWarpgroups = 2;              // 64 keys each
 constexpr int kScThreads = 128 * kScWarpgroups;
 constexpr int kScKeys = 64 * kScWarpgroups;   // keys per CTA
-constexpr int kScQueries = 64;                // queries per streamed tile (wgmma N)
+constexpr int kScQueries = kScoreQueries;     // queries per streamed tile (wgmma N)
 constexpr int kScStages = 4;                  // item it + 2 loads while it + 1 multiplies
 static_assert(kScKeys == int(kPrefillKeyTile), "one CTA per host key tile");
 static_assert((kScStages & (kScStages - 1)) == 0, "stage index by mask");
-
-// The query tiles [qt0, qt_end) of one query head that the key tile at k0 sums: those with
-// a row at a position >= max(row_begin, k0), of the n rows at positions [qp, qp + n).
-struct ScoreTileItems {
-  int qt0, qt_end;
-};
-__host__ __device__ inline ScoreTileItems score_tile_items(int n, int qp, int row_begin, int k0) {
-  const int first = (row_begin > k0 ? row_begin : k0) - qp;
-  const int qt0 = (first > 0 ? first : 0) / kScQueries, qt_end = (n + kScQueries - 1) / kScQueries;
-  return {qt0, qt_end > qt0 ? qt_end : qt0};
-}
 
 // The launch's tensor map of the query rows ([tokens][num_heads][D], boxes of 64 rows).
 struct ScMaps {
@@ -116,13 +100,11 @@ __global__ void __launch_bounds__(kScThreads, sc_ctas_per_sm(D))
   // The masks compare in query-row coordinates (position - qp).
   const int wkey_row = wkey - qp, row_first = row_begin - qp;
 
+  // This CTA's part of the tile's items: `total` of them from head first.head, tile first.qt.
   const ScoreTileItems items = score_tile_items(n, qp, row_begin, k0);
-  const int qt0 = items.qt0, qt_end = items.qt_end, per_head = qt_end - qt0;
-  // This CTA's part of the tile's n_rep · per_head items: `total` of them from it_first.
-  const int all = n_rep * per_head, share = (all + static_cast<int>(parts) - 1) / static_cast<int>(parts);
-  const int it_first = min(static_cast<int>(part) * share, all);
-  const int total = min(share, all - it_first);
-  const int first_qt = qt0 + (per_head > 0 ? it_first % per_head : 0);
+  const int qt0 = items.qt0, qt_end = items.qt_end;
+  const ScorePartItems first = score_part_items(items, n_rep, static_cast<int>(parts), static_cast<int>(part));
+  const int total = first.count;
 
   // Item `it` = query tile qt of head h, into stage it % kScStages, by thread 0 (every warp
   // is done with the stage's previous item, it − 4: step it − 2's barrier): the query rows
@@ -142,7 +124,7 @@ __global__ void __launch_bounds__(kScThreads, sc_ctas_per_sm(D))
     bulk::copy(smem_addr(lse_s + st * kScQueries), p.lse + int64_t(h) * p.ws_tokens + ws_off + qt * kScQueries,
                kScQueries * 4, full(st));
   };
-  int nh = kvh * n_rep + (per_head > 0 ? it_first / per_head : 0), nqt = first_qt;  // the next item to issue
+  int nh = kvh * n_rep + first.head, nqt = first.qt;  // the next item to issue
   auto issue_next = [&](int it) {
     issue(it, nh, nqt);
     if (++nqt == qt_end) {
@@ -203,7 +185,7 @@ __global__ void __launch_bounds__(kScThreads, sc_ctas_per_sm(D))
     wg::fence_regs(sa);
   }
 
-  int cur_qt = first_qt;  // query tile of item it
+  int cur_qt = first.qt;  // query tile of item it
   // Item it, whose Sᵀ is in s; issues item it + 1's product into s_next and item it + 2's loads.
   auto step = [&](float(&s)[32], float(&s_next)[32], int it) {
     // Every warp finished step it − 1, so item it − 2's stage (item it + 2's) is free.
@@ -267,30 +249,17 @@ __global__ void __launch_bounds__(kScThreads, sc_ctas_per_sm(D))
     x[r] += __shfl_xor_sync(0xffffffffu, x[r], 1);
     x[r] += __shfl_xor_sync(0xffffffffu, x[r], 2);
   }
-  if (parts > 1) {
-    // This part's sums into the scratch; the last part to arrive reads them all back (from
-    // L2) after the fences that order every part's writes before its arrival.
-    auto part_sums = [&](uint32_t q) {
-      return p.part_sums + (uint64_t(q) * p.part_stride + tile_head) * kScKeys + (wkey - k0) + g;
-    };
-    if (tq == 0) {
-      part_sums(part)[0] = x[0];
-      part_sums(part)[8] = x[1];
+  if (parts > 1) {  // the sums of every part, in part order, by the last to arrive
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (tq == 0) *score_part_sum(p, part, tile_head, wkey - k0 + g + 8 * r) = x[r];
+    if (!score_parts_arrive_last(p, tile_head, parts)) return;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      x[r] = 0.0f;
+      if (tq == 0)
+        for (uint32_t q = 0; q < parts; ++q) x[r] += __ldcg(score_part_sum(p, q, tile_head, wkey - k0 + g + 8 * r));
     }
-    __shared__ uint32_t arrived_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) arrived_last = atomicAdd(p.part_counters + tile_head, 1u) + 1 == parts;
-    __syncthreads();
-    if (!arrived_last) return;
-    __threadfence();
-    if (threadIdx.x == 0) p.part_counters[tile_head] = 0;  // for the next launch
-    x[0] = x[1] = 0.0f;
-    if (tq == 0)
-      for (uint32_t q = 0; q < parts; ++q) {
-        x[0] += __ldcg(part_sums(q));
-        x[1] += __ldcg(part_sums(q) + 8);
-      }
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -301,33 +270,7 @@ __global__ void __launch_bounds__(kScThreads, sc_ctas_per_sm(D))
 #endif
 }
 
-// Parts per (key tile, KV head) of a launch: the fewest that bring the longest CTA's items
-// down to the launch's mean items per resident CTA (`slots` of them), at most
-// kScoreMaxParts; 1 for a launch of more pairs than the scratch holds (`max_pairs`), or
-// without scratch. Sizes only: a graph replays the same grid.
-uint32_t score_parts(const PrefillScoreParams &p, uint64_t slots, uint64_t max_pairs) {
-  const uint64_t pairs = uint64_t(p.seqs.tile_begin[p.seqs.n]) * p.num_kv_heads;
-  if (p.part_sums == nullptr || pairs == 0 || pairs > max_pairs) return 1;
-  uint64_t total = 0, most = 0;
-  for (uint32_t s = 0; s < p.seqs.n; ++s)
-    for (uint32_t t = p.seqs.tile_begin[s]; t < p.seqs.tile_begin[s + 1]; ++t) {
-      const ScoreTileItems ti = score_tile_items(static_cast<int>(p.seqs.len[s]), static_cast<int>(p.keys.q_pos[s]),
-                                                 static_cast<int>(p.row_begin[s]),
-                                                 static_cast<int>(t - p.seqs.tile_begin[s]) * kScKeys);
-      const uint64_t items = uint64_t(ti.qt_end - ti.qt0);
-      total += items;
-      most = std::max(most, items);
-    }
-  if (total == 0) return 1;
-  total *= p.num_kv_heads;  // items per head are a factor n_rep of both sides
-  return static_cast<uint32_t>(std::min<uint64_t>(std::max<uint64_t>((most * slots + total - 1) / total, 1),
-                                                  kScoreMaxParts));
-}
-
 }  // namespace
-
-// Two waves of two CTAs an SM: a launch of more pairs is long enough not to be split.
-uint32_t prefill_score_part_ctas(uint32_t num_sms) { return 4 * num_sms; }
 
 #ifndef MINIKV_WARP_EMULATION  // a CPU emulation (tests/emulation) runs the kernel itself
 bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {

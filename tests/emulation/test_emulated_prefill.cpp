@@ -28,14 +28,17 @@ struct Seq {
 // The kernels under test: the mma.sync forward with prefill_scores_kernel or with
 // prefill_window_scores_kernel, or the sm_90a forward and score pass (prefill_wgmma_kernel,
 // prefill_scores_wgmma_kernel: head_dim 64, 128 and 256; TMA, wgmma and named barriers
-// emulated), the latter also with each key tile's items split over three CTAs (score_parts'
-// split of short launches: uneven shares, and parts without items).
-enum class Pass { kMma, kWindow, kWgmma, kWgmmaParts };
+// emulated); each score pass also with every key tile's items split over three CTAs
+// (score_parts' split of short launches: uneven shares, and parts without items).
+enum class Pass { kMma, kMmaParts, kWindow, kWgmma, kWgmmaParts };
 const char *pass_name(Pass pass) {
-  return pass == Pass::kMma      ? "mma.sync"
-         : pass == Pass::kWindow ? "mma.sync, window scores"
-         : pass == Pass::kWgmma  ? "sm_90a forward"
-                                 : "sm_90a forward, score parts";
+  switch (pass) {
+    case Pass::kMma: return "mma.sync";
+    case Pass::kMmaParts: return "mma.sync, score parts";
+    case Pass::kWindow: return "mma.sync, window scores";
+    case Pass::kWgmma: return "sm_90a forward";
+    default: return "sm_90a forward, score parts";
+  }
 }
 
 // rows_tensor_map's map (kernels/prefill_wgmma.cu) in the emulation's encoding: [rows][heads][D]
@@ -184,26 +187,29 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
     const k::WindowScoreArgs args{sc, per_cta, rows_cap};
     minikv::emulation::launch(dim3(grid, Hkv), dim3(k::kWinThreads), k::window_scores_smem<T, D>(rows_cap), landing,
                               [&] { k::prefill_window_scores_kernel<T, D>(args); });
-  } else if (wgmma) {
-    // launch_prefill_scores_wgmma; with parts, scratch of two more pairs than the launch has,
-    // counters at zero (cuda_backend.cpp), which the launch must leave at zero.
-    const uint32_t parts = pass == Pass::kWgmmaParts ? 3 : 1, pairs = sc.seqs.tile_begin[B] * Hkv;
+  } else {
+    // launch_prefill_scores(_wgmma); with parts, scratch of two more pairs than the launch
+    // has, counters at zero (cuda_backend.cpp), which the launch must leave at zero.
+    const uint32_t parts = pass == Pass::kMmaParts || pass == Pass::kWgmmaParts ? 3 : 1;
+    const uint32_t pairs = sc.seqs.tile_begin[B] * Hkv;
     std::vector<float> part_sums(size_t(parts) * (pairs + 2) * k::kPrefillKeyTile, std::nanf(""));
     std::vector<uint32_t> counters(pairs + 2, 0);
     sc.parts = parts;
     sc.part_stride = pairs + 2;
     sc.part_sums = part_sums.data();
     sc.part_counters = counters.data();
-    if constexpr (kSm90aHeadDim) {
-      k::ScMaps maps;
-      maps.q = emulated_rows_map(q.data(), H, D, k::launch_query_rows(sc.seqs), k::kScQueries);
-      minikv::emulation::launch(dim3(pairs * parts), dim3(k::kScThreads), k::ScSmem<T, D>::kLaunchBytes, landing,
-                                [&] { k::prefill_scores_wgmma_kernel<T, D>(sc, maps); });
+    if (wgmma) {
+      if constexpr (kSm90aHeadDim) {
+        k::ScMaps maps;
+        maps.q = emulated_rows_map(q.data(), H, D, k::launch_query_rows(sc.seqs), k::kScQueries);
+        minikv::emulation::launch(dim3(pairs * parts), dim3(k::kScThreads), k::ScSmem<T, D>::kLaunchBytes, landing,
+                                  [&] { k::prefill_scores_wgmma_kernel<T, D>(sc, maps); });
+      }
+    } else {
+      minikv::emulation::launch(dim3(pairs * parts), dim3(Tl::kThreads), k::scores_smem<T, D>(), landing,
+                                [&] { k::prefill_scores_kernel<T, D>(sc); });
     }
     CHECK(std::count(counters.begin(), counters.end(), 0u) == std::ptrdiff_t(counters.size()));
-  } else {
-    minikv::emulation::launch(dim3(sc.seqs.tile_begin[B] * Hkv), dim3(Tl::kThreads), k::scores_smem<T, D>(), landing,
-                              [&] { k::prefill_scores_kernel<T, D>(sc); });
   }
 
   // The GPU tests' output tolerance (gpu_util.h attention_tol): |got - ref| <= atol + rtol |ref|.
@@ -273,7 +279,7 @@ TEST_CASE("the prefill kernels run by the warp emulator match a float64 attentio
   test::Rng rng(0x9ef1);
   // Under AddressSanitizer (~10x slower): every other shape, copies landing at issue.
   for (size_t i = 0; i < shapes.size(); i += kSanitized ? 2 : 1)
-    for (Pass pass : {Pass::kMma, Pass::kWindow, Pass::kWgmma, Pass::kWgmmaParts})
+    for (Pass pass : {Pass::kMma, Pass::kMmaParts, Pass::kWindow, Pass::kWgmma, Pass::kWgmmaParts})
       for (CopyLanding landing : {CopyLanding::kAtIssue, CopyLanding::kAtWait}) {
         const PrefillShape &sh = shapes[i];
         if (kSanitized && landing == CopyLanding::kAtWait) continue;
@@ -290,7 +296,7 @@ TEST_CASE("the prefill kernels run by the warp emulator match a float64 attentio
       }
 }
 
-TEST_CASE("the sm_90a score pass splits the key tiles of short launches only") {
+TEST_CASE("the score passes split the key tiles of short launches only") {
   // One whole prompt of L rows, every row scored (CUMULATIVE), H = 32 query heads.
   auto params = [](uint32_t L, uint32_t Hkv) {
     k::PrefillScoreParams p{};
