@@ -78,10 +78,11 @@ struct PrefillScoreParams {
   uint32_t col_end[kMaxPrefillSeqs];
   uint32_t col_done[kMaxPrefillSeqs];
   uint32_t score_offset[kMaxPrefillSeqs];
-  // The sm_90a pass only (launch_prefill_scores_wgmma): each (key tile, KV head)'s items
-  // split over `parts` CTAs (1: not split), whose column sums wait in part_sums
-  // [parts][part_stride][kPrefillKeyTile] until the last to finish adds them in part order;
-  // part_counters[part_stride] count the arrivals and are left at zero.
+  // The general score passes only (launch_prefill_scores, _wgmma; prefill_common.cuh): each
+  // (key tile, KV head)'s items split over `parts` CTAs (set by the launcher; 1: not split),
+  // whose column sums wait in part_sums [parts][part_stride][kPrefillKeyTile] until the last
+  // to finish adds them in part order; part_counters[part_stride] count the arrivals and are
+  // left at zero.
   float *part_sums;
   uint32_t *part_counters;
   uint32_t parts, part_stride;
