@@ -314,8 +314,9 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
 
 /// \tparam T dtype of q/k (__half or __nv_bfloat16)
 /// \tparam D head_dim (64, 80, 96, 128, 256)
-/// 3 CTAs/SM (12 warps): 168 registers at D = 128; its 60 B of spills serve the clamped
-/// cp.async of a sequence's last (partial) Q tile, off the per-tile path. D = 256: 8 warps
+/// 3 CTAs/SM (12 warps): 168 registers at D = 128 on sm_80; its 64 B of spills (none on
+/// sm_90a) serve the clamped cp.async of a sequence's last (partial) Q tile, off the
+/// per-tile path. D = 256: 8 warps
 /// of 16 keys, one CTA per SM (135 KB of shared memory).
 template <int D> constexpr int scores_ctas_per_sm() { return PrefillTiling<D>::kWarps == 4 ? 3 : 1; }
 template <typename T, int D>
