@@ -330,11 +330,8 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, scores_ctas_per_sm
   T *q_s = k_s + kSK * S;                                      // [2][kSQ][S]
   float *lse_s = reinterpret_cast<float *>(q_s + 2 * kSQ * S);  // [2][kSQ]
 
-  // A (key tile, KV head)'s parts (prefill_common.cuh) are adjacent CTAs; a KV head's tiles
-  // adjacent.
-  const uint32_t parts = p.parts > 1 ? p.parts : 1;
-  const uint32_t tile_head = blockIdx.x / parts, part = blockIdx.x - tile_head * parts;
-  const CtaTileHead th = cta_tile_head(tile_head, p.seqs.tile_begin[p.seqs.n], 1);
+  const ScoreCta sc = score_cta(p);  // its part (prefill_common.cuh)
+  const CtaTileHead th = cta_tile_head(sc.pair, p.seqs.tile_begin[p.seqs.n], 1);  // a KV head's tiles adjacent
   const uint32_t tile = th.tile;
   const int kvh = th.head;
   const uint32_t seq = find_seq(p.seqs, tile);
@@ -362,7 +359,7 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, scores_ctas_per_sm
   // first.head, tile first.qt.
   const ScoreTileItems items = score_tile_items(n, qp, row_begin, k0);
   const int qt0 = items.qt0, qt_end = items.qt_end;
-  const ScorePartItems first = score_part_items(items, n_rep, static_cast<int>(parts), static_cast<int>(part));
+  const ScorePartItems first = score_part_items(items, n_rep, static_cast<int>(sc.parts), static_cast<int>(sc.part));
   const int total = first.count;
   // This thread's cp.async chunk of a full Q tile (see the forward kernel).
   [[maybe_unused]] const int64_t chunk_off =
@@ -491,40 +488,25 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, scores_ctas_per_sm
 
   // Key totals: the 4 lanes of a quad hold the same keys (different queries). A column an
   // earlier chunk of the prompt summed (below col_done) adds this chunk's part to it.
+  // Split into parts: every part's sums, added in part order by the last to arrive. Sum i
+  // of this thread is key wkey + 16 (i / 2) + g + 8 (i % 2).
   float *scores = p.scores + int64_t(kvh) * p.scores_stride + p.score_offset[seq];
   const int col_done = static_cast<int>(p.col_done[seq]);
+  float x[2 * MT];
+  auto key_of = [&](int i) { return wkey + 16 * (i / 2) + g + 8 * (i % 2); };
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      cs[mt][r] += __shfl_xor_sync(0xffffffffu, cs[mt][r], 1);
-      cs[mt][r] += __shfl_xor_sync(0xffffffffu, cs[mt][r], 2);
-    }
-  if (parts > 1) {  // the sums of every part, in part order, by the last to arrive
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        if (tq == 0) *score_part_sum(p, part, tile_head, wkey - k0 + 16 * mt + g + 8 * r) = cs[mt][r];
-    if (!score_parts_arrive_last(p, tile_head, parts)) return;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        cs[mt][r] = 0.0f;
-        if (tq == 0)
-          for (uint32_t q = 0; q < parts; ++q)
-            cs[mt][r] += __ldcg(score_part_sum(p, q, tile_head, wkey - k0 + 16 * mt + g + 8 * r));
-      }
+  for (int i = 0; i < 2 * MT; ++i) {
+    x[i] = cs[i / 2][i % 2];
+    x[i] += __shfl_xor_sync(0xffffffffu, x[i], 1);
+    x[i] += __shfl_xor_sync(0xffffffffu, x[i], 2);
   }
+  if (sc.parts > 1 && !sum_score_parts(p, sc, x, [&](int i) { return key_of(i) - k0; }, tq == 0)) return;
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = wkey + 16 * mt + g + 8 * r;
-      if (tq == 0 && key < static_cast<int>(p.col_end[seq]))
-        scores[key] = key < col_done ? scores[key] + cs[mt][r] : cs[mt][r];
-    }
+  for (int i = 0; i < 2 * MT; ++i) {
+    const int key = key_of(i);
+    if (tq == 0 && key < static_cast<int>(p.col_end[seq]))
+      scores[key] = key < col_done ? scores[key] + x[i] : x[i];
+  }
 }
 
 // ---- WINDOW scores ---------------------------------------------------------------------

@@ -218,26 +218,46 @@ inline uint32_t score_parts(const PrefillScoreParams &p, uint64_t slots, uint64_
                                                   kScoreMaxParts));
 }
 
-// Where part `part` of pair `tile_head` keeps the column sum of key `key` of its tile.
-__device__ __forceinline__ float *score_part_sum(const PrefillScoreParams &p, uint32_t part, uint32_t tile_head,
-                                                 int key) {
-  return p.part_sums + (uint64_t(part) * p.part_stride + tile_head) * kPrefillKeyTile + key;
+// A score CTA's (key tile, KV head) pair of the launch (cta_tile_head's block index) and its
+// part of it: a pair's parts are adjacent CTAs.
+struct ScoreCta {
+  uint32_t parts, pair, part;
+};
+__device__ __forceinline__ ScoreCta score_cta(const PrefillScoreParams &p) {
+  const uint32_t parts = p.parts > 1 ? p.parts : 1, pair = blockIdx.x / parts;
+  return {parts, pair, blockIdx.x - pair * parts};
 }
 
-// Called by every thread of a CTA once its part's sums are written: whether this CTA is
-// the pair's last part to arrive (which then resets the pair's counter for the next launch).
-// The fences order every part's sums before its arrival, and the last part's reads (from
-// L2: __ldcg) after it.
-__device__ __forceinline__ bool score_parts_arrive_last(const PrefillScoreParams &p, uint32_t tile_head,
-                                                        uint32_t parts) {
+// The end of a CTA's part (every thread calls it): x[i], the part's column sum of its tile's
+// key key_of(i) held by the owner threads, goes to scratch, and the CTA arrives on its
+// pair's counter. In the pair's last part to arrive, x becomes the sum of every part's, in
+// part order, the counter is reset for the next launch, and the call returns true; false
+// elsewhere. The fences order every part's sums before its arrival, and the last part's
+// reads (from L2: __ldcg) after it. (decode_common.cuh arrive_last_split is the one-warp
+// counterpart.)
+template <int K, typename KeyOf>
+__device__ __forceinline__ bool sum_score_parts(const PrefillScoreParams &p, const ScoreCta &c, float (&x)[K],
+                                                KeyOf key_of, bool owner) {
+  auto sum_of = [&](uint32_t part, int i) {
+    return p.part_sums + (uint64_t(part) * p.part_stride + c.pair) * kPrefillKeyTile + key_of(i);
+  };
   __shared__ uint32_t arrived_last;
+#pragma unroll
+  for (int i = 0; i < K; ++i)
+    if (owner) *sum_of(c.part, i) = x[i];
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) arrived_last = atomicAdd(p.part_counters + tile_head, 1u) + 1 == parts;
+  if (threadIdx.x == 0) arrived_last = atomicAdd(p.part_counters + c.pair, 1u) + 1 == c.parts;
   __syncthreads();
   if (!arrived_last) return false;
   __threadfence();
-  if (threadIdx.x == 0) p.part_counters[tile_head] = 0;
+  if (threadIdx.x == 0) p.part_counters[c.pair] = 0;
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    x[i] = 0.0f;
+    if (owner)
+      for (uint32_t q = 0; q < c.parts; ++q) x[i] += __ldcg(sum_of(q, i));
+  }
   return true;
 }
 

@@ -76,10 +76,8 @@ __global__ void __launch_bounds__(kScThreads, sc_ctas_per_sm(D))
   }
   __syncthreads();
 
-  // A (key tile, KV head)'s parts are adjacent CTAs; a KV head's tiles adjacent.
-  const uint32_t parts = p.parts > 1 ? p.parts : 1;
-  const uint32_t tile_head = blockIdx.x / parts, part = blockIdx.x - tile_head * parts;
-  const CtaTileHead th = cta_tile_head(tile_head, p.seqs.tile_begin[p.seqs.n], 1);
+  const ScoreCta sc = score_cta(p);
+  const CtaTileHead th = cta_tile_head(sc.pair, p.seqs.tile_begin[p.seqs.n], 1);  // a KV head's tiles adjacent
   const uint32_t tile = th.tile;
   const int kvh = th.head;
   const uint32_t seq = find_seq(p.seqs, tile);
@@ -103,7 +101,7 @@ __global__ void __launch_bounds__(kScThreads, sc_ctas_per_sm(D))
   // This CTA's part of the tile's items: `total` of them from head first.head, tile first.qt.
   const ScoreTileItems items = score_tile_items(n, qp, row_begin, k0);
   const int qt0 = items.qt0, qt_end = items.qt_end;
-  const ScorePartItems first = score_part_items(items, n_rep, static_cast<int>(parts), static_cast<int>(part));
+  const ScorePartItems first = score_part_items(items, n_rep, static_cast<int>(sc.parts), static_cast<int>(sc.part));
   const int total = first.count;
 
   // Item `it` = query tile qt of head h, into stage it % kScStages, by thread 0 (every warp
@@ -242,30 +240,18 @@ __global__ void __launch_bounds__(kScThreads, sc_ctas_per_sm(D))
   // earlier chunk of the prompt summed (below col_done) adds this chunk's part to it.
   float *scores = p.scores + int64_t(kvh) * p.scores_stride + p.score_offset[seq];
   const int col_done = static_cast<int>(p.col_done[seq]);
-  float x[2];
+  // Split into parts: every part's sums, added in part order by the last to arrive.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    x[r] = cs[r];
-    x[r] += __shfl_xor_sync(0xffffffffu, x[r], 1);
-    x[r] += __shfl_xor_sync(0xffffffffu, x[r], 2);
+    cs[r] += __shfl_xor_sync(0xffffffffu, cs[r], 1);
+    cs[r] += __shfl_xor_sync(0xffffffffu, cs[r], 2);
   }
-  if (parts > 1) {  // the sums of every part, in part order, by the last to arrive
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (tq == 0) *score_part_sum(p, part, tile_head, wkey - k0 + g + 8 * r) = x[r];
-    if (!score_parts_arrive_last(p, tile_head, parts)) return;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      x[r] = 0.0f;
-      if (tq == 0)
-        for (uint32_t q = 0; q < parts; ++q) x[r] += __ldcg(score_part_sum(p, q, tile_head, wkey - k0 + g + 8 * r));
-    }
-  }
+  if (sc.parts > 1 && !sum_score_parts(p, sc, cs, [&](int r) { return wkey - k0 + g + 8 * r; }, tq == 0)) return;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = wkey + g + 8 * r;
     if (tq == 0 && key < static_cast<int>(p.col_end[seq]))
-      scores[key] = key < col_done ? scores[key] + x[r] : x[r];
+      scores[key] = key < col_done ? scores[key] + cs[r] : cs[r];
   }
 #endif
 }
