@@ -173,6 +173,9 @@ class CudaBackend final : public Backend {
     prefill_scores_wgmma_ = prefill_scores_wgmma_usable(cfg_.dtype, cfg_.head_dim);
     window_scores_ = cfg_.score_mode == MINIKV_SCORE_WINDOW &&
                      prefill_window_scores_fit(cfg_.head_dim, cfg_.num_heads / cfg_.num_kv_heads, cfg_.window_size);
+    int driver = 0;
+    MINIKV_CUDA_CHECK(cudaDriverGetVersion(&driver));
+    programmatic_prefill_ = prop.major >= 9 && driver >= 12030;
 
     const uint32_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
     pool_ = DeviceBuffer(spec.pool_bytes, "block pool");
@@ -285,8 +288,6 @@ class CudaBackend final : public Backend {
       case DecodeKernel::kK4V2Warp: {
         const bool four_warps = decode_kernel_ == DecodeKernel::kK4V2;
         heads_per_cta_ = four_warps ? k4v2_heads : decode_k4v2_warp_heads_per_cta(n_rep);
-        int driver = 0;
-        MINIKV_CUDA_CHECK(cudaDriverGetVersion(&driver));
         k4v2_plan_ = make_k4v2_launch_plan(spec.block, driver);
         decode_tile_ = k4v2_plan_.tiles.qtile;
         decode_slots_ = num_sms_ * (four_warps ? k4v2_ctas : k4v2_warp_ctas);
@@ -707,14 +708,15 @@ class CudaBackend final : public Backend {
     }
     if (prefill_wgmma_) launch_prefill_wgmma(cfg_.dtype, D, attn, s);
     else launch_prefill_attention(cfg_.dtype, D, attn, s);
+    const bool pdl = programmatic_prefill_;
     if (sc.seqs.n > 0) {
-      if (window_scores_) launch_prefill_window_scores(cfg_.dtype, D, sc, num_sms_, s);
-      else if (prefill_scores_wgmma_) launch_prefill_scores_wgmma(cfg_.dtype, D, sc, num_sms_, s);
-      else launch_prefill_scores(cfg_.dtype, D, sc, num_sms_, s);
+      if (window_scores_) launch_prefill_window_scores(cfg_.dtype, D, sc, num_sms_, s, pdl);
+      else if (prefill_scores_wgmma_) launch_prefill_scores_wgmma(cfg_.dtype, D, sc, num_sms_, s, pdl);
+      else launch_prefill_scores(cfg_.dtype, D, sc, num_sms_, s, pdl);
     }
     if (sel.seqs.n == 0) return;
-    launch_select(sel, Hkv, s);
-    launch_store_kept(cfg_.dtype, store, max_tasks, s);
+    launch_select(sel, Hkv, s, pdl);
+    launch_store_kept(cfg_.dtype, store, max_tasks, s, pdl);
   }
 
   StorageSpec spec_;
@@ -732,6 +734,9 @@ class CudaBackend final : public Backend {
   bool prefill_wgmma_ = false;  // prefill_wgmma_usable(): the sm_90a forward on this device
   bool prefill_scores_wgmma_ = false;  // prefill_scores_wgmma_usable(): the sm_90a score pass
   bool window_scores_ = false;  // WINDOW mode's own score pass (prefill_window_scores_fit)
+  // Prefill's kernels after the forward start as programmatic dependents (launchers.h): sm_90
+  // and a driver that captures the edges into graphs (12.3+).
+  bool programmatic_prefill_ = false;
   uint64_t decode_slots_ = 1;   // resident decode CTAs on the device
   uint32_t forced_splits_ = 0;  // MINIKV_DECODE_SPLITS (0: best_splits decides)
   uint32_t decode_tile_ = kDecodeFastTile;  // tokens per decode tile (generic: quantized tiles)
@@ -783,7 +788,7 @@ std::vector<std::vector<int32_t>> cuda_debug_select(const std::vector<SelectionP
                                cudaMemcpyHostToDevice));
   run.params.scores = d_scores.as<float>();
   run.params.kept = d_kept.as<int32_t>();
-  kernels::launch_select(run.params, kv_heads, nullptr);
+  kernels::launch_select(run.params, kv_heads, nullptr, false);
   MINIKV_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<int32_t> all(run.scores.size());
   MINIKV_CUDA_CHECK(cudaMemcpy(all.data(), d_kept.as<void>(), all.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));

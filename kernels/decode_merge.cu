@@ -4,6 +4,7 @@
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
+#include "programmatic_launch.h"
 
 namespace minikv {
 namespace kernels {
@@ -107,16 +108,8 @@ void launch_decode_merge(minikv_dtype dtype, uint32_t head_dim, const DecodePara
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_decode", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(p.n, p.num_heads);
-    config.blockDim = dim3(kMergeThreads<D>);
-    config.stream = stream;
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = programmatic ? 1 : 0;
-    MINIKV_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_merge_kernel<T, D>, p));
+    launch_kernel(decode_merge_kernel<T, D>, dim3(p.n, p.num_heads), kMergeThreads<D>, 0, stream, programmatic,
+                  "decode_merge_kernel", p);
   });
 }
 #endif

@@ -15,6 +15,12 @@ namespace kernels {
 // Raises the dynamic shared-memory limits of the prefill kernels on the current device.
 void configure_prefill_kernels(minikv_dtype dtype, uint32_t head_dim);
 
+// Prefill's kernels run in stream order: the forward, a score pass, the selection, the store.
+// With `programmatic` (sm_90 and a 12.3+ driver: CudaBackend::programmatic_prefill_) each
+// launcher after the forward starts its kernel as a programmatic dependent of the one before
+// (programmatic_launch.h): its launch and what it reads before pdl_wait (the caller's q and k)
+// overlap the previous kernel's tail. Every prefill kernel calls pdl_launch_dependents first.
+//
 // The score passes (launch_prefill_scores, launch_prefill_scores_wgmma) split a short
 // launch's key tiles over up to kScoreMaxParts CTAs each when that evens out the CTAs' work
 // (prefill_common.cuh): p.part_sums and p.part_counters (zeroed once) are the scratch of
@@ -29,14 +35,14 @@ constexpr uint32_t prefill_score_part_ctas(uint32_t num_sms) { return 4 * num_sm
 void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
                               cudaStream_t stream);
 void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
-                           uint32_t num_sms, cudaStream_t stream);
+                           uint32_t num_sms, cudaStream_t stream, bool programmatic);
 // WINDOW mode's score pass (prefill_attention.cu prefill_window_scores_kernel, sm_80+): the
 // same sums as launch_prefill_scores where every row of p is a window row after every
 // scored key (row_begin >= col_end), streaming each KV head's keys once past its window rows
 // held in shared memory. For configurations where prefill_window_scores_fit.
 bool prefill_window_scores_fit(uint32_t head_dim, uint32_t n_rep, uint32_t window_size);
 void launch_prefill_window_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
-                                  uint32_t num_sms, cudaStream_t stream);
+                                  uint32_t num_sms, cudaStream_t stream, bool programmatic);
 // prefill_wgmma.cu: the same forward as launch_prefill_attention on Hopper warpgroup MMA.
 // Usable for head_dim 64, 128 and 256 (WgmmaHeadDims) when the library carries an sm_90a
 // image and the current device loads it (and MINIKV_PREFILL_KERNEL is not "mma"); raises the
@@ -50,12 +56,12 @@ void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAt
 // usable.
 bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim);
 void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
-                                 uint32_t num_sms, cudaStream_t stream);
+                                 uint32_t num_sms, cudaStream_t stream, bool programmatic);
 
 // select_quantize.cu
-void launch_select(const SelectParams &p, uint32_t num_kv_heads, cudaStream_t stream);
+void launch_select(const SelectParams &p, uint32_t num_kv_heads, cudaStream_t stream, bool programmatic);
 void launch_store_kept(minikv_dtype dtype, const StoreParams &p, uint32_t max_tasks,
-                       cudaStream_t stream);
+                       cudaStream_t stream, bool programmatic);
 void launch_set_block_table(const TableParams &p, cudaStream_t stream);
 
 // append_flush.cu

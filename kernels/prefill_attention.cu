@@ -25,6 +25,7 @@
 #include "dispatch.cuh"
 #include "prefill_common.cuh"
 #include "launchers.h"
+#include "programmatic_launch.h"
 
 namespace minikv {
 namespace kernels {
@@ -114,6 +115,7 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
     prefill_attention_kernel(const __grid_constant__ PrefillAttnParams p) {
   using Tl = PrefillTiling<D>;
   constexpr int MT = Tl::kMT, kBN = Tl::kBN, kNS = kBN / 2;  // kNS: scores of an m-tile row pair
+  pdl_launch_dependents();  // the score pass may start behind the last wave (launchers.h)
   MINIKV_DYNAMIC_SMEM(smem_raw, 16);
   constexpr int S = smem_stride<D>();
   T *q_s = reinterpret_cast<T *>(smem_raw);  // [kBM][S]; the warp's rows stage O at the end
@@ -329,6 +331,7 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, scores_ctas_per_sm
   T *k_s = reinterpret_cast<T *>(smem_raw);                    // [kSK][S]
   T *q_s = k_s + kSK * S;                                      // [2][kSQ][S]
   float *lse_s = reinterpret_cast<float *>(q_s + 2 * kSQ * S);  // [2][kSQ]
+  pdl_launch_dependents();
 
   const ScoreCta sc = score_cta(p);  // its part (prefill_common.cuh)
   const CtaTileHead th = cta_tile_head(sc.pair, p.seqs.tile_begin[p.seqs.n], 1);  // a KV head's tiles adjacent
@@ -392,8 +395,9 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, scores_ctas_per_sm
     }
   };
 
-  if (total > 0) {  // (a part without items only adds its zero sums)
-    load_tile<T, D, kSK>(k_s, k, kv_stride, L - k0);
+  if (total > 0) load_tile<T, D, kSK>(k_s, k, kv_stride, L - k0);  // (a part without items only adds its zero sums)
+  pdl_wait();  // the forward's LSE, read by every item's issue
+  if (total > 0) {
     issue(0, nh, nqt);
     advance(nh, nqt);
     cp_async_commit();
@@ -550,6 +554,7 @@ __global__ void __launch_bounds__(kWinThreads, 4) prefill_window_scores_kernel(c
   T *q_s = reinterpret_cast<T *>(smem_raw);  // [rows_cap][S]: the batch's (head, row) pairs
   T *k_s = q_s + a.rows_cap * S;             // [2][kWinKeys][S]
   float *lse_s = reinterpret_cast<float *>(k_s + 2 * kWinKeys * S);  // [rows_cap]
+  pdl_launch_dependents();
 
   // The CTA's sequence and its tiles: each sequence has ceil(tiles / tiles_per_cta) CTAs.
   uint32_t cta = blockIdx.x, seq = 0;
@@ -565,7 +570,7 @@ __global__ void __launch_bounds__(kWinThreads, 4) prefill_window_scores_kernel(c
   const int tiles = (col_end + kWinKeys - 1) / kWinKeys;
   const int t_begin = static_cast<int>(cta * a.tiles_per_cta);
   const int t_end = min(t_begin + static_cast<int>(a.tiles_per_cta), tiles);
-  if (t_begin >= t_end) return;
+  if (t_begin >= t_end) return;  // (the launch's other CTAs pdl_wait)
   const int n_rep = static_cast<int>(p.num_heads / p.num_kv_heads);
   const int row_first = max(static_cast<int>(p.row_begin[seq]) - qp, 0);  // the chunk's first window row
   const int wrows = n - row_first;                                         // > 0 (chunk_scores)
@@ -589,13 +594,18 @@ __global__ void __launch_bounds__(kWinThreads, 4) prefill_window_scores_kernel(c
   for (int batch0 = 0; batch0 < pairs; batch0 += static_cast<int>(a.rows_cap)) {
     const int rows = min(static_cast<int>(a.rows_cap), pairs - batch0);
     // Pair i of the batch: query head kvh · n_rep + (batch0 + i) / wrows, chunk row
-    // row_first + (batch0 + i) % wrows; pairs beyond `rows` are zero-filled and masked.
+    // row_first + (batch0 + i) % wrows; pairs beyond `rows` are zero-filled and masked. A
+    // thread's pairs advance by ~kWinThreads / kChunks: one division, then steps.
+    int pi = static_cast<int>(threadIdx.x) / kChunks;
+    int ph = (batch0 + pi) / wrows, pr = (batch0 + pi) % wrows;  // pair pi's head in the group, row
     for (int c = threadIdx.x; c < static_cast<int>(a.rows_cap) * kChunks; c += kWinThreads) {
-      const int i = c / kChunks, ch = (c % kChunks) * 8, pair = batch0 + i;
+      const int i = c / kChunks, ch = (c % kChunks) * 8;
+      for (pr += i - pi, pi = i; pr >= wrows; pr -= wrows) ++ph;
       const bool ok = i < rows;
-      const int h = kvh * n_rep + pair / wrows, r = row_first + pair % wrows;
+      const int h = kvh * n_rep + ph, r = row_first + pr;
       cp_async_16(q_s + i * S + ch, ok ? q + (tb + r) * q_stride + int64_t(h) * D + ch : q, ok);
     }
+    pdl_wait();  // the forward's LSE (the window rows and the keys are the caller's)
     for (int i = threadIdx.x; i < static_cast<int>(a.rows_cap); i += kWinThreads) {
       const int pair = batch0 + i, h = kvh * n_rep + pair / wrows, r = row_first + pair % wrows;
       lse_s[i] = i < rows ? p.lse[int64_t(h) * p.ws_tokens + ws_off + r] : 0.0f;
@@ -706,7 +716,7 @@ void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const Prefi
 }
 
 void launch_prefill_window_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
-                                  uint32_t num_sms, cudaStream_t stream) {
+                                  uint32_t num_sms, cudaStream_t stream, bool programmatic) {
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_prefill", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
@@ -735,22 +745,21 @@ void launch_prefill_window_scores(minikv_dtype dtype, uint32_t head_dim, const P
       grid += ((p.col_end[s] + kWinKeys - 1) / kWinKeys + per_cta - 1) / per_cta;
     if (grid == 0) return;
     const WindowScoreArgs args{p, per_cta, rows_cap};
-    prefill_window_scores_kernel<T, D>
-        <<<dim3(grid, p.num_kv_heads), kWinThreads, smem, stream>>>(args);
-    check_launch_error("prefill_window_scores_kernel");
+    launch_kernel(prefill_window_scores_kernel<T, D>, dim3(grid, p.num_kv_heads), kWinThreads, smem, stream,
+                  programmatic, "prefill_window_scores_kernel", args);
   });
 }
 
 void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &params,
-                           uint32_t num_sms, cudaStream_t stream) {
+                           uint32_t num_sms, cudaStream_t stream, bool programmatic) {
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_prefill", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
     PrefillScoreParams p = params;
     p.parts = score_parts(p, uint64_t(num_sms) * scores_ctas_per_sm<D>(), prefill_score_part_ctas(num_sms));
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_kv_heads * p.parts;
-    prefill_scores_kernel<T, D><<<grid, PrefillTiling<D>::kThreads, scores_smem<T, D>(), stream>>>(p);
-    check_launch_error("prefill_scores_kernel");
+    launch_kernel(prefill_scores_kernel<T, D>, grid, PrefillTiling<D>::kThreads, scores_smem<T, D>(), stream,
+                  programmatic, "prefill_scores_kernel", p);
   });
 }
 #endif

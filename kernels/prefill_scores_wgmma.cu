@@ -23,6 +23,7 @@
 #include "dispatch.cuh"
 #include "launchers.h"
 #include "prefill_common.cuh"
+#include "programmatic_launch.h"
 #include "tensor_maps.h"
 #include "wgmma.cuh"
 
@@ -69,6 +70,7 @@ __global__ void __launch_bounds__(kScThreads, sc_ctas_per_sm(D))
   float *const lse_s = reinterpret_cast<float *>(smem + Sm::kLse);
   const uint32_t q_addr = smem_addr(smem);
   auto full = [&](int st) { return q_addr + Sm::kFull + 8 * st; };
+  pdl_launch_dependents();
   if (threadIdx.x == 0) {
     bulk::prefetch_tensor_map(&maps.q);
     for (int st = 0; st < kScStages; ++st) bulk::mbar_init(full(st), 1);
@@ -131,6 +133,7 @@ __global__ void __launch_bounds__(kScThreads, sc_ctas_per_sm(D))
     }
   };
   if (threadIdx.x == 0) {
+    pdl_wait();  // the forward's LSE, copied by every issue (the other threads read it from the stages)
     if (total > 0) issue_next(0);
     if (total > 1) issue_next(1);
   }
@@ -274,7 +277,7 @@ bool prefill_scores_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 }
 
 void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &params,
-                                 uint32_t num_sms, cudaStream_t stream) {
+                                 uint32_t num_sms, cudaStream_t stream, bool programmatic) {
   dispatch_dtype_head_dim<WgmmaHeadDims>(dtype, head_dim, "minikv_prefill",
                                          [&](auto tag, auto hd) {
     using T = decltype(tag);
@@ -284,9 +287,8 @@ void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim, const Pr
     ScMaps maps;
     maps.q = rows_tensor_map(dtype, p.q, p.num_heads, D, launch_query_rows(p.seqs), kScQueries);
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_kv_heads * p.parts;
-    prefill_scores_wgmma_kernel<T, D>
-        <<<grid, kScThreads, ScSmem<T, D>::kLaunchBytes, stream>>>(p, maps);
-    check_launch_error("prefill_scores_wgmma_kernel");
+    launch_kernel(prefill_scores_wgmma_kernel<T, D>, grid, kScThreads, ScSmem<T, D>::kLaunchBytes, stream,
+                  programmatic, "prefill_scores_wgmma_kernel", p, maps);
   });
 }
 #endif

@@ -160,6 +160,7 @@ __global__ void __launch_bounds__(kFaThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(MINIKV_WARP_EMULATION)
   using Sm = FaSmem<D>;
   constexpr int S = Sm::kStages, kKeys = Sm::kKeys;
+  pdl_launch_dependents();  // the score pass may start behind the last wave (launchers.h)
   // The swizzle pattern repeats on 1024-byte boundaries: the base is rounded up to one (the
   // launch asks for Sm::kBytes + 1024).
   MINIKV_DYNAMIC_SMEM(smem_dyn, 16);
