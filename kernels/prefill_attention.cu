@@ -605,13 +605,13 @@ __global__ void __launch_bounds__(kWinThreads, 4) prefill_window_scores_kernel(c
       const int h = kvh * n_rep + ph, r = row_first + pr;
       cp_async_16(q_s + i * S + ch, ok ? q + (tb + r) * q_stride + int64_t(h) * D + ch : q, ok);
     }
-    pdl_wait();  // the forward's LSE (the window rows and the keys are the caller's)
+    issue_keys(t_begin, 0);  // stage 0 is free: the previous batch's last tile ended at a barrier
+    cp_async_commit();
+    pdl_wait();  // the forward's LSE (the window rows and the keys, in flight, are the caller's)
     for (int i = threadIdx.x; i < static_cast<int>(a.rows_cap); i += kWinThreads) {
       const int pair = batch0 + i, h = kvh * n_rep + pair / wrows, r = row_first + pair % wrows;
       lse_s[i] = i < rows ? p.lse[int64_t(h) * p.ws_tokens + ws_off + r] : 0.0f;
     }
-    issue_keys(t_begin, 0);
-    cp_async_commit();
 
     for (int t = t_begin; t < t_end; ++t) {
       const int stage = (t - t_begin) & 1;

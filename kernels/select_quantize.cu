@@ -17,6 +17,8 @@
 //   sinks): gathers the rows from the caller's k/v, quantizes and packs them into their
 //   pool block (quantize.cuh); the task after the last group copies the sinks into the
 //   slot's sink region and the tail (< G tokens) into the 16-bit residual.
+#include <cstring>
+
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
@@ -45,6 +47,23 @@ __device__ __forceinline__ uint32_t order_key(float s) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// x[i] = a[min(j0 + i, n - 1)], i < K (a multiple of 4): 16-byte loads where the run is
+// aligned and whole (a warp's runs are then one contiguous 32·K-word span).
+template <int K, typename W>
+__device__ __forceinline__ void load_run(const W *a, uint32_t j0, uint32_t n, W (&x)[K]) {
+  static_assert(sizeof(W) == 4 && K % 4 == 0, "runs of 32-bit words, whole 16-byte units");
+  if (j0 + K <= n && (reinterpret_cast<uintptr_t>(a + j0) & 15u) == 0) {
+#pragma unroll
+    for (int i = 0; i < K; i += 4) {
+      const uint4 u = *reinterpret_cast<const uint4 *>(a + j0 + i);
+      memcpy(&x[i], &u, 16);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < K; ++i) x[i] = a[min(j0 + uint32_t(i), n - 1)];
+  }
+}
+
 // Pooled keys held in registers for pool widths up to this (the default is 7); wider pools
 // load each window from memory.
 constexpr uint32_t kRegPool = 15;
@@ -62,8 +81,7 @@ __device__ __forceinline__ void candidate_keys(const float *sc, uint32_t j0, uin
                                                uint32_t prefix, uint32_t (&key)[K]) {
   if (pool <= 1) {
     float x[K];
-#pragma unroll
-    for (int i = 0; i < K; ++i) x[i] = sc[min(j0 + i, n - 1)];
+    load_run<K>(sc, j0, n, x);
 #pragma unroll
     for (int i = 0; i < K; ++i) key[i] = order_key(x[i]);
     return;
@@ -172,8 +190,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
 #pragma unroll
         for (int i = 0; i < kSelectKeys; ++i) key[i] = held[i];
       } else if (park && parked_yet) {
-#pragma unroll
-        for (int i = 0; i < kSelectKeys; ++i) key[i] = parked[min(j0 + i, n - 1)];
+        load_run<kSelectKeys>(parked, j0, n, key);
       } else {
         candidate_keys<kSelectKeys>(sc, j0, n, pool, prefix, key);
       }
@@ -195,6 +212,9 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
           const bool in = j0 + i < n;
           if (park && pass == 0 && in) parked[j0 + i] = key[i];
           const uint32_t bin = in && (key[i] & mask) == prefix_key ? (key[i] >> shift) & 255u : kNoBin;
+          // After the first pass most keys have left the running prefix: their warps skip
+          // the (slow) match.
+          if (!__any_sync(0xffffffffu, bin != kNoBin)) continue;
           const uint32_t peers = __match_any_sync(0xffffffffu, bin);
           if (bin != kNoBin && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
         }

@@ -25,8 +25,9 @@ using Select = std::function<std::vector<std::vector<int32_t>>(
 
 // Continuous values, a few distinct values (long runs of exact ties at the threshold), signed
 // zeros, infinities and NaN, all equal, all NaN; prompts shorter than, equal to and several
-// times the kernel's 8,192-key sweep (`lens`); with and without sinks; CUMULATIVE (no
-// pooling) and WINDOW with pool widths 3, 7 and 17 (wider than the kernel keeps in registers).
+// times the kernel's 8,192-key sweep (`lens`); no sinks, 3 (candidate runs off 16-byte
+// alignment) and 4; CUMULATIVE (no pooling) and WINDOW with pool widths 3, 7 and 17 (wider
+// than the kernel keeps in registers).
 inline void check_all(const Select &select, const std::vector<uint32_t> &lens) {
   enum Kind { kContinuous, kFewValues, kSpecials, kAllEqual, kAllNaN };
   auto make_scores = [](Kind kind, uint32_t L, uint32_t seed) {
@@ -47,7 +48,7 @@ inline void check_all(const Select &select, const std::vector<uint32_t> &lens) {
   };
   for (minikv_score_mode mode : {MINIKV_SCORE_CUMULATIVE, MINIKV_SCORE_WINDOW}) {
     for (uint32_t pool : mode == MINIKV_SCORE_WINDOW ? std::vector<uint32_t>{3, 7, 17} : std::vector<uint32_t>{1}) {
-      for (uint32_t sinks : {0u, 4u}) {
+      for (uint32_t sinks : {0u, 3u, 4u}) {
         for (float heavy : {0.25f, 0.01f}) {
           minikv_config cfg;
           minikv_config_default(&cfg);
