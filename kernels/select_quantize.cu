@@ -4,21 +4,19 @@
 // select_kernel: one CTA per (sequence, KV head). The kept list starts with the sinks
 //   [0, n_sink); the n_heavy best candidates of [n_sink, candidates) are found by a
 //   4-pass radix select (8-bit digits) on order-preserving 32-bit keys of the scores
-//   (WINDOW's max-pool applied once; one warp finds each digit), which yields the exact key
-//   of the n_heavy-th best and how many of the candidates equal to it are still needed; a
+//   (the WINDOW max-pool applied once, by the first pass, which parks the keys in the kept
+//   list for the others; one warp finds each digit), which yields the exact key of the
+//   n_heavy-th best and how many of the candidates equal to it are still needed; a
 //   compaction in position order then writes them ascending, followed by the protected
-//   suffix. Every sweep over the candidates gives each thread 8 consecutive keys whose loads
-//   go out together (a sweep waits for memory about once; a pooled thread loads its 8
-//   windows' scores once), histogram adds are aggregated per warp, and the compaction places
-//   a sweep's 8,192 keys with two CTA-wide prefix sums. A one-sweep selection keeps its keys
-//   in registers. The order is the one of src/policy.cpp select_kept: higher score first,
-//   ties to the lower position, NaN lowest (as -inf), -0 equal to +0.
+//   suffix. Every sweep over the candidates gives each thread 8 keys whose loads go out
+//   together (a sweep waits for memory about once), histogram adds are aggregated per warp,
+//   and the compaction places a sweep's 8,192 keys with two CTA-wide prefix sums. The order
+//   is the one of src/policy.cpp select_kept: higher score first, ties to the lower
+//   position, NaN lowest (as -inf), -0 equal to +0.
 // store_kept_kernel: one CTA per (sequence, KV head, group of G kept tokens after the
 //   sinks): gathers the rows from the caller's k/v, quantizes and packs them into their
 //   pool block (quantize.cuh); the task after the last group copies the sinks into the
 //   slot's sink region and the tail (< G tokens) into the 16-bit residual.
-#include <cstring>
-
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
@@ -47,76 +45,34 @@ __device__ __forceinline__ uint32_t order_key(float s) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// x[i] = a[min(j0 + i, n - 1)], i < K (a multiple of 4): 16-byte loads where the run is
-// aligned and whole (a warp's runs are then one contiguous 32·K-word span).
-template <int K, typename W>
-__device__ __forceinline__ void load_run(const W *a, uint32_t j0, uint32_t n, W (&x)[K]) {
-  static_assert(sizeof(W) == 4 && K % 4 == 0, "runs of 32-bit words, whole 16-byte units");
-  if (j0 + K <= n && (reinterpret_cast<uintptr_t>(a + j0) & 15u) == 0) {
-#pragma unroll
-    for (int i = 0; i < K; i += 4) {
-      const uint4 u = *reinterpret_cast<const uint4 *>(a + j0 + i);
-      memcpy(&x[i], &u, 16);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < K; ++i) x[i] = a[min(j0 + uint32_t(i), n - 1)];
-  }
-}
-
-// Pooled keys held in registers for pool widths up to this (the default is 7); wider pools
-// load each window from memory.
-constexpr uint32_t kRegPool = 15;
-
-// Keys of the K consecutive candidates j0 .. j0 + K - 1 (clamped to n - 1: callers mask the
-// rest). With pooling (pool > 1), each is the max of the scores over [j - pool/2, j + pool/2]
-// ∩ [0, prefix) scanned left to right like std::max (policy.cpp max_pool_1d): a window's
-// first score decides NaN, later NaN are skipped. The K windows overlap, so up to kRegPool
-// their K + pool - 1 scores are loaded once, each position clamped into [0, prefix): a
-// clamped window repeats its first score at its start or its last at its end, which leaves
-// the scan's result as it was (m < x is false once m is x, NaN included). Candidates lie
-// below prefix (the window rows are protected), so every window is non-empty.
+// Keys of candidates j[i]: with pooling (pool > 1), the max of the scores over
+// [j - pool/2, j + pool/2] ∩ [0, prefix) scanned left to right like std::max
+// (policy.cpp max_pool_1d). Each window is walked as `pool` loads from its first index,
+// clamped to its last: a repeat of the last score leaves the scan's result as it was
+// (m < x is false once m is x, NaN included), and every step issues all K loads at once.
 template <int K>
-__device__ __forceinline__ void candidate_keys(const float *sc, uint32_t j0, uint32_t n, uint32_t pool,
+__device__ __forceinline__ void candidate_keys(const float *sc, const uint32_t (&j)[K], uint32_t pool,
                                                uint32_t prefix, uint32_t (&key)[K]) {
   if (pool <= 1) {
-    float x[K];
-    load_run<K>(sc, j0, n, x);
 #pragma unroll
-    for (int i = 0; i < K; ++i) key[i] = order_key(x[i]);
+    for (int i = 0; i < K; ++i) key[i] = order_key(sc[j[i]]);
     return;
   }
-  const int half = static_cast<int>(pool / 2), last = static_cast<int>(prefix) - 1;
-  const int w0 = static_cast<int>(min(j0, n - 1)) - half;  // position of the first window's start
+  const uint32_t half = pool / 2;
+  uint32_t lo[K], hi[K];
   float m[K];
-  if (pool <= kRegPool) {
-    constexpr int W = K + static_cast<int>(kRegPool) - 1;
-    float v[W];
 #pragma unroll
-    for (int t = 0; t < W; ++t) v[t] = t < K + 2 * half ? sc[min(max(w0 + t, 0), last)] : 0.0f;
-#pragma unroll
-    for (int i = 0; i < K; ++i) {
-      m[i] = v[i];
-#pragma unroll
-      for (int d = 1; d < static_cast<int>(kRegPool); ++d)
-        if (d < 2 * half + 1) m[i] = m[i] < v[i + d] ? v[i + d] : m[i];
-    }
-  } else {
-    int lo[K], hi[K];
-#pragma unroll
-    for (int i = 0; i < K; ++i) {
-      const int j = static_cast<int>(min(j0 + i, n - 1));
-      lo[i] = max(j - half, 0);
-      hi[i] = min(j + half, last);
-      m[i] = sc[lo[i]];
-    }
-    for (int d = 1; d < static_cast<int>(pool); ++d)
-#pragma unroll
-      for (int i = 0; i < K; ++i) {
-        const float x = sc[min(lo[i] + d, hi[i])];
-        m[i] = m[i] < x ? x : m[i];
-      }
+  for (int i = 0; i < K; ++i) {
+    lo[i] = j[i] >= half ? j[i] - half : 0;
+    hi[i] = min(j[i] + half, prefix - 1);
+    m[i] = sc[lo[i]];
   }
+  for (uint32_t d = 1; d < pool; ++d)
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      const float x = sc[min(lo[i] + d, hi[i])];
+      m[i] = m[i] < x ? x : m[i];
+    }
 #pragma unroll
   for (int i = 0; i < K; ++i) key[i] = order_key(m[i]);
 }
@@ -169,30 +125,22 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
   if (p.mode[seq] == 2) {
     const float *sc = p.scores + uint64_t(kvh) * p.ws_tokens + off;
     const uint32_t pool = p.pool_kernel, prefix = p.scored_prefix[seq];
-    // Each sweep gives thread t the kSelectKeys consecutive candidates from base + t · kSelectKeys
-    // (thread order is position order, which the compaction needs); a warp whose candidates
-    // all lie past n skips the sweep's work. Where the candidates fit one sweep (prompts up
-    // to ~11K tokens at the default ratios) their keys are made once and stay in registers.
-    // Otherwise each pass loads them again: pooled keys cost a window of loads each, so the
-    // first pass parks each candidate's key in its own slot of `kept` (as bits), which later
-    // passes and the compaction read instead; the compaction of a sweep writes positions
-    // below the sweep's end only after every key of the sweep has been read (its first
-    // barrier), and later sweeps read beyond that end.
-    const bool one_sweep = n - first <= kSelectSweep;
+    // A pooled key costs `pool` loads. The first pass parks each candidate's key in its own
+    // slot of `kept` (as bits), which later passes and the compaction read instead; the
+    // compaction of a sweep writes positions below the sweep's end only after every key of
+    // the sweep has been read (its first barrier), and later sweeps read beyond that end.
     uint32_t *parked = reinterpret_cast<uint32_t *>(kept);
-    const bool park = pool > 1 && !one_sweep;
-    auto warp_has_candidates = [&](uint32_t base) { return base + (tid & ~31u) * kSelectKeys < n; };
-    uint32_t held[kSelectKeys] = {};
-    if (one_sweep && warp_has_candidates(first))
-      candidate_keys<kSelectKeys>(sc, first + tid * kSelectKeys, n, pool, prefix, held);
-    auto load_keys = [&](uint32_t j0, bool parked_yet, uint32_t (&key)[kSelectKeys]) {
-      if (one_sweep) {
+    const bool park = pool > 1;
+    // The keys of candidates j[i] (clamped into [first, n): callers mask the rest).
+    auto load_keys = [&](const uint32_t (&j)[kSelectKeys], bool parked_yet, uint32_t (&key)[kSelectKeys]) {
+      uint32_t jc[kSelectKeys];
 #pragma unroll
-        for (int i = 0; i < kSelectKeys; ++i) key[i] = held[i];
-      } else if (park && parked_yet) {
-        load_run<kSelectKeys>(parked, j0, n, key);
+      for (int i = 0; i < kSelectKeys; ++i) jc[i] = min(j[i], n - 1);
+      if (park && parked_yet) {
+#pragma unroll
+        for (int i = 0; i < kSelectKeys; ++i) key[i] = parked[jc[i]];
       } else {
-        candidate_keys<kSelectKeys>(sc, j0, n, pool, prefix, key);
+        candidate_keys<kSelectKeys>(sc, jc, pool, prefix, key);
       }
     };
     // Radix select of the k-th largest key: each pass counts the keys that match the digits
@@ -203,18 +151,15 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[b] = 0;
       __syncthreads();
       for (uint32_t base = first; base < n; base += kSelectSweep) {
-        if (!warp_has_candidates(base)) continue;
-        const uint32_t j0 = base + tid * kSelectKeys;
-        uint32_t key[kSelectKeys];
-        load_keys(j0, pass > 0, key);
+        uint32_t j[kSelectKeys], key[kSelectKeys];
+#pragma unroll
+        for (int i = 0; i < kSelectKeys; ++i) j[i] = base + i * kSelectThreads + tid;
+        load_keys(j, pass > 0, key);
 #pragma unroll
         for (int i = 0; i < kSelectKeys; ++i) {
-          const bool in = j0 + i < n;
-          if (park && pass == 0 && in) parked[j0 + i] = key[i];
+          const bool in = j[i] < n;
+          if (park && pass == 0 && in) parked[j[i]] = key[i];
           const uint32_t bin = in && (key[i] & mask) == prefix_key ? (key[i] >> shift) & 255u : kNoBin;
-          // After the first pass most keys have left the running prefix: their warps skip
-          // the (slow) match.
-          if (!__any_sync(0xffffffffu, bin != kNoBin)) continue;
           const uint32_t peers = __match_any_sync(0xffffffffu, bin);
           if (bin != kNoBin && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
         }
@@ -259,18 +204,20 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       // `need` covers all of them. (On distinct scores this often saves the last pass.)
       if (s_whole) break;
     }
-    // Keys > threshold are kept; of the keys == threshold, the `need` lowest positions.
-    // Thread order is position order, so two CTA-wide prefix sums place every kept position.
+    // Keys > threshold are kept; of the keys == threshold, the `need` lowest positions. A
+    // thread takes kSelectKeys consecutive candidates of each sweep, so thread order is
+    // position order and two CTA-wide prefix sums place every kept position.
     uint32_t out = first, eq_seen = 0;
     for (uint32_t base = first; base < n; base += kSelectSweep) {
-      const uint32_t j0 = base + tid * kSelectKeys;
-      uint32_t key[kSelectKeys];
-      load_keys(j0, true, key);
-      uint32_t gt = 0, eq = 0;  // bit i: candidate j0 + i
+      uint32_t j[kSelectKeys], key[kSelectKeys];
+#pragma unroll
+      for (int i = 0; i < kSelectKeys; ++i) j[i] = base + tid * kSelectKeys + i;
+      load_keys(j, true, key);
+      uint32_t gt = 0, eq = 0;  // bit i: candidate j[i]
 #pragma unroll
       for (int i = 0; i < kSelectKeys; ++i) {
-        gt |= uint32_t(j0 + i < n && key[i] > prefix_key) << i;
-        eq |= uint32_t(j0 + i < n && key[i] == prefix_key) << i;
+        gt |= uint32_t(j[i] < n && key[i] > prefix_key) << i;
+        eq |= uint32_t(j[i] < n && key[i] == prefix_key) << i;
       }
       uint32_t eq_total, keep_total;
       uint32_t rank = eq_seen + block_exclusive_sum(__popc(eq), &eq_total, scan_a);
@@ -281,7 +228,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       uint32_t at = out + block_exclusive_sum(__popc(keep), &keep_total, scan_b);
 #pragma unroll
       for (int i = 0; i < kSelectKeys; ++i)
-        if (keep >> i & 1u) kept[at++] = static_cast<int32_t>(j0 + i);
+        if (keep >> i & 1u) kept[at++] = static_cast<int32_t>(j[i]);
       out += keep_total;
       eq_seen += eq_total;
     }
