@@ -19,7 +19,8 @@ void configure_prefill_kernels(minikv_dtype dtype, uint32_t head_dim);
 // With `programmatic` (sm_90 and a 12.3+ driver: CudaBackend::programmatic_prefill_) each
 // launcher after the forward starts its kernel as a programmatic dependent of the one before
 // (programmatic_launch.h): its launch and what it reads before pdl_wait (the caller's q and k)
-// overlap the previous kernel's tail. Every prefill kernel calls pdl_launch_dependents first.
+// overlap the previous kernel's tail. Every prefill kernel before the store calls
+// pdl_launch_dependents first.
 //
 // The score passes (launch_prefill_scores, launch_prefill_scores_wgmma) split a short
 // launch's key tiles over up to kScoreMaxParts CTAs each when that evens out the CTAs' work

@@ -25,9 +25,9 @@ using Select = std::function<std::vector<std::vector<int32_t>>(
 
 // Continuous values, a few distinct values (long runs of exact ties at the threshold), signed
 // zeros, infinities and NaN, all equal, all NaN; prompts shorter than, equal to and several
-// times the kernel's 8,192-key sweep (`lens`); no sinks, 3 (candidate runs off 16-byte
-// alignment) and 4; CUMULATIVE (no pooling) and WINDOW with pool widths 3, 7 and 17 (wider
-// than the kernel keeps in registers).
+// times the kernel's 8,192-key sweep (`lens`); 0, 3 and 4 sinks (the candidates then start
+// at an odd or an even position); CUMULATIVE (no pooling) and WINDOW with pool widths 3, 7
+// and 17.
 inline void check_all(const Select &select, const std::vector<uint32_t> &lens) {
   enum Kind { kContinuous, kFewValues, kSpecials, kAllEqual, kAllNaN };
   auto make_scores = [](Kind kind, uint32_t L, uint32_t seed) {
