@@ -706,8 +706,8 @@ class CudaBackend final : public Backend {
       store.slot[b] = it.dst.residual_slot;
       max_tasks = std::max(max_tasks, it.dst.quantized / G + (plan.n_keep > it.dst.quantized ? 1u : 0u));
     }
-    if (prefill_wgmma_) launch_prefill_wgmma(cfg_.dtype, D, attn, s);
-    else launch_prefill_attention(cfg_.dtype, D, attn, s);
+    if (prefill_wgmma_) launch_prefill_wgmma(cfg_.dtype, D, attn, num_sms_, s);
+    else launch_prefill_attention(cfg_.dtype, D, attn, num_sms_, s);
     const bool pdl = programmatic_prefill_;
     if (sc.seqs.n > 0) {
       if (window_scores_) launch_prefill_window_scores(cfg_.dtype, D, sc, num_sms_, s, pdl);

@@ -32,9 +32,10 @@ constexpr uint32_t kScoreMaxParts = 4;
 constexpr uint32_t prefill_score_part_ctas(uint32_t num_sms) { return 4 * num_sms; }
 
 // prefill_attention.cu: grid over the query tiles (kPrefillQueryTile rows) / key tiles
-// (kPrefillKeyTile columns) of `p.seqs`.
+// (kPrefillKeyTile columns) of `p.seqs`; the forwards and the score passes order it by
+// prefill_common.cuh head_chunk for a device of `num_sms` SMs.
 void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
-                              cudaStream_t stream);
+                              uint32_t num_sms, cudaStream_t stream);
 void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillScoreParams &p,
                            uint32_t num_sms, cudaStream_t stream, bool programmatic);
 // WINDOW mode's score pass (prefill_attention.cu prefill_window_scores_kernel, sm_80+): the
@@ -50,7 +51,7 @@ void launch_prefill_window_scores(minikv_dtype dtype, uint32_t head_dim, const P
 // kernel's shared-memory limit when it is. Otherwise the mma.sync forward runs.
 bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim);
 void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
-                          cudaStream_t stream);
+                          uint32_t num_sms, cudaStream_t stream);
 // prefill_scores_wgmma.cu: the same score pass as launch_prefill_scores on Hopper warpgroup
 // MMA, under the same conditions as the wgmma forward (head_dim 64/128/256, an sm_90a image
 // the device loads, MINIKV_PREFILL_KERNEL not "mma"); raises its shared-memory limit when

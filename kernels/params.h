@@ -61,6 +61,7 @@ struct PrefillAttnParams {
   float scale_log2;  // log2(e) / sqrt(head_dim)
   PrefillSeqs seqs;  // tiles: ceil(len / kPrefillQueryTile) query tiles
   PrefillKeys keys;
+  uint32_t kv_heads_per_chunk;  // the grid's order (prefill_common.cuh cta_tile_head); set by the launcher
 };
 
 // Column sums of exp(s - LSE) over the query rows at prompt positions >= row_begin for key
@@ -86,6 +87,7 @@ struct PrefillScoreParams {
   float *part_sums;
   uint32_t *part_counters;
   uint32_t parts, part_stride;
+  uint32_t kv_heads_per_chunk;  // the grid's order (prefill_common.cuh cta_tile_head); set by the launcher
 };
 
 // Selection of the kept positions per (sequence, KV head), ascending, into kept: the sinks

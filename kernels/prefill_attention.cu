@@ -6,7 +6,7 @@
 //   from shared memory; head_dim 256: 8 warps × 16 rows, PrefillTiling); K/V tiles of 64 keys up to the causal diagonal, double-buffered by
 //   cp.async one tile ahead; online softmax on raw scores with the scale folded into the
 //   exponent (log2 units); writes out and the row LSE (fp32, log2 units) to a workspace.
-//   Each KV head's tiles run together, the longest (last) query tiles first (cta_tile_head).
+//   A few KV heads' tiles run together, the longest (last) query tiles first (cta_tile_head).
 // Pass 2 (prefill_scores_kernel): one CTA = 128 key columns of one KV head, transposed:
 //   each warp keeps its 32 keys in registers as the A operand and streams 64-query tiles
 //   (with their LSE) as B, S^T = K·Q^T, for every query tile on or below the diagonal
@@ -122,7 +122,8 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, PrefillTiling<D>::
   T *k_s = q_s + kBM * S;                    // [2][kBN][S]
   T *v_s = k_s + 2 * kBN * S;                // [2][kBN][S]
 
-  const CtaTileHead th = cta_tile_head(blockIdx.x, p.seqs.tile_begin[p.seqs.n], p.num_heads / p.num_kv_heads);
+  const CtaTileHead th = cta_tile_head(blockIdx.x, p.seqs.tile_begin[p.seqs.n], p.num_heads / p.num_kv_heads,
+                                           p.kv_heads_per_chunk);
   const uint32_t tile = th.tile;
   const int h = th.head;
   const uint32_t seq = find_seq(p.seqs, tile);
@@ -334,7 +335,7 @@ __global__ void __launch_bounds__(PrefillTiling<D>::kThreads, scores_ctas_per_sm
   pdl_launch_dependents();
 
   const ScoreCta sc = score_cta(p);  // its part (prefill_common.cuh)
-  const CtaTileHead th = cta_tile_head(sc.pair, p.seqs.tile_begin[p.seqs.n], 1);  // a KV head's tiles adjacent
+  const CtaTileHead th = cta_tile_head(sc.pair, p.seqs.tile_begin[p.seqs.n], 1, p.kv_heads_per_chunk);
   const uint32_t tile = th.tile;
   const int kvh = th.head;
   const uint32_t seq = find_seq(p.seqs, tile);
@@ -704,13 +705,18 @@ void configure_prefill_kernels(minikv_dtype dtype, uint32_t head_dim) {
 }
 
 void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
-                              cudaStream_t stream) {
+                              uint32_t num_sms, cudaStream_t stream) {
   dispatch_dtype_head_dim(dtype, head_dim, "minikv_prefill", [&](auto tag, auto hd) {
     using T = decltype(tag);
     constexpr int D = decltype(hd)::value;
+    PrefillAttnParams ordered = p;
+    ordered.kv_heads_per_chunk =
+        head_chunk(p.num_kv_heads, uint64_t(p.seqs.tile_begin[p.seqs.n]) * (p.num_heads / p.num_kv_heads),
+                   uint64_t(num_sms) * (PrefillTiling<D>::kWarps == 4 ? 2 : 1),
+                   launch_keys(p.seqs, p.keys) * D * 2 * sizeof(T));
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads;  // cta_tile_head
     prefill_attention_kernel<T, D>
-        <<<grid, PrefillTiling<D>::kThreads, attention_smem<T, D>(), stream>>>(p);
+        <<<grid, PrefillTiling<D>::kThreads, attention_smem<T, D>(), stream>>>(ordered);
     check_launch_error("prefill_attention_kernel");
   });
 }
@@ -757,6 +763,9 @@ void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillS
     constexpr int D = decltype(hd)::value;
     PrefillScoreParams p = params;
     p.parts = score_parts(p, uint64_t(num_sms) * scores_ctas_per_sm<D>(), prefill_score_part_ctas(num_sms));
+    p.kv_heads_per_chunk = head_chunk(p.num_kv_heads, uint64_t(p.seqs.tile_begin[p.seqs.n]) * p.parts,
+                                      uint64_t(num_sms) * scores_ctas_per_sm<D>(),
+                                      launch_rows(p.seqs) * (p.num_heads / p.num_kv_heads) * D * sizeof(T));
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_kv_heads * p.parts;
     launch_kernel(prefill_scores_kernel<T, D>, grid, PrefillTiling<D>::kThreads, scores_smem<T, D>(), stream,
                   programmatic, "prefill_scores_kernel", p);

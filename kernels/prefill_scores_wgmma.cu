@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kScThreads, sc_ctas_per_sm(D))
   __syncthreads();
 
   const ScoreCta sc = score_cta(p);
-  const CtaTileHead th = cta_tile_head(sc.pair, p.seqs.tile_begin[p.seqs.n], 1);  // a KV head's tiles adjacent
+  const CtaTileHead th = cta_tile_head(sc.pair, p.seqs.tile_begin[p.seqs.n], 1, p.kv_heads_per_chunk);
   const uint32_t tile = th.tile;
   const int kvh = th.head;
   const uint32_t seq = find_seq(p.seqs, tile);
@@ -284,6 +284,9 @@ void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim, const Pr
     constexpr int D = decltype(hd)::value;
     PrefillScoreParams p = params;
     p.parts = score_parts(p, uint64_t(num_sms) * sc_ctas_per_sm(D), prefill_score_part_ctas(num_sms));
+    p.kv_heads_per_chunk = head_chunk(p.num_kv_heads, uint64_t(p.seqs.tile_begin[p.seqs.n]) * p.parts,
+                                      uint64_t(num_sms) * sc_ctas_per_sm(D),
+                                      launch_rows(p.seqs) * (p.num_heads / p.num_kv_heads) * D * sizeof(T));
     ScMaps maps;
     maps.q = rows_tensor_map(dtype, p.q, p.num_heads, D, launch_query_rows(p.seqs), kScQueries);
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_kv_heads * p.parts;

@@ -173,9 +173,10 @@ __global__ void __launch_bounds__(kFaThreads, 1)
   auto bar_v_empty = [&](int st) { return bar_q + 8 * (1 + 3 * S + st); };
   const uint32_t bar_v_tail = bar_q + 8 * (1 + 4 * S);
 
-  // blockIdx.x = (KV head, host tile, head of its group): a KV head's tiles adjacent, the
-  // longest first (cta_tile_head).
-  const CtaTileHead th = cta_tile_head(blockIdx.x, p.seqs.tile_begin[p.seqs.n], p.num_heads / p.num_kv_heads);
+  // blockIdx.x = (chunk of KV heads, host tile, head of the chunk): a chunk's tiles adjacent,
+  // the longest first (cta_tile_head).
+  const CtaTileHead th = cta_tile_head(blockIdx.x, p.seqs.tile_begin[p.seqs.n], p.num_heads / p.num_kv_heads,
+                                           p.kv_heads_per_chunk);
   const uint32_t host_tile = th.tile;
   const int h = th.head;
   const uint32_t seq = find_seq(p.seqs, host_tile);
@@ -424,7 +425,7 @@ bool prefill_wgmma_usable(minikv_dtype dtype, uint32_t head_dim) {
 }
 
 void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAttnParams &p,
-                          cudaStream_t stream) {
+                          uint32_t num_sms, cudaStream_t stream) {
   dispatch_dtype_head_dim<WgmmaHeadDims>(dtype, head_dim, "minikv_prefill",
                                          [&](auto tag, auto hd) {
     using T = decltype(tag);
@@ -437,8 +438,12 @@ void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAt
     maps.q = rows_tensor_map(dtype, p.q, p.num_heads, D, launch_query_rows(p.seqs), kFaRows);
     maps.k = rows_tensor_map(dtype, p.k, p.num_kv_heads, D, kv_rows, FaSmem<D>::kKeys);
     maps.v = rows_tensor_map(dtype, p.v, p.num_kv_heads, D, kv_rows, FaSmem<D>::kKeys);
+    PrefillAttnParams ordered = p;
+    ordered.kv_heads_per_chunk =  // one CTA an SM
+        head_chunk(p.num_kv_heads, uint64_t(p.seqs.tile_begin[p.seqs.n]) * (p.num_heads / p.num_kv_heads), num_sms,
+                   launch_keys(p.seqs, p.keys) * D * 2 * sizeof(T));
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads;
-    prefill_wgmma_kernel<T, D><<<grid, kFaThreads, FaSmem<D>::kLaunchBytes, stream>>>(p, maps);
+    prefill_wgmma_kernel<T, D><<<grid, kFaThreads, FaSmem<D>::kLaunchBytes, stream>>>(ordered, maps);
     check_launch_error("prefill_wgmma_kernel");
   });
 }

@@ -111,6 +111,9 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
   attn.num_kv_heads = Hkv;
   attn.ws_tokens = ws;
   attn.scale_log2 = k::kLog2e / std::sqrt(float(D));
+  // The grids' order: one KV head per chunk, or both KV heads in one (head_chunk's choice for
+  // short launches), so each forward and score pass runs under both mappings.
+  attn.kv_heads_per_chunk = pass == Pass::kMmaParts || pass == Pass::kWgmmaParts ? Hkv : 1;
   // Score columns of each sequence (position j at score_offset + j), 5 apart.
   std::vector<uint32_t> score_offset(B);
   uint32_t cols = 0;
@@ -195,6 +198,7 @@ void run_launch(const PrefillShape &sh, const std::vector<Seq> &seqs, Pass pass,
     std::vector<float> part_sums(size_t(parts) * (pairs + 2) * k::kPrefillKeyTile, std::nanf(""));
     std::vector<uint32_t> counters(pairs + 2, 0);
     sc.parts = parts;
+    sc.kv_heads_per_chunk = attn.kv_heads_per_chunk;
     sc.part_stride = pairs + 2;
     sc.part_sums = part_sums.data();
     sc.part_counters = counters.data();
@@ -293,6 +297,50 @@ TEST_CASE("the prefill kernels run by the warp emulator match a float64 attentio
           if (sh.dtype == F16) run_shape<__half>(sh, seqs, pass, landing, rng);
           else run_shape<__nv_bfloat16>(sh, seqs, pass, landing, rng);
         }
+      }
+}
+
+TEST_CASE("the forward and score grids group KV heads in short launches only") {
+  // A whole prompt of L rows, H = 32 query heads, D = 128, fp16: the forward's CTAs and
+  // K/V bytes per KV head, and the score pass's query bytes per KV head.
+  auto forward_ctas = [](uint32_t L, uint32_t Hkv) {
+    return uint64_t((L + k::kPrefillQueryTile - 1) / k::kPrefillQueryTile) * (32 / Hkv);
+  };
+  auto kv_bytes = [](uint32_t L) { return uint64_t(L) * 128 * 2 * 2; };
+  auto q_bytes = [](uint32_t L, uint32_t Hkv) { return uint64_t(L) * (32 / Hkv) * 128 * 2; };
+  const uint64_t sms = 132;  // the sm_90a forward's one CTA an SM: 198 CTAs make 1.5 rounds
+  // 4K MHA: 32 tiles a head, 8 heads (256 CTAs, 16 MiB of K/V) the fewest that divide 32.
+  CHECK(k::head_chunk(32, forward_ctas(4096, 32), sms, kv_bytes(4096)) == 8);
+  // 4K GQA 32/8: 128 CTAs a KV head, 2 of them.
+  CHECK(k::head_chunk(8, forward_ctas(4096, 8), sms, kv_bytes(4096)) == 2);
+  // 1K MHA: 8 tiles a head, every head in one chunk.
+  CHECK(k::head_chunk(32, forward_ctas(1024, 32), sms, kv_bytes(1024)) == 32);
+  // The score pass at 4K MHA (32 key tiles, two CTAs an SM): 16 heads.
+  CHECK(k::head_chunk(32, 32, 2 * sms, q_bytes(4096, 32)) == 16);
+  // 32K: 256 tiles a head, one KV head per chunk as before.
+  CHECK(k::head_chunk(32, forward_ctas(32768, 32), sms, kv_bytes(32768)) == 1);
+  CHECK(k::head_chunk(8, forward_ctas(32768, 8), sms, kv_bytes(32768)) == 1);
+  // The 32K GQA score pass would want two KV heads, but one group's queries are 32 MiB.
+  CHECK(k::head_chunk(8, 256, 2 * sms, q_bytes(32768, 8)) == 1);
+  // 28 heads in groups of 7 (4 KV heads), 2K: only divisors of 4; 7 x 16 x 2 = 224 CTAs.
+  CHECK(k::head_chunk(4, 7 * 16, sms, kv_bytes(2048)) == 2);
+  // 16 MiB caps the chunk: 1K at head_dim 256 would take all 32 heads, 1 MiB each.
+  CHECK(k::head_chunk(32, forward_ctas(1024, 32), sms, 2 * kv_bytes(1024)) == 16);
+  // Every chunk divides the KV heads, and the mapping covers each (tile, head) once.
+  for (uint32_t Hkv : {1u, 2u, 3u, 4u, 8u, 32u})
+    for (uint32_t per : {1u, 3u, 4u})
+      for (uint32_t tiles : {1u, 3u, 32u}) {
+        const uint32_t heads = Hkv * per, c = k::head_chunk(Hkv, uint64_t(tiles) * per, sms, 1024);
+        REQUIRE(Hkv % c == 0);
+        std::vector<int> seen(size_t(tiles) * heads, 0);
+        for (uint32_t b = 0; b < tiles * heads; ++b) {
+          const k::CtaTileHead th = k::cta_tile_head(b, tiles, per, c);
+          REQUIRE(th.tile < tiles);
+          REQUIRE(th.head >= 0);
+          REQUIRE(uint32_t(th.head) < heads);
+          ++seen[size_t(th.tile) * heads + uint32_t(th.head)];
+        }
+        CHECK(std::count(seen.begin(), seen.end(), 1) == std::ptrdiff_t(seen.size()));
       }
 }
 
