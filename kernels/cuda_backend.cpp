@@ -704,6 +704,7 @@ class CudaBackend final : public Backend {
       store.quantized[b] = it.dst.quantized;
       store.n_keep[b] = plan.n_keep;
       store.slot[b] = it.dst.residual_slot;
+      set_store_positions(store, b, plan);
       max_tasks = std::max(max_tasks, it.dst.quantized / G + (plan.n_keep > it.dst.quantized ? 1u : 0u));
     }
     if (prefill_wgmma_) launch_prefill_wgmma(cfg_.dtype, D, attn, num_sms_, s);

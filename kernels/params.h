@@ -118,6 +118,11 @@ struct StoreParams {
   uint32_t quantized[kMaxPrefillSeqs];  // tokens that go to blocks (multiple of G)
   uint32_t n_keep[kMaxPrefillSeqs];     // sinks included
   uint32_t slot[kMaxPrefillSeqs];       // residual slot = block-table row
+  // Kept indices whose positions the selection chooses: [sinks, chosen_end). Before them,
+  // index i is position i; from chosen_end on, position suffix_begin + (i − chosen_end). So
+  // a CTA of those indices stores before the selection ends (select_plan.h set_store_positions).
+  uint32_t chosen_end[kMaxPrefillSeqs];
+  uint32_t suffix_begin[kMaxPrefillSeqs];
 };
 
 // Writes ids into block_table[slot][first + i], i < count.

@@ -13,6 +13,14 @@
 namespace minikv {
 namespace kernels {
 
+// Sequence b's kept indices whose positions are known before select_kernel runs, as it
+// writes them: the sinks, then (mode 2 only) the n_heavy chosen, then the protected suffix
+// from `candidates` (keep all: every position in order).
+inline void set_store_positions(StoreParams &st, uint32_t b, const SelectionPlan &plan) {
+  st.chosen_end[b] = plan.n_sink + (plan_needs_scores(plan) ? plan.n_heavy : 0);
+  st.suffix_begin[b] = plan.keep_all ? plan.n_sink : plan.candidates;
+}
+
 // Sequence b's selection from its plan (its seqs entry is the caller's); pooled: WINDOW
 // scores max-pooled over the scored prefix (pool_kernel > 1).
 inline void set_selection(SelectParams &sel, uint32_t b, const SelectionPlan &plan, bool pooled) {

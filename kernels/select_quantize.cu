@@ -16,7 +16,10 @@
 // store_kept_kernel: one CTA per (sequence, KV head, group of G kept tokens after the
 //   sinks): gathers the rows from the caller's k/v, quantizes and packs them into their
 //   pool block (quantize.cuh); the task after the last group copies the sinks into the
-//   slot's sink region and the tail (< G tokens) into the 16-bit residual.
+//   slot's sink region and the tail (< G tokens) into the 16-bit residual. The tasks of the
+//   protected suffix (and of everything when all is kept) know their positions without the
+//   selection: they run first and store while the score pass and the selection still run,
+//   on the SMs those leave idle; the others wait for the selection.
 #include "common.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
@@ -241,26 +244,40 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
 /// \tparam T dtype of k/v and of 16-bit storage (__half or __nv_bfloat16)
 template <typename T>
 __global__ void __launch_bounds__(kStoreThreads) store_kept_kernel(const __grid_constant__ StoreParams p) {
-  pdl_wait();  // the selection's kept positions
-  const uint32_t task = blockIdx.x, head = blockIdx.y, seq = blockIdx.z;
+  // blockIdx.x = (task from the last, KV head): every head's tasks of the protected suffix,
+  // whose positions are known (StoreParams::chosen_end), come before any that waits.
+  const uint32_t Hkv = p.st.block.kv_heads, seq = blockIdx.y;
+  const uint32_t head = blockIdx.x % Hkv, task = gridDim.x / Hkv - 1 - blockIdx.x / Hkv;
   const BlockLayout &bl = p.st.block;
-  const uint32_t G = bl.group, D = bl.head_dim, R = bl.tokens, Hkv = bl.kv_heads;
+  const uint32_t G = bl.group, D = bl.head_dim, R = bl.tokens;
   const uint32_t sinks = p.sinks[seq], quantized = p.quantized[seq], n_keep = p.n_keep[seq];
+  const uint32_t chosen_end = p.chosen_end[seq];
   const int32_t *kept = p.kept + uint64_t(head) * p.ws_tokens + p.seqs.ws_offset[seq];
+  // Kept index i's position: the selection's only for [sinks, chosen_end).
+  auto position = [&](uint32_t i) {
+    return i < sinks ? static_cast<int32_t>(i)
+           : i >= chosen_end ? static_cast<int32_t>(p.suffix_begin[seq] + (i - chosen_end))
+                             : kept[i];
+  };
   const int64_t tb = p.seqs.token_begin[seq];
   const T *k = static_cast<const T *>(p.k);
   const T *v = static_cast<const T *>(p.v);
-  auto src_row = [&](const T *x, uint32_t t) { return x + ((tb + kept[t]) * Hkv + head) * D; };
+  auto src_row = [&](const T *x, uint32_t i) { return x + ((tb + position(i)) * Hkv + head) * D; };
 
-  if (task < quantized / G) {
+  // A task of chosen positions waits for the selection first; the others store, then wait,
+  // so that the store's completion still implies the chain's (programmatic_launch.h).
+  const bool has_group = task < quantized / G, has_rest = task == quantized / G && n_keep > quantized;
+  const uint32_t lo = sinks + (has_group ? task * G : quantized);  // the task's first kept index
+  const bool chosen = (has_group || has_rest) && lo < chosen_end;
+  if (chosen) pdl_wait();
+  if (has_group) {
     const uint32_t t0 = task * G;  // block index; kept index sinks + t0
     const int32_t block_id = p.st.block_table[uint64_t(p.slot[seq]) * p.st.max_blocks_per_seq + t0 / R];
     uint8_t *block = p.st.pool + uint64_t(block_id) * bl.bytes;
-    const int32_t *group = kept + sinks + t0;
     store_group<T>(
         bl, block, head, t0 % R, [&](uint32_t t) { return src_row(k, sinks + t0 + t); },
-        [&](uint32_t t) { return src_row(v, sinks + t0 + t); }, [&](uint32_t t) { return group[t]; });
-  } else if (task == quantized / G && n_keep > quantized) {
+        [&](uint32_t t) { return src_row(v, sinks + t0 + t); }, [&](uint32_t t) { return position(sinks + t0 + t); });
+  } else if (has_rest) {
     const ResidualLayout &rl = p.st.res;
     uint8_t *slot = p.st.residual + uint64_t(p.slot[seq]) * rl.bytes;
     const uint64_t S = rl.sink_tokens;
@@ -286,8 +303,9 @@ __global__ void __launch_bounds__(kStoreThreads) store_kept_kernel(const __grid_
     };
     copy_rows(k_sink, v_sink, 0, sinks);
     copy_rows(k_res, v_res, first, tail);
-    for (uint32_t t = threadIdx.x; t < tail; t += kStoreThreads) pos[t] = kept[first + t];
+    for (uint32_t t = threadIdx.x; t < tail; t += kStoreThreads) pos[t] = position(first + t);
   }
+  if (!chosen) pdl_wait();
 }
 
 __global__ void set_block_table_kernel(const __grid_constant__ TableParams p) {
@@ -308,7 +326,7 @@ void launch_store_kept(minikv_dtype dtype, const StoreParams &p, uint32_t max_ta
   if (max_tasks == 0) return;
   dispatch_dtype(dtype, "minikv_prefill", [&](auto tag) {
     using T = decltype(tag);
-    launch_kernel(store_kept_kernel<T>, dim3(max_tasks, p.st.block.kv_heads, p.seqs.n), kStoreThreads, 0, stream,
+    launch_kernel(store_kept_kernel<T>, dim3(max_tasks * p.st.block.kv_heads, p.seqs.n), kStoreThreads, 0, stream,
                   programmatic, "store_kept_kernel", p);
   });
 }

@@ -6,7 +6,9 @@
 // every residual slot must equal the CPU prefill's byte for byte (the contract the GPU storage
 // test checks on a device), for key and value bits in {2, 4, 8, 16}, G 16 to 128, head_dim 64
 // to 256, fp16 and bf16, both score modes, with and without sinks, prompts shorter than a
-// group to several blocks.
+// group to several blocks. The positions the kernel finds without the selection (the sinks,
+// the protected suffix, a prompt kept whole) are poisoned in the kept list it is given.
+#include "../../kernels/select_plan.h"
 #include "../../kernels/select_quantize.cu"
 #include "decode_harness.hpp"
 
@@ -88,7 +90,7 @@ void run_store(const Shape &s, minikv_score_mode mode, bool special = false) {
   p.kept = kept.data();
   p.st = k::DeviceStorage{pool.data(), residual.data(), table.data(), bl, rl, width, 0};
   p.ws_tokens = ws;
-  uint32_t max_tasks = 0;
+  uint32_t max_tasks = 0, known = 0;
   for (uint32_t b = 0; b < B; ++b) {
     const CacheView &cv = views[b];
     // The block-table mirror's row by set_block_table_kernel (cuda_backend.cpp set_table).
@@ -114,6 +116,13 @@ void run_store(const Shape &s, minikv_score_mode mode, bool special = false) {
       REQUIRE(n <= lens[b]);
     }
     const uint32_t n_keep = cv.sinks + cv.quantized + cv.residual;
+    // The positions known without the selection come from the plan, not from `kept`, whose
+    // entries there are poisoned: the kernel must find them itself.
+    k::set_store_positions(p, b, minikv::plan_selection(cfg, minikv::layer_heavy_ratios(cfg)[0], lens[b]));
+    for (uint32_t h = 0; h < kv_heads; ++h)
+      for (uint32_t i = 0; i < n_keep; ++i)
+        if (i < cv.sinks || i >= p.chosen_end[b]) kept[size_t(h) * ws + ws_offset[b] + i] = -7;
+    known += n_keep - (p.chosen_end[b] - cv.sinks);
     p.seqs.n = b + 1;
     p.seqs.token_begin[b] = cu[b];
     p.seqs.len[b] = lens[b];
@@ -124,7 +133,8 @@ void run_store(const Shape &s, minikv_score_mode mode, bool special = false) {
     p.slot[b] = cv.residual_slot;
     max_tasks = std::max(max_tasks, cv.quantized / s.group + (n_keep > cv.quantized ? 1u : 0u));
   }
-  minikv::emulation::launch(dim3(max_tasks, kv_heads, B), dim3(k::kStoreThreads), 0, CopyLanding::kAtIssue, [&] {
+  CHECK(known > 0);  // the case has positions to find without the selection
+  minikv::emulation::launch(dim3(max_tasks * kv_heads, B), dim3(k::kStoreThreads), 0, CopyLanding::kAtIssue, [&] {
     if (s.dtype == MINIKV_DTYPE_F16) k::store_kept_kernel<__half>(p);
     else k::store_kept_kernel<__nv_bfloat16>(p);
   });
