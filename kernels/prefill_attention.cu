@@ -711,9 +711,7 @@ void launch_prefill_attention(minikv_dtype dtype, uint32_t head_dim, const Prefi
     constexpr int D = decltype(hd)::value;
     PrefillAttnParams ordered = p;
     ordered.kv_heads_per_chunk =
-        head_chunk(p.num_kv_heads, uint64_t(p.seqs.tile_begin[p.seqs.n]) * (p.num_heads / p.num_kv_heads),
-                   uint64_t(num_sms) * (PrefillTiling<D>::kWarps == 4 ? 2 : 1),
-                   launch_keys(p.seqs, p.keys) * D * 2 * sizeof(T));
+        forward_head_chunk(p, uint64_t(num_sms) * (PrefillTiling<D>::kWarps == 4 ? 2 : 1), D * sizeof(T));
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads;  // cta_tile_head
     prefill_attention_kernel<T, D>
         <<<grid, PrefillTiling<D>::kThreads, attention_smem<T, D>(), stream>>>(ordered);
@@ -763,9 +761,7 @@ void launch_prefill_scores(minikv_dtype dtype, uint32_t head_dim, const PrefillS
     constexpr int D = decltype(hd)::value;
     PrefillScoreParams p = params;
     p.parts = score_parts(p, uint64_t(num_sms) * scores_ctas_per_sm<D>(), prefill_score_part_ctas(num_sms));
-    p.kv_heads_per_chunk = head_chunk(p.num_kv_heads, uint64_t(p.seqs.tile_begin[p.seqs.n]) * p.parts,
-                                      uint64_t(num_sms) * scores_ctas_per_sm<D>(),
-                                      launch_rows(p.seqs) * (p.num_heads / p.num_kv_heads) * D * sizeof(T));
+    p.kv_heads_per_chunk = score_head_chunk(p, uint64_t(num_sms) * scores_ctas_per_sm<D>(), D * sizeof(T));
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_kv_heads * p.parts;
     launch_kernel(prefill_scores_kernel<T, D>, grid, PrefillTiling<D>::kThreads, scores_smem<T, D>(), stream,
                   programmatic, "prefill_scores_kernel", p);

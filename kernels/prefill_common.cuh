@@ -28,7 +28,7 @@ __device__ __forceinline__ void cp_async_4(void *smem, const void *gmem, bool va
 // (score pass) nearly in step, so L2 serves all but the first read. With all heads of a tile
 // adjacent instead, the 128K MHA forward (H200) found 28% of its reads in L2 and ran
 // DRAM-bound (76% of its bandwidth). A chunk of more than one group (the forward of a short
-// launch: forward_head_chunk) keeps the longest tiles from starting in the last round.
+// launch: head_chunk) keeps the longest tiles from starting in the last round.
 struct CtaTileHead {
   uint32_t tile;
   int head;
@@ -65,16 +65,20 @@ inline uint32_t head_chunk(uint32_t num_kv_heads, uint64_t ctas_per_kv_head, uin
   return chunk;
 }
 
-// Keys of a launch summed over its sequences (a chunk's include its earlier positions).
-inline uint64_t launch_keys(const PrefillSeqs &s, const PrefillKeys &k) {
-  uint64_t n = 0;
-  for (uint32_t i = 0; i < s.n; ++i) n += uint64_t(k.q_pos[i]) + s.len[i];
-  return n;
+// head_chunk of a forward launch (its query heads' CTAs per KV head; K and V of every key
+// of its sequences, a chunk's earlier positions included) and of a score launch (its key
+// tiles' parts per KV head; the group's query rows), for rows of `row_bytes` (D · sizeof(T)).
+inline uint32_t forward_head_chunk(const PrefillAttnParams &p, uint64_t resident, uint64_t row_bytes) {
+  uint64_t keys = 0;
+  for (uint32_t i = 0; i < p.seqs.n; ++i) keys += uint64_t(p.keys.q_pos[i]) + p.seqs.len[i];
+  const uint32_t n_rep = p.num_heads / p.num_kv_heads;
+  return head_chunk(p.num_kv_heads, uint64_t(p.seqs.tile_begin[p.seqs.n]) * n_rep, resident, keys * 2 * row_bytes);
 }
-inline uint64_t launch_rows(const PrefillSeqs &s) {
-  uint64_t n = 0;
-  for (uint32_t i = 0; i < s.n; ++i) n += s.len[i];
-  return n;
+inline uint32_t score_head_chunk(const PrefillScoreParams &p, uint64_t resident, uint64_t row_bytes) {
+  uint64_t rows = 0;
+  for (uint32_t i = 0; i < p.seqs.n; ++i) rows += p.seqs.len[i];
+  const uint32_t n_rep = p.num_heads / p.num_kv_heads;
+  return head_chunk(p.num_kv_heads, uint64_t(p.seqs.tile_begin[p.seqs.n]) * p.parts, resident, rows * n_rep * row_bytes);
 }
 
 // Sequence of a launch-wide tile index.

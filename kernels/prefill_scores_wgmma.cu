@@ -284,9 +284,7 @@ void launch_prefill_scores_wgmma(minikv_dtype dtype, uint32_t head_dim, const Pr
     constexpr int D = decltype(hd)::value;
     PrefillScoreParams p = params;
     p.parts = score_parts(p, uint64_t(num_sms) * sc_ctas_per_sm(D), prefill_score_part_ctas(num_sms));
-    p.kv_heads_per_chunk = head_chunk(p.num_kv_heads, uint64_t(p.seqs.tile_begin[p.seqs.n]) * p.parts,
-                                      uint64_t(num_sms) * sc_ctas_per_sm(D),
-                                      launch_rows(p.seqs) * (p.num_heads / p.num_kv_heads) * D * sizeof(T));
+    p.kv_heads_per_chunk = score_head_chunk(p, uint64_t(num_sms) * sc_ctas_per_sm(D), D * sizeof(T));
     ScMaps maps;
     maps.q = rows_tensor_map(dtype, p.q, p.num_heads, D, launch_query_rows(p.seqs), kScQueries);
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_kv_heads * p.parts;

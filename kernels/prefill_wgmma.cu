@@ -439,9 +439,7 @@ void launch_prefill_wgmma(minikv_dtype dtype, uint32_t head_dim, const PrefillAt
     maps.k = rows_tensor_map(dtype, p.k, p.num_kv_heads, D, kv_rows, FaSmem<D>::kKeys);
     maps.v = rows_tensor_map(dtype, p.v, p.num_kv_heads, D, kv_rows, FaSmem<D>::kKeys);
     PrefillAttnParams ordered = p;
-    ordered.kv_heads_per_chunk =  // one CTA an SM
-        head_chunk(p.num_kv_heads, uint64_t(p.seqs.tile_begin[p.seqs.n]) * (p.num_heads / p.num_kv_heads), num_sms,
-                   launch_keys(p.seqs, p.keys) * D * 2 * sizeof(T));
+    ordered.kv_heads_per_chunk = forward_head_chunk(p, num_sms, D * sizeof(T));  // one CTA an SM
     const uint32_t grid = p.seqs.tile_begin[p.seqs.n] * p.num_heads;
     prefill_wgmma_kernel<T, D><<<grid, kFaThreads, FaSmem<D>::kLaunchBytes, stream>>>(ordered, maps);
     check_launch_error("prefill_wgmma_kernel");
