@@ -19,8 +19,8 @@
 #   build-fuzz/tests/fuzz/<target> <file>      (FUZZ_TRACE=1 prints every call of
 #   fuzz_api_sequence) or any build's tests/fuzz/<target>_replay <file>.
 # Installs clang and libFuzzer (Debian: clang, libclang-rt-14-dev) when missing.
-# Takes about 18 minutes on 2 cores with the defaults (mostly the ASan build and its run of
-# the emulated kernel tests, tests/emulation).
+# Mostly the ASan build and its run of the emulated kernel tests (tests/emulation: about 6
+# minutes of the run on 2 cores).
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -10,6 +10,7 @@
 #include <ucontext.h>
 
 #ifdef MINIKV_EMULATION_ASAN
+#include <dlfcn.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -55,8 +56,8 @@ const char *op_name(Op op) {
 constexpr size_t kStackBytes = 1024 * 1024;
 
 // AddressSanitizer follows stack switches only when told (its fake stacks for use-after-return
-// belong to one stack each): start before a jump, with the destination's bounds (save =
-// nullptr: the stack being left is done), finish after it.
+// belong to one stack each): start before a jump, with the destination's bounds and where to
+// save the fake stack of the stack being left, finish after it with the destination's.
 void asan_switch_start(void **save, const void *bottom, size_t size) {
 #ifdef MINIKV_EMULATION_ASAN
   __sanitizer_start_switch_fiber(save, bottom, size);
@@ -69,6 +70,27 @@ void asan_switch_finish(void *save, const void **from_bottom, size_t *from_size)
   __sanitizer_finish_switch_fiber(save, from_bottom, from_size);
 #else
   (void)save, (void)from_bottom, (void)from_size;
+#endif
+}
+
+// A jump to another fiber. Under AddressSanitizer it goes straight to libc's _longjmp: the
+// sanitizer's interceptor takes every jump for an unwind of the stack being left (a
+// sigaltstack system call and a shadow clear each time, a third of the sanitized tests'
+// time), which the announced fiber switches make unneeded, and wrong for a fiber that resumes.
+// Not declared noreturn, for the same reason: the instrumentation would call the unwind
+// before it.
+void jump(jmp_buf to) {
+#ifdef MINIKV_EMULATION_ASAN
+  using Longjmp = void (*)(jmp_buf, int);
+  static const Longjmp libc_longjmp = [] {
+    void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    void *fn = libc != nullptr ? dlsym(libc, "_longjmp") : nullptr;
+    if (fn == nullptr) die("libc's _longjmp not found");
+    return reinterpret_cast<Longjmp>(fn);
+  }();
+  libc_longjmp(to, 1);
+#else
+  _longjmp(to, 1);
 #endif
 }
 
@@ -92,12 +114,23 @@ struct PendingWgmma {
   std::vector<std::pair<uint32_t, uint16_t>> smem_read;
 };
 
+// A fiber's stack, kept from launch to launch: a fresh one per launch costs its page faults
+// again, and under AddressSanitizer a fake stack (use-after-return frames, megabytes mapped
+// and unmapped) per thread per CTA; the two were most of the sanitized tests' time.
+struct FiberStack {
+  std::unique_ptr<char[]> bytes{new char[kStackBytes]};
+  void *asan_fake_stack = nullptr;  // saved while the fiber is switched out or between CTAs
+};
+std::vector<std::unique_ptr<FiberStack>> &fiber_stacks() {
+  static std::vector<std::unique_ptr<FiberStack>> stacks;
+  return stacks;
+}
+
 struct Thread {
   ucontext_t ctx{};  // its start
   jmp_buf resume;    // where it blocked
   bool started = false;
-  void *asan_fake_stack = nullptr;
-  std::unique_ptr<char[]> stack;
+  FiberStack *stack = nullptr;
   uint3 tid{};
   uint32_t warp = 0, lane = 0;
   bool done = false;
@@ -170,10 +203,10 @@ void block(Thread::Wait wait, uint64_t gen) {
   t.wait = wait;
   t.wait_gen = gen;
   if (_setjmp(t.resume) == 0) {
-    asan_switch_start(&t.asan_fake_stack, l.sched_bottom, l.sched_size);
-    _longjmp(l.back, 1);
+    asan_switch_start(&t.stack->asan_fake_stack, l.sched_bottom, l.sched_size);
+    jump(l.back);
   }
-  asan_switch_finish(t.asan_fake_stack, &l.sched_bottom, &l.sched_size);
+  asan_switch_finish(t.stack->asan_fake_stack, &l.sched_bottom, &l.sched_size);
 }
 
 void complete_collective(Warp &w) {
@@ -317,7 +350,7 @@ void cta_barrier_check() {
 
 void thread_entry() {
   Launch &l = L();
-  asan_switch_finish(nullptr, &l.sched_bottom, &l.sched_size);
+  asan_switch_finish(self().stack->asan_fake_stack, &l.sched_bottom, &l.sched_size);
   (*l.body)();
   Thread &t = self();
   if (!t.wg_open.empty() || !t.wg_groups.empty()) die("wgmma: a thread ended before waiting for its products");
@@ -328,8 +361,8 @@ void thread_entry() {
   if (w.arrived > 0 && w.arrived == w.live) complete_collective(w);
   --l.cta_live;
   cta_barrier_check();
-  asan_switch_start(nullptr, l.sched_bottom, l.sched_size);
-  _longjmp(l.back, 1);  // never returns (its uc_link would resume a stale scheduler frame)
+  asan_switch_start(&t.stack->asan_fake_stack, l.sched_bottom, l.sched_size);  // kept for the next fiber
+  jump(l.back);  // never returns (its uc_link would resume a stale scheduler frame)
 }
 
 bool runnable(const Launch &l, const Thread &t) {
@@ -351,12 +384,12 @@ __attribute__((noinline)) void resume(Launch &l, Thread &t) {
     asan_switch_finish(l.asan_fake_stack, nullptr, nullptr);
     return;
   }
-  asan_switch_start(&l.asan_fake_stack, t.stack.get(), kStackBytes);
+  asan_switch_start(&l.asan_fake_stack, t.stack->bytes.get(), kStackBytes);
   if (!t.started) {
     t.started = true;
     swapcontext(&l.sched, &t.ctx);
   } else {
-    _longjmp(t.resume, 1);
+    jump(t.resume);
   }
 }
 
@@ -372,7 +405,7 @@ void run_cta(Launch &l) {
     t.wg_groups.clear();
     t.wait = Thread::Wait::kNone;
     getcontext(&t.ctx);
-    t.ctx.uc_stack.ss_sp = t.stack.get();
+    t.ctx.uc_stack.ss_sp = t.stack->bytes.get();
     t.ctx.uc_stack.ss_size = kStackBytes;
     t.ctx.uc_link = &l.sched;
     makecontext(&t.ctx, thread_entry, 0);
@@ -481,9 +514,11 @@ void launch(dim3 grid, dim3 block, size_t smem_bytes, CopyLanding landing, const
   l.threads.resize(n);
   l.warps.resize((n + 31) / 32);
   l.wgmma_a.resize(n);
+  std::vector<std::unique_ptr<FiberStack>> &stacks = fiber_stacks();
+  while (stacks.size() < n) stacks.push_back(std::make_unique<FiberStack>());
   for (uint32_t i = 0; i < n; ++i) {
     Thread &t = l.threads[i];
-    t.stack.reset(new char[kStackBytes]);
+    t.stack = stacks[i].get();
     t.tid = make_uint3(i % block.x, (i / block.x) % block.y, i / (block.x * block.y));
     t.warp = i / 32;
     t.lane = i % 32;
