@@ -26,8 +26,9 @@ using minikv::CacheView;
 using minikv::emulation::CopyLanding;
 namespace k = minikv::kernels;
 
-// Under AddressSanitizer (scripts/reliability.sh) a launch runs ~10x slower: the first step
-// and the flush's are checked, with copies landing at issue only, and 1 and the most splits.
+// Under AddressSanitizer (scripts/reliability.sh) a launch runs several times slower: the
+// first step and the flush's are checked, with copies landing at issue only, and 1 and the
+// most splits.
 // What the sanitizer adds is the bounds of the host buffers the kernels read (the storage, q,
 // the caller's k/v).
 constexpr bool kSanitized = minikv::emulation::kAddressSanitizer;

@@ -281,7 +281,7 @@ TEST_CASE("the prefill kernels run by the warp emulator match a float64 attentio
   // them in a chunk; 100 rows of a group of 2 or 4 take two batches of rows.
   const std::vector<Seq> window = {{300, 0, 200, 200, 0}, {33, 0, 17, 17, 0}, {60, 150, 180, 180, 150}};
   test::Rng rng(0x9ef1);
-  // Under AddressSanitizer (~10x slower): every other shape, copies landing at issue.
+  // Under AddressSanitizer (several times slower): every other shape, copies landing at issue.
   for (size_t i = 0; i < shapes.size(); i += kSanitized ? 2 : 1)
     for (Pass pass : {Pass::kMma, Pass::kMmaParts, Pass::kWindow, Pass::kWgmma, Pass::kWgmmaParts})
       for (CopyLanding landing : {CopyLanding::kAtIssue, CopyLanding::kAtWait}) {
