@@ -350,9 +350,9 @@ void cta_barrier_check() {
 
 void thread_entry() {
   Launch &l = L();
-  asan_switch_finish(self().stack->asan_fake_stack, &l.sched_bottom, &l.sched_size);
-  (*l.body)();
   Thread &t = self();
+  asan_switch_finish(t.stack->asan_fake_stack, &l.sched_bottom, &l.sched_size);
+  (*l.body)();
   if (!t.wg_open.empty() || !t.wg_groups.empty()) die("wgmma: a thread ended before waiting for its products");
   t.done = true;
   l.progress = true;
