@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
@@ -24,12 +25,14 @@ using Select = std::function<std::vector<std::vector<int32_t>>(
     const std::vector<minikv::SelectionPlan> &, const std::vector<std::vector<float>> &, uint32_t, uint32_t)>;
 
 // Continuous values, a few distinct values (long runs of exact ties at the threshold), signed
-// zeros, infinities and NaN, all equal, all NaN; prompts shorter than, equal to and several
+// zeros, infinities and NaN, all equal, all NaN, values within 4,096 ulps of 1 (only the low
+// 12 bits differ: the radix select's last digits decide, with ties); prompts shorter than, equal to and several
 // times the kernel's 8,192-key sweep (`lens`); 0, 3 and 4 sinks (the candidates then start
 // at an odd or an even position); CUMULATIVE (no pooling) and WINDOW with pool widths 3, 7
 // and 17.
 inline void check_all(const Select &select, const std::vector<uint32_t> &lens) {
-  enum Kind { kContinuous, kFewValues, kSpecials, kAllEqual, kAllNaN };
+  enum Kind { kContinuous, kFewValues, kSpecials, kAllEqual, kAllNaN, kNearOne };
+  constexpr uint32_t kKinds = 6;
   auto make_scores = [](Kind kind, uint32_t L, uint32_t seed) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
@@ -42,6 +45,11 @@ inline void check_all(const Select &select, const std::vector<uint32_t> &lens) {
         case kSpecials: s[j] = rng() % 3 == 0 ? specials[rng() % 8] : 0.25f * static_cast<float>(rng() % 3); break;
         case kAllEqual: s[j] = 0.125f; break;
         case kAllNaN: s[j] = NAN; break;
+        case kNearOne: {
+          const uint32_t bits = 0x3f800000u + static_cast<uint32_t>(rng() % 4096);
+          std::memcpy(&s[j], &bits, sizeof bits);
+          break;
+        }
       }
     }
     return s;
@@ -62,7 +70,7 @@ inline void check_all(const Select &select, const std::vector<uint32_t> &lens) {
           const uint32_t kv_heads = 2;
           uint32_t seed = 1;
           for (uint32_t L : lens)
-            for (Kind kind : {kContinuous, kFewValues, kSpecials, kAllEqual, kAllNaN}) {
+            for (Kind kind : {kContinuous, kFewValues, kSpecials, kAllEqual, kAllNaN, kNearOne}) {
               plans.push_back(minikv::plan_selection(cfg, heavy, L));
               for (uint32_t h = 0; h < kv_heads; ++h) scores.push_back(make_scores(kind, L, seed++));
             }
@@ -77,7 +85,7 @@ inline void check_all(const Select &select, const std::vector<uint32_t> &lens) {
             std::vector<int32_t> want(plan.n_keep);
             std::vector<uint32_t> scratch(plan.prompt_len);
             minikv::select_kept(plan, pooled.data(), want.data(), scratch.data());
-            INFO("row " << i << " (L " << plan.prompt_len << ", kind " << (i / kv_heads) % 5
+            INFO("row " << i << " (L " << plan.prompt_len << ", kind " << (i / kv_heads) % kKinds
                         << ", heavy " << plan.n_heavy << " of " << plan.candidates << ")");
             CHECK(got[i] == want);
           }
