@@ -73,12 +73,18 @@ void asan_switch_finish(void *save, const void **from_bottom, size_t *from_size)
 #endif
 }
 
-// A jump to another fiber. Under AddressSanitizer it goes straight to libc's _longjmp: the
-// sanitizer's interceptor takes every jump for an unwind of the stack being left (a
-// sigaltstack system call and a shadow clear each time, a third of the sanitized tests'
-// time), which the announced fiber switches make unneeded, and wrong for a fiber that resumes.
-// Not declared noreturn, for the same reason: the instrumentation would call the unwind
-// before it.
+#ifdef MINIKV_EMULATION_ASAN
+extern "C" int __asan_option_detect_stack_use_after_return;  // the runtime's ASAN_OPTIONS flag
+#endif
+
+// A jump to another fiber. The sanitizer's _longjmp interceptor takes every jump for an unwind
+// of the stack being left: a sigaltstack system call and a shadow clear each time, a third of
+// the sanitized tests' time. With use-after-return detection on (scripts/reliability.sh) the
+// instrumented frames live on fake stacks, whose switches are announced, and the jump goes
+// straight to libc's _longjmp. With it off (ASan's default) the frames are on the fiber's own
+// stack, which later fibers reuse; frames a jump leaves behind keep their redzones poisoned
+// until that clear removes them, so the interceptor stays. Not declared noreturn: the
+// instrumentation would call the unwind before it.
 void jump(jmp_buf to) {
 #ifdef MINIKV_EMULATION_ASAN
   using Longjmp = void (*)(jmp_buf, int);
@@ -88,6 +94,7 @@ void jump(jmp_buf to) {
     if (fn == nullptr) die("libc's _longjmp not found");
     return reinterpret_cast<Longjmp>(fn);
   }();
+  if (__asan_option_detect_stack_use_after_return == 0) _longjmp(to, 1);
   libc_longjmp(to, 1);
 #else
   _longjmp(to, 1);
