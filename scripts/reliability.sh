@@ -19,8 +19,8 @@
 #   build-fuzz/tests/fuzz/<target> <file>      (FUZZ_TRACE=1 prints every call of
 #   fuzz_api_sequence) or any build's tests/fuzz/<target>_replay <file>.
 # Installs clang and libFuzzer (Debian: clang, libclang-rt-14-dev) when missing.
-# Takes about 45 minutes on 2 cores with the defaults, mostly the ASan build (its emulated
-# kernel tests, tests/emulation, compile slowly under the sanitizer; they run in about 6).
+# Takes about 20 minutes on 2 cores with the defaults, mostly the ASan build (its emulated
+# kernel tests, tests/emulation, compile slowly under the sanitizer; they run in about 5).
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -32,7 +32,7 @@ using Select = std::function<std::vector<std::vector<int32_t>>(
 // and 17.
 inline void check_all(const Select &select, const std::vector<uint32_t> &lens) {
   enum Kind { kContinuous, kFewValues, kSpecials, kAllEqual, kAllNaN, kNearOne };
-  constexpr uint32_t kKinds = 6;
+  constexpr uint32_t kKinds = kNearOne + 1;
   auto make_scores = [](Kind kind, uint32_t L, uint32_t seed) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
