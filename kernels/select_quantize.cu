@@ -62,12 +62,15 @@ __device__ __forceinline__ uint32_t order_key(float s) {
 // (policy.cpp max_pool_1d). Each window is walked as `pool` loads from its first index,
 // clamped to its last: a repeat of the last score leaves the scan's result as it was
 // (m < x is false once m is x, NaN included), and every step issues all K loads at once.
+// Only the first `slots` keys are loaded (slots is the same for every thread of the CTA);
+// the others are left as they were.
 template <int K>
 __device__ __forceinline__ void candidate_keys(const float *sc, const uint32_t (&j)[K], uint32_t pool,
-                                               uint32_t prefix, uint32_t (&key)[K]) {
+                                               uint32_t prefix, int slots, uint32_t (&key)[K]) {
   if (pool <= 1) {
 #pragma unroll
-    for (int i = 0; i < K; ++i) key[i] = order_key(sc[j[i]]);
+    for (int i = 0; i < K; ++i)
+      if (i < slots) key[i] = order_key(sc[j[i]]);
     return;
   }
   const uint32_t half = pool / 2;
@@ -77,16 +80,18 @@ __device__ __forceinline__ void candidate_keys(const float *sc, const uint32_t (
   for (int i = 0; i < K; ++i) {
     lo[i] = j[i] >= half ? j[i] - half : 0;
     hi[i] = min(j[i] + half, prefix - 1);
-    m[i] = sc[lo[i]];
+    m[i] = i < slots ? sc[lo[i]] : 0.0f;
   }
   for (uint32_t d = 1; d < pool; ++d)
 #pragma unroll
-    for (int i = 0; i < K; ++i) {
-      const float x = sc[min(lo[i] + d, hi[i])];
-      m[i] = m[i] < x ? x : m[i];
-    }
+    for (int i = 0; i < K; ++i)
+      if (i < slots) {
+        const float x = sc[min(lo[i] + d, hi[i])];
+        m[i] = m[i] < x ? x : m[i];
+      }
 #pragma unroll
-  for (int i = 0; i < K; ++i) key[i] = order_key(m[i]);
+  for (int i = 0; i < K; ++i)
+    if (i < slots) key[i] = order_key(m[i]);
 }
 
 // Exclusive prefix sum of x over the CTA in thread order; *total gets the CTA's sum.
@@ -143,16 +148,17 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
     // the sweep has been read (its first barrier), and later sweeps read beyond that end.
     uint32_t *parked = reinterpret_cast<uint32_t *>(kept);
     const bool park = pool > 1;
-    // The keys of candidates j[i] (clamped into [first, n): callers mask the rest).
-    auto load_keys = [&](const uint32_t (&j)[kSelectKeys], bool parked_yet, uint32_t (&key)[kSelectKeys]) {
+    // The keys of candidates j[i] for i < slots (clamped into [first, n): callers mask the rest).
+    auto load_keys = [&](const uint32_t (&j)[kSelectKeys], bool parked_yet, int slots, uint32_t (&key)[kSelectKeys]) {
       uint32_t jc[kSelectKeys];
 #pragma unroll
       for (int i = 0; i < kSelectKeys; ++i) jc[i] = min(j[i], n - 1);
       if (park && parked_yet) {
 #pragma unroll
-        for (int i = 0; i < kSelectKeys; ++i) key[i] = parked[jc[i]];
+        for (int i = 0; i < kSelectKeys; ++i)
+          if (i < slots) key[i] = parked[jc[i]];
       } else {
-        candidate_keys<kSelectKeys>(sc, jc, pool, prefix, key);
+        candidate_keys<kSelectKeys>(sc, jc, pool, prefix, slots, key);
       }
     };
     // Radix select of the k-th largest key: each pass counts the keys that match the digits
@@ -164,12 +170,17 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       for (uint32_t b = tid; b < kBins; b += kSelectThreads) hist[b] = 0;
       __syncthreads();
       for (uint32_t base = first; base < n; base += kSelectSweep) {
+        // Slot i holds candidates base + i · kSelectThreads + tid: the slots past n are
+        // skipped by the whole CTA (a 4K prompt's ~3K candidates fill 3 of 8).
+        const uint32_t left = n - base;
+        const int slots = left >= kSelectSweep ? kSelectKeys : static_cast<int>((left + kSelectThreads - 1) / kSelectThreads);
         uint32_t j[kSelectKeys], key[kSelectKeys];
 #pragma unroll
         for (int i = 0; i < kSelectKeys; ++i) j[i] = base + i * kSelectThreads + tid;
-        load_keys(j, pass > 0, key);
+        load_keys(j, pass > 0, slots, key);
 #pragma unroll
         for (int i = 0; i < kSelectKeys; ++i) {
+          if (i >= slots) break;
           const bool in = j[i] < n;
           if (park && pass == 0 && in) parked[j[i]] = key[i];
           const uint32_t bin = in && (key[i] & mask) == prefix_key ? (key[i] >> shift) & kDigitMask : kNoBin;
@@ -233,7 +244,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       uint32_t j[kSelectKeys], key[kSelectKeys];
 #pragma unroll
       for (int i = 0; i < kSelectKeys; ++i) j[i] = base + tid * kSelectKeys + i;
-      load_keys(j, true, key);
+      load_keys(j, true, kSelectKeys, key);
       uint32_t gt = 0, eq = 0;  // bit i: candidate j[i]
 #pragma unroll
       for (int i = 0; i < kSelectKeys; ++i) {
