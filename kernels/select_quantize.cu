@@ -3,7 +3,7 @@
 //
 // select_kernel: one CTA per (sequence, KV head). The kept list starts with the sinks
 //   [0, n_sink); the n_heavy best candidates of [n_sink, candidates) are found by a
-//   3-pass radix select (11-bit digits) on order-preserving 32-bit keys of the scores
+//   4-pass radix select (8-bit digits) on order-preserving 32-bit keys of the scores
 //   (the WINDOW max-pool applied once, by the first pass, which parks the keys in the kept
 //   list for the others; one warp finds each digit), which yields the exact key of the
 //   n_heavy-th best and how many of the candidates equal to it are still needed; a
@@ -36,16 +36,7 @@ constexpr int kSelectWarps = kSelectThreads / 32;
 // sweep of 8,192 keys waits for memory about once.
 constexpr int kSelectKeys = 8;
 constexpr uint32_t kSelectSweep = kSelectThreads * kSelectKeys;
-// Radix digits: three passes over the candidates, each binning the 11 key bits from
-// digit_shift(pass) up. The last pass's top bit is the second pass's lowest, already fixed
-// by the prefix, so every key it bins lands in one half of the histogram; one mask serves
-// every pass.
-constexpr int kSelectPasses = 3;
-__host__ __device__ constexpr int digit_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
-constexpr uint32_t kBins = 2048;               // 2^11 counters, shared memory
-constexpr uint32_t kDigitMask = kBins - 1;
-constexpr uint32_t kBinsPerLane = kBins / 32;  // the digit search: one warp, 64 bins a lane
-constexpr uint32_t kNoBin = kBins;        // a key outside the histogram
+constexpr uint32_t kNoBin = 256;  // a key outside the histogram
 constexpr int kStoreThreads = 128;
 static_assert(kSelectWarps == 32, "block_exclusive_sum scans the warp totals with one warp's lanes");
 
@@ -62,15 +53,12 @@ __device__ __forceinline__ uint32_t order_key(float s) {
 // (policy.cpp max_pool_1d). Each window is walked as `pool` loads from its first index,
 // clamped to its last: a repeat of the last score leaves the scan's result as it was
 // (m < x is false once m is x, NaN included), and every step issues all K loads at once.
-// Only the first `slots` keys are loaded (slots is the same for every thread of the CTA);
-// the others are left as they were.
 template <int K>
 __device__ __forceinline__ void candidate_keys(const float *sc, const uint32_t (&j)[K], uint32_t pool,
-                                               uint32_t prefix, int slots, uint32_t (&key)[K]) {
+                                               uint32_t prefix, uint32_t (&key)[K]) {
   if (pool <= 1) {
 #pragma unroll
-    for (int i = 0; i < K; ++i)
-      if (i < slots) key[i] = order_key(sc[j[i]]);
+    for (int i = 0; i < K; ++i) key[i] = order_key(sc[j[i]]);
     return;
   }
   const uint32_t half = pool / 2;
@@ -80,18 +68,16 @@ __device__ __forceinline__ void candidate_keys(const float *sc, const uint32_t (
   for (int i = 0; i < K; ++i) {
     lo[i] = j[i] >= half ? j[i] - half : 0;
     hi[i] = min(j[i] + half, prefix - 1);
-    m[i] = i < slots ? sc[lo[i]] : 0.0f;
+    m[i] = sc[lo[i]];
   }
   for (uint32_t d = 1; d < pool; ++d)
 #pragma unroll
-    for (int i = 0; i < K; ++i)
-      if (i < slots) {
-        const float x = sc[min(lo[i] + d, hi[i])];
-        m[i] = m[i] < x ? x : m[i];
-      }
+    for (int i = 0; i < K; ++i) {
+      const float x = sc[min(lo[i] + d, hi[i])];
+      m[i] = m[i] < x ? x : m[i];
+    }
 #pragma unroll
-  for (int i = 0; i < K; ++i)
-    if (i < slots) key[i] = order_key(m[i]);
+  for (int i = 0; i < K; ++i) key[i] = order_key(m[i]);
 }
 
 // Exclusive prefix sum of x over the CTA in thread order; *total gets the CTA's sum.
@@ -121,7 +107,7 @@ __device__ __forceinline__ uint32_t block_exclusive_sum(uint32_t x, uint32_t *to
 }
 
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_constant__ SelectParams p) {
-  __shared__ __align__(16) uint32_t hist[kBins];
+  __shared__ uint32_t hist[256];
   __shared__ uint32_t scan_a[kSelectWarps], scan_b[kSelectWarps];
   __shared__ uint32_t s_prefix, s_need, s_whole;
 
@@ -148,60 +134,49 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
     // the sweep has been read (its first barrier), and later sweeps read beyond that end.
     uint32_t *parked = reinterpret_cast<uint32_t *>(kept);
     const bool park = pool > 1;
-    // The keys of candidates j[i] for i < slots (clamped into [first, n): callers mask the rest).
-    auto load_keys = [&](const uint32_t (&j)[kSelectKeys], bool parked_yet, int slots, uint32_t (&key)[kSelectKeys]) {
+    // The keys of candidates j[i] (clamped into [first, n): callers mask the rest).
+    auto load_keys = [&](const uint32_t (&j)[kSelectKeys], bool parked_yet, uint32_t (&key)[kSelectKeys]) {
       uint32_t jc[kSelectKeys];
 #pragma unroll
       for (int i = 0; i < kSelectKeys; ++i) jc[i] = min(j[i], n - 1);
       if (park && parked_yet) {
 #pragma unroll
-        for (int i = 0; i < kSelectKeys; ++i)
-          if (i < slots) key[i] = parked[jc[i]];
+        for (int i = 0; i < kSelectKeys; ++i) key[i] = parked[jc[i]];
       } else {
-        candidate_keys<kSelectKeys>(sc, jc, pool, prefix, slots, key);
+        candidate_keys<kSelectKeys>(sc, jc, pool, prefix, key);
       }
     };
     // Radix select of the k-th largest key: each pass counts the keys that match the digits
     // found so far by their next digit (lanes of a warp with the same digit add once).
     uint32_t prefix_key = 0, mask = 0, need = k;
-#pragma unroll 1
-    for (int pass = 0; pass < kSelectPasses; ++pass) {
-      const int shift = digit_shift(pass);
-      for (uint32_t b = tid; b < kBins; b += kSelectThreads) hist[b] = 0;
+    for (int pass = 0; pass < 4; ++pass) {
+      const int shift = 24 - 8 * pass;
+      for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[b] = 0;
       __syncthreads();
       for (uint32_t base = first; base < n; base += kSelectSweep) {
-        // Slot i holds candidates base + i · kSelectThreads + tid: the slots past n are
-        // skipped by the whole CTA (a 4K prompt's ~3K candidates fill 3 of 8).
-        const uint32_t left = n - base;
-        const int slots = left >= kSelectSweep ? kSelectKeys : static_cast<int>((left + kSelectThreads - 1) / kSelectThreads);
         uint32_t j[kSelectKeys], key[kSelectKeys];
 #pragma unroll
         for (int i = 0; i < kSelectKeys; ++i) j[i] = base + i * kSelectThreads + tid;
-        load_keys(j, pass > 0, slots, key);
+        load_keys(j, pass > 0, key);
 #pragma unroll
         for (int i = 0; i < kSelectKeys; ++i) {
-          if (i >= slots) break;
           const bool in = j[i] < n;
           if (park && pass == 0 && in) parked[j[i]] = key[i];
-          const uint32_t bin = in && (key[i] & mask) == prefix_key ? (key[i] >> shift) & kDigitMask : kNoBin;
+          const uint32_t bin = in && (key[i] & mask) == prefix_key ? (key[i] >> shift) & 255u : kNoBin;
           const uint32_t peers = __match_any_sync(0xffffffffu, bin);
           if (bin != kNoBin && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
         }
       }
       __syncthreads();
       // The digit: the highest bin b with (keys in bins > b) < need <= (keys in bins >= b),
-      // found by warp 0 (64 bins a lane in 8 runs of 8, a suffix sum across lanes, then the
-      // run and the bin within it); bin 0 if fewer than `need` keys match, as a scan down
-      // from the top bin would end. need >= 1 throughout (mode 2 has n_heavy >= 1, and each
-      // pass leaves need - cum >= 1), so one lane writes.
+      // found by warp 0 (8 bins per lane, a suffix sum across lanes); bin 0 if fewer than
+      // `need` keys match, as a scan down from bin 255 would end. need >= 1 throughout
+      // (mode 2 has n_heavy >= 1, and each pass leaves need - cum >= 1), so one lane writes.
       if (tid < 32) {
-        const uint4 *lane_bins = reinterpret_cast<const uint4 *>(hist + tid * kBinsPerLane);
-        uint32_t run[8], lane_keys = 0;  // keys in the lane's bins [8 r, 8 r + 8)
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-          const uint4 a = lane_bins[2 * r], b = lane_bins[2 * r + 1];
-          run[r] = a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w;
-          lane_keys += run[r];
+        uint32_t count[8], lane_keys = 0;
+        for (int i = 0; i < 8; ++i) {
+          count[i] = hist[tid * 8 + i];
+          lane_keys += count[i];
         }
         uint32_t from_lane = lane_keys;  // keys in this lane's bins and every higher lane's
         for (uint32_t d = 1; d < 32; d <<= 1) {
@@ -210,18 +185,14 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
         }
         uint32_t cum = from_lane - lane_keys;  // keys in higher lanes' bins
         if ((cum < need && from_lane >= need) || (tid == 0 && from_lane < need)) {
-          int r = 7;  // the run holding the digit (run 0 when none does: lane 0's fallback)
-          for (; r > 0 && cum + run[r] < need; --r) cum += run[r];
-          const uint32_t first_bin = tid * kBinsPerLane + 8 * r;
           for (int i = 7; i >= 0; --i) {
-            const uint32_t count = hist[first_bin + i];
-            if (cum + count >= need || i == 0) {
-              s_prefix = prefix_key | ((first_bin + i) << shift);
+            if (cum + count[i] >= need || (tid == 0 && i == 0)) {
+              s_prefix = prefix_key | (uint32_t(tid * 8 + i) << shift);
               s_need = need - cum;
-              s_whole = count == need - cum;
+              s_whole = count[i] == need - cum;
               break;
             }
-            cum += count;
+            cum += count[i];
           }
         }
       }
@@ -230,7 +201,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       __syncthreads();
       prefix_key = s_prefix;
       need = s_need;
-      mask |= kDigitMask << shift;
+      mask |= 255u << shift;
       // Every key of the chosen bin is kept: the later digits would change nothing. The
       // threshold's unresolved digits are 0, so the bin's keys compare > or == to it, and
       // `need` covers all of them. (On distinct scores this often saves the last pass.)
@@ -244,7 +215,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       uint32_t j[kSelectKeys], key[kSelectKeys];
 #pragma unroll
       for (int i = 0; i < kSelectKeys; ++i) j[i] = base + tid * kSelectKeys + i;
-      load_keys(j, true, kSelectKeys, key);
+      load_keys(j, true, key);
       uint32_t gt = 0, eq = 0;  // bit i: candidate j[i]
 #pragma unroll
       for (int i = 0; i < kSelectKeys; ++i) {
