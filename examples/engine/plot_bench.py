@@ -8,6 +8,9 @@
 
     python3 examples/engine/plot_bench.py bench/results/<...>_engine-bench.json [--out PREFIX]
 
+Several JSONs of one device, dtype and commit (e.g. a latency run and a run per model's
+throughput) are drawn together; the prefix is then the first one's unless --out names it.
+
 Needs matplotlib (pip install matplotlib).
 """
 import argparse
@@ -18,17 +21,27 @@ import sys
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("json")
-    p.add_argument("--out", help="prefix of the PNG files (default: the JSON's path without .json)")
+    p.add_argument("json", nargs="+")
+    p.add_argument("--out", help="prefix of the PNG files (default: the first JSON's path without .json)")
     p.add_argument("--commit", help="the commit to name where the JSON has none (a run without .git)")
     args = p.parse_args()
+
+    runs = []
+    for path in args.json:
+        with open(path) as f:
+            runs.append(json.load(f))
+    r = runs[0]
+    for path, run in zip(args.json[1:], runs[1:]):
+        for key in ("device", "dtype", "commit", "memory_limit_bytes", "throughput_prompt", "throughput_gen"):
+            if run.get(key) != r.get(key):
+                p.error(f"{path}: {key} {run.get(key)!r} differs from {args.json[0]}'s {r.get(key)!r}")
+    r = dict(r, latency=[x for run in runs for x in run["latency"]],
+             throughput=[x for run in runs for x in run["throughput"]])
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with open(args.json) as f:
-        r = json.load(f)
-    prefix = args.out or os.path.splitext(args.json)[0]
+    prefix = args.out or os.path.splitext(args.json[0])[0]
     commit = r["commit"] if r.get("commit") not in (None, "", "unknown") else (args.commit or "unknown")
     title = f"{r['device']}, {r['dtype']}, commit {commit}"
 
