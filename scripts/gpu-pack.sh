@@ -23,7 +23,8 @@ no_arguments "$@"
 
 build=${MINIKV_BUILD_DIR:-$MINIKV_ROOT/build-gpu-pack}
 pack=${PACK:-$MINIKV_ROOT/.pack/gpu.tar.xz}
-tests=(prefill_chunk backend append_decode fast_decode decode_matrix determinism reliability)
+# In the order gpu-packed-tests.sh runs them: decode_matrix, the longest (minutes), last.
+tests=(prefill_chunk backend append_decode fast_decode determinism reliability decode_matrix)
 [ "${PACK_STORAGE_TEST:-0}" = 1 ] && tests=(storage "${tests[@]}")
 export PATH=$PATH:/usr/local/cuda/bin
 

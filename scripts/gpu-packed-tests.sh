@@ -12,7 +12,7 @@
 # Environment (all optional):
 #   PACK         the tar                              (.pack/gpu.tar.xz)
 #   LIMIT        seconds for all the tests together   (480)
-#   TEST_LIMIT   seconds at most for one binary       (150)
+#   TEST_LIMIT   seconds at most for one binary       (150; decode_matrix, run last, needs more)
 #   OUT          logs                                 (gpu-packed-tests in the repository)
 set -uo pipefail
 # shellcheck source=scripts/common.sh
@@ -38,8 +38,9 @@ summary=$out/summary.txt
 } | tee "$summary"
 
 t0=$(date +%s) failed=0
-for bin in "$dest"/packed/tests/gpu_test_cuda_*; do
-  name=${bin##*/gpu_test_cuda_}
+read -r -a names <<<"$(sed -n 's/^tests //p' "$dest/packed/PACKED")"  # gpu-pack.sh's order
+for name in "${names[@]}"; do
+  bin=$dest/packed/tests/gpu_test_cuda_$name
   left=$((limit - $(date +%s) + t0))
   if [ "$left" -lt 20 ]; then
     echo "SKIP  $name (the time limit is spent)" | tee -a "$summary"
