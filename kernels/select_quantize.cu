@@ -244,28 +244,14 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
 /// \tparam T dtype of k/v and of 16-bit storage (__half or __nv_bfloat16)
 template <typename T>
 __global__ void __launch_bounds__(kStoreThreads) store_kept_kernel(const __grid_constant__ StoreParams p) {
+  // blockIdx.x = (task from the last, KV head): every head's tasks of the protected suffix,
+  // whose positions are known (StoreParams::chosen_end), come before any that waits.
   const uint32_t Hkv = p.st.block.kv_heads, seq = blockIdx.y;
+  const uint32_t head = blockIdx.x % Hkv, task = gridDim.x / Hkv - 1 - blockIdx.x / Hkv;
   const BlockLayout &bl = p.st.block;
   const uint32_t G = bl.group, D = bl.head_dim, R = bl.tokens;
   const uint32_t sinks = p.sinks[seq], quantized = p.quantized[seq], n_keep = p.n_keep[seq];
   const uint32_t chosen_end = p.chosen_end[seq];
-  // The sequence's tasks: a group of G kept tokens each, then the sinks and tail. Those from
-  // first_known on hold only kept indices whose positions are known (StoreParams::chosen_end):
-  // every head's come first in blockIdx.x, so that they store while the selection runs; then
-  // the tasks that wait for it. Within each part the order is head-major, tasks ascending (a
-  // head's consecutive groups are adjacent in its source rows and pool regions).
-  const uint32_t tasks = quantized / G + (n_keep > quantized ? 1u : 0u);
-  const uint32_t first_known = chosen_end > sinks ? min(tasks, (chosen_end - sinks + G - 1) / G) : 0u;
-  const uint32_t known = tasks - first_known;
-  uint32_t head = 0, task = tasks;  // a CTA past the sequence's tasks has none
-  if (blockIdx.x < known * Hkv) {
-    head = blockIdx.x / known;
-    task = first_known + blockIdx.x % known;
-  } else if (blockIdx.x < tasks * Hkv) {  // then first_known > 0
-    const uint32_t c = blockIdx.x - known * Hkv;
-    head = c / first_known;
-    task = c % first_known;
-  }
   const int32_t *kept = p.kept + uint64_t(head) * p.ws_tokens + p.seqs.ws_offset[seq];
   // Kept index i's position: the selection's only for [sinks, chosen_end).
   auto position = [&](uint32_t i) {
