@@ -29,9 +29,8 @@ tests=(prefill_chunk backend append_decode fast_decode determinism reliability d
 export PATH=$PATH:/usr/local/cuda/bin
 
 step "configure and build ($build)"
-cmake -S "$MINIKV_ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIKV_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="${MINIKV_CUDA_ARCHITECTURES:-90a}" -DMINIKV_TESTS=ON -DMINIKV_EXAMPLES=ON \
-  -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON >/dev/null
+configure "$build" -DMINIKV_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${MINIKV_CUDA_ARCHITECTURES:-90a}" \
+  -DMINIKV_TESTS=ON -DMINIKV_EXAMPLES=ON -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON >/dev/null
 ninja -C "$build" -j "${MINIKV_JOBS:-$(nproc)}" minikv minikv-engine "${tests[@]/#/gpu_test_cuda_}"
 
 step "pack ($pack)"
