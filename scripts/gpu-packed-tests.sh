@@ -13,6 +13,10 @@
 #   PACK         the tar                              (.pack/gpu.tar.xz)
 #   LIMIT        seconds for all the tests together   (480)
 #   TEST_LIMIT   seconds at most for one binary       (150; decode_matrix, run last, needs more)
+#   TESTS        the binaries to run, by name         (all that are packed, in the pack's order)
+#   DOCTEST_ARGS arguments for every binary, split at spaces (none). decode_matrix takes more
+#                than one call's time: TESTS=decode_matrix with DOCTEST_ARGS
+#                --test-case=*across*bits* runs its first case, --test-case-exclude=... the rest
 #   OUT          logs                                 (gpu-packed-tests in the repository)
 set -uo pipefail
 # shellcheck source=scripts/common.sh
@@ -38,9 +42,15 @@ summary=$out/summary.txt
 } | tee "$summary"
 
 t0=$(date +%s) failed=0
-read -r -a names <<<"$(sed -n 's/^tests //p' "$dest/packed/PACKED")"  # gpu-pack.sh's order
+read -r -a names <<<"${TESTS:-$(sed -n 's/^tests //p' "$dest/packed/PACKED")}"  # gpu-pack.sh's order
+read -r -a doctest_args <<<"${DOCTEST_ARGS:-}"
 for name in "${names[@]}"; do
   bin=$dest/packed/tests/gpu_test_cuda_$name
+  if [ ! -x "$bin" ]; then
+    echo "FAIL  $name (not in the pack)" | tee -a "$summary"
+    failed=1
+    continue
+  fi
   left=$((limit - $(date +%s) + t0))
   if [ "$left" -lt 20 ]; then
     echo "SKIP  $name (the time limit is spent)" | tee -a "$summary"
@@ -49,7 +59,7 @@ for name in "${names[@]}"; do
   fi
   [ "$left" -gt "$test_limit" ] && left=$test_limit
   start=$(date +%s)
-  timeout "$left" "$bin" >"$out/test-$name.log" 2>&1
+  timeout "$left" "$bin" "${doctest_args[@]}" >"$out/test-$name.log" 2>&1
   rc=$?
   counts=$(grep -E '^\[doctest\] (test cases|assertions)' "$out/test-$name.log" | tr -s ' ' | tr '\n' ' ')
   if [ $rc -eq 0 ]; then verdict=PASS; else verdict=FAIL; failed=1; fi
