@@ -2,7 +2,8 @@
 # scripts/gpu-pack.sh — builds here (nvcc compiles without a GPU) what a GPU machine runs, and
 # packs it into one xz tar small enough to travel with the tree: libminikv with the CUDA
 # backend for every head_dim (a library built for fewer fails the GPU tests' other head_dims
-# with UNSUPPORTED), the GPU test binaries, minikv-engine without a CPU BLAS (the GPU machine
+# with UNSUPPORTED), the GPU test binaries, the device fuzz (fuzz_cuda_api, for
+# scripts/gpu-sanitize.sh's GPU_SANITIZE_BIN_DIR), minikv-engine without a CPU BLAS (the GPU machine
 # has no libopenblas) and the Highway runtime libminikv links (the GPU machine has no apt).
 # On the GPU machine, scripts/gpu-packed-tests.sh unpacks it and runs the tests. Building
 # from scratch takes ~10 minutes on two cores; the tar is ~25 MB, ~50 MB with the storage test.
@@ -31,7 +32,7 @@ export PATH=$PATH:/usr/local/cuda/bin
 step "configure and build ($build)"
 configure "$build" -DMINIKV_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${MINIKV_CUDA_ARCHITECTURES:-90a}" \
   -DMINIKV_TESTS=ON -DMINIKV_EXAMPLES=ON -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON >/dev/null
-ninja -C "$build" -j "${MINIKV_JOBS:-$(nproc)}" minikv minikv-engine "${tests[@]/#/gpu_test_cuda_}"
+ninja -C "$build" -j "${MINIKV_JOBS:-$(nproc)}" minikv minikv-engine fuzz_cuda_api "${tests[@]/#/gpu_test_cuda_}"
 
 step "pack ($pack)"
 stage=$(mktemp -d)
@@ -40,6 +41,7 @@ mkdir -p "$stage/packed/lib" "$stage/packed/tests"
 cp -P "$build"/libminikv.so* "$stage/packed/lib/"
 cp "$build/examples/engine/minikv-engine" "$stage/packed/"
 for t in "${tests[@]}"; do cp "$build/tests/gpu_test_cuda_$t" "$stage/packed/tests/"; done
+cp "$build/tests/fuzz_cuda_api" "$stage/packed/tests/"  # for scripts/gpu-sanitize.sh
 # The Highway libraries libminikv resolves here, under their SONAMEs.
 ldd "$build/libminikv.so" | awk '/libhwy/ {print $1, $3}' | while read -r soname path; do
   cp -L "$path" "$stage/packed/lib/$soname"

@@ -7,9 +7,10 @@
 #      calls each) for GPU_SANITIZE_MEMCHECK_S seconds: a seed starts only while the time
 #      left holds one more run as long as the longest so far;
 #   3. racecheck, then synccheck, on small runs that reach every kernel family: the fuzz
-#      (one short seed), gpu_test_cuda_backend on three cases that take the fast, the
-#      tensor-core and the generic decode kernels (sinks, 16-bit and 8-bit storage) after the
-#      wgmma prefill, and gpu_test_cuda_prefill_chunk on chunked prompts at head_dim 96 (the
+#      (one short seed), gpu_test_cuda_backend on five cases that take the fast, the
+#      one-warp (the default storage), the tensor-core and the generic decode kernels (sinks,
+#      16-bit and 8-bit storage) after the wgmma prefill with WINDOW's pass and the wgmma score
+#      pass, and gpu_test_cuda_prefill_chunk on chunked prompts at head_dim 96 (the
 #      mma.sync prefill, the generic decode's packed rows) and 128; each run is cut at
 #      GPU_SANITIZE_RUN_S seconds.
 # Every run is also cut where the budget ends; what the budget left out is reported SKIPPED,
@@ -29,6 +30,10 @@
 #   GPU_SANITIZE_SEED        first fuzz seed of the memcheck runs (default 1000)
 #   MINIKV_BUILD_DIR         build directory (build-gpu-check in the repository, shared with
 #                            gpu-check.sh)
+#   GPU_SANITIZE_BIN_DIR     run these prebuilt binaries instead of building: a directory with
+#                            fuzz_cuda_api, gpu_test_cuda_backend and gpu_test_cuda_prefill_chunk
+#                            (scripts/gpu-pack.sh's pack, unpacked: .deps/packed/tests, with
+#                            LD_LIBRARY_PATH on its lib)
 #   MINIKV_CUDA_ARCHITECTURES  CMAKE_CUDA_ARCHITECTURES (90a)
 #   MINIKV_JOBS              parallel build jobs (nproc)
 #   OUT                      logs and summary (<build>/gpu-sanitize)
@@ -65,23 +70,29 @@ say "gpu-sanitize $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit, budget ${budge
 say "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); $("$san" --version 2>&1 | grep -io 'version [0-9.]*' | head -1)"
 
 # ---- 1. build ------------------------------------------------------------------------
-fuzz=$build/tests/fuzz_cuda_api
-backend_test=$build/tests/gpu_test_cuda_backend
-chunk_test=$build/tests/gpu_test_cuda_prefill_chunk
+bins=${GPU_SANITIZE_BIN_DIR:-$build/tests}
+fuzz=$bins/fuzz_cuda_api
+backend_test=$bins/gpu_test_cuda_backend
+chunk_test=$bins/gpu_test_cuda_prefill_chunk
 t0=$(date +%s)
-{
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIKV_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$archs" -DMINIKV_TESTS=ON &&
-    timeout "$(left)" ninja -C "$build" -j "$jobs" fuzz_cuda_api gpu_test_cuda_backend \
-      gpu_test_cuda_prefill_chunk
-} >"$out/build.log" 2>&1
-rc=$?
-if [ $rc -ne 0 ]; then
-  say "build: FAIL (exit $rc, $(($(date +%s) - t0)) s; build.log)"
-  tail -30 "$out/build.log"
-  exit 1
+if [ -n "${GPU_SANITIZE_BIN_DIR:-}" ]; then
+  for b in "$fuzz" "$backend_test" "$chunk_test"; do [ -x "$b" ] || die "GPU_SANITIZE_BIN_DIR: no $b"; done
+  say "build: none, the binaries of $bins"
+else
+  {
+    cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIKV_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="$archs" -DMINIKV_TESTS=ON &&
+      timeout "$(left)" ninja -C "$build" -j "$jobs" fuzz_cuda_api gpu_test_cuda_backend \
+        gpu_test_cuda_prefill_chunk
+  } >"$out/build.log" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    say "build: FAIL (exit $rc, $(($(date +%s) - t0)) s; build.log)"
+    tail -30 "$out/build.log"
+    exit 1
+  fi
+  say "build: $(($(date +%s) - t0)) s"
 fi
-say "build: $(($(date +%s) - t0)) s"
 
 # ---- the runs ------------------------------------------------------------------------
 # run_one <tool> <seconds> <label> <command...>: one sanitizer run appended to <tool>.log;
@@ -133,7 +144,7 @@ tool_summary() {  # tool_summary <tool> <runs> <clean> <lines...>
 # (prompts of at most 200 tokens, at most 40 decode steps); -sc takes comma-separated names.
 small_runs=(
   "fuzz seed 5|$fuzz --seed 5 --iterations 1 --ops 30"
-  "backend fast+mma+generic|$backend_test -tc=CUDA matches CPU on prefill + selection* -sc=f16 hd128 gqa8 keep-all,f16 hd64 mha 16/16 keep-all 17 sinks,bf16 hd64 gqa2 8/2 G16"
+  "backend fast+warp+mma+generic|$backend_test -tc=CUDA matches CPU on prefill + selection* -sc=f16 hd128 gqa8 keep-all,f16 hd64 mha 16/16 keep-all 17 sinks,bf16 hd64 gqa2 8/2 G16,f16 hd128 gqa4 cumulative 2/2 G16,f16 hd128 gqa4 4/2 G32 4 sinks"
   "prefill_chunk hd96+hd128|$chunk_test -tc=CUDA chunked prefill equals* -sc=f16 hd96 gqa8 pyramid 2/2 G16,f16 hd128 gqa8 keep-all"
 )
 n_small=0
