@@ -37,7 +37,7 @@ void check_same_lengths(const minikv_cache *a, const minikv_cache *b, uint32_t s
 }
 
 void run(const Setup &st) {
-  INFO(st.name);
+  INFO(std::string(st.name));
   constexpr uint32_t kLayers = 2, kSteps = 70;
   const std::vector<uint32_t> lens = {1, 17, 40, 90, 3};  // 1 and 3 keep no token
   const uint32_t n = static_cast<uint32_t>(lens.size());

@@ -94,7 +94,7 @@ void prefill_both(minikv_cache *a, minikv_cache *b, const minikv_config &cfg,
 }
 
 void run(const Shape &s, cudaStream_t stream) {
-  INFO(s.name);
+  INFO(std::string(s.name));
   const minikv_config cfg = config_of(s);
   const gt::DecodeKernelChoice choice(s.kernel);
   CachePtr fused = make(cfg), split = make(cfg);
@@ -260,7 +260,7 @@ int run_graph_case(const Shape &s) {
     const minikv_status st = minikv_append_decode(graph_cache.get(), 0, n, ids.data(), q.get(),
                                                   k.get(), v.get(), og.get(), stream);
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    REQUIRE_MESSAGE(st == MINIKV_OK, minikv_last_error_message());
+    REQUIRE_MESSAGE(st == MINIKV_OK, std::string(minikv_last_error_message()));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_OK(cudaGraphLaunch(exec, stream));
     MKV_OK(minikv_append_decode(plain.get(), 0, n, ids.data(), q.get(), k.get(), v.get(), op.get(), stream));

@@ -38,7 +38,7 @@ const minikv_budget_policy UNI = MINIKV_BUDGET_UNIFORM, PYR = MINIKV_BUDGET_PYRA
 TEST_SUITE("gpu") {
 
 TEST_CASE("CUDA matches CPU on prefill + selection + decode across flushes") {
-  GPU_OR_SKIP();
+  GPU_OR_CHECK_CONFIGS();
   const std::vector<Case> cases = {
       // ragged batch with 1-token and tile-boundary prompts, GQA 4, paper defaults
       {"f16 hd128 gqa4 cumulative 2/2 G16", F16, 128, 8, 2, CUM, 2, 2, 16, 64, UNI, 0.25f, 0.25f,
@@ -96,7 +96,7 @@ TEST_CASE("CUDA matches CPU on prefill + selection + decode across flushes") {
 }
 
 TEST_CASE("CUDA matches CPU on prefill at every head_dim") {
-  GPU_OR_SKIP();
+  GPU_OR_CHECK_CONFIGS();
   // Each head_dim in both dtypes, MHA and GQA, both score modes: prompts of 1 token, around
   // the forwards' key tiles (mma.sync: 32 keys at head_dim 256, else 64; sm_90a: 64 at
   // head_dim 256, else 128) and
@@ -246,8 +246,8 @@ TEST_CASE("CUDA graph capture of append + decode replays the uncaptured step") {
       const minikv_status s1 = minikv_append(a, 0, 2, ids.data(), kd.get(), vd.get(), stream);
       const minikv_status s2 = minikv_decode(a, 0, 2, ids.data(), qd.get(), oa.get(), stream);
       CUDA_OK(cudaStreamEndCapture(stream, &graph));
-      REQUIRE_MESSAGE(s1 == MINIKV_OK, minikv_last_error_message());
-      REQUIRE_MESSAGE(s2 == MINIKV_OK, minikv_last_error_message());
+      REQUIRE_MESSAGE(s1 == MINIKV_OK, std::string(minikv_last_error_message()));
+      REQUIRE_MESSAGE(s2 == MINIKV_OK, std::string(minikv_last_error_message()));
       CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
       CUDA_OK(cudaGraphLaunch(exec, stream));
       CUDA_OK(cudaStreamSynchronize(stream));

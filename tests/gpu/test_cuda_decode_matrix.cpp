@@ -28,7 +28,7 @@ struct Shape {
 TEST_SUITE("gpu") {
 
 TEST_CASE("decode matches the CPU backend across bits and groups and head_dim and GQA") {
-  GPU_OR_SKIP();
+  GPU_OR_CHECK_CONFIGS();
   const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
   const Shape shapes[] = {
       {2, 2, 32, 128, 4, F16},  {2, 2, 16, 64, 3, BF16},  {4, 4, 16, 128, 8, BF16},
@@ -128,7 +128,7 @@ TEST_CASE("decode matches the CPU backend across bits and groups and head_dim an
 }
 
 TEST_CASE("decode matches the CPU backend when each CTA walks many tiles") {
-  GPU_OR_SKIP();
+  GPU_OR_CHECK_CONFIGS();
   // Enough (sequence, KV head) CTAs to fill an H200 without splitting the cache, and 32-token
   // tiles (R = 32), so each CTA walks ~17 tiles through its pipeline stages: the short
   // caches above give most CTAs one to three tiles. A staging bug that only shows after the
@@ -161,7 +161,7 @@ TEST_CASE("decode matches the CPU backend when each CTA walks many tiles") {
 }
 
 TEST_CASE("decode matches the CPU backend with extreme query magnitudes in every strategy") {
-  GPU_OR_SKIP();
+  GPU_OR_CHECK_CONFIGS();
   // Large logits (softmax near one-hot) and tiny ones (near uniform), on the fast path's
   // storage and on the generic kernel's, at head_dim 128 and at the generic kernel's other
   // lane mappings (80: idle lanes, 256: a row per warp).
@@ -188,7 +188,7 @@ TEST_CASE("decode matches the CPU backend with extreme query magnitudes in every
 }
 
 TEST_CASE("decode stays finite when the staged code bytes read as fp16 NaN") {
-  GPU_OR_SKIP();
+  GPU_OR_CHECK_CONFIGS();
   // Keys and values at two levels: nearly every 8-bit (4-bit) code is all ones, and the
   // tensor-core kernel's stage rows past a short sink or residual tile once held such bytes
   // (NaN as fp16; 0 * NaN poisoned the P.V accumulators). Keep-all: no selection ties.

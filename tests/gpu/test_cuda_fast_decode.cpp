@@ -30,7 +30,7 @@ const minikv_budget_policy UNI = MINIKV_BUDGET_UNIFORM, PYR = MINIKV_BUDGET_PYRA
 TEST_SUITE("gpu") {
 
 TEST_CASE("fast decode path matches the CPU backend in bf16 and fp16 across residual chunks") {
-  GPU_OR_SKIP();
+  GPU_OR_CHECK_CONFIGS();
   const std::vector<Case> cases = {
       {"bf16 hd128 mha 2/2 G16 R128 long", BF16, 128, 4, 4, CUM, 2, 2, 16, 128, UNI, 0.25f, 0.25f,
        {2100, 700}, 12},

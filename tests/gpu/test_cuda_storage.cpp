@@ -91,7 +91,7 @@ void check_same_storage(const minikv::Cache &cpu, const minikv::Cache &gpu,
 }
 
 void run_storage_case(const WCase &c) {
-  INFO("case " << c.name);
+  INFO("case " << std::string(c.name));
   const minikv_config cfg_c = make_config(c, MINIKV_BACKEND_CPU);
   const minikv_config cfg_g = make_config(c, MINIKV_BACKEND_CUDA);
   minikv::Cache cpu(cfg_c), gpu(cfg_g);
