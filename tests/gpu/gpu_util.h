@@ -249,9 +249,9 @@ inline std::vector<int32_t> reference_kept(const minikv::SelectionPlan &plan,
     const double a = sc[order[plan.n_heavy - 1]], b = sc[order[plan.n_heavy]];
     // Equal pooled values come from one underlying score: both backends see them equal.
     if (a != b && a - b <= 1e-4 * std::max(std::fabs(a), 1e-30)) *separated = false;
-    std::vector<uint32_t> heavy(order.begin(), order.begin() + plan.n_heavy);
-    std::sort(heavy.begin(), heavy.end());
-    for (uint32_t j : heavy) kept.push_back(static_cast<int32_t>(j));
+    order.resize(plan.n_heavy);  // the heavy hitters, kept in position order
+    std::sort(order.begin(), order.end());
+    for (uint32_t j : order) kept.push_back(static_cast<int32_t>(j));
   }
   for (uint32_t j = plan.candidates; j < plan.prompt_len; ++j) kept.push_back(static_cast<int32_t>(j));
   return kept;
