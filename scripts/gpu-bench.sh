@@ -24,7 +24,7 @@ out=${OUT:-$build/bench}
 mkdir -p "$out"
 export PATH=$PATH:/usr/local/cuda/bin
 if [ -z "${MINIKV_LIBRARY:-}" ]; then
-  cmake -S "$MINIKV_ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIKV_CUDA=ON \
+  configure "$build" -DMINIKV_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${MINIKV_CUDA_ARCHITECTURES:-90a}" -DMINIKV_TESTS=OFF \
     -DMINIKV_EXAMPLES=OFF >"$out/bench-build.log" 2>&1
   ninja -C "$build" -j "${MINIKV_JOBS:-$(nproc)}" minikv >>"$out/bench-build.log" 2>&1 ||

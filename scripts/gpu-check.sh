@@ -58,7 +58,7 @@ say "nvcc: $(nvcc --version 2>&1 | grep -o 'release [0-9.]*' | head -1), cmake $
 # ---- 1. build ------------------------------------------------------------------------
 t0=$(date +%s)
 {
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIKV_CUDA=ON \
+  configure "$build" -DMINIKV_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$archs" -DMINIKV_TESTS=ON -DMINIKV_EXAMPLES=ON &&
     # Only what this check runs: the library, the GPU test binaries, the fuzz and the C demo.
     targets=$(ninja -C "$build" -t targets all | awk -F: '/^(gpu_test_[A-Za-z0-9_]+|fuzz_cuda_api|minikv|minikv_demo): /{print $1}' | sort -u) &&

@@ -54,7 +54,7 @@ status=0
 
 if [[ $steps == *" build "* ]]; then
   step "build (log: $out/engine-build.log)"
-  cmake -S "$MINIKV_ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIKV_CUDA=ON \
+  configure "$build" -DMINIKV_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${MINIKV_CUDA_ARCHITECTURES:-90a}" -DMINIKV_TESTS=OFF \
     -DMINIKV_EXAMPLES=ON >>"$out/engine-build.log" 2>&1 || { tail -30 "$out/engine-build.log"; exit 1; }
   ninja -C "$build" -j "${MINIKV_JOBS:-$(nproc)}" minikv-engine >>"$out/engine-build.log" 2>&1 ||

@@ -80,7 +80,7 @@ if [ -n "${GPU_SANITIZE_BIN_DIR:-}" ]; then
   say "build: none, the binaries of $bins"
 else
   {
-    cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIKV_CUDA=ON \
+    configure "$build" -DMINIKV_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="$archs" -DMINIKV_TESTS=ON &&
       timeout "$(left)" ninja -C "$build" -j "$jobs" fuzz_cuda_api gpu_test_cuda_backend \
         gpu_test_cuda_prefill_chunk
