@@ -167,15 +167,6 @@ class Pair {
   minikv_cache *cpu_ = nullptr, *gpu_ = nullptr;
 };
 
-// MINIKV_GPU_TEST_CONFIGS's check (gpu_util.h configs_only): cfg, on the CPU backend, is a
-// configuration minikv_cache_create takes.
-inline void check_config_on_cpu(minikv_config cfg) {
-  cfg.backend = MINIKV_BACKEND_CPU;
-  minikv_cache *cache = nullptr;
-  MKV_OK(minikv_cache_create(&cfg, &cache));
-  minikv_cache_destroy(cache);
-}
-
 inline void run_case(const Case &c) {
   INFO("case " << std::string(c.name));
   if (configs_only()) {

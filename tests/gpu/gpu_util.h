@@ -73,6 +73,15 @@ inline bool configs_only() {
 #define CUDA_OK(call) REQUIRE_EQ((call), cudaSuccess)
 #define MKV_OK(call) REQUIRE_MESSAGE((call) == MINIKV_OK, std::string(minikv_last_error_message()))
 
+// MINIKV_GPU_TEST_CONFIGS's check (configs_only): cfg, on the CPU backend, is a configuration
+// minikv_cache_create takes.
+inline void check_config_on_cpu(minikv_config cfg) {
+  cfg.backend = MINIKV_BACKEND_CPU;
+  minikv_cache *cache = nullptr;
+  MKV_OK(minikv_cache_create(&cfg, &cache));
+  minikv_cache_destroy(cache);
+}
+
 // Move-only device allocation.
 class DevBuf {
  public:

@@ -165,7 +165,7 @@ const minikv_dtype F16 = MINIKV_DTYPE_F16, BF16 = MINIKV_DTYPE_BF16;
 TEST_SUITE("gpu") {
 
 TEST_CASE("append_decode equals append then decode bit for bit on CUDA") {
-  GPU_OR_SKIP();
+  GPU_OR_CHECK_CONFIGS();
   const Shape shapes[] = {
       // the fast kernel (the library's plan): 2-bit, G 16, no sinks, GQA 1/2/4/8
       {"fast f16 hd128 mha", F16, 128, 4, 4, 2, 2, 16, 32, 0, {1, 40, 300}, 70},
@@ -209,6 +209,13 @@ TEST_CASE("append_decode equals append then decode bit for bit on CUDA") {
       {"fast f16 hd128 gqa4 R64 F16", F16, 128, 8, 2, 2, 2, 16, 64, 0, {1, 40, 300}, 130, nullptr, 16},
       {"mma bf16 hd64 K8V8 gqa3 R48 F32", BF16, 64, 6, 2, 8, 8, 16, 48, 0, {60, 1}, 100, nullptr, 32},
   };
+  if (gt::configs_only()) {
+    for (const Shape &s : shapes) {
+      INFO(std::string(s.name));
+      gt::check_config_on_cpu(config_of(s));
+    }
+    return;
+  }
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (const Shape &s : shapes) {
