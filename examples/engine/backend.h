@@ -41,6 +41,8 @@ typedef struct backend_options {
   bool no_graphs;              /* CUDA: launch each decode step's kernels directly */
   bool no_gemv;                /* CUDA: cuBLAS (and separate norm/RoPE/SwiGLU kernels) for
                                   decode batches too, not the fused GEMVs of gemv.cuh */
+  bool no_pdl;                 /* CUDA: launch the fused GEMVs without programmatic dependence
+                                  on the kernel before them (gemv.cuh) */
 } backend_options;
 
 /* Called after each layer of a prefill (progress lines on long prompts). */

@@ -51,7 +51,7 @@ typedef struct bench_options {
   minikv_dtype dtype;
   uint32_t gen, warmup, tp_prompt, tp_gen;
   double memory_limit; /* bytes */
-  bool latency, throughput, no_graphs, no_gemv;
+  bool latency, throughput, no_graphs, no_gemv, no_pdl;
   const char *json, *commit;
   uint64_t seed;
 } bench_options;
@@ -104,6 +104,7 @@ static void usage(FILE *f) {
     "  --no-latency, --no-throughput   skip a part\n"
     "  --no-graphs             CUDA: decode steps launched kernel by kernel, not as graphs\n"
     "  --no-gemv               CUDA: cuBLAS for decode batches of up to 8 too, not the fused GEMVs\n"
+    "  --no-pdl                CUDA: fused GEMVs that do not start behind the kernel before them\n"
     "  --backend cpu|cuda      (cuda when built)\n"
     "  --dtype f16|bf16        (f16)\n"
     "  --seed S                random weights and prompts (1)\n"
@@ -148,6 +149,7 @@ static bool parse_bench_args(int argc, char **argv, bench_options *o) {
     if (strcmp(a, "--no-throughput") == 0) { o->throughput = false; continue; }
     if (strcmp(a, "--no-graphs") == 0) { o->no_graphs = true; continue; }
     if (strcmp(a, "--no-gemv") == 0) { o->no_gemv = true; continue; }
+    if (strcmp(a, "--no-pdl") == 0) { o->no_pdl = true; continue; }
     if (!v) return fail("%s needs a value (or is unknown: --bench --help lists the flags)", a);
     ++i;
     if (strcmp(a, "--random") == 0 || strcmp(a, "--kv-list") == 0 || strcmp(a, "--contexts") == 0) {
@@ -329,7 +331,7 @@ static bool throughput(bench_state *st, const model_config *m, const model_sourc
                        const char *model, const char *setting, uint64_t blocks_per_seq, uint64_t weight_bytes) {
   const bench_options *o = st->o;
   const uint32_t max_seq_len = o->tp_prompt + o->tp_gen + 1, R = kv->residual_length;
-  backend_options opt = {1, o->tp_prompt, 0, o->dtype, true, o->no_graphs, o->no_gemv};
+  backend_options opt = {1, o->tp_prompt, 0, o->dtype, true, o->no_graphs, o->no_gemv, o->no_pdl};
   const minikv_config base = backend_cache_config(m, kv, &opt,
       strcmp(o->backend, "cuda") == 0 ? MINIKV_BACKEND_CUDA : MINIKV_BACKEND_CPU, max_seq_len);
   /* libminikv's memory as a + b*slots + c*tokens, from three small caches */
@@ -452,7 +454,7 @@ static bool run_setting(bench_state *st, const char *model, const char *setting)
   uint32_t max_ctx = o->throughput ? o->tp_prompt : 1;
   for (size_t i = 0; o->latency && i < o->n_contexts; ++i)
     if (o->contexts[i] > max_ctx) max_ctx = o->contexts[i];
-  const backend_options opt = {1, max_ctx, 0, o->dtype, true, o->no_graphs, o->no_gemv};
+  const backend_options opt = {1, max_ctx, 0, o->dtype, true, o->no_graphs, o->no_gemv, o->no_pdl};
   backend *b = backend_create(o->backend, &src, &m, &kv, max_ctx + o->warmup + o->gen + 1, &opt);
   if (!b) return false;
   if (st->copy_gbs == 0) {
@@ -510,8 +512,9 @@ static bool write_json(const bench_state *st, const char *path, const char *date
   fprintf(f, "  \"copy_GBps\": %.1f, \"minikv_version\": \"%s\", \"graph_updates\": %llu, \"graph_instantiations\": %llu,\n",
           st->copy_gbs, minikv_version_string(), (unsigned long long)st->graph_updates,
           (unsigned long long)st->graph_instantiations);
-  fprintf(f, "  \"cuda_graphs\": %s, \"fused_gemv\": %s,\n", o->no_graphs ? "false" : "true",
-          strcmp(o->backend, "cuda") == 0 && !o->no_gemv ? "true" : "false");
+  fprintf(f, "  \"cuda_graphs\": %s, \"fused_gemv\": %s, \"gemv_pdl\": %s,\n", o->no_graphs ? "false" : "true",
+          strcmp(o->backend, "cuda") == 0 && !o->no_gemv ? "true" : "false",
+          strcmp(o->backend, "cuda") == 0 && !o->no_gemv && !o->no_pdl ? "true" : "false");
   fprintf(f, "  \"warmup_steps\": %u, \"timed_steps\": %u, \"throughput_prompt\": %u, \"throughput_gen\": %u, "
              "\"memory_limit_bytes\": %.0f,\n  \"latency\": [", o->warmup, o->gen, o->tp_prompt, o->tp_gen, o->memory_limit);
   for (size_t i = 0; i < st->n_lat; ++i) {

@@ -15,7 +15,10 @@
  * their sums in shared memory in warp order. S (`split`, gemv_best_split) keeps every warp
  * busy when a product has fewer tasks than the GPU holds warps (the output and down
  * projections: m = 4096 is 1024 tasks for ~2,100 resident warps) or a last round would
- * be mostly empty (Q/K/V: 3,072 tasks).
+ * be mostly empty (Q/K/V: 3,072 tasks). Launched behind another product (programmatic
+ * dependent launch, model_cuda.cu), a CTA issues its first task's first loads before it
+ * waits for the previous kernel's outputs: the weights are constant, only the activations
+ * come from it.
  *
  * Input ("prologue"), fixed by the epilogue:
  *   norm    rows x_rows[r] (or r) of the float32 residual x [., k], RMS-normalized and
@@ -86,6 +89,19 @@ template <> struct gemv_pair<__nv_bfloat16> {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u));
   }
 };
+
+/* Programmatic dependent launch (sm_90): the kernel after this one may start, and this one
+   waits for the kernel before it to complete with its writes visible. */
+__device__ __forceinline__ void gemv_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void gemv_wait_for_inputs() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 /* 16 bytes of weights, read once: not kept in L1 (the activations live there). */
 __device__ __forceinline__ uint4 gemv_load_stream(const uint4 *p) {
@@ -196,6 +212,41 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
   extern __shared__ __align__(16) unsigned char gemv_rows_smem[];
   /* each warp's R x NB sums, two rounds' worth so that one barrier a round suffices */
   __shared__ float partial_sums[2][GEMV_WARPS][R * NB];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = p.k / 8;
+  const int S = p.split, per_cta = GEMV_WARPS / S, slice = warp % S;
+  const int tasks = gemv_tasks(kEpi, p);
+  /* Rows of task t, and their weights (a clamped row past m: its sums are not written). */
+  auto task_rows = [&](int t, int (&row)[R], const uint4 *(&wrow)[R]) {
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      row[rr] = kEpi == GEMV_SWIGLU ? (rr < R / 2 ? t * (R / 2) + rr : p.ff + t * (R / 2) + rr - R / 2) : t * R + rr;
+      wrow[rr] = static_cast<const uint4 *>(p.w) + (size_t)(row[rr] < p.m ? row[rr] : p.m - 1) * chunks;
+    }
+  };
+  /* The U chunks of each of the R rows from chunk c0 on, one 16-byte load each. */
+  uint4 wv[U][R];
+  auto load_chunks = [&](const uint4 *const (&wrow)[R], int c0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr)
+        wv[u][rr] = c0 + 32 * u < chunks ? gemv_load_stream(wrow[rr] + c0 + 32 * u) : make_uint4(0, 0, 0, 0);
+  };
+  /* Launched as a programmatic dependent of the kernel before it (gemv_launch_rows), the
+     kernel after it may start as this one's CTAs leave; the weights are constant, so the
+     first task's first chunks are in flight before the wait for that kernel's outputs (the
+     activations): the two kernels' loads overlap instead of one draining before the next
+     ramps up. Without the attribute both instructions do nothing. */
+  gemv_launch_dependents();
+  bool loaded = false;
+  if (blockIdx.x * per_cta + warp / S < tasks && lane + 32 * U * slice < chunks) {
+    int row[R];
+    const uint4 *wrow[R];
+    task_rows(blockIdx.x * per_cta + warp / S, row, wrow);
+    load_chunks(wrow, lane + 32 * U * slice);
+    loaded = true;
+  }
+  gemv_wait_for_inputs();
   const T *act;
   if constexpr (kNorm) {
     gemv_norm_rows<T, NB>(p, reinterpret_cast<T *>(gemv_rows_smem));
@@ -203,31 +254,20 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
   } else {
     act = static_cast<const T *>(p.a);
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = p.k / 8;
-  const int S = p.split, per_cta = GEMV_WARPS / S, slice = warp % S;
-  const int tasks = gemv_tasks(kEpi, p);
   /* The bound is the CTA's, not the warp's: with S > 1 every warp must reach each barrier. */
   for (int round = 0, base = blockIdx.x * per_cta; base < tasks; base += gridDim.x * per_cta, ++round) {
     const int t = base + warp / S;
     int row[R];
     const uint4 *wrow[R];
-#pragma unroll
-    for (int rr = 0; rr < R; ++rr) {
-      row[rr] = kEpi == GEMV_SWIGLU ? (rr < R / 2 ? t * (R / 2) + rr : p.ff + t * (R / 2) + rr - R / 2) : t * R + rr;
-      wrow[rr] = static_cast<const uint4 *>(p.w) + (size_t)(row[rr] < p.m ? row[rr] : p.m - 1) * chunks;
-    }
+    task_rows(t, row, wrow);
     float acc[R][NB];
 #pragma unroll
     for (int rr = 0; rr < R; ++rr)
 #pragma unroll
       for (int r = 0; r < NB; ++r) acc[rr][r] = 0.0f;
     for (int c0 = t < tasks ? lane + 32 * U * slice : chunks; c0 < chunks; c0 += 32 * U * S) {
-      uint4 wv[U][R];
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int rr = 0; rr < R; ++rr)
-          wv[u][rr] = c0 + 32 * u < chunks ? gemv_load_stream(wrow[rr] + c0 + 32 * u) : make_uint4(0, 0, 0, 0);
+      if (!loaded) load_chunks(wrow, c0);
+      loaded = false;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = c0 + 32 * u;

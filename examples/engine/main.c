@@ -33,7 +33,7 @@ typedef struct options {
   uint32_t n_new[MAX_PROMPTS], n_new_count, batch, max_seq_len;
   float temperature, top_p;
   uint64_t seed;
-  bool ids, tokenize, quiet, raw, no_graphs, no_gemv;
+  bool ids, tokenize, quiet, raw, no_graphs, no_gemv, no_pdl;
 } options;
 
 static void usage(FILE *f) {
@@ -72,7 +72,9 @@ static void usage(FILE *f) {
     "  --no-graphs           CUDA: launch each decode step's kernels directly instead of\n"
     "                        replaying it as one CUDA graph\n"
     "  --no-gemv             CUDA: decode batches of up to 8 through cuBLAS and separate\n"
-    "                        norm/RoPE/SwiGLU kernels, not the fused GEMVs\n",
+    "                        norm/RoPE/SwiGLU kernels, not the fused GEMVs\n"
+    "  --no-pdl              CUDA: fused GEMVs that do not start behind the kernel before\n"
+    "                        them (programmatic dependent launch)\n",
     model_preset_names(),
 #ifdef ENGINE_WITH_CUDA
     "cuda"
@@ -146,6 +148,7 @@ static bool parse_args(int argc, char **argv, options *o) {
       else if (strcmp(a, "--raw") == 0) o->raw = true;
       else if (strcmp(a, "--no-graphs") == 0) o->no_graphs = true;
       else if (strcmp(a, "--no-gemv") == 0) o->no_gemv = true;
+      else if (strcmp(a, "--no-pdl") == 0) o->no_pdl = true;
       else return fail("unknown flag %s (--help lists them)", a);
     }
     if (takes_value) {
@@ -328,6 +331,7 @@ static int generate(const options *o) {
   opt.quiet = o->quiet;
   opt.no_graphs = o->no_graphs;
   opt.no_gemv = o->no_gemv;
+  opt.no_pdl = o->no_pdl;
   const uint32_t max_seq_len = o->max_seq_len ? o->max_seq_len : (uint32_t)longest + most_new + 1;
   if (!o->quiet) {
     char desc[256];

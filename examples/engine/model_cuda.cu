@@ -306,6 +306,7 @@ struct cuda_backend {
   uint32_t gemv_max_rows;
   int gemv_ctas_per_sm[GEMV_EPILOGUES][4];
   int sm_count;
+  bool gemv_pdl; /* products launched behind products as programmatic dependents */
 };
 
 static cuda_backend *cb(backend *b) { return (cuda_backend *)b; }
@@ -360,6 +361,7 @@ static bool gemv_prepare(cuda_backend *c, const cudaDeviceProp *prop) {
   const model_config *m = &c->base.model;
   c->gemv_max_rows = 0;
   c->sm_count = prop->multiProcessorCount;
+  c->gemv_pdl = prop->major >= 9 && !c->base.opt.no_pdl; /* programmatic dependent launch: sm_90 */
   if (c->base.opt.no_gemv ||
       !gemv_shapes_supported((int)m->n_embd, (int)(m->n_heads * m->head_dim), (int)(m->n_kv_heads * m->head_dim),
                              (int)m->n_ff, (int)m->head_dim, (int)m->n_vocab))
@@ -381,25 +383,39 @@ static bool gemv_prepare(cuda_backend *c, const cudaDeviceProp *prop) {
 }
 
 template <typename T, int NB, int kEpi>
-static bool gemv_launch_rows(cuda_backend *c, const gemv_params &p) {
+static bool gemv_launch_rows(cuda_backend *c, const gemv_params &p, bool programmatic) {
   const int tasks = gemv_tasks(kEpi, p);
   const int resident = c->sm_count * c->gemv_ctas_per_sm[kEpi][log2_rows(NB)];
   gemv_params q = p;
   q.split = gemv_best_split(tasks, p.k / 8, resident, gemv_chunks_in_flight(NB));
   const int per_cta = GEMV_WARPS / q.split, wanted = (tasks + per_cta - 1) / per_cta;
-  gemv_kernel<T, NB, kEpi><<<wanted < resident ? wanted : resident, GEMV_THREADS, gemv_smem(kEpi, NB, p.k), c->stream>>>(q);
-  LAUNCH_TRY();
+  /* A programmatic dependent of the kernel before it on the stream (gemv_kernel's prologue);
+     a CUDA graph captures the edge. */
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(wanted < resident ? wanted : resident);
+  config.blockDim = dim3(GEMV_THREADS);
+  config.dynamicSmemBytes = gemv_smem(kEpi, NB, p.k);
+  config.stream = c->stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  CUDA_TRY(cudaLaunchKernelEx(&config, gemv_kernel<T, NB, kEpi>, q));
   return true;
 }
 
-/* One product of p.n <= gemv_max_rows rows, with the kernel of the next power of two. */
+/* One product of p.n <= gemv_max_rows rows, with the kernel of the next power of two;
+   `behind_gemv`: the kernel before it on the stream is another product's (or the
+   embedding's), so it may start as that one's CTAs leave (unless --no-pdl). */
 template <int kEpi>
-static bool gemv_launch(cuda_backend *c, const gemv_params &p) {
+static bool gemv_launch(cuda_backend *c, const gemv_params &p, bool behind_gemv) {
+  const bool programmatic = behind_gemv && c->gemv_pdl;
   DISPATCH_16BIT(c->base.opt.dtype, {
-    if (p.n <= 1) return gemv_launch_rows<T, 1, kEpi>(c, p);
-    if (p.n <= 2) return gemv_launch_rows<T, 2, kEpi>(c, p);
-    if (p.n <= 4) return gemv_launch_rows<T, 4, kEpi>(c, p);
-    return gemv_launch_rows<T, 8, kEpi>(c, p);
+    if (p.n <= 1) return gemv_launch_rows<T, 1, kEpi>(c, p, programmatic);
+    if (p.n <= 2) return gemv_launch_rows<T, 2, kEpi>(c, p, programmatic);
+    if (p.n <= 4) return gemv_launch_rows<T, 4, kEpi>(c, p, programmatic);
+    return gemv_launch_rows<T, 8, kEpi>(c, p, programmatic);
   });
   return false; /* not reached */
 }
@@ -447,18 +463,20 @@ static bool gemv_attention_inputs(cuda_backend *c, const cuda_layer *L, int n) {
   p.H = H;
   p.Hkv = Hkv;
   p.D = D;
-  return gemv_launch<GEMV_ROPE_SPLIT>(c, p);
+  return gemv_launch<GEMV_ROPE_SPLIT>(c, p, true);
 }
 
 static bool gemv_attention_output_and_mlp(cuda_backend *c, const cuda_layer *L, int n) {
   const model_config *m = &c->base.model;
   const int d = (int)m->n_embd, hd = (int)(m->n_heads * m->head_dim), ff = (int)m->n_ff;
-  if (!gemv_launch<GEMV_RESIDUAL>(c, gemv_residual(L->wo, d, hd, n, c->attn, c->x))) return false;
+  /* Behind libminikv's decode: started early, its CTAs would take the attention's slots and
+     bandwidth (bench/results/2026-12-06_nvidia-h100_session39-calls.txt). */
+  if (!gemv_launch<GEMV_RESIDUAL>(c, gemv_residual(L->wo, d, hd, n, c->attn, c->x), false)) return false;
   gemv_params p = gemv_norm_input(L->wgu, 2 * ff, d, n, c->x, NULL, L->ffn_norm, m->rms_eps);
   p.hid = c->hid;
   p.ff = ff;
-  if (!gemv_launch<GEMV_SWIGLU>(c, p)) return false;
-  return gemv_launch<GEMV_RESIDUAL>(c, gemv_residual(L->wdown, d, ff, n, c->hid, c->x));
+  if (!gemv_launch<GEMV_SWIGLU>(c, p, true)) return false;
+  return gemv_launch<GEMV_RESIDUAL>(c, gemv_residual(L->wdown, d, ff, n, c->hid, c->x), true);
 }
 
 /* Rows [row0, row0 + rows) of x -> q, k, v (whole-call rows). */
@@ -503,7 +521,7 @@ static bool logits_of(cuda_backend *c, const int32_t *rows, int n) {
   if ((uint32_t)n <= c->gemv_max_rows) {
     gemv_params p = gemv_norm_input(c->output, (int)m->n_vocab, (int)m->n_embd, n, c->x, rows, c->out_norm, m->rms_eps);
     p.out_f32 = c->logits;
-    return gemv_launch<GEMV_LOGITS>(c, p);
+    return gemv_launch<GEMV_LOGITS>(c, p, true);
   }
   DISPATCH_16BIT(c->base.opt.dtype, {
     rms_norm_kernel<T><<<n, 256, 0, c->stream>>>(c->x, rows, c->out_norm, (T *)c->last_xb, (int)m->n_embd, m->rms_eps);
