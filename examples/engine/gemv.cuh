@@ -215,6 +215,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = p.k / 8;
   const int S = p.split, per_cta = GEMV_WARPS / S, slice = warp % S;
   const int tasks = gemv_tasks(kEpi, p);
+  /* The warp's task in the first round, and its first chunk of each task. */
+  const int t_first = blockIdx.x * per_cta + warp / S, c_first = lane + 32 * U * slice;
   /* Rows of task t, and their weights (a clamped row past m: its sums are not written). */
   auto task_rows = [&](int t, int (&row)[R], const uint4 *(&wrow)[R]) {
 #pragma unroll
@@ -239,11 +241,11 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
      ramps up. Without the attribute both instructions do nothing. */
   gemv_launch_dependents();
   bool loaded = false;
-  if (blockIdx.x * per_cta + warp / S < tasks && lane + 32 * U * slice < chunks) {
+  if (t_first < tasks && c_first < chunks) {
     int row[R];
     const uint4 *wrow[R];
-    task_rows(blockIdx.x * per_cta + warp / S, row, wrow);
-    load_chunks(wrow, lane + 32 * U * slice);
+    task_rows(t_first, row, wrow);
+    load_chunks(wrow, c_first);
     loaded = true;
   }
   gemv_wait_for_inputs();
@@ -265,7 +267,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
     for (int rr = 0; rr < R; ++rr)
 #pragma unroll
       for (int r = 0; r < NB; ++r) acc[rr][r] = 0.0f;
-    for (int c0 = t < tasks ? lane + 32 * U * slice : chunks; c0 < chunks; c0 += 32 * U * S) {
+    for (int c0 = t < tasks ? c_first : chunks; c0 < chunks; c0 += 32 * U * S) {
       if (!loaded) load_chunks(wrow, c0);
       loaded = false;
 #pragma unroll

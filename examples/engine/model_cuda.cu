@@ -389,8 +389,8 @@ static bool gemv_launch_rows(cuda_backend *c, const gemv_params &p, bool program
   gemv_params q = p;
   q.split = gemv_best_split(tasks, p.k / 8, resident, gemv_chunks_in_flight(NB));
   const int per_cta = GEMV_WARPS / q.split, wanted = (tasks + per_cta - 1) / per_cta;
-  /* A programmatic dependent of the kernel before it on the stream (gemv_kernel's prologue);
-     a CUDA graph captures the edge. */
+  /* With `programmatic`, a programmatic dependent of the kernel before it on the stream
+     (gemv_kernel's prologue); a CUDA graph captures the edge. */
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(wanted < resident ? wanted : resident);
   config.blockDim = dim3(GEMV_THREADS);
@@ -469,8 +469,9 @@ static bool gemv_attention_inputs(cuda_backend *c, const cuda_layer *L, int n) {
 static bool gemv_attention_output_and_mlp(cuda_backend *c, const cuda_layer *L, int n) {
   const model_config *m = &c->base.model;
   const int d = (int)m->n_embd, hd = (int)(m->n_heads * m->head_dim), ff = (int)m->n_ff;
-  /* Behind libminikv's decode: started early, its CTAs would take the attention's slots and
-     bandwidth (bench/results/2026-12-06_nvidia-h100_session39-calls.txt). */
+  /* Behind libminikv's decode: started early, its CTAs take the SMs of the attention's tail
+     (two batch-1 cells 5-8% slower: bench/results/2026-12-07_nvidia-h100_session47-calls.txt,
+     call E). */
   if (!gemv_launch<GEMV_RESIDUAL>(c, gemv_residual(L->wo, d, hd, n, c->attn, c->x), false)) return false;
   gemv_params p = gemv_norm_input(L->wgu, 2 * ff, d, n, c->x, NULL, L->ffn_norm, m->rms_eps);
   p.hid = c->hid;

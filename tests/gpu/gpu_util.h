@@ -61,7 +61,8 @@ inline bool configs_only() {
     }                                                                     \
   } while (0)
 
-// The same for a test case whose device work all goes through gt::run_case.
+// The same for a test case that, under configs_only, checks its case table's configs (through
+// gt::run_case, or check_config_on_cpu below) instead of skipping.
 #define GPU_OR_CHECK_CONFIGS()                                \
   do {                                                        \
     if (!::gt::configs_only() && !::gt::gpu_present()) {      \
