@@ -52,6 +52,9 @@ typedef struct backend backend;
 struct backend {
   const char *name;       /* "cpu" or "cuda" */
   char device[128];       /* what computes: the GPU's name, or "CPU (n threads)" */
+  bool fused_gemv;        /* CUDA: batch-1 decode steps run gemv.cuh's fused products (what
+                             the device and the model's sizes allow, not only the option) */
+  bool gemv_pdl;          /* CUDA: and those products start behind one another (sm_90+) */
   model_config model;
   backend_options opt;
   minikv_cache *cache;    /* slots 0 .. opt.max_batch-1 */

@@ -83,6 +83,7 @@ typedef struct bench_state {
   size_t n_tp;
   double copy_gbs;
   char device[128];
+  bool fused_gemv, gemv_pdl; /* as the first backend reported them */
   uint64_t graph_updates, graph_instantiations;
   rng64 rng;
   const char *latency_header_for; /* the model whose latency table is open */
@@ -460,6 +461,8 @@ static bool run_setting(bench_state *st, const char *model, const char *setting)
   if (st->copy_gbs == 0) {
     st->copy_gbs = b->copy_bandwidth(b);
     snprintf(st->device, sizeof st->device, "%s", b->device);
+    st->fused_gemv = b->fused_gemv;
+    st->gemv_pdl = b->gemv_pdl;
     printf("device %s, copy bandwidth %.0f GB/s (read + write)\n", st->device, st->copy_gbs);
   }
   if (o->latency && st->latency_header_for != model) {
@@ -513,8 +516,7 @@ static bool write_json(const bench_state *st, const char *path, const char *date
           st->copy_gbs, minikv_version_string(), (unsigned long long)st->graph_updates,
           (unsigned long long)st->graph_instantiations);
   fprintf(f, "  \"cuda_graphs\": %s, \"fused_gemv\": %s, \"gemv_pdl\": %s,\n", o->no_graphs ? "false" : "true",
-          strcmp(o->backend, "cuda") == 0 && !o->no_gemv ? "true" : "false",
-          strcmp(o->backend, "cuda") == 0 && !o->no_gemv && !o->no_pdl ? "true" : "false");
+          st->fused_gemv ? "true" : "false", st->gemv_pdl ? "true" : "false");
   fprintf(f, "  \"warmup_steps\": %u, \"timed_steps\": %u, \"throughput_prompt\": %u, \"throughput_gen\": %u, "
              "\"memory_limit_bytes\": %.0f,\n  \"latency\": [", o->warmup, o->gen, o->tp_prompt, o->tp_gen, o->memory_limit);
   for (size_t i = 0; i < st->n_lat; ++i) {

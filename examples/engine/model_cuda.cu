@@ -1075,7 +1075,11 @@ extern "C" backend *backend_cuda_create(const model_source *src, const model_con
   cudaDeviceProp prop;
   ok = ok && cuda_ok(cudaGetDevice(&device), "cudaGetDevice") &&
        cuda_ok(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties") && gemv_prepare(c, &prop);
-  if (ok) snprintf(b->device, sizeof b->device, "%.127s", prop.name);
+  if (ok) {
+    snprintf(b->device, sizeof b->device, "%.127s", prop.name);
+    b->fused_gemv = c->gemv_max_rows > 0;
+    b->gemv_pdl = b->fused_gemv && c->gemv_pdl;
+  }
   if (ok && cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) ok = fail("cublasCreate failed");
   ok = ok && allocate_buffers(c);
   if (ok && (cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS ||
