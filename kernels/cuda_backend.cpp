@@ -290,6 +290,14 @@ class CudaBackend final : public Backend {
         heads_per_cta_ = four_warps ? k4v2_heads : decode_k4v2_warp_heads_per_cta(n_rep);
         k4v2_plan_ = make_k4v2_launch_plan(spec.block, driver);
         decode_tile_ = k4v2_plan_.tiles.qtile;
+        // Early starts where the driver also captures the edge into a graph, as for the merge;
+        // MINIKV_DECODE_EARLY=0 turns them off (a benchmarking knob like the two above).
+        decode_early_ = !four_warps && k4v2_plan_.programmatic_merge;
+        if (const char *e = std::getenv("MINIKV_DECODE_EARLY"); e && *e) {
+          if (std::strcmp(e, "0") != 0 && std::strcmp(e, "1") != 0)
+            fail(MINIKV_ERR_INVALID_ARGUMENT, "minikv_cache_create: MINIKV_DECODE_EARLY=%s must be 0 or 1", e);
+          if (std::strcmp(e, "0") == 0) decode_early_ = false;
+        }
         decode_slots_ = num_sms_ * (four_warps ? k4v2_ctas : k4v2_warp_ctas);
         break;
       }
@@ -351,6 +359,7 @@ class CudaBackend final : public Backend {
                const void *k, const void *v, void *out, void *stream) override {
     DeviceGuard guard(device_);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
+    blocks_written(s);
     // Whole prompts first, then the chunks of staged prompts: a launch reads one K/V source.
     std::vector<uint32_t> &order = prefill_order_;  // within the capacity reserved at create
     order.clear();
@@ -472,6 +481,7 @@ class CudaBackend final : public Backend {
         ip.block_lo = static_cast<int32_t>(it.dst.blocks[lo]);
         ip.block_hi = static_cast<int32_t>(it.dst.blocks[hi]);
       }
+      if (it.flush) blocks_written(stream);
       if (p.n == kMaxAppendSeqs) {
         launch_append(cfg_.dtype, p, stream);
         p.n = 0;
@@ -493,6 +503,11 @@ class CudaBackend final : public Backend {
     const uint32_t launches = ceil_div(views.size(), kMaxDecodeSeqs);
     const uint32_t per_launch = launches == 0 ? 0 : ceil_div(views.size(), launches);
     const uint32_t lanes = std::min(launches, lanes_.size());
+    // The one-warp kernel starts behind the caller's kernel before it, its first quantized
+    // tiles read before it waits, where no launch that may still run wrote the blocks: since
+    // this cache last wrote its blocks or table on `stream`, a decode went there with an
+    // ordinary launch (it started once that write was done, and so did everything after it).
+    const bool early = decode_early_ && !blocks_dirty_ && lanes <= 1;
     // CTAs that run at once: every launch on its own lane shares the device.
     const uint32_t concurrent = std::max(lanes, 1u);
     if (lanes > 1) lanes_.fork(stream, lanes);
@@ -547,7 +562,7 @@ class CudaBackend final : public Backend {
         switch (decode_kernel_) {
           case DecodeKernel::kFast: launch_decode_fast(cfg_.dtype, D, p, s); break;
           case DecodeKernel::kK4V2: launch_decode_k4v2(cfg_.dtype, p, k4v2_plan_, s); break;
-          case DecodeKernel::kK4V2Warp: launch_decode_k4v2_warp(cfg_.dtype, p, k4v2_plan_, s); break;
+          case DecodeKernel::kK4V2Warp: launch_decode_k4v2_warp(cfg_.dtype, p, k4v2_plan_, s, early); break;
           case DecodeKernel::kMma: launch_decode_mma(cfg_.dtype, p, mma_plan_, s); break;
           case DecodeKernel::kGeneric: launch_decode_generic(cfg_.dtype, p, s); break;
         }
@@ -557,6 +572,13 @@ class CudaBackend final : public Backend {
       throw;
     }
     if (lanes > 1) lanes_.join(stream, lanes);
+    if (blocks_dirty_ && dirty_stream_ == stream) blocks_dirty_ = false;
+  }
+
+  // This cache's blocks or block table written by work queued on `s` (see launch_decodes).
+  void blocks_written(cudaStream_t s) {
+    blocks_dirty_ = true;
+    dirty_stream_ = s;
   }
 
   // choose_decode_splits (decode_splits.h) for this cache's kernel and resident slots. It
@@ -574,6 +596,7 @@ class CudaBackend final : public Backend {
   // block_table[slot][first + i] = blocks[i], by table-update launches.
   void set_table(uint32_t slot, uint32_t first, const uint32_t *blocks, uint32_t count,
                  cudaStream_t s) {
+    blocks_written(s);
     for (uint32_t i = 0; i < count; i += kMaxTableIds) {
       TableParams p{};
       p.block_table = st_.block_table;
@@ -740,6 +763,9 @@ class CudaBackend final : public Backend {
   bool programmatic_prefill_ = false;
   uint64_t decode_slots_ = 1;   // resident decode CTAs on the device
   uint32_t forced_splits_ = 0;  // MINIKV_DECODE_SPLITS (0: best_splits decides)
+  bool decode_early_ = false;   // the one-warp kernel may start early (launch_decodes)
+  bool blocks_dirty_ = true;    // blocks or table written on dirty_stream_ since a decode there
+  cudaStream_t dirty_stream_ = nullptr;
   uint32_t decode_tile_ = kDecodeFastTile;  // tokens per decode tile (generic: quantized tiles)
   uint64_t part_rows_ = 0;
   struct SplitsQuery {

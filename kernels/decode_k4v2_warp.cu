@@ -46,6 +46,7 @@
 #include "decode_operands.cuh"
 #include "dispatch.cuh"
 #include "launchers.h"
+#include "programmatic_launch.h"
 
 namespace minikv {
 namespace kernels {
@@ -306,12 +307,21 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   const int32_t *table = sslot.table;
   const uint8_t *res_slot = sslot.residual;
   const HeadRegions regions(p.st.block, kvh);
+  // Launched early (launch_decode_k4v2_warp), the kernel before may still run: quantized
+  // tiles (the block table, the pool's blocks) are what no running launch writes, so their
+  // copies go out first; the 16-bit rows, q, the appended row and the counters wait.
+  bool waited = false;
   for (uint32_t s = 0; s < kWarpStages; ++s)
     if (t_begin + s < t_end) {
       const TileRef tr = tiles.tile(t_begin + s, a.tiles);
+      if (tr.segment != kSegQuantized && !waited) {
+        pdl_wait();
+        waited = true;
+      }
       k4v2_warp_stage<D, NH, KB, VB, G>(a, tr, k4v2_block_of(a, tr, table), res_slot, kvh, regions,
                              smem_s + s * L::kStageBytes, bar0 + 8 * s, lane);
     }
+  if (!waited) pdl_wait();
 
   T *qn = reinterpret_cast<T *>(smem + L::kQn);
   uint32_t *q2s = reinterpret_cast<uint32_t *>(smem + L::kQ2);
@@ -878,13 +888,13 @@ uint32_t configure_decode_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, u
 }
 
 void launch_decode_k4v2_warp(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, bool early) {
   const uint32_t n_rep = p.num_heads / p.num_kv_heads;
   const uint32_t chunks = (n_rep + p.heads_per_cta - 1) / p.heads_per_cta;
   const K4V2Args args{p, plan.tiles, plan.block_tokens};
   dispatch_k4v2_warp(dtype, p.st.block, p.heads_per_cta, [&](auto kernel, uint32_t smem) {
-    kernel<<<dim3(p.splits, p.num_kv_heads * chunks, p.n), 32, smem, stream>>>(args);
-    check_launch_error("decode_k4v2_warp_kernel");
+    launch_kernel(kernel, dim3(p.splits, p.num_kv_heads * chunks, p.n), dim3(32), smem, stream, early,
+                  "decode_k4v2_warp_kernel", args);
   });
   if (p.splits > 1 && !k4v2_warp_fused_merge(p.splits, p.heads_per_cta, n_rep))
     launch_decode_merge(dtype, p.st.block.head_dim, p, stream, plan.programmatic_merge);

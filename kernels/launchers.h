@@ -120,8 +120,12 @@ uint32_t decode_k4v2_warp_heads_per_cta(uint32_t n_rep);
 // Raises the kernel's shared-memory limit; returns resident CTAs per SM, or 0 where this
 // device cannot run it (no sm_90 image loaded).
 uint32_t configure_decode_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t n_rep);
+// early: launched as a programmatic dependent of the kernel before it on `stream`: each CTA's
+// first quantized tile is read (block table, bulk copies) before pdl_wait, everything else
+// after it. Only where no launch that may still run has written the cache's blocks or block
+// table (cuda_backend.cpp tracks that), and where the driver (12.3+) captures the edge.
 void launch_decode_k4v2_warp(minikv_dtype dtype, const DecodeParams &p, const K4V2LaunchPlan &plan,
-                             cudaStream_t stream);
+                             cudaStream_t stream, bool early = false);
 // decode_merge.cu: out = the combine of p.splits partials per (sequence, query head).
 // programmatic: launched as a programmatic dependent of the decode kernel just launched on
 // `stream`, which must call pdl_launch_dependents (common.cuh) after its last tile and be an
