@@ -207,12 +207,41 @@ __host__ __device__ constexpr bool k4v2_warp_fused_merge(uint32_t splits, uint32
 }
 static_assert(K4V2WarpLayout<64, 1>::kStageBytes >= kWarpFusedMergeMax * 4, "the fused merge's weights fit the stage");
 
+// Profiling builds (MINIKV_DECODE_STAGE_CLOCK): lane 0 of each of the first kStageClockCtas
+// CTAs of a launch (x fastest) stamps %globaltimer (ns) at the kernel's stages; a later launch
+// overwrites them. The stages, in order (0 where a CTA does not reach one):
+enum : uint32_t {
+  kStageEntry,       // the kernel starts
+  kStageCopies,      // the first tile's copies issued (before the wait when launched early)
+  kStageWaited,      // past pdl_wait: the previous kernel's writes are visible
+  kStageQuery,       // q' prepared, the tile loop starts
+  kStageTiles,       // the tile loop done
+  kStagePartials,    // the partial outputs stored
+  kStageLast,        // arrived last at the split counter (the merging CTA only)
+  kStageMerged,      // the merged output stored (the merging CTA only)
+  kStageClockStamps
+};
+#ifdef MINIKV_DECODE_STAGE_CLOCK
+constexpr uint32_t kStageClockCtas = 4096;
+__device__ unsigned long long decode_stage_clock[kStageClockCtas][kStageClockStamps];
+__device__ __forceinline__ void stage_clock(uint32_t stage, uint32_t lane) {
+  const uint64_t cta = blockIdx.x + uint64_t(gridDim.x) * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);
+  if (lane != 0 || cta >= kStageClockCtas) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  decode_stage_clock[cta][stage] = t;
+}
+#else
+__device__ __forceinline__ void stage_clock(uint32_t, uint32_t) {}
+#endif
+
 // decode_merge's combine for heads head0 .. head0 + nh − 1, run by the CTA that arrives last
 // at `counter` (arrive_last_split); w_s: 64 floats of shared memory.
 template <typename T, int D>
 __device__ __forceinline__ void k4v2_warp_merge_if_last(const DecodeParams &p, uint32_t *counter, uint64_t head0,
                                                         uint32_t nh, uint32_t lane, float *w_s) {
   if (!arrive_last_split(counter, p.splits, lane)) return;
+  stage_clock(kStageLast, lane);
   const uint32_t S = p.splits;  // ≤ kWarpFusedMergeMax: splits lane and lane + 32
   for (uint32_t r = 0; r < nh; ++r) {
     const uint64_t part0 = (head0 + r) * S;
@@ -234,6 +263,7 @@ __device__ __forceinline__ void k4v2_warp_merge_if_last(const DecodeParams &p, u
     __syncwarp();
     store_merged_head<T, D>(p, head0 + r, w_s, l, lane);
   }
+  stage_clock(kStageMerged, lane);
 }
 
 /// \tparam T  dtype of q/out, scales and 16-bit rows (__half or __nv_bfloat16)
@@ -292,6 +322,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   const DecodeCta cta(p);
   const uint32_t split = cta.split, seq = cta.seq, kvh = cta.kvh, h0 = cta.h0, nh = cta.nh;
   const uint32_t bar0 = smem_s + L::kMbar;
+  stage_clock(kStageEntry, lane);
 
   // The first tiles' copies go out before the query work below, so that their memory
   // latency overlaps it (at batch 1 a CTA often walks a single tile).
@@ -321,7 +352,9 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
       k4v2_warp_stage<D, NH, KB, VB, G>(a, tr, k4v2_block_of(a, tr, table), res_slot, kvh, regions,
                              smem_s + s * L::kStageBytes, bar0 + 8 * s, lane);
     }
+  stage_clock(kStageCopies, lane);
   if (!waited) pdl_wait();
+  stage_clock(kStageWaited, lane);
 
   T *qn = reinterpret_cast<T *>(smem + L::kQn);
   uint32_t *q2s = reinterpret_cast<uint32_t *>(smem + L::kQ2);
@@ -424,6 +457,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   const uint8_t *next_block =
       t_begin + kWarpStages < t_end ? k4v2_block_of(a, tiles.tile(t_begin + kWarpStages, a.tiles), table) : nullptr;
   uint32_t phases = 0, buf = 0;
+  stage_clock(kStageQuery, lane);
   for (uint32_t ti = t_begin; ti < t_end; ++ti) {
     bulk::mbar_wait(bar0 + 8 * buf, (phases >> buf) & 1u);
     phases ^= 1u << buf;
@@ -751,6 +785,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
     buf = buf + 1 == kWarpStages ? 0 : buf + 1;
   }
   pdl_launch_dependents();  // the merge may start once every CTA is past its tiles
+  stage_clock(kStageTiles, lane);
 
   // The sums and Σ p · m_v of the lane's head over its lanes; the 16-bit rows' outputs
   // through shared memory (over the stage: no copy is in flight and every lane is done with
@@ -842,6 +877,7 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   }
   __syncwarp();
   store_decode_rows<T, D>(p, uint64_t(seq) * p.num_heads + h0, nh, split, out16, ml_s, lane, 32);
+  stage_clock(kStagePartials, lane);
   __syncwarp();  // every lane's reads of out16 before the fused merge writes its weights there
   if (k4v2_warp_fused_merge(p.splits, NH, p.num_heads / p.num_kv_heads))
     k4v2_warp_merge_if_last<T, D>(p, p.counters + uint64_t(seq) * p.num_kv_heads + kvh,
@@ -851,6 +887,21 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
 
 // The launchers; a CPU emulation (tests/emulation) runs the kernel itself.
 #ifndef MINIKV_WARP_EMULATION
+#ifdef MINIKV_DECODE_STAGE_CLOCK
+// Profiling builds only (not part of the API): copies the stamps of the first `ctas` CTAs of
+// the last one-warp decode launch on the current device to host[ctas][kStageClockStamps]
+// after zeroing the device array for the next launch. Returns the stamps per CTA, or -1.
+extern "C" __attribute__((visibility("default"))) int minikv_debug_decode_stage_clock(unsigned long long *host,
+                                                                                      unsigned ctas) {
+  if (ctas > kStageClockCtas) return -1;
+  const size_t bytes = size_t(ctas) * kStageClockStamps * sizeof(unsigned long long);
+  static const unsigned long long zeros[kStageClockCtas][kStageClockStamps] = {};
+  if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(host, decode_stage_clock, bytes) != cudaSuccess ||
+      cudaMemcpyToSymbol(decode_stage_clock, zeros, sizeof zeros) != cudaSuccess)
+    return -1;
+  return int(kStageClockStamps);
+}
+#endif
 // fn(kernel, its dynamic shared memory) of (dtype, head_dim, head slots, storage).
 template <typename Fn>
 void dispatch_k4v2_warp(minikv_dtype dtype, const BlockLayout &bl, uint32_t slots, Fn &&fn) {
