@@ -224,7 +224,8 @@ enum : uint32_t {
 #ifdef MINIKV_DECODE_STAGE_CLOCK
 constexpr uint32_t kStageClockCtas = 4096;
 __device__ unsigned long long decode_stage_clock[kStageClockCtas][kStageClockStamps];
-__device__ __forceinline__ void stage_clock(uint32_t stage, uint32_t lane) {
+// (Unused in an sm_80 pass, where the kernel's body is compiled out.)
+[[maybe_unused]] __device__ __forceinline__ void stage_clock(uint32_t stage, uint32_t lane) {
   const uint64_t cta = blockIdx.x + uint64_t(gridDim.x) * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);
   if (lane != 0 || cta >= kStageClockCtas) return;
   unsigned long long t;
@@ -232,7 +233,7 @@ __device__ __forceinline__ void stage_clock(uint32_t stage, uint32_t lane) {
   decode_stage_clock[cta][stage] = t;
 }
 #else
-__device__ __forceinline__ void stage_clock(uint32_t, uint32_t) {}
+[[maybe_unused]] __device__ __forceinline__ void stage_clock(uint32_t, uint32_t) {}
 #endif
 
 // decode_merge's combine for heads head0 .. head0 + nh − 1, run by the CTA that arrives last
