@@ -7,8 +7,8 @@ MINIKV_LIBRARY. One layer of the library's default cache (the engine's `--kv min
 prefilled with --L random tokens, then --steps append_decode calls run one by one, each
 behind a small kernel on the same stream (as the engine's Q/K/V product; the decode may
 start early behind it). After each step the stamps are read back; the table gives, per
-stage, the median and the latest time since the earliest CTA's start over the launch's
-CTAs, each the median over the steps after the first.
+stage, the CTAs that reached it and the median and latest time since the earliest CTA's
+start over them, each time the median over the steps after the first.
 
   MINIKV_LIBRARY=build-clock/libminikv.so python3 bench/decode_stage_clock.py --L 4096
 """
@@ -80,7 +80,7 @@ def main():
         row = {"step": step, "ctas": len(ctas)}
         for i, name in enumerate(STAGES):
             t = [(s[i] - t0) / 1e3 for s in ctas if s[i]]
-            row[name] = {"median_us": statistics.median(t), "max_us": max(t)} if t else None
+            row[name] = {"ctas": len(t), "median_us": statistics.median(t), "max_us": max(t)} if t else None
         rows.append(row)
     cache.close()
 
@@ -93,7 +93,7 @@ def main():
             continue
         med = statistics.median(c["median_us"] for c in cells)
         mx = statistics.median(c["max_us"] for c in cells)
-        print(f"{name:18} {rows[-1]['ctas']:6d} {med:8.2f} {mx:8.2f}")
+        print(f"{name:18} {cells[-1]['ctas']:6d} {med:8.2f} {mx:8.2f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"L": a.L, "H": a.H, "Hkv": a.Hkv, "dtype": a.dtype, "steps": rows}, f, indent=1)

@@ -480,8 +480,8 @@ class CudaBackend final : public Backend {
           fail(MINIKV_ERR_INTERNAL, "minikv_append: flush needs block %u of %u", hi, it.dst.num_blocks);
         ip.block_lo = static_cast<int32_t>(it.dst.blocks[lo]);
         ip.block_hi = static_cast<int32_t>(it.dst.blocks[hi]);
+        blocks_written(stream);
       }
-      if (it.flush) blocks_written(stream);
       if (p.n == kMaxAppendSeqs) {
         launch_append(cfg_.dtype, p, stream);
         p.n = 0;

@@ -896,9 +896,10 @@ extern "C" __attribute__((visibility("default"))) int minikv_debug_decode_stage_
                                                                                       unsigned ctas) {
   if (ctas > kStageClockCtas) return -1;
   const size_t bytes = size_t(ctas) * kStageClockStamps * sizeof(unsigned long long);
-  static const unsigned long long zeros[kStageClockCtas][kStageClockStamps] = {};
-  if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(host, decode_stage_clock, bytes) != cudaSuccess ||
-      cudaMemcpyToSymbol(decode_stage_clock, zeros, sizeof zeros) != cudaSuccess)
+  void *stamps = nullptr;
+  if (cudaDeviceSynchronize() != cudaSuccess || cudaGetSymbolAddress(&stamps, decode_stage_clock) != cudaSuccess ||
+      cudaMemcpy(host, stamps, bytes, cudaMemcpyDeviceToHost) != cudaSuccess ||
+      cudaMemset(stamps, 0, sizeof decode_stage_clock) != cudaSuccess)
     return -1;
   return int(kStageClockStamps);
 }
