@@ -5,7 +5,7 @@ direction 6): per-stage %globaltimer stamps of every CTA of one launch.
 Needs a profiling build of libminikv (cmake -DMINIKV_DECODE_STAGE_CLOCK=ON), named by
 MINIKV_LIBRARY. One layer of the library's default cache (the engine's `--kv minikv`) is
 prefilled with --L random tokens, then --steps append_decode calls run one by one, each
-behind a small kernel on the same stream (as the engine's Q/K/V product; the decode may
+queued behind a streaming kernel on the same stream (as the engine's Q/K/V product; the decode may
 start early behind it). After each step the stamps are read back; the table gives, per
 stage, the CTAs that reached it and the median and latest time since the earliest CTA's
 start over them, each time the median over the steps after the first.
@@ -59,7 +59,9 @@ def main():
     torch.cuda.synchronize()
     read(stamps, MAX_CTAS)  # zeroes the prefill's (none) and anything before
 
-    x = torch.randn((1 << 20,), device=dev)
+    # Long enough (~60-100 us) that the decode's launch is queued behind it, as in the engine's
+    # graph, rather than reaching an idle GPU after the host's launch time.
+    x = torch.randn((1 << 25,), device=dev)
     rows = []
     for step in range(a.steps):
         qd = torch.randn((1, a.H, D), device=dev, dtype=tdtype)
