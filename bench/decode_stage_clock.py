@@ -5,8 +5,8 @@ direction 6): per-stage %globaltimer stamps of every CTA of one launch.
 Needs a profiling build of libminikv (cmake -DMINIKV_DECODE_STAGE_CLOCK=ON), named by
 MINIKV_LIBRARY. One layer of the library's default cache (the engine's `--kv minikv`) is
 prefilled with --L random tokens, then --steps append_decode calls run one by one, each
-queued behind a streaming kernel on the same stream (as the engine's Q/K/V product; the decode may
-start early behind it). After each step the stamps are read back; the table gives, per
+queued behind a streaming kernel on the same stream (as the engine's Q/K/V product; the
+decode may start early behind it). After each step the stamps are read back; the table gives, per
 stage, the CTAs that reached it and the median and latest time since the earliest CTA's
 start over them, each time the median over the steps after the first.
 
