@@ -188,8 +188,8 @@ __device__ __forceinline__ uint32_t atomic_add_acq_rel_gpu(uint32_t *address, ui
 // CTA whose arrival at `counter` completes the launch's splits merges them, and resets the
 // counter to zero for the next launch or graph replay. The warp barrier hands every lane's
 // partials to lane 0, whose release orders them before the arrival; its acquire orders the
-// other CTAs' partials before the merging warp's reads (from L2: __ldcg, cp.async.cg). One
-// atomic instead of a fence on each side of it.
+// other CTAs' partials before the merging warp's reads (from L2: __ldcg). One atomic instead
+// of a fence on each side of it.
 __device__ __forceinline__ bool arrive_last_split(uint32_t *counter, uint32_t splits, uint32_t lane) {
   __syncwarp();
   uint32_t arrived = 0;
@@ -199,38 +199,6 @@ __device__ __forceinline__ bool arrive_last_split(uint32_t *counter, uint32_t sp
   __syncwarp();  // lane 0's acquire before every lane's reads
   if (lane == 0) *counter = 0;
   return true;
-}
-
-// o[c] += w · x[c] for the lane's kCh channels of a partial row: from L2 (__ldcg: another
-// CTA wrote it) or from shared memory, in 16-byte loads where the lane has four channels or more.
-template <bool kFromL2, int kCh>
-__device__ __forceinline__ void add_weighted_channels(float (&o)[kCh], float w, const float *x) {
-  if constexpr (kCh % 4 == 0) {
-#pragma unroll
-    for (int c = 0; c < kCh; c += 4) {
-      const float4 *x4 = reinterpret_cast<const float4 *>(x + c);
-      const float4 v = kFromL2 ? __ldcg(x4) : *x4;
-      o[c] = fmaf(w, v.x, o[c]);
-      o[c + 1] = fmaf(w, v.y, o[c + 1]);
-      o[c + 2] = fmaf(w, v.z, o[c + 2]);
-      o[c + 3] = fmaf(w, v.w, o[c + 3]);
-    }
-  } else {
-    static_assert(kCh == 2, "head_dim 64, 128 or 256");
-    const float2 *x2 = reinterpret_cast<const float2 *>(x);
-    const float2 v = kFromL2 ? __ldcg(x2) : *x2;
-    o[0] = fmaf(w, v.x, o[0]);
-    o[1] = fmaf(w, v.y, o[1]);
-  }
-}
-
-// The lane's D / 32 channels of query head `head`'s merged output: o / l in the dtype.
-template <typename T, int D>
-__device__ __forceinline__ void store_merged_channels(const DecodeParams &p, uint64_t head, const float (&o)[D / 32],
-                                                      float l, uint32_t lane) {
-  T *out = static_cast<T *>(p.out) + head * D + lane * (D / 32);
-#pragma unroll
-  for (int c = 0; c < D / 32; ++c) out[c] = output_value<T>(o[c] / l);
 }
 
 // Output of query head `head` from its splits' partials: Σ_s w_s[s] · o_s / l, the sum over
@@ -246,87 +214,29 @@ __device__ __forceinline__ void store_merged_head(const DecodeParams &p, uint64_
 #pragma unroll
   for (int c = 0; c < kCh; ++c) o[c] = 0.0f;
 #pragma unroll 8
-  for (uint32_t s = 0; s < S; ++s) add_weighted_channels<true>(o, w_s[s], p.part_o + (part0 + s) * D + lane * kCh);
-  __syncwarp();  // every lane is done with w_s
-  store_merged_channels<T, D>(p, head, o, l, lane);
-}
-
-// The bytes before store_merged_heads_staged's rows: (max, sum) and the weight of each of at
-// most 64 partials, and each head's sum.
-constexpr uint32_t kStagedMergeScalars = 64 * 3 * 4 + 8 * 4;
-constexpr uint32_t kStagedMergeRows = (kStagedMergeScalars + 127) / 128 * 128;
-
-// decode_merge's combine for heads head0 .. head0 + nh − 1 (nh · splits ≤ 64, whose partials
-// lie back to back), run by one warp that has `smem` (16-byte aligned, smem_bytes of it) to
-// itself: as many partial rows as fit go to shared memory by 16-byte cp.async while the lanes
-// load every (max, sum), so that the rows cost one L2 round trip a batch rather than one
-// for each step of store_merged_head's loop. The sums run over the splits in order, as
-// store_merged_head's: the output is that of its loop given the same weights and sum.
-template <typename T, int D>
-__device__ __forceinline__ void store_merged_heads_staged(const DecodeParams &p, uint64_t head0, uint32_t nh,
-                                                          uint8_t *smem, uint32_t smem_bytes, uint32_t lane) {
-  constexpr int kCh = D / 32;
-  constexpr uint32_t kRowBytes = D * 4;
-  const uint32_t S = p.splits, n = nh * S;
-  const uint32_t capacity = (smem_bytes - kStagedMergeRows) / kRowBytes;  // rows a batch
-  float *ml_s = reinterpret_cast<float *>(smem), *w_s = ml_s + 2 * 64, *l_s = w_s + 64;
-  const float *rows_g = p.part_o + head0 * S * D;
-  const uint32_t rows_s = smem_addr(smem + kStagedMergeRows);
-  auto issue = [&](uint32_t first, uint32_t count) {  // rows [first, first + count)
-    const float *src = rows_g + uint64_t(first) * D;
-#pragma unroll 4
-    for (uint32_t c = lane; c < count * (kRowBytes / 16); c += 32) cp_async_16(rows_s + 16 * c, src + 4 * c);
-    cp_async_commit();
-  };
-  issue(0, min(n, capacity));
-
-  // Weights exp2(m_i − m) of every partial i = r · S + s against its head's max, and each
-  // head's sum Σ_s w · l in split order, while the rows are in flight.
-  const float *ml_g = p.part_ml + head0 * S * 2;
-  for (uint32_t i = lane; i < n; i += 32) {
-    const float2 ml = __ldcg(reinterpret_cast<const float2 *>(ml_g) + i);
-    ml_s[2 * i] = ml.x;
-    ml_s[2 * i + 1] = ml.y;
-  }
-  __syncwarp();
-  for (uint32_t i = lane; i < n; i += 32) {
-    const uint32_t first = i / S * S;
-    float m = -INFINITY;
-    for (uint32_t s = 0; s < S; ++s) m = fmaxf(m, ml_s[2 * (first + s)]);
-    const float mi = ml_s[2 * i];
-    w_s[i] = mi == -INFINITY ? 0.0f : exp2f(mi - m);  // an empty split weighs 0
-  }
-  __syncwarp();
-  if (lane < nh) {
-    float l = 0.0f;
-    for (uint32_t s = 0; s < S; ++s) l = fmaf(w_s[lane * S + s], ml_s[2 * (lane * S + s) + 1], l);
-    l_s[lane] = l;
-  }
-
-  float o[kCh];
-  uint32_t r = 0, s = 0;  // the head and split of row i
-  for (uint32_t first = 0; first < n; first += capacity) {
-    const uint32_t count = min(capacity, n - first);
-    if (first > 0) {
-      __syncwarp();  // every lane is done with the last batch's rows
-      issue(first, count);
-    }
-    cp_async_wait<0>();
-    __syncwarp();  // every lane's copies (and l_s) before any lane reads them
-    const float *rows = reinterpret_cast<const float *>(smem + kStagedMergeRows) + lane * kCh;
-    for (uint32_t i = first; i < first + count; ++i) {
-      if (s == 0) {
+  for (uint32_t s = 0; s < S; ++s) {
+    const float ws = w_s[s];
+    const float *po = p.part_o + (part0 + s) * D + lane * kCh;
+    if constexpr (kCh % 4 == 0) {  // head_dim 128 and 256
 #pragma unroll
-        for (int c = 0; c < kCh; ++c) o[c] = 0.0f;
+      for (int c = 0; c < kCh; c += 4) {
+        const float4 v = __ldcg(reinterpret_cast<const float4 *>(po + c));
+        o[c] = fmaf(ws, v.x, o[c]);
+        o[c + 1] = fmaf(ws, v.y, o[c + 1]);
+        o[c + 2] = fmaf(ws, v.z, o[c + 2]);
+        o[c + 3] = fmaf(ws, v.w, o[c + 3]);
       }
-      add_weighted_channels<false>(o, w_s[i], rows + (i - first) * D);
-      if (++s == S) {
-        store_merged_channels<T, D>(p, head0 + r, o, l_s[r], lane);
-        s = 0;
-        ++r;
-      }
+    } else {
+      static_assert(kCh == 2, "head_dim 64, 128 or 256");
+      const float2 v = __ldcg(reinterpret_cast<const float2 *>(po));
+      o[0] = fmaf(ws, v.x, o[0]);
+      o[1] = fmaf(ws, v.y, o[1]);
     }
   }
+  __syncwarp();  // every lane is done with w_s
+  T *out = static_cast<T *>(p.out) + head * D + lane * kCh;
+#pragma unroll
+  for (int c = 0; c < kCh; ++c) out[c] = output_value<T>(o[c] / l);
 }
 
 // Where a 16-bit tile (sinks or residual, decode_tiles.cuh) of KV head kvh reads its rows:

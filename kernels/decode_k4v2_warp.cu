@@ -202,10 +202,10 @@ __device__ __forceinline__ void k4v2_warp_stage(const K4V2Args &a, const TileRef
 // the KV head's heads are one chunk (the split counters are per (sequence, KV head)). At
 // batch 1 under MHA (37 splits per head at 32K) this replaces decode_merge's launch.
 constexpr uint32_t kWarpFusedMergeMax = 64;
-static_assert(kWarpFusedMergeMax <= 64, "store_merged_heads_staged takes at most 64 partials");
 __host__ __device__ constexpr bool k4v2_warp_fused_merge(uint32_t splits, uint32_t slots, uint32_t n_rep) {
   return splits > 1 && splits * slots <= kWarpFusedMergeMax && n_rep <= slots;
 }
+static_assert(K4V2WarpLayout<64, 1>::kStageBytes >= kWarpFusedMergeMax * 4, "the fused merge's weights fit the stage");
 
 // Profiling builds (MINIKV_DECODE_STAGE_CLOCK): lane 0 of each of the first kStageClockCtas
 // CTAs of a launch (x fastest) stamps %globaltimer (ns) at the kernel's stages; a later launch
@@ -237,16 +237,33 @@ __device__ unsigned long long decode_stage_clock[kStageClockCtas][kStageClockSta
 #endif
 
 // decode_merge's combine for heads head0 .. head0 + nh − 1, run by the CTA that arrives last
-// at `counter` (arrive_last_split), over its shared memory before the mbarriers (no copy is in
-// flight then: the stage, the queries and the outputs are done with).
-template <typename T, int D, int NH, int KB, int VB, int G>
+// at `counter` (arrive_last_split); w_s: 64 floats of shared memory.
+template <typename T, int D>
 __device__ __forceinline__ void k4v2_warp_merge_if_last(const DecodeParams &p, uint32_t *counter, uint64_t head0,
-                                                        uint32_t nh, uint32_t lane, uint8_t *smem) {
-  using L = K4V2WarpLayout<D, NH, KB, VB, G>;
-  static_assert(L::kMbar >= kStagedMergeRows + D * 4, "the staged merge has room for a row");
+                                                        uint32_t nh, uint32_t lane, float *w_s) {
   if (!arrive_last_split(counter, p.splits, lane)) return;
   stage_clock(kStageLast, lane);
-  store_merged_heads_staged<T, D>(p, head0, nh, smem, L::kMbar, lane);
+  const uint32_t S = p.splits;  // ≤ kWarpFusedMergeMax: splits lane and lane + 32
+  for (uint32_t r = 0; r < nh; ++r) {
+    const uint64_t part0 = (head0 + r) * S;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    if (lane < S) {
+      m0 = __ldcg(p.part_ml + (part0 + lane) * 2);
+      l0 = __ldcg(p.part_ml + (part0 + lane) * 2 + 1);
+    }
+    if (lane + 32 < S) {
+      m1 = __ldcg(p.part_ml + (part0 + lane + 32) * 2);
+      l1 = __ldcg(p.part_ml + (part0 + lane + 32) * 2 + 1);
+    }
+    const float m = warp_max(fmaxf(m0, m1));
+    const float w0 = m0 == -INFINITY ? 0.0f : exp2f(m0 - m);  // empty split (or none): 0
+    const float w1 = m1 == -INFINITY ? 0.0f : exp2f(m1 - m);
+    if (lane < S) w_s[lane] = w0;
+    if (lane + 32 < S) w_s[lane + 32] = w1;
+    const float l = warp_sum(w0 * l0 + w1 * l1);
+    __syncwarp();
+    store_merged_head<T, D>(p, head0 + r, w_s, l, lane);
+  }
   stage_clock(kStageMerged, lane);
 }
 
@@ -862,10 +879,10 @@ __global__ void __launch_bounds__(32, 1) decode_k4v2_warp_kernel(const __grid_co
   __syncwarp();
   store_decode_rows<T, D>(p, uint64_t(seq) * p.num_heads + h0, nh, split, out16, ml_s, lane, 32);
   stage_clock(kStagePartials, lane);
-  __syncwarp();  // every lane's reads of out16 before the fused merge writes over them
+  __syncwarp();  // every lane's reads of out16 before the fused merge writes its weights there
   if (k4v2_warp_fused_merge(p.splits, NH, p.num_heads / p.num_kv_heads))
-    k4v2_warp_merge_if_last<T, D, NH, KB, VB, G>(p, p.counters + uint64_t(seq) * p.num_kv_heads + kvh,
-                                                 uint64_t(seq) * p.num_heads + h0, nh, lane, smem);
+    k4v2_warp_merge_if_last<T, D>(p, p.counters + uint64_t(seq) * p.num_kv_heads + kvh,
+                                  uint64_t(seq) * p.num_heads + h0, nh, lane, out16);
 #endif
 }
 
