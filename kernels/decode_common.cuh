@@ -172,8 +172,8 @@ __device__ __forceinline__ void store_decode_rows(const DecodeParams &p, uint64_
   }
 }
 
-// lane 0's atomicAdd at GPU scope with acquire-release semantics: the writes this thread saw
-// (its warp's, through a __syncwarp before) are ordered before it, later reads after it.
+// atomicAdd at GPU scope with acquire-release semantics: the writes this thread has seen (its
+// warp's too, through a __syncwarp before it) are ordered before it, its later reads after it.
 __device__ __forceinline__ uint32_t atomic_add_acq_rel_gpu(uint32_t *address, uint32_t value) {
 #ifdef MINIKV_WARP_EMULATION
   return atomicAdd(address, value);
