@@ -170,7 +170,7 @@ class Pair {
 inline void run_case(const Case &c) {
   INFO("case " << std::string(c.name));
   if (configs_only()) {
-    check_config_on_cpu(make_config(c, MINIKV_BACKEND_CPU));
+    check_config_on_cpu(make_config(c, MINIKV_BACKEND_CUDA));
     return;
   }
   Pair pair(make_config(c, MINIKV_BACKEND_CUDA));

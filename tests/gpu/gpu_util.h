@@ -74,8 +74,8 @@ inline bool configs_only() {
 #define CUDA_OK(call) REQUIRE_EQ((call), cudaSuccess)
 #define MKV_OK(call) REQUIRE_MESSAGE((call) == MINIKV_OK, std::string(minikv_last_error_message()))
 
-// MINIKV_GPU_TEST_CONFIGS's check (configs_only): cfg, on the CPU backend, is a configuration
-// minikv_cache_create takes.
+// MINIKV_GPU_TEST_CONFIGS's check (configs_only): cfg, a GPU test's configuration, is one that
+// minikv_cache_create takes on the CPU backend.
 inline void check_config_on_cpu(minikv_config cfg) {
   cfg.backend = MINIKV_BACKEND_CPU;
   minikv_cache *cache = nullptr;
